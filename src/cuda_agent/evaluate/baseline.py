@@ -1,0 +1,46 @@
+"""Cached eager / torch.compile timings, keyed by everything that changes them."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+BASELINE_FORMAT = 1
+
+
+def baseline_key(task_digest: str, environment: dict[str, Any], policy: dict[str, Any], timing: dict[str, Any], device: str) -> str:
+    relevant_env = {k: environment.get(k) for k in ("gpu", "driver", "torch", "torch_cuda", "cpu", "torch_threads")}
+    payload = {
+        "format": BASELINE_FORMAT,
+        "task": task_digest,
+        "device": device,
+        "env": relevant_env,
+        "precision": {"allow_tf32": policy.get("allow_tf32")},
+        "timing": timing,
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:32]
+
+
+class BaselineCache:
+    """One JSON file per key; written atomically so concurrent evaluators never see half a file."""
+
+    def __init__(self, root: Path):
+        self.root = root
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        path = self.root / f"{key}.json"
+        try:
+            return json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            return None
+
+    def put(self, key: str, record: dict[str, Any]) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.root, suffix=".tmp")
+        with os.fdopen(fd, "w") as handle:
+            json.dump(record, handle, indent=1)
+        os.replace(tmp, self.root / f"{key}.json")

@@ -1,0 +1,93 @@
+"""Compare a candidate's outputs with the expected ones (runs in the reference process).
+
+Only summaries leave this module: error magnitudes and where, never the
+expected values themselves.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def compare_outputs(expected: Any, actual: Any, atol: float, rtol: float, path: str = "output") -> list[dict[str, Any]]:
+    """One report per leaf; a leaf's ``ok`` is False with a ``reason`` when it fails."""
+    import torch
+
+    if isinstance(expected, torch.Tensor):
+        return [_compare_tensor(expected, actual, atol, rtol, path)]
+    if type(actual) is not type(expected):
+        return [_fail(path, f"expected {type(expected).__name__}, got {type(actual).__name__}")]
+    if isinstance(expected, (list, tuple)):
+        if len(actual) != len(expected):
+            return [_fail(path, f"expected {len(expected)} elements, got {len(actual)}")]
+        reports: list[dict[str, Any]] = []
+        for i, (e, a) in enumerate(zip(expected, actual)):
+            reports += compare_outputs(e, a, atol, rtol, f"{path}[{i}]")
+        return reports
+    if isinstance(expected, dict):
+        if set(actual) != set(expected):
+            return [_fail(path, f"expected keys {sorted(map(str, expected))}, got {sorted(map(str, actual))}")]
+        reports = []
+        for key in expected:
+            reports += compare_outputs(expected[key], actual[key], atol, rtol, f"{path}[{key!r}]")
+        return reports
+    if isinstance(expected, float):
+        ok = abs(actual - expected) <= atol + rtol * abs(expected)
+        return [{"path": path, "ok": ok, "reason": None if ok else "scalar value out of tolerance"}]
+    ok = actual == expected
+    return [{"path": path, "ok": ok, "reason": None if ok else "value differs"}]
+
+
+def _fail(path: str, reason: str) -> dict[str, Any]:
+    return {"path": path, "ok": False, "reason": reason}
+
+
+def _compare_tensor(expected, actual, atol: float, rtol: float, path: str) -> dict[str, Any]:
+    import torch
+
+    if type(actual) is not torch.Tensor:
+        return _fail(path, f"expected torch.Tensor, got {type(actual).__name__}")
+    report: dict[str, Any] = {"path": path, "shape": list(expected.shape), "dtype": str(expected.dtype).removeprefix("torch.")}
+    if actual.shape != expected.shape:
+        return report | _fail(path, f"shape {list(actual.shape)} != expected {list(expected.shape)}")
+    if actual.dtype != expected.dtype:
+        return report | _fail(path, f"dtype {actual.dtype} != expected {expected.dtype}")
+    actual = actual.to(expected.device)
+    numel = expected.numel()
+    report["numel"] = numel
+    if numel == 0:
+        return report | {"ok": True, "reason": None}
+    if not expected.is_floating_point() and not expected.is_complex():
+        mismatches = int((actual != expected).sum())
+        ok = mismatches == 0
+        return report | {"ok": ok, "mismatches": mismatches, "reason": None if ok else f"{mismatches} of {numel} values differ"}
+    e = expected.float() if expected.dtype in (torch.float16, torch.bfloat16) else expected
+    a = actual.to(e.dtype)
+    finite = torch.isfinite(a)
+    non_finite = int(numel - finite.sum())
+    diff = (a - e).abs()
+    # A NaN anywhere must fail even though comparisons with NaN are False.
+    diff = torch.where(finite & torch.isfinite(e), diff, torch.full_like(diff, float("inf")))
+    tolerance = atol + rtol * e.abs()
+    bad = diff > tolerance
+    mismatches = int(bad.sum())
+    flat_index = int(diff.argmax())
+    max_abs = float(diff.reshape(-1)[flat_index])
+    rel = diff / e.abs().clamp_min(torch.finfo(e.dtype).tiny)
+    max_rel = float(rel.max())
+    worst = [int(i) for i in torch.unravel_index(torch.tensor(flat_index), expected.shape)] if expected.dim() else []
+    ok = mismatches == 0 and non_finite == 0
+    reason = None
+    if non_finite:
+        reason = f"{non_finite} non-finite values (NaN/Inf)"
+    elif mismatches:
+        reason = f"{mismatches} of {numel} values outside atol={atol:g}, rtol={rtol:g}"
+    return report | {
+        "ok": ok,
+        "reason": reason,
+        "max_abs_error": max_abs,
+        "max_rel_error": max_rel,
+        "worst_index": worst,
+        "mismatches": mismatches,
+        "non_finite": non_finite,
+    }

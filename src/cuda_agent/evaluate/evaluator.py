@@ -1,0 +1,278 @@
+"""Orchestrates one evaluation: build -> reference -> baselines -> verify -> profile -> reward.
+
+This process never imports candidate code and never holds expected outputs:
+the reference process computes and compares them; the candidate process runs
+the candidate. Each evaluation gets fresh processes, so a crash, hang or flood
+in one candidate cannot touch the next.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from cuda_agent.build import BuildResult, build
+from cuda_agent.candidates import Candidate
+from cuda_agent.evaluate.baseline import BaselineCache, baseline_key
+from cuda_agent.evaluate.environment import describe_environment
+from cuda_agent.evaluate.policy import Policy, TimingConfig
+from cuda_agent.evaluate.result import EvalResult
+from cuda_agent.evaluate.reward import compute_reward
+from cuda_agent.paths import cache_root
+from cuda_agent.sandbox import Limits, LocalSandbox, Sandbox, WorkerCrashed, WorkerProcess, WorkerTimeout
+from cuda_agent.tasks import Task
+
+BASELINE_SEED = 0  # baselines are cached, so they are timed on one fixed input draw
+StageCallback = Callable[[str, str], None]
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    build_s: float = 300.0
+    load_s: float = 300.0
+    check_s: float = 300.0
+    baseline_s: float = 1200.0
+    profile_s: float = 600.0
+
+
+class _Stop(Exception):
+    """Ends an evaluation early with a status and a reason."""
+
+    def __init__(self, status: str, stage: str, reason: str, traceback: str | None = None):
+        super().__init__(reason)
+        self.status, self.stage, self.reason, self.traceback = status, stage, reason, traceback
+
+
+def resolve_device(device: str) -> str:
+    if device == "auto":
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"unknown device {device!r}; use cpu, cuda or auto.")
+    return device
+
+
+class Evaluator:
+    """Evaluates candidates against tasks on one device (one GPU, or the CPU)."""
+
+    def __init__(
+        self,
+        device: str = "auto",
+        *,
+        policy: Policy | None = None,
+        timing: TimingConfig | None = None,
+        cache_dir: Path | str | None = None,
+        work_dir: Path | str | None = None,
+        sandbox: Sandbox | None = None,
+        gpu_index: int | None = None,
+        timeouts: Timeouts = Timeouts(),
+        output_limit: int = 2 * 1024 * 1024,
+        memory_limit: int | None = None,
+        time_compile: bool = True,
+        on_stage: StageCallback | None = None,
+    ):
+        self.device = resolve_device(device)
+        self.policy = policy or Policy()
+        self.timing = (timing or TimingConfig()).resolved(self.device)
+        self.cache_dir = Path(cache_dir) if cache_dir else cache_root()
+        self.work_dir = Path(work_dir) if work_dir else None
+        self.sandbox = sandbox or LocalSandbox()
+        self.gpu_index = gpu_index
+        self.timeouts = timeouts
+        self.output_limit = output_limit
+        self.memory_limit = memory_limit
+        self.time_compile = time_compile
+        self.on_stage = on_stage or (lambda stage, detail: None)
+        self.baselines = BaselineCache(self.cache_dir / "baselines")
+
+    @property
+    def backend(self) -> str:
+        return self.device
+
+    def build(self, candidate: Candidate) -> BuildResult:
+        return build(candidate, self.backend, cache_dir=self.cache_dir, sandbox=self.sandbox, timeout_s=self.timeouts.build_s)
+
+    # -- one evaluation -----------------------------------------------------------
+    def evaluate(self, task: Task, candidate: Candidate, build_result: BuildResult | None = None) -> EvalResult:
+        started = time.monotonic()
+        result = EvalResult(
+            task=task.to_dict(),
+            candidate=candidate.to_dict(),
+            device=self.device,
+            policy=self.policy.to_dict(),
+            timing=self.timing.to_dict(),
+            environment=describe_environment(self.device, self.gpu_index),
+        )
+        try:
+            self._evaluate(task, candidate, build_result, result)
+        except _Stop as stop:
+            result.status, result.stage, result.reason = stop.status, stop.stage, stop.reason
+            result.traceback = stop.traceback
+            result.reward = None if stop.status == "error" else -1.0
+        result.durations["total"] = round(time.monotonic() - started, 3)
+        self.on_stage("done", f"{result.status}, reward {result.reward}")
+        return result
+
+    def _evaluate(self, task: Task, candidate: Candidate, build_result: BuildResult | None, result: EvalResult) -> None:
+        clock = time.monotonic()
+        self.on_stage("build", f"{len(candidate.extensions)} extension(s), backend {self.backend}")
+        built = build_result or self.build(candidate)
+        result.build = built.to_dict()
+        result.compiled = built.ok
+        result.durations["build"] = round(time.monotonic() - clock, 3)
+        if not built.ok:
+            raise _Stop("failed", "build", built.error or "build failed")
+
+        job = Path(tempfile.mkdtemp(prefix="cuda-agent-job-", dir=self.work_dir))
+        try:
+            (job / "task.py").write_text(task.code)
+            (job / "model_new.py").write_text(candidate.model_new)
+            reference = self._spawn("reference", job)
+            contender = self._spawn("candidate", job)
+            try:
+                self._run_jobs(task, built, result, job, reference, contender)
+            finally:
+                result.output = contender.output[-8000:]
+                reference.close()
+                contender.close()
+        finally:
+            shutil.rmtree(job, ignore_errors=True)
+
+    def _run_jobs(self, task: Task, built: BuildResult, result: EvalResult, job: Path,
+                  reference: WorkerProcess, contender: WorkerProcess) -> None:
+        common = {
+            "task_file": str(job / "task.py"),
+            "task_name": task.name,
+            "task_source": task.source,
+            "device": self.device,
+            "allow_tf32": self.policy.allow_tf32,
+            "init_seed": secrets.randbits(62),
+            "state_dict_path": str(job / "state_dict.pt"),
+        }
+
+        clock = time.monotonic()
+        self.on_stage("reference", "loading the task")
+        self._ask(reference, "reference", "reference", {"op": "load", **common}, self.timeouts.load_s)
+        result.durations["reference"] = round(time.monotonic() - clock, 3)
+
+        clock = time.monotonic()
+        baseline = self._baseline(task, reference, result)
+        result.durations["baseline"] = round(time.monotonic() - clock, 3)
+
+        clock = time.monotonic()
+        self.on_stage("load", "importing the candidate")
+        self._ask(contender, "candidate", "load", {
+            "op": "load", **common, "model_new_file": str(job / "model_new.py"), "modules": built.modules,
+        }, self.timeouts.load_s)
+        result.durations["load"] = round(time.monotonic() - clock, 3)
+
+        clock = time.monotonic()
+        for index in range(self.policy.checks):
+            self.on_stage("verify", f"check {index + 1}/{self.policy.checks}")
+            seed = secrets.randbits(62)
+            expected = self._ask(reference, "reference", "verify", {"op": "expect", "seed": seed}, self.timeouts.check_s)
+            path = job / f"output-{index}.pt"
+            ran = self._ask(contender, "candidate", "verify", {"op": "run", "seed": seed, "path": str(path)}, self.timeouts.check_s)
+            if ran["fingerprint"] != expected["fingerprint"]:
+                raise _Stop("failed", "verify", "the inputs seen by the candidate differ from the reference's "
+                            "(input generation was altered in the candidate process)")
+            check: dict[str, Any] = {"index": index, "ok": True, "reason": None, "reports": []}
+            if ran["devices"] != expected["devices"]:
+                check.update(ok=False, reason=f"output devices {ran['devices']} != expected {expected['devices']}")
+            else:
+                compared = self._ask(reference, "reference", "verify", {
+                    "op": "compare", "path": str(path), "atol": self.policy.atol, "rtol": self.policy.rtol,
+                }, self.timeouts.check_s)
+                check["reports"] = compared["reports"]
+                failed = [r for r in compared["reports"] if not r["ok"]]
+                if failed:
+                    check.update(ok=False, reason=f"{failed[0]['path']}: {failed[0]['reason']}")
+            result.checks.append(check)
+            if not check["ok"]:
+                result.durations["verify"] = round(time.monotonic() - clock, 3)
+                raise _Stop("incorrect", "verify", f"check {index + 1}: {check['reason']}")
+        result.correct = True
+        result.durations["verify"] = round(time.monotonic() - clock, 3)
+        self._ask(reference, "reference", "verify", {"op": "exit"}, 30)  # free its memory before timing
+
+        clock = time.monotonic()
+        self.on_stage("profile", f"timing the candidate ({self.timing.method})")
+        timed = self._ask(contender, "candidate", "profile", {
+            "op": "time", "seed": secrets.randbits(62), "timing": self.timing.to_dict(),
+        }, self.timeouts.profile_s)
+        result.durations["profile"] = round(time.monotonic() - clock, 3)
+        result.times["candidate"] = timed["candidate"]
+
+        t = timed["candidate"]["median_ms"]
+        t_eager = baseline["eager"]["median_ms"]
+        t_compile = baseline["compile"]["median_ms"] if "compile" in baseline else None
+        result.speedup_eager = t_eager / t if t > 0 else None
+        result.speedup_compile = t_compile / t if t_compile and t > 0 else None
+        result.reward = compute_reward(self.policy, True, t, t_eager, t_compile)
+        result.status = "correct"
+
+    def _baseline(self, task: Task, reference: WorkerProcess, result: EvalResult) -> dict[str, Any]:
+        key = baseline_key(task.digest, result.environment, result.policy, result.timing, self.device)
+        cached = self.baselines.get(key)
+        if cached is None or (self.time_compile and "compile" not in cached and "compile_error" not in cached):
+            self.on_stage("baseline", "timing eager" + (" and torch.compile" if self.time_compile else ""))
+            cached = self._ask(reference, "reference", "baseline", {
+                "op": "baseline", "seed": BASELINE_SEED, "timing": self.timing.to_dict(), "compile": self.time_compile,
+            }, self.timeouts.baseline_s)
+            cached = {k: v for k, v in cached.items() if k not in ("ok", "seconds")}
+            cached["key"] = key
+            self.baselines.put(key, cached)
+        else:
+            result.baseline_cached = True
+        result.times["eager"] = cached["eager"]
+        if "compile" in cached:
+            result.times["compile"] = cached["compile"]
+        return cached
+
+    # -- processes ------------------------------------------------------------------
+    def _spawn(self, role: str, job: Path) -> WorkerProcess:
+        env = dict(os.environ)
+        package_root = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = package_root + os.pathsep + env.get("PYTHONPATH", "")
+        env["PYTHONUNBUFFERED"] = "1"
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(self.cache_dir / "inductor")
+        if self.gpu_index is not None:
+            env["CUDA_VISIBLE_DEVICES"] = str(self.gpu_index)
+        limits = Limits(timeout_s=self.timeouts.baseline_s, output_bytes=self.output_limit, memory_bytes=self.memory_limit)
+        return WorkerProcess(
+            argv=[sys.executable, "-m", "cuda_agent.evaluate.worker", "--role", role],
+            cwd=job,
+            env=env,
+            limits=limits,
+            gpu=self.device == "cuda",
+            sandbox=self.sandbox,
+        )
+
+    def _ask(self, worker: WorkerProcess, who: str, stage: str, message: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        # Harness or task trouble in the reference process is an "error" (no
+        # reward); anything that goes wrong in the candidate's process is its failure.
+        status = "error" if who == "reference" else "failed"
+        try:
+            reply = worker.request(message, timeout_s)
+        except WorkerTimeout as exc:
+            raise _Stop(status, stage, f"{who} process: {exc}") from None
+        except WorkerCrashed as exc:
+            raise _Stop(status, stage, f"{who} process {exc}".replace("process process", "process")) from None
+        if not reply.get("ok"):
+            kind = reply.get("kind", "exception")
+            prefix = {"out_of_memory": "out of memory", "rule": "rule broken", "task": "task error"}.get(kind, "exception")
+            raise _Stop(status if kind != "task" else "error", stage, f"{who}: {prefix}: {reply.get('error')}", reply.get("traceback"))
+        return reply
+
+
+def evaluate(task: Task, candidate: Candidate, device: str = "auto", **options: Any) -> EvalResult:
+    """Evaluate one candidate; options are :class:`Evaluator`'s."""
+    return Evaluator(device, **options).evaluate(task, candidate)

@@ -1,0 +1,82 @@
+"""The one record an evaluation produces (JSON-serialisable)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+# status: "correct" (verified; timed), "incorrect" (ran, wrong outputs),
+# "failed" (build, load, crash, timeout, rule broken) or "error" (the harness
+# or the task failed, not the candidate: no reward is given).
+STATUSES = ("correct", "incorrect", "failed", "error")
+
+
+@dataclass
+class EvalResult:
+    task: dict[str, Any]
+    candidate: dict[str, Any]
+    device: str
+    policy: dict[str, Any]
+    timing: dict[str, Any]
+    status: str = "error"
+    stage: str | None = None
+    reason: str | None = None
+    compiled: bool = False
+    correct: bool = False
+    checks: list[dict[str, Any]] = field(default_factory=list)
+    build: dict[str, Any] | None = None
+    times: dict[str, dict[str, Any]] = field(default_factory=dict)
+    speedup_eager: float | None = None
+    speedup_compile: float | None = None
+    reward: float | None = None
+    baseline_cached: bool = False
+    environment: dict[str, Any] = field(default_factory=dict)
+    durations: dict[str, float] = field(default_factory=dict)
+    output: str = ""
+    traceback: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "EvalResult":
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+    def median_ms(self, which: str) -> float | None:
+        stats = self.times.get(which)
+        return stats["median_ms"] if stats else None
+
+    def summary(self) -> str:
+        """A few readable lines for terminals and agent observations."""
+        lines = [f"task {self.task.get('name')}  [{self.device}, policy {self.policy.get('name')}]"]
+        lines.append(f"status: {self.status}" + (f" at {self.stage}: {self.reason}" if self.reason else ""))
+        if self.build:
+            b = self.build
+            took = "cached" if b["cached"] else f"{b['seconds']:.1f} s"
+            lines.append(f"build: {'ok' if b['ok'] else 'FAILED'} ({took})")
+            for d in b.get("diagnostics", [])[:10]:
+                if d["severity"] == "error":
+                    loc = f"{d['file']}:{d['line']}" if d.get("file") else "<build>"
+                    lines.append(f"  {loc}: error: {d['message']}")
+        for check in self.checks:
+            worst = [r for r in check.get("reports", []) if r.get("max_abs_error") is not None]
+            err = max((r["max_abs_error"] for r in worst), default=None)
+            state = "pass" if check["ok"] else f"FAIL ({check['reason']})"
+            lines.append(f"check {check['index'] + 1}: {state}" + (f", max abs error {err:.3g}" if err is not None else ""))
+        for which in ("candidate", "eager", "compile"):
+            stats = self.times.get(which)
+            if stats:
+                lines.append(
+                    f"{which:>9}: {stats['median_ms']:.4f} ms median (p20-p80 {stats['p20_ms']:.4f}-{stats['p80_ms']:.4f}, "
+                    f"n={stats['trials']}, {stats['method']})"
+                )
+        if self.speedup_eager is not None:
+            lines.append(f"speedup: {self.speedup_eager:.2f}x vs eager, " + (
+                f"{self.speedup_compile:.2f}x vs torch.compile" if self.speedup_compile is not None else "torch.compile n/a"
+            ))
+        lines.append(f"reward: {self.reward}")
+        return "\n".join(lines)

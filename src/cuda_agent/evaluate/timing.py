@@ -1,0 +1,136 @@
+"""One timing method for candidate and baselines (runs inside worker processes).
+
+Warm-up, then at least ``min_trials`` timed calls; before each, the L2 cache is
+flushed by writing a buffer larger than it; device events surround each call
+with a device-wide synchronise before the end event, so work left on side
+streams is counted.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+from cuda_agent.evaluate.policy import TimingConfig
+
+
+@dataclass(frozen=True)
+class TimingStats:
+    method: str
+    median_ms: float
+    mean_ms: float
+    std_ms: float
+    min_ms: float
+    max_ms: float
+    p20_ms: float
+    p80_ms: float
+    trials: int
+
+    @property
+    def cv(self) -> float:
+        return self.std_ms / self.mean_ms if self.mean_ms else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self) | {"cv": self.cv}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "TimingStats":
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+    @classmethod
+    def from_samples(cls, method: str, samples: list[float]) -> "TimingStats":
+        ordered = sorted(samples)
+
+        def quantile(q: float) -> float:
+            return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+        return cls(
+            method=method,
+            median_ms=statistics.median(ordered),
+            mean_ms=statistics.fmean(ordered),
+            std_ms=statistics.pstdev(ordered) if len(ordered) > 1 else 0.0,
+            min_ms=ordered[0],
+            max_ms=ordered[-1],
+            p20_ms=quantile(0.2),
+            p80_ms=quantile(0.8),
+            trials=len(ordered),
+        )
+
+
+def measure(fn: Callable[[], Any], device: str, config: TimingConfig) -> TimingStats:
+    """Time ``fn`` (a closure over fixed inputs) with the configured method."""
+    import torch
+
+    config = config.resolved(device)
+    if config.method == "profiler":
+        return _measure_profiler(fn, config)
+    cuda = device == "cuda"
+    flush = _flush_buffer(device, config)
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+
+    warm_start = time.perf_counter()
+    calls = 0
+    while calls < config.warmup or (time.perf_counter() - warm_start) * 1e3 < config.warmup_ms:
+        fn()
+        sync()
+        calls += 1
+        if calls >= 1000:
+            break
+    estimate_ms = max((time.perf_counter() - warm_start) * 1e3 / calls, 1e-3)
+    trials = int(min(config.max_trials, max(config.min_trials, math.ceil(config.target_ms / estimate_ms))))
+
+    samples: list[float] = []
+    if cuda:
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(trials)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(trials)]
+        for start, end in zip(starts, ends):
+            if flush is not None:
+                flush.zero_()
+            torch.cuda.synchronize()
+            start.record()
+            fn()
+            torch.cuda.synchronize()
+            end.record()
+        torch.cuda.synchronize()
+        samples = [s.elapsed_time(e) for s, e in zip(starts, ends)]
+    else:
+        for _ in range(trials):
+            if flush is not None:
+                flush.zero_()
+            begin = time.perf_counter_ns()
+            fn()
+            samples.append((time.perf_counter_ns() - begin) / 1e6)
+    return TimingStats.from_samples(config.method, samples)
+
+
+def _flush_buffer(device: str, config: TimingConfig):
+    import torch
+
+    if not config.flush_l2:
+        return None
+    size = config.flush_bytes if device == "cuda" else min(config.flush_bytes, 64 * 1024 * 1024)
+    return torch.empty(size, dtype=torch.int8, device=device)
+
+
+def _measure_profiler(fn: Callable[[], Any], config: TimingConfig) -> TimingStats:
+    """The paper's method: CUDA kernel device time summed over iterations, per iteration."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(config.profiler_warmup):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(config.profiler_iters):
+            fn()
+        torch.cuda.synchronize()
+    total_us = 0.0
+    for event in prof.events():
+        device_type = getattr(event, "device_type", None)
+        if device_type is not None and str(device_type).endswith("CUDA"):
+            total_us += getattr(event, "device_time", getattr(event, "cuda_time", 0.0))
+    per_iter = total_us / 1e3 / config.profiler_iters
+    return TimingStats.from_samples("profiler", [per_iter])

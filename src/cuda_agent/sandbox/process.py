@@ -1,0 +1,302 @@
+"""Child processes with a time limit on the whole process group, an output cap
+and a JSON request/response channel on private pipes."""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, Sequence
+
+DEFAULT_OUTPUT_LIMIT = 2 * 1024 * 1024
+TAIL_BYTES = 16 * 1024
+
+
+@dataclass(frozen=True)
+class Limits:
+    timeout_s: float = 600.0
+    output_bytes: int = DEFAULT_OUTPUT_LIMIT
+    # Address-space limits break CUDA start-up, so they apply to CPU-only jobs.
+    memory_bytes: int | None = None
+
+
+@dataclass
+class ProcessResult:
+    returncode: int | None
+    output: str
+    output_bytes: int
+    seconds: float
+    timed_out: bool = False
+    output_flooded: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.timed_out and not self.output_flooded
+
+    def describe_failure(self) -> str:
+        if self.timed_out:
+            return f"timed out after {self.seconds:.0f} s"
+        if self.output_flooded:
+            return f"printed more than {self.output_bytes} bytes of output"
+        return describe_returncode(self.returncode)
+
+
+def describe_returncode(code: int | None) -> str:
+    if code is None:
+        return "did not exit"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        hint = " (killed: possibly out of memory)" if -code == signal.SIGKILL else ""
+        return f"killed by {name}{hint}"
+    return f"exited with status {code}"
+
+
+class Sandbox(Protocol):
+    """Starts a process for untrusted work; ``gpu`` says whether it may see GPUs."""
+
+    def spawn(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: Path,
+        env: dict[str, str],
+        limits: Limits,
+        gpu: bool,
+        pass_fds: Sequence[int] = (),
+    ) -> subprocess.Popen: ...
+
+
+class LocalSandbox:
+    """Process isolation only: a fresh process group per job, limits, no shared state."""
+
+    name = "process"
+
+    def spawn(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: Path,
+        env: dict[str, str],
+        limits: Limits,
+        gpu: bool,
+        pass_fds: Sequence[int] = (),
+    ) -> subprocess.Popen:
+        memory = None if gpu else limits.memory_bytes
+
+        def preexec() -> None:
+            if memory:
+                import resource
+
+                resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+
+        return subprocess.Popen(
+            list(argv),
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            pass_fds=tuple(pass_fds),
+            preexec_fn=preexec if memory else None,
+        )
+
+
+class _OutputCapture(threading.Thread):
+    """Drains a child's output, keeps the tail, and kills the group past the cap."""
+
+    def __init__(self, proc: subprocess.Popen, limit: int):
+        super().__init__(daemon=True)
+        self.proc = proc
+        self.limit = limit
+        self.total = 0
+        self.flooded = False
+        self._head = bytearray()
+        self._tail = bytearray()
+
+    def run(self) -> None:
+        stream = self.proc.stdout
+        assert stream is not None
+        while True:
+            chunk = stream.read1(65536) if hasattr(stream, "read1") else stream.read(65536)
+            if not chunk:
+                break
+            self.total += len(chunk)
+            if len(self._head) < TAIL_BYTES:
+                self._head += chunk[: TAIL_BYTES - len(self._head)]
+            self._tail += chunk
+            if len(self._tail) > TAIL_BYTES:
+                del self._tail[: len(self._tail) - TAIL_BYTES]
+            if self.total > self.limit and not self.flooded:
+                self.flooded = True
+                kill_group(self.proc)
+
+    def text(self) -> str:
+        if self.total <= TAIL_BYTES:
+            return bytes(self._tail).decode(errors="replace")
+        skipped = self.total - len(self._head) - len(self._tail)
+        return (
+            bytes(self._head[:4096]).decode(errors="replace")
+            + f"\n[... {max(skipped, 0)} bytes of output omitted ...]\n"
+            + bytes(self._tail).decode(errors="replace")
+        )
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def run_command(
+    argv: Sequence[str],
+    *,
+    cwd: Path,
+    env: dict[str, str] | None = None,
+    limits: Limits = Limits(),
+    sandbox: Sandbox | None = None,
+    gpu: bool = False,
+) -> ProcessResult:
+    """Run one command to completion under the limits."""
+    sandbox = sandbox or LocalSandbox()
+    start = time.monotonic()
+    proc = sandbox.spawn(argv, cwd=cwd, env=env or dict(os.environ), limits=limits, gpu=gpu)
+    capture = _OutputCapture(proc, limits.output_bytes)
+    capture.start()
+    timed_out = False
+    try:
+        proc.wait(timeout=limits.timeout_s)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        kill_group(proc)
+        proc.wait()
+    kill_group(proc)  # stray children of a finished job must not outlive it
+    capture.join(timeout=5)
+    return ProcessResult(
+        returncode=proc.returncode,
+        output=capture.text(),
+        output_bytes=capture.total,
+        seconds=time.monotonic() - start,
+        timed_out=timed_out,
+        output_flooded=capture.flooded,
+    )
+
+
+class WorkerTimeout(RuntimeError):
+    pass
+
+
+class WorkerCrashed(RuntimeError):
+    pass
+
+
+@dataclass
+class WorkerProcess:
+    """A long-lived child answering JSON requests on private pipes (fds 3 and 4 in the child).
+
+    The child's stdout/stderr are captured separately, so whatever the code
+    under test prints can never be mistaken for a reply.
+    """
+
+    argv: Sequence[str]
+    cwd: Path
+    env: dict[str, str]
+    limits: Limits = field(default_factory=Limits)
+    gpu: bool = False
+    sandbox: Sandbox = field(default_factory=LocalSandbox)
+
+    def __post_init__(self) -> None:
+        req_r, self._req_w = os.pipe()
+        self._resp_r, resp_w = os.pipe()
+        child_env = dict(self.env)
+        child_env["CUDA_AGENT_REQUEST_FD"] = str(req_r)
+        child_env["CUDA_AGENT_RESPONSE_FD"] = str(resp_w)
+        self.proc = self.sandbox.spawn(
+            self.argv, cwd=self.cwd, env=child_env, limits=self.limits, gpu=self.gpu, pass_fds=(req_r, resp_w)
+        )
+        os.close(req_r)
+        os.close(resp_w)
+        self._capture = _OutputCapture(self.proc, self.limits.output_bytes)
+        self._capture.start()
+        self._buffer = b""
+        self._started = time.monotonic()
+
+    @property
+    def output(self) -> str:
+        return self._capture.text()
+
+    def request(self, message: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        try:
+            os.write(self._req_w, (json.dumps(message) + "\n").encode())
+        except BrokenPipeError:
+            raise WorkerCrashed(self._death_reason()) from None
+        deadline = time.monotonic() + timeout_s
+        selector = selectors.DefaultSelector()
+        selector.register(self._resp_r, selectors.EVENT_READ)
+        try:
+            while b"\n" not in self._buffer:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    self.kill()
+                    raise WorkerTimeout(f"no answer within {timeout_s:.0f} s")
+                if not selector.select(timeout=min(remaining, 0.5)):
+                    if self._capture.flooded:
+                        self.kill()
+                        raise WorkerCrashed(self._death_reason())
+                    continue
+                chunk = os.read(self._resp_r, 1 << 20)
+                if not chunk:
+                    self.proc.wait(timeout=10)
+                    raise WorkerCrashed(self._death_reason())
+                self._buffer += chunk
+        finally:
+            selector.close()
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return json.loads(line)
+
+    def _death_reason(self) -> str:
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.kill()
+        self._capture.join(timeout=5)
+        if self._capture.flooded:
+            return f"printed more than {self.limits.output_bytes} bytes of output"
+        return f"process {describe_returncode(self.proc.returncode)}"
+
+    def kill(self) -> None:
+        kill_group(self.proc)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def close(self) -> None:
+        for fd in (self._req_w, self._resp_r):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        if self.proc.poll() is None:
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        self.kill()
+        self._capture.join(timeout=5)
+
+    def __enter__(self) -> "WorkerProcess":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
