@@ -74,7 +74,11 @@ def load_task_file(path: str | Path) -> Task:
     if match:
         level = int(match.group(1))
     problem = _PROBLEM_FILE.match(path.name)
-    name = path.stem if level is None else f"level{level}/{path.stem}"
+    if level is not None:
+        name = f"level{level}/{path.stem}"
+    else:
+        # A workspace's task is usually `model.py`: its folder names it better.
+        name = path.parent.name if path.stem == "model" and path.parent.name else path.stem
     return Task(
         name=name,
         code=code,

@@ -1,0 +1,30 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+KERNELBENCH = Path(os.environ.get("KERNELBENCH_DATA", ROOT.parent / "shared" / "data" / "kernelbench"))
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory) -> Path:
+    """One build/baseline cache for the whole run: what one test built, the next reuses."""
+    explicit = os.environ.get("CUDA_AGENT_TEST_CACHE")
+    return Path(explicit) if explicit else tmp_path_factory.mktemp("cuda-agent-cache")
+
+
+@pytest.fixture(scope="session")
+def examples() -> Path:
+    return EXAMPLES
+
+
+@pytest.fixture(scope="session")
+def kernelbench_jsonl() -> Path:
+    path = KERNELBENCH / "kernelbench.jsonl"
+    if not path.exists():
+        pytest.skip(f"KernelBench data not found at {path}")
+    return path

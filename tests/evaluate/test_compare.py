@@ -1,0 +1,58 @@
+import math
+
+import pytest
+import torch
+
+from cuda_agent.evaluate.compare import compare_outputs
+
+
+def one(expected, actual, atol=1e-2, rtol=1e-2):
+    (report,) = compare_outputs(expected, actual, atol, rtol)
+    return report
+
+
+def test_within_tolerance():
+    e = torch.randn(8, 8)
+    report = one(e, e + 1e-3)
+    assert report["ok"] and report["max_abs_error"] == pytest.approx(1e-3, rel=1e-3)
+
+
+def test_error_location_without_expected_values():
+    e = torch.zeros(4, 5)
+    a = e.clone()
+    a[2, 3] = 0.5
+    report = one(e, a)
+    assert not report["ok"] and report["worst_index"] == [2, 3] and report["mismatches"] == 1
+    assert report["max_abs_error"] == pytest.approx(0.5)
+    assert "1 of 20 values outside" in report["reason"]
+    assert not any(isinstance(v, torch.Tensor) for v in report.values())
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_non_finite_fails(bad):
+    e = torch.ones(3)
+    a = e.clone()
+    a[1] = bad
+    report = one(e, a)
+    assert not report["ok"] and "non-finite" in report["reason"]
+
+
+def test_shape_dtype_and_type_mismatch():
+    e = torch.ones(3)
+    assert "shape" in one(e, torch.ones(4))["reason"]
+    assert "dtype" in one(e, torch.ones(3, dtype=torch.float64))["reason"]
+    assert "expected torch.Tensor" in one(e, [1.0, 1.0, 1.0])["reason"]
+
+
+def test_nested_structures():
+    e = (torch.ones(2), {"a": torch.zeros(2)})
+    reports = compare_outputs(e, (torch.ones(2), {"a": torch.zeros(2)}), 1e-2, 1e-2)
+    assert [r["path"] for r in reports] == ["output[0]", "output[1]['a']"] and all(r["ok"] for r in reports)
+    assert not compare_outputs(e, [torch.ones(2), {"a": torch.zeros(2)}], 1e-2, 1e-2)[0]["ok"]  # list != tuple
+    assert "expected 2 elements" in compare_outputs(e, (torch.ones(2),), 1e-2, 1e-2)[0]["reason"]
+
+
+def test_integer_outputs_must_match_exactly():
+    e = torch.arange(5)
+    assert one(e, e.clone())["ok"]
+    assert not one(e, e + 1)["ok"]
