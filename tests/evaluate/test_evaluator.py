@@ -1,0 +1,181 @@
+"""The whole path on the CPU backend: load -> build -> verify -> profile -> reward,
+and the failure modes a hostile or broken candidate can produce."""
+
+import json
+import shutil
+
+import pytest
+
+from cuda_agent import EvalResult, Evaluator, load_candidate, load_task
+from cuda_agent.evaluate import Timeouts
+from cuda_agent.evaluate.pool import evaluate_many
+
+pytestmark = pytest.mark.slow
+
+GOOD_MODEL_NEW = None  # read from the example in the fixture
+
+
+@pytest.fixture(scope="module")
+def example(examples):
+    return load_task(examples / "cpu_swish" / "model.py"), examples / "cpu_swish" / "solution"
+
+
+@pytest.fixture(scope="module")
+def evaluator(cache_dir):
+    return Evaluator(
+        "cpu",
+        cache_dir=cache_dir,
+        timeouts=Timeouts(check_s=20, load_s=120),
+        output_limit=1024 * 1024,
+        memory_limit=6 * 1024**3,
+    )
+
+
+def variant(tmp_path, solution, forward_body, name="variant", prelude=""):
+    """The example's kernels (so the build is cached) with a different ModelNew.forward."""
+    root = tmp_path / name
+    shutil.copytree(solution, root)
+    (root / "model_new.py").write_text(
+        "import torch\nimport torch.nn as nn\nimport cuda_extension\n" + prelude + "\n"
+        "class ModelNew(nn.Module):\n"
+        "    def __init__(self, scale):\n"
+        "        super().__init__()\n"
+        "        self.scale = scale\n"
+        "    def forward(self, x):\n"
+        + "".join(f"        {line}\n" for line in forward_body.splitlines())
+    )
+    return load_candidate(root)
+
+
+def test_end_to_end_correct(example, evaluator):
+    task, solution = example
+    result = evaluator.evaluate(task, load_candidate(solution))
+    assert result.status == "correct", result.summary() + (result.traceback or "") + result.output
+    assert result.compiled and result.correct
+    assert len(result.checks) == 5 and all(c["ok"] for c in result.checks)
+    assert all(r["max_abs_error"] < 1e-3 for c in result.checks for r in c["reports"])
+    for which in ("candidate", "eager", "compile"):
+        stats = result.times[which]
+        assert stats["trials"] >= 20 and stats["min_ms"] <= stats["median_ms"] <= stats["max_ms"]
+    assert result.speedup_eager == pytest.approx(result.times["eager"]["median_ms"] / result.times["candidate"]["median_ms"])
+    assert result.reward in (1.0, 2.0, 3.0)
+    assert result.policy["name"] == "paper" and result.environment["torch"]
+    restored = EvalResult.from_dict(json.loads(result.to_json()))
+    assert restored.reward == result.reward and restored.times == result.times
+
+    again = evaluator.evaluate(task, load_candidate(solution))
+    assert again.status == "correct" and again.build["cached"] and again.baseline_cached
+    assert again.times["eager"] == result.times["eager"]
+
+
+def test_wrong_output_is_incorrect(example, evaluator, tmp_path):
+    task, solution = example
+    wrong = variant(tmp_path, solution, "return cuda_extension.scaled_swish(x, self.scale * 1.1)")
+    result = evaluator.evaluate(task, wrong)
+    assert result.status == "incorrect" and result.reward == -1.0 and result.stage == "verify"
+    report = result.checks[0]["reports"][0]
+    assert report["max_abs_error"] > 1e-2 and len(report["worst_index"]) == 2
+    assert "values outside atol=0.01" in result.reason
+    assert result.times.get("candidate") is None
+
+
+@pytest.mark.parametrize(
+    "case, body, prelude, reason",
+    [
+        ("segfault", "import ctypes\nctypes.string_at(0)\nreturn x", "", "killed by SIGSEGV"),
+        ("exit", "import os\nos._exit(3)", "", "exited with status 3"),
+        ("hang", "import time\ntime.sleep(600)\nreturn x", "", "no answer within 20 s"),
+        ("flood", "while True:\n    print('x' * 65536)", "", "more than 1048576 bytes of output"),
+        ("oom", "big = torch.ones(2 * 1024**3, dtype=torch.float64)\nreturn x", "", "out of memory"),
+        ("raise", "raise RuntimeError('kernel launch failed')", "", "RuntimeError: kernel launch failed"),
+        ("import", "return x", "raise ImportError('no such op')", "ImportError: no such op"),
+        ("tensor-subclass", "class Sneaky(torch.Tensor):\n    pass\nreturn cuda_extension.scaled_swish(x, self.scale).as_subclass(Sneaky)",
+         "", "outputs must be plain torch.Tensor"),
+        ("alter-inputs", "return x", "torch.manual_seed = lambda seed: None", "inputs seen by the candidate differ"),
+    ],
+)
+def test_failures_are_records_and_the_next_evaluation_works(example, evaluator, tmp_path, case, body, prelude, reason):
+    task, solution = example
+    bad = variant(tmp_path, solution, body, name=case, prelude=prelude)
+    result = evaluator.evaluate(task, bad)
+    assert result.status == "failed", result.summary()
+    assert result.reward == -1.0
+    assert reason in result.reason, result.reason
+    good = evaluator.evaluate(task, load_candidate(solution))
+    assert good.status == "correct", good.summary()
+
+
+def test_flood_keeps_only_a_tail(example, evaluator, tmp_path):
+    task, solution = example
+    result = evaluator.evaluate(task, variant(tmp_path, solution, "while True:\n    print('y' * 65536)"))
+    assert len(result.output) <= 8000
+
+
+def test_non_tensor_inputs_are_a_task_error(tmp_path, evaluator, example):
+    _, solution = example
+    path = tmp_path / "strtask.py"
+    path.write_text(
+        "import torch\nimport torch.nn as nn\n"
+        "class Model(nn.Module):\n    def forward(self, x):\n        return x\n"
+        "def get_inputs():\n    return ['not a tensor']\n"
+        "def get_init_inputs():\n    return []\n"
+    )
+    result = evaluator.evaluate(load_task(path), load_candidate(solution))
+    assert result.status == "error" and result.reward is None
+    assert str(path) in result.reason and "element 0 is a str" in result.reason
+
+
+def test_build_failure_is_a_record(tmp_path, evaluator, example):
+    task, solution = example
+    root = tmp_path / "broken"
+    shutil.copytree(solution, root)
+    (root / "kernels" / "scaled_swish.cpp").write_text("extern \"C\" void scaled_swish_launch( {\n")
+    result = evaluator.evaluate(task, load_candidate(root))
+    assert result.status == "failed" and result.stage == "build" and not result.compiled
+    assert any(d["file"] == "kernels/scaled_swish.cpp" and d["line"] == 1 for d in result.build["diagnostics"])
+
+
+def test_inline_candidate(tmp_path, evaluator, example):
+    task, _ = example
+    path = tmp_path / "inline_gen.py"
+    path.write_text('''
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+cpp_source = """
+torch::Tensor scaled_swish(torch::Tensor x, double scale) {
+    auto y = torch::empty_like(x);
+    const float* in = x.data_ptr<float>();
+    float* out = y.data_ptr<float>();
+    for (int64_t i = 0; i < x.numel(); ++i) out[i] = scale * in[i] / (1.0f + std::exp(-in[i]));
+    return y;
+}
+"""
+
+ext = load_inline(name="swish_inline", cpp_sources=cpp_source, functions=["scaled_swish"])
+
+class ModelNew(nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x):
+        return ext.scaled_swish(x.contiguous(), self.scale)
+''')
+    result = evaluator.evaluate(task, load_candidate(path))
+    assert result.status == "correct", result.summary() + (result.traceback or "")
+
+
+def test_pool_evaluates_many(example, cache_dir, tmp_path):
+    task, solution = example
+    wrong = variant(tmp_path, solution, "return cuda_extension.scaled_swish(x, 0.0)")
+    seen = []
+    results = evaluate_many(
+        [(task, load_candidate(solution)), (task, wrong)],
+        "cpu",
+        cache_dir=cache_dir,
+        on_result=lambda i, r: seen.append(i),
+    )
+    assert [r.status for r in results] == ["correct", "incorrect"]
+    assert sorted(seen) == [0, 1]
