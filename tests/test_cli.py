@@ -1,0 +1,44 @@
+import json
+import shutil
+
+import pytest
+
+from cuda_agent.cli import main
+
+
+def test_tasks_lists_and_rejects(tmp_path, capsys, examples):
+    assert main(["tasks", str(examples / "cpu_swish" / "model.py")]) == 0
+    assert "cpu_swish" in capsys.readouterr().out
+    bad = tmp_path / "bad.py"
+    bad.write_text("import torch\n")
+    assert main(["tasks", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert str(bad) in err and "missing Model, get_inputs, get_init_inputs" in err
+
+
+def test_eval_rejects_a_missing_candidate(capsys, examples, tmp_path):
+    assert main(["eval", str(examples / "cpu_swish" / "model.py"), str(tmp_path / "nope")]) == 2
+    assert "no such file or directory" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_eval_json(capsys, examples, cache_dir):
+    code = main([
+        "eval", str(examples / "cpu_swish" / "model.py"), str(examples / "cpu_swish" / "solution"),
+        "--device", "cpu", "--json", "--cache-dir", str(cache_dir),
+    ])
+    record = json.loads(capsys.readouterr().out)
+    assert code == 0 and record["status"] == "correct" and record["reward"] >= 1
+    assert set(record["times"]) == {"candidate", "eager", "compile"}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+def test_compile_only_cli_reports_file_and_line(tmp_path, capsys, cache_dir):
+    root = tmp_path / "ws"
+    (root / "kernels").mkdir(parents=True)
+    (root / "model_new.py").write_text("class ModelNew:\n    pass\n")
+    (root / "kernels" / "k.cu").write_text("__global__ void k(float* x) {\n  x[0] = 1.0f\n}\n")
+    assert main(["compile", str(root), "--cache-dir", str(cache_dir)]) == 1
+    out = capsys.readouterr().out
+    assert "kernels/k.cu:3: error:" in out or "kernels/k.cu:2: error:" in out
