@@ -78,9 +78,7 @@ def build_key(candidate: Candidate, toolchain: Toolchain, mode: str) -> str:
             toolchain.nvcc_command(placeholder, placeholder, "m", placeholder, ()) if toolchain.nvcc else None,
             toolchain.link_command([placeholder], placeholder, False, ()),
         ],
-        "extensions": [
-            [e.name, sorted(e.sources.items()), e.cflags, e.cuda_cflags, e.ldflags] for e in candidate.extensions
-        ],
+        "extensions": [e.fingerprint() for e in candidate.extensions],
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:32]
 
@@ -89,37 +87,19 @@ def build(
     candidate: Candidate,
     backend: str,
     *,
+    mode: str = "link",
     cache_dir: Path | None = None,
     sandbox: Sandbox | None = None,
     timeout_s: float = DEFAULT_COMPILE_TIMEOUT_S,
     jobs: int | None = None,
 ) -> BuildResult:
-    """Compile and link every extension of ``candidate``; reuse the cache when nothing changed."""
-    return _run(candidate, backend, "link", cache_dir, sandbox, timeout_s, jobs)
+    """Compile (and with ``mode="link"``, link) every extension of ``candidate``.
 
-
-def compile_only(
-    candidate: Candidate,
-    backend: str,
-    *,
-    cache_dir: Path | None = None,
-    sandbox: Sandbox | None = None,
-    timeout_s: float = DEFAULT_COMPILE_TIMEOUT_S,
-    jobs: int | None = None,
-) -> BuildResult:
-    """Compile each source without linking: finds compile errors on a machine without a GPU."""
-    return _run(candidate, backend, "compile", cache_dir, sandbox, timeout_s, jobs)
-
-
-def _run(
-    candidate: Candidate,
-    backend: str,
-    mode: str,
-    cache_dir: Path | None,
-    sandbox: Sandbox | None,
-    timeout_s: float,
-    jobs: int | None,
-) -> BuildResult:
+    The result is cached under a key of everything that affects it; an
+    unchanged candidate is never rebuilt.
+    """
+    if mode not in ("link", "compile"):
+        raise ValueError(f"unknown build mode {mode!r}; use 'link' or 'compile'.")
     start = time.monotonic()
     try:
         toolchain = detect_toolchain(backend)
@@ -155,6 +135,11 @@ def _run(
         return _load_cached(final) or result
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def compile_only(candidate: Candidate, backend: str, **options: Any) -> BuildResult:
+    """Compile each source without linking: finds compile errors on a machine without a GPU."""
+    return build(candidate, backend, mode="compile", **options)
 
 
 def _compile_all(

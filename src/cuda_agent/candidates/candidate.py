@@ -38,6 +38,10 @@ class Extension:
     def uses_cuda(self) -> bool:
         return any(p.endswith(".cu") for p in self.sources)
 
+    def fingerprint(self) -> list:
+        """Everything about the extension that changes what gets built."""
+        return [self.name, sorted(self.sources.items()), self.cflags, self.cuda_cflags, self.ldflags]
+
 
 @dataclass(frozen=True)
 class Candidate:
@@ -61,10 +65,7 @@ class Candidate:
     def digest(self) -> str:
         payload = {
             "model_new": self.model_new,
-            "extensions": [
-                [e.name, sorted(e.sources.items()), e.cflags, e.cuda_cflags, e.ldflags]
-                for e in self.extensions
-            ],
+            "extensions": [e.fingerprint() for e in self.extensions],
         }
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 

@@ -158,20 +158,34 @@ class Evaluator:
             "state_dict_path": str(job / "state_dict.pt"),
         }
 
+        load_candidate = {"op": "load", **common, "model_new_file": str(job / "model_new.py"), "modules": built.modules}
+        key = baseline_key(task.digest, result.environment, result.policy, result.timing, self.device)
+        baseline = self._cached_baseline(key)
         clock = time.monotonic()
         self.on_stage("reference", "loading the task")
-        self._ask(reference, "reference", "reference", {"op": "load", **common}, self.timeouts.load_s)
+        self._send(reference, "reference", "reference", {"op": "load", **common})
+        if baseline is not None:
+            # No baseline to time, so candidate code may load while the reference works.
+            self._send(contender, "candidate", "load", load_candidate)
+        self._receive(reference, "reference", "reference", self.timeouts.load_s)
         result.durations["reference"] = round(time.monotonic() - clock, 3)
 
         clock = time.monotonic()
-        baseline = self._baseline(task, reference, result)
+        if baseline is None:
+            # Timed while the candidate process is idle and has imported no candidate code.
+            baseline = self._measure_baseline(key, reference)
+            self._send(contender, "candidate", "load", load_candidate)
+        else:
+            result.baseline_cached = True
+        result.times["eager"] = baseline["eager"]
+        if "compile" in baseline:
+            result.times["compile"] = baseline["compile"]
         result.durations["baseline"] = round(time.monotonic() - clock, 3)
 
         clock = time.monotonic()
         self.on_stage("load", "importing the candidate")
-        self._ask(contender, "candidate", "load", {
-            "op": "load", **common, "model_new_file": str(job / "model_new.py"), "modules": built.modules,
-        }, self.timeouts.load_s)
+        self._receive(contender, "candidate", "load", self.timeouts.load_s)
+        self._ask(contender, "candidate", "load", {"op": "weights", "state_dict_path": common["state_dict_path"]}, self.timeouts.load_s)
         result.durations["load"] = round(time.monotonic() - clock, 3)
 
         clock = time.monotonic()
@@ -179,22 +193,19 @@ class Evaluator:
             self.on_stage("verify", f"check {index + 1}/{self.policy.checks}")
             seed = secrets.randbits(62)
             expected = self._ask(reference, "reference", "verify", {"op": "expect", "seed": seed}, self.timeouts.check_s)
-            path = job / f"output-{index}.pt"
-            ran = self._ask(contender, "candidate", "verify", {"op": "run", "seed": seed, "path": str(path)}, self.timeouts.check_s)
+            out_dir = job / f"output-{index}"
+            ran = self._ask(contender, "candidate", "verify", {"op": "run", "seed": seed, "dir": str(out_dir)}, self.timeouts.check_s)
             if ran["fingerprint"] != expected["fingerprint"]:
                 raise _Stop("failed", "verify", "the inputs seen by the candidate differ from the reference's "
                             "(input generation was altered in the candidate process)")
-            check: dict[str, Any] = {"index": index, "ok": True, "reason": None, "reports": []}
-            if ran["devices"] != expected["devices"]:
-                check.update(ok=False, reason=f"output devices {ran['devices']} != expected {expected['devices']}")
-            else:
-                compared = self._ask(reference, "reference", "verify", {
-                    "op": "compare", "path": str(path), "atol": self.policy.atol, "rtol": self.policy.rtol,
-                }, self.timeouts.check_s)
-                check["reports"] = compared["reports"]
-                failed = [r for r in compared["reports"] if not r["ok"]]
-                if failed:
-                    check.update(ok=False, reason=f"{failed[0]['path']}: {failed[0]['reason']}")
+            compared = self._ask(reference, "reference", "verify", {
+                "op": "compare", "dir": str(out_dir), "manifest": ran["manifest"],
+                "atol": self.policy.atol, "rtol": self.policy.rtol,
+            }, self.timeouts.check_s)
+            check: dict[str, Any] = {"index": index, "ok": True, "reason": None, "reports": compared["reports"]}
+            failed = [r for r in compared["reports"] if not r["ok"]]
+            if failed:
+                check.update(ok=False, reason=f"{failed[0]['path']}: {failed[0]['reason']}")
             result.checks.append(check)
             if not check["ok"]:
                 result.durations["verify"] = round(time.monotonic() - clock, 3)
@@ -219,23 +230,20 @@ class Evaluator:
         result.reward = compute_reward(self.policy, True, t, t_eager, t_compile)
         result.status = "correct"
 
-    def _baseline(self, task: Task, reference: WorkerProcess, result: EvalResult) -> dict[str, Any]:
-        key = baseline_key(task.digest, result.environment, result.policy, result.timing, self.device)
+    def _cached_baseline(self, key: str) -> dict[str, Any] | None:
         cached = self.baselines.get(key)
         if cached is None or (self.time_compile and "compile" not in cached and "compile_error" not in cached):
-            self.on_stage("baseline", "timing eager" + (" and torch.compile" if self.time_compile else ""))
-            cached = self._ask(reference, "reference", "baseline", {
-                "op": "baseline", "seed": BASELINE_SEED, "timing": self.timing.to_dict(), "compile": self.time_compile,
-            }, self.timeouts.baseline_s)
-            cached = {k: v for k, v in cached.items() if k not in ("ok", "seconds")}
-            cached["key"] = key
-            self.baselines.put(key, cached)
-        else:
-            result.baseline_cached = True
-        result.times["eager"] = cached["eager"]
-        if "compile" in cached:
-            result.times["compile"] = cached["compile"]
+            return None
         return cached
+
+    def _measure_baseline(self, key: str, reference: WorkerProcess) -> dict[str, Any]:
+        self.on_stage("baseline", "timing eager" + (" and torch.compile" if self.time_compile else ""))
+        measured = self._ask(reference, "reference", "baseline", {
+            "op": "baseline", "seed": BASELINE_SEED, "timing": self.timing.to_dict(), "compile": self.time_compile,
+        }, self.timeouts.baseline_s)
+        record = {k: v for k, v in measured.items() if k not in ("ok", "seconds")} | {"key": key}
+        self.baselines.put(key, record)
+        return record
 
     # -- processes ------------------------------------------------------------------
     def _spawn(self, role: str, job: Path) -> WorkerProcess:
@@ -248,7 +256,7 @@ class Evaluator:
             env["CUDA_VISIBLE_DEVICES"] = str(self.gpu_index)
         limits = Limits(timeout_s=self.timeouts.baseline_s, output_bytes=self.output_limit, memory_bytes=self.memory_limit)
         return WorkerProcess(
-            argv=[sys.executable, "-m", "cuda_agent.evaluate.worker", "--role", role],
+            argv=[sys.executable, "-m", "cuda_agent.evaluate.worker", "--role", role, "--device", self.device],
             cwd=job,
             env=env,
             limits=limits,
@@ -257,15 +265,25 @@ class Evaluator:
         )
 
     def _ask(self, worker: WorkerProcess, who: str, stage: str, message: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        self._send(worker, who, stage, message)
+        return self._receive(worker, who, stage, timeout_s)
+
+    def _send(self, worker: WorkerProcess, who: str, stage: str, message: dict[str, Any]) -> None:
+        try:
+            worker.send(message)
+        except WorkerCrashed as exc:
+            raise _Stop("error" if who == "reference" else "failed", stage, f"{who} process {exc}") from None
+
+    def _receive(self, worker: WorkerProcess, who: str, stage: str, timeout_s: float) -> dict[str, Any]:
         # Harness or task trouble in the reference process is an "error" (no
         # reward); anything that goes wrong in the candidate's process is its failure.
         status = "error" if who == "reference" else "failed"
         try:
-            reply = worker.request(message, timeout_s)
+            reply = worker.receive(timeout_s)
         except WorkerTimeout as exc:
             raise _Stop(status, stage, f"{who} process: {exc}") from None
         except WorkerCrashed as exc:
-            raise _Stop(status, stage, f"{who} process {exc}".replace("process process", "process")) from None
+            raise _Stop(status, stage, f"{who} process {exc}") from None
         if not reply.get("ok"):
             kind = reply.get("kind", "exception")
             prefix = {"out_of_memory": "out of memory", "rule": "rule broken", "task": "task error"}.get(kind, "exception")

@@ -15,6 +15,7 @@ import importlib.util
 import json
 import os
 import random
+import shutil
 import sys
 import time
 import traceback
@@ -25,6 +26,7 @@ from typing import Any
 from cuda_agent.evaluate.compare import compare_outputs
 from cuda_agent.evaluate.policy import TimingConfig
 from cuda_agent.evaluate.timing import measure
+from cuda_agent.evaluate.transfer import TransferError, manifest_devices, read_outputs, write_outputs
 from cuda_agent.tasks.task import Task, TaskError, describe_inputs, exec_task_module
 
 
@@ -166,19 +168,26 @@ class ReferenceSide(_Side):
             with torch.no_grad():
                 self.expected = self.model(*inputs)
             synchronize(self.device)
-            return {"fingerprint": fingerprint(inputs), "devices": leaf_devices(self.expected)}
+            return {"fingerprint": fingerprint(inputs)}
         if op == "compare":
-            path = Path(msg["path"])
-            try:
-                actual = torch.load(path, map_location=self.device, weights_only=True)
-            except Exception as exc:  # a corrupt or hostile file is the candidate's failure
-                return {"reports": [{"path": "output", "ok": False, "reason": f"unreadable output file: {exc}"}]}
-            finally:
-                path.unlink(missing_ok=True)
-            reports = compare_outputs(self.expected, actual, msg["atol"], msg["rtol"])
-            self.expected = None
-            return {"reports": reports}
+            return {"reports": self.compare(msg)}
         raise ValueError(f"unknown request {op!r}")
+
+    def compare(self, msg: dict[str, Any]) -> list[dict[str, Any]]:
+        directory = Path(msg["dir"])
+        expected, self.expected = self.expected, None
+        try:
+            claimed = manifest_devices(msg["manifest"])
+            wanted = leaf_devices(expected)
+            if claimed != wanted:
+                return [{"path": "output", "ok": False, "reason": f"output devices {claimed} != expected {wanted}"}]
+            try:
+                actual = read_outputs(msg["manifest"], directory, self.device)
+            except TransferError as exc:
+                return [{"path": "output", "ok": False, "reason": f"unreadable output: {exc}"}]
+            return compare_outputs(expected, actual, msg["atol"], msg["rtol"])
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
 
     def baseline(self, msg: dict[str, Any]) -> dict[str, Any]:
         import torch
@@ -214,13 +223,16 @@ class CandidateSide(_Side):
             if not hasattr(namespace, "ModelNew"):
                 raise CandidateFault("model_new.py defines no ModelNew")
             seed_everything(msg["init_seed"])
-            model = namespace.ModelNew(*self.init_args)
+            self.model = namespace.ModelNew(*self.init_args)
+            return {}
+        if op == "weights":
+            # A separate step so the candidate can load while the reference still builds Model.
             state = torch.load(msg["state_dict_path"], weights_only=True)
             try:
-                model.load_state_dict(state, strict=True)
+                self.model.load_state_dict(state, strict=True)
             except RuntimeError as exc:
                 raise CandidateFault(f"state dict of Model does not load into ModelNew: {exc}") from None
-            self.model = model.to(self.device).eval()
+            self.model = self.model.to(self.device).eval()
             return {}
         if op == "run":
             inputs = self.inputs(msg["seed"])
@@ -229,8 +241,7 @@ class CandidateSide(_Side):
                 output = self.model(*inputs)
             synchronize(self.device)
             check_output_types(output)
-            torch.save(output, msg["path"])
-            return {"fingerprint": prints, "devices": leaf_devices(output)}
+            return {"fingerprint": prints, "manifest": write_outputs(output, Path(msg["dir"]))}
         if op == "time":
             inputs = self.inputs(msg["seed"])
             config = TimingConfig(**msg["timing"])
@@ -319,7 +330,14 @@ def serve(side: _Side) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--role", choices=("reference", "candidate"), required=True)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = parser.parse_args(argv)
+    # Start-up work that involves no candidate code happens before the first
+    # request, so it overlaps with the other process instead of adding to it.
+    import torch
+
+    if args.device == "cuda":
+        torch.cuda.init()
     serve(ReferenceSide() if args.role == "reference" else CandidateSide())
 
 

@@ -236,10 +236,17 @@ class WorkerProcess:
         return self._capture.text()
 
     def request(self, message: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        self.send(message)
+        return self.receive(timeout_s)
+
+    def send(self, message: dict[str, Any]) -> None:
+        """Send a request without waiting, so two workers can work at once."""
         try:
             os.write(self._req_w, (json.dumps(message) + "\n").encode())
         except BrokenPipeError:
             raise WorkerCrashed(self._death_reason()) from None
+
+    def receive(self, timeout_s: float) -> dict[str, Any]:
         deadline = time.monotonic() + timeout_s
         selector = selectors.DefaultSelector()
         selector.register(self._resp_r, selectors.EVENT_READ)
@@ -272,7 +279,7 @@ class WorkerProcess:
         self._capture.join(timeout=5)
         if self._capture.flooded:
             return f"printed more than {self.limits.output_bytes} bytes of output"
-        return f"process {describe_returncode(self.proc.returncode)}"
+        return describe_returncode(self.proc.returncode)
 
     def kill(self) -> None:
         kill_group(self.proc)
