@@ -192,9 +192,12 @@ class Evaluator:
         for index in range(self.policy.checks):
             self.on_stage("verify", f"check {index + 1}/{self.policy.checks}")
             seed = secrets.randbits(62)
-            expected = self._ask(reference, "reference", "verify", {"op": "expect", "seed": seed}, self.timeouts.check_s)
             out_dir = job / f"output-{index}"
-            ran = self._ask(contender, "candidate", "verify", {"op": "run", "seed": seed, "dir": str(out_dir)}, self.timeouts.check_s)
+            # Both sides compute at once; only timing needs the device to itself.
+            self._send(reference, "reference", "verify", {"op": "expect", "seed": seed})
+            self._send(contender, "candidate", "verify", {"op": "run", "seed": seed, "dir": str(out_dir)})
+            expected = self._receive(reference, "reference", "verify", self.timeouts.check_s)
+            ran = self._receive(contender, "candidate", "verify", self.timeouts.check_s)
             if ran["fingerprint"] != expected["fingerprint"]:
                 raise _Stop("failed", "verify", "the inputs seen by the candidate differ from the reference's "
                             "(input generation was altered in the candidate process)")
