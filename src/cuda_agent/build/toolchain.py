@@ -60,9 +60,9 @@ class Toolchain:
         return flags
 
     def cxx_command(self, src: Path, obj: Path, module: str, root: Path, extra: tuple[str, ...]) -> list[str]:
+        # No -fopenmp: torch wheels bundle their own OpenMP runtime, and a second
+        # one in the same process oversubscribes the cores.
         flags = ["-O3", "-std=c++17", "-fPIC", "-fdiagnostics-color=never"]
-        if self.backend == "cpu":
-            flags.append("-fopenmp")
         return [self.cxx, "-c", str(src), "-o", str(obj), *flags, *self.defines(module), *self.includes(root), *extra]
 
     def nvcc_command(self, src: Path, obj: Path, module: str, root: Path, extra: tuple[str, ...]) -> list[str]:
@@ -90,8 +90,7 @@ class Toolchain:
             if not self.cuda_home:
                 raise ToolchainError("linking CUDA code needs the CUDA toolkit; set CUDA_HOME.")
             libs += ["-lc10_cuda", "-ltorch_cuda", f"-L{os.path.join(self.cuda_home, 'lib64')}", "-lcudart"]
-        openmp = ["-fopenmp"] if self.backend == "cpu" else []
-        return [self.cxx, "-shared", *map(str, objects), "-o", str(output), *openmp, *libs, *extra]
+        return [self.cxx, "-shared", *map(str, objects), "-o", str(output), *libs, *extra]
 
 
 def _version(argv: list[str]) -> str:
