@@ -1,0 +1,81 @@
+import sys
+import time
+
+import pytest
+
+from cuda_agent.sandbox import Limits, WorkerCrashed, WorkerProcess, WorkerTimeout, run_command
+
+
+def test_run_command_collects_output(tmp_path):
+    result = run_command([sys.executable, "-c", "print('hello')"], cwd=tmp_path)
+    assert result.ok and result.output.strip() == "hello"
+
+
+def test_time_limit_kills_the_whole_group(tmp_path):
+    marker = tmp_path / "child-alive"
+    grandchild = tmp_path / "grandchild.py"
+    grandchild.write_text(f"import time\ntime.sleep(3)\nopen({str(marker)!r}, 'w').close()\n")
+    code = f"import subprocess, sys, time\nsubprocess.Popen([sys.executable, {str(grandchild)!r}])\ntime.sleep(60)\n"
+    result = run_command([sys.executable, "-c", code], cwd=tmp_path, limits=Limits(timeout_s=1))
+    assert result.timed_out and not result.ok and "timed out" in result.describe_failure()
+    time.sleep(4)
+    assert not marker.exists(), "a grandchild outlived the time limit"
+
+
+def test_output_cap_keeps_head_and_tail(tmp_path):
+    code = "import sys\nsys.stdout.write('START' + 'x' * 5_000_000 + 'END')\nsys.stdout.flush()\nimport time; time.sleep(30)"
+    result = run_command([sys.executable, "-c", code], cwd=tmp_path, limits=Limits(output_bytes=100_000, timeout_s=20))
+    assert result.output_flooded and not result.timed_out
+    assert result.output.startswith("START") and "omitted" in result.output
+    assert len(result.output) < 40_000
+
+
+def test_memory_limit_for_cpu_jobs(tmp_path):
+    code = "x = bytearray(2 * 1024**3)"
+    result = run_command([sys.executable, "-c", code], cwd=tmp_path, limits=Limits(memory_bytes=512 * 1024**2))
+    assert not result.ok and "MemoryError" in result.output
+
+
+ECHO = """
+import json, os
+requests = os.fdopen(int(os.environ['CUDA_AGENT_REQUEST_FD']), 'rb', buffering=0)
+replies = os.fdopen(int(os.environ['CUDA_AGENT_RESPONSE_FD']), 'wb', buffering=0)
+buffer = b''
+while True:
+    chunk = requests.read(1024)
+    if not chunk:
+        break
+    buffer += chunk
+    while b'\\n' in buffer:
+        line, _, buffer = buffer.partition(b'\\n')
+        msg = json.loads(line)
+        print('noise on stdout that must not be read as a reply', flush=True)
+        if msg['op'] == 'crash':
+            os._exit(7)
+        if msg['op'] == 'hang':
+            import time; time.sleep(60)
+        replies.write((json.dumps({'echo': msg['value']}) + '\\n').encode())
+"""
+
+
+def worker(tmp_path):
+    return WorkerProcess(argv=[sys.executable, "-c", ECHO], cwd=tmp_path, env={"PATH": "/usr/bin:/bin"})
+
+
+def test_worker_replies_on_private_pipes(tmp_path):
+    with worker(tmp_path) as w:
+        assert w.request({"op": "echo", "value": 1}, 10) == {"echo": 1}
+        w.send({"op": "echo", "value": 2})
+        w.send({"op": "echo", "value": 3})
+        assert [w.receive(10), w.receive(10)] == [{"echo": 2}, {"echo": 3}]
+        assert "noise on stdout" in w.output
+
+
+def test_worker_crash_and_timeout(tmp_path):
+    with worker(tmp_path) as w:
+        with pytest.raises(WorkerCrashed, match="exited with status 7"):
+            w.request({"op": "crash"}, 10)
+    with worker(tmp_path) as w:
+        with pytest.raises(WorkerTimeout, match="no answer within 1 s"):
+            w.request({"op": "hang"}, 1)
+        assert w.proc.poll() is not None
