@@ -110,6 +110,7 @@ class Evaluator:
             policy=self.policy.to_dict(),
             timing=self.timing.to_dict(),
             environment=describe_environment(self.device, self.gpu_index),
+            notes=list(candidate.notes),
         )
         try:
             self._evaluate(task, candidate, build_result, result)
@@ -180,6 +181,8 @@ class Evaluator:
         result.times["eager"] = baseline["eager"]
         if "compile" in baseline:
             result.times["compile"] = baseline["compile"]
+        elif "compile_error" in baseline:
+            result.notes.append(f"torch.compile baseline unavailable: {baseline['compile_error']}")
         result.durations["baseline"] = round(time.monotonic() - clock, 3)
 
         clock = time.monotonic()

@@ -35,6 +35,7 @@ class EvalResult:
     durations: dict[str, float] = field(default_factory=dict)
     output: str = ""
     traceback: str | None = None
+    notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -78,5 +79,6 @@ class EvalResult:
             lines.append(f"speedup: {self.speedup_eager:.2f}x vs eager, " + (
                 f"{self.speedup_compile:.2f}x vs torch.compile" if self.speedup_compile is not None else "torch.compile n/a"
             ))
+        lines.extend(f"note: {note}" for note in self.notes)
         lines.append(f"reward: {self.reward}")
         return "\n".join(lines)
