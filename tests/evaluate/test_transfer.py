@@ -53,5 +53,14 @@ def test_hostile_manifests_are_rejected(tmp_path, manifest):
 
 
 def test_unsupported_output_type(tmp_path):
-    with pytest.raises(TransferError, match="type object"):
+    with pytest.raises(TransferError, match="output is a object; outputs must be tensors or plain values"):
         write_outputs(object(), tmp_path / "out")
+
+
+def test_tensor_subclass_is_refused_with_its_place(tmp_path):
+    class Lazy(torch.Tensor):
+        pass
+
+    value = [torch.ones(2), {"y": torch.ones(2).as_subclass(Lazy)}]
+    with pytest.raises(TransferError, match=r"output\[1\]\['y'\] is a Lazy; outputs must be plain torch.Tensor"):
+        write_outputs(value, tmp_path / "out")

@@ -21,16 +21,23 @@ class TransferError(ValueError):
 
 
 def write_outputs(value: Any, directory: Path) -> dict[str, Any]:
-    """Write ``value`` (tensors in lists/tuples/dicts, plain values) and return its manifest."""
+    """Write ``value`` (plain tensors in lists/tuples/dicts, plain values) and return its manifest.
+
+    Anything else, a tensor subclass included, raises :class:`TransferError`
+    naming where in the output it was found.
+    """
     directory.mkdir(parents=True, exist_ok=True)
     counter = [0]
-    return _write(value, directory, counter)
+    return _write(value, directory, counter, "output")
 
 
-def _write(value: Any, directory: Path, counter: list[int]) -> dict[str, Any]:
+def _write(value: Any, directory: Path, counter: list[int], path: str) -> dict[str, Any]:
     import torch
 
     if isinstance(value, torch.Tensor):
+        if type(value) is not torch.Tensor:
+            # A subclass can defer its computation into the comparison.
+            raise TransferError(f"{path} is a {type(value).__name__}; outputs must be plain torch.Tensor")
         name = f"leaf-{counter[0]}.bin"
         counter[0] += 1
         data = value.detach().contiguous().reshape(-1)
@@ -49,15 +56,17 @@ def _write(value: Any, directory: Path, counter: list[int]) -> dict[str, Any]:
             "device": value.device.type,
         }
     if isinstance(value, (list, tuple)):
-        return {"kind": type(value).__name__, "items": [_write(v, directory, counter) for v in value]}
+        items = [_write(v, directory, counter, f"{path}[{i}]") for i, v in enumerate(value)]
+        return {"kind": type(value).__name__, "items": items}
     if isinstance(value, dict):
         keys = list(value)
         if not all(isinstance(k, (str, int)) for k in keys):
-            raise TransferError("output dict keys must be str or int")
-        return {"kind": "dict", "keys": keys, "items": [_write(value[k], directory, counter) for k in keys]}
+            raise TransferError(f"{path}: output dict keys must be str or int")
+        items = [_write(value[k], directory, counter, f"{path}[{k!r}]") for k in keys]
+        return {"kind": "dict", "keys": keys, "items": items}
     if value is None or isinstance(value, (bool, int, float, str)):
         return {"kind": "value", "value": value}
-    raise TransferError(f"cannot transfer an output of type {type(value).__name__}")
+    raise TransferError(f"{path} is a {type(value).__name__}; outputs must be tensors or plain values")
 
 
 def read_outputs(manifest: Any, directory: Path, device: str) -> Any:

@@ -106,25 +106,6 @@ def leaf_devices(value: Any) -> list[str]:
     return []
 
 
-def check_output_types(value: Any, path: str = "output") -> None:
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        if type(value) is not torch.Tensor:
-            raise CandidateFault(f"{path} is a {type(value).__name__}; outputs must be plain torch.Tensor")
-        return
-    if isinstance(value, (list, tuple)):
-        for i, v in enumerate(value):
-            check_output_types(v, f"{path}[{i}]")
-        return
-    if isinstance(value, dict):
-        for k, v in value.items():
-            check_output_types(v, f"{path}[{k!r}]")
-        return
-    if value is not None and not isinstance(value, (bool, int, float, str)):
-        raise CandidateFault(f"{path} is a {type(value).__name__}; outputs must be tensors or plain values")
-
-
 class _Side:
     device = "cpu"
     task_module: types.ModuleType
@@ -240,8 +221,11 @@ class CandidateSide(_Side):
             with torch.no_grad():
                 output = self.model(*inputs)
             synchronize(self.device)
-            check_output_types(output)
-            return {"fingerprint": prints, "manifest": write_outputs(output, Path(msg["dir"]))}
+            try:
+                manifest = write_outputs(output, Path(msg["dir"]))
+            except TransferError as exc:
+                raise CandidateFault(str(exc)) from None
+            return {"fingerprint": prints, "manifest": manifest}
         if op == "time":
             inputs = self.inputs(msg["seed"])
             config = TimingConfig(**msg["timing"])
