@@ -141,9 +141,9 @@ class Evaluator:
             try:
                 self._run_jobs(task, built, result, job, reference, contender)
             finally:
-                result.output = contender.output[-8000:]
                 reference.close()
                 contender.close()
+                result.output = contender.output[-8000:]
         finally:
             shutil.rmtree(job, ignore_errors=True)
 

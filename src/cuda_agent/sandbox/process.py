@@ -233,6 +233,7 @@ class WorkerProcess:
 
     @property
     def output(self) -> str:
+        """What the worker printed so far; complete only once the worker is closed."""
         return self._capture.text()
 
     def request(self, message: dict[str, Any], timeout_s: float) -> dict[str, Any]:
