@@ -11,6 +11,8 @@ from pathlib import Path
 from cuda_agent.build import compile_only
 from cuda_agent.candidates import CandidateError, load_candidate
 from cuda_agent.evaluate import Evaluator, Policy, TimingConfig
+from cuda_agent.evaluate.policy import PRESETS
+from cuda_agent.sandbox import SANDBOX_CHOICES, SandboxUnavailable
 from cuda_agent.tasks import TaskError, load_task, load_tasks
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -29,13 +31,15 @@ def _status_line(quiet: bool):
 def cmd_eval(args: argparse.Namespace) -> int:
     task = load_task(args.task)
     candidate = load_candidate(args.candidate)
-    policy = Policy(checks=args.checks, atol=args.atol, rtol=args.rtol, reward=args.reward)
+    overrides = {k: getattr(args, k) for k in ("checks", "atol", "rtol", "reward") if getattr(args, k) is not None}
+    policy = Policy.preset(args.policy, **overrides)
     timing = TimingConfig(method=args.timing)
     evaluator = Evaluator(
         args.device,
         policy=policy,
         timing=timing,
         cache_dir=args.cache_dir,
+        sandbox=args.sandbox,
         time_compile=not args.no_compile,
         on_stage=_status_line(args.json),
     )
@@ -64,6 +68,21 @@ def cmd_tasks(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_degenerate(args: argparse.Namespace) -> int:
+    """Flag tasks that trivial candidates pass under the chosen policy."""
+    tasks = load_tasks(args.source, levels=args.level)
+    evaluator = Evaluator(args.device, policy=Policy.preset(args.policy), cache_dir=args.cache_dir, sandbox=args.sandbox)
+    flagged = 0
+    for index, task in enumerate(tasks, 1):
+        if not args.json:
+            print(f"[{index}/{len(tasks)}] {task.name}", file=sys.stderr, flush=True)
+        report = evaluator.check_degenerate(task)
+        flagged += report.degenerate
+        print(json.dumps(report.to_dict()) if args.json else report.summary(), flush=True)
+    print(f"{flagged} of {len(tasks)} tasks degenerate under policy {args.policy}", file=sys.stderr)
+    return 1 if flagged else 0
+
+
 def cmd_example(args: argparse.Namespace) -> int:
     """Evaluate a bundled example: the CUDA one when a GPU is visible, else the CPU one."""
     from cuda_agent.evaluate import resolve_device
@@ -75,11 +94,16 @@ def cmd_example(args: argparse.Namespace) -> int:
         available = ", ".join(sorted(p.name for p in EXAMPLES.iterdir())) if EXAMPLES.is_dir() else "none"
         raise SystemExit(f"no example {name!r}; available: {available}")
     ns = argparse.Namespace(
-        task=str(root / "model.py"), candidate=str(root / "solution"), device=device, checks=5,
-        atol=1e-2, rtol=1e-2, reward="milestone", timing="auto", cache_dir=args.cache_dir,
-        no_compile=False, json=args.json,
+        task=str(root / "model.py"), candidate=str(root / "solution"), device=device, policy="fair",
+        checks=None, atol=None, rtol=None, reward=None, timing="auto", cache_dir=args.cache_dir,
+        no_compile=False, json=args.json, sandbox=args.sandbox,
     )
     return cmd_eval(ns)
+
+
+def add_sandbox_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--sandbox", default="auto", choices=SANDBOX_CHOICES,
+                   help="auto/bwrap: bubblewrap + seccomp (default); none: no isolation, for trusted code only")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -90,14 +114,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("task", help="task .py file, or TABLE#LEVEL/ID / TABLE#NAME")
     p.add_argument("candidate", help="candidate directory (model_new.py + kernels/) or KernelBench-style .py")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
-    p.add_argument("--checks", type=int, default=5, help="verification checks on fresh inputs (default 5)")
-    p.add_argument("--atol", type=float, default=1e-2)
-    p.add_argument("--rtol", type=float, default=1e-2)
-    p.add_argument("--reward", default="milestone", choices=("milestone", "speedup"))
+    p.add_argument("--policy", default="fair", choices=sorted(PRESETS),
+                   help="precision and correctness preset: fair (default), strict, or paper (the paper's protocol)")
+    p.add_argument("--checks", type=int, default=None, help="verification checks on fresh inputs (preset: 5)")
+    p.add_argument("--atol", type=float, default=None, help="override the preset's absolute tolerance")
+    p.add_argument("--rtol", type=float, default=None, help="override the preset's relative tolerance")
+    p.add_argument("--reward", default=None, choices=("milestone", "speedup"))
     p.add_argument("--timing", default="auto", choices=("auto", "events", "host", "profiler"))
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
     p.add_argument("--cache-dir", type=Path, default=None)
     p.add_argument("--json", action="store_true", help="print the JSON record instead of the summary")
+    add_sandbox_option(p)
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("compile", help="compile-only check of a candidate's sources (no GPU needed)")
@@ -117,7 +144,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--cache-dir", type=Path, default=None)
     p.add_argument("--json", action="store_true")
+    add_sandbox_option(p)
     p.set_defaults(func=cmd_example)
+
+    p = sub.add_parser("degenerate", help="flag tasks that zeros, a constant or an input passes")
+    p.add_argument("source", help=".py, KernelBench dir, .jsonl/.parquet table or HF dataset name")
+    p.add_argument("--level", type=int, action="append")
+    p.add_argument("--policy", default="fair", choices=sorted(PRESETS))
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--cache-dir", type=Path, default=None)
+    p.add_argument("--json", action="store_true", help="one JSON record per task")
+    add_sandbox_option(p)
+    p.set_defaults(func=cmd_degenerate)
     return parser
 
 
@@ -125,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (TaskError, CandidateError, ValueError) as exc:
+    except (TaskError, CandidateError, SandboxUnavailable, ValueError) as exc:
         print(f"cuda-agent: error: {exc}", file=sys.stderr)
         return 2
 

@@ -1,6 +1,7 @@
 """The whole path on the CPU backend: load -> build -> verify -> profile -> reward,
 and the failure modes a hostile or broken candidate can produce."""
 
+import copy
 import json
 import shutil
 
@@ -31,6 +32,13 @@ def evaluator(cache_dir):
     )
 
 
+def runtime_only(evaluator):
+    """The same evaluator without the static checks, to test what happens at run time."""
+    clone = copy.copy(evaluator)
+    clone.policy = evaluator.policy.with_(static_checks=False)
+    return clone
+
+
 def variant(tmp_path, solution, forward_body, name="variant", prelude=""):
     """The example's kernels (so the build is cached) with a different ModelNew.forward."""
     root = tmp_path / name
@@ -52,14 +60,15 @@ def test_end_to_end_correct(example, evaluator):
     result = evaluator.evaluate(task, load_candidate(solution))
     assert result.status == "correct", result.summary() + (result.traceback or "") + result.output
     assert result.compiled and result.correct
-    assert len(result.checks) == 5 and all(c["ok"] for c in result.checks)
+    assert len(result.checks) == 7 and all(c["ok"] for c in result.checks)
+    assert [c.get("timed", False) for c in result.checks] == [False] * 5 + [True] * 2  # timed outputs checked too
     assert all(r["max_abs_error"] < 1e-3 for c in result.checks for r in c["reports"])
     for which in ("candidate", "eager", "compile"):
         stats = result.times[which]
         assert stats["trials"] >= 20 and stats["min_ms"] <= stats["median_ms"] <= stats["max_ms"]
     assert result.speedup_eager == pytest.approx(result.times["eager"]["median_ms"] / result.times["candidate"]["median_ms"])
     assert result.reward in (1.0, 2.0, 3.0)
-    assert result.policy["name"] == "paper" and result.environment["torch"]
+    assert result.policy["name"] == "fair" and result.policy["tf32"] == "on" and result.environment["torch"]
     restored = EvalResult.from_dict(json.loads(result.to_json()))
     assert restored.reward == result.reward and restored.times == result.times
 
@@ -75,7 +84,7 @@ def test_wrong_output_is_incorrect(example, evaluator, tmp_path):
     assert result.status == "incorrect" and result.reward == -1.0 and result.stage == "verify"
     report = result.checks[0]["reports"][0]
     assert report["max_abs_error"] > 1e-2 and len(report["worst_index"]) == 2
-    assert "values outside atol=0.01" in result.reason
+    assert "values outside atol=0.005 x output RMS" in result.reason and result.rule == "wrong-output"
     assert result.times.get("candidate") is None
 
 
@@ -91,13 +100,15 @@ def test_wrong_output_is_incorrect(example, evaluator, tmp_path):
         ("import", "return x", "raise ImportError('no such op')", "ImportError: no such op"),
         ("tensor-subclass", "class Sneaky(torch.Tensor):\n    pass\nreturn cuda_extension.scaled_swish(x, self.scale).as_subclass(Sneaky)",
          "", "outputs must be plain torch.Tensor"),
-        ("alter-inputs", "return x", "torch.manual_seed = lambda seed: None", "inputs seen by the candidate differ"),
+        ("alter-inputs", "return cuda_extension.scaled_swish(x, self.scale)", "torch.manual_seed = lambda seed: None",
+         "torch.manual_seed was replaced"),
     ],
 )
 def test_failures_are_records_and_the_next_evaluation_works(example, evaluator, tmp_path, case, body, prelude, reason):
     task, solution = example
     bad = variant(tmp_path, solution, body, name=case, prelude=prelude)
-    result = evaluator.evaluate(task, bad)
+    # Static checks would reject most of these before they run; the runtime must hold on its own.
+    result = runtime_only(evaluator).evaluate(task, bad)
     assert result.status == "failed", result.summary()
     assert result.reward == -1.0
     assert reason in result.reason, result.reason

@@ -2,8 +2,9 @@ import sys
 import time
 
 import pytest
+from echo_worker import ECHO
 
-from cuda_agent.sandbox import Limits, WorkerCrashed, WorkerProcess, WorkerTimeout, run_command
+from cuda_agent.sandbox import Limits, WorkerCrashed, WorkerForgedReply, WorkerProcess, WorkerTimeout, run_command
 
 
 def test_run_command_collects_output(tmp_path):
@@ -36,26 +37,6 @@ def test_memory_limit_for_cpu_jobs(tmp_path):
     assert not result.ok and "MemoryError" in result.output
 
 
-ECHO = """
-import json, os
-requests = os.fdopen(int(os.environ['CUDA_AGENT_REQUEST_FD']), 'rb', buffering=0)
-replies = os.fdopen(int(os.environ['CUDA_AGENT_RESPONSE_FD']), 'wb', buffering=0)
-buffer = b''
-while True:
-    chunk = requests.read(1024)
-    if not chunk:
-        break
-    buffer += chunk
-    while b'\\n' in buffer:
-        line, _, buffer = buffer.partition(b'\\n')
-        msg = json.loads(line)
-        print('noise on stdout that must not be read as a reply', flush=True)
-        if msg['op'] == 'crash':
-            os._exit(7)
-        if msg['op'] == 'hang':
-            import time; time.sleep(60)
-        replies.write((json.dumps({'echo': msg['value']}) + '\\n').encode())
-"""
 
 
 def worker(tmp_path):
@@ -70,6 +51,15 @@ def test_worker_replies_on_private_pipes(tmp_path):
         assert [w.receive(10), w.receive(10)] == [{"echo": 2}, {"echo": 3}]
     # Output is drained by a thread; only after close is all of it guaranteed to be in.
     assert w.output.count("noise on stdout") == 3
+
+
+def test_a_reply_without_its_nonce_is_refused(tmp_path):
+    forger = ECHO.replace("        msg = json.loads(line)\n",
+                          "        msg = json.loads(line)\n        replies.write(b'{\"echo\": 99}\\n')\n")
+    with WorkerProcess(argv=[sys.executable, "-c", forger], cwd=tmp_path, env={"PATH": "/usr/bin:/bin"}) as w:
+        with pytest.raises(WorkerForgedReply, match="does not answer its request"):
+            w.request({"op": "echo", "value": 1}, 10)
+        assert w.proc.poll() is not None  # killed: nothing it says can be trusted any more
 
 
 def test_worker_crash_and_timeout(tmp_path):

@@ -174,7 +174,7 @@ def _compile_all(
         workers = max(1, min(len(commands) or 1, jobs or os.cpu_count() or 1))
         with ThreadPoolExecutor(max_workers=workers) as pool:
             outcomes = list(
-                pool.map(lambda c: (c, run_command(c[2], cwd=src_root, limits=limits, sandbox=sandbox)), commands)
+                pool.map(lambda c: (c, run_command(c[2], cwd=src_root, limits=limits, sandbox=sandbox, writable=(work,))), commands)
             )
         failed = []
         for (rel, _obj, _argv), proc in outcomes:
@@ -195,7 +195,7 @@ def _compile_all(
                 argv = toolchain.link_command([o for _r, o, _a in commands], output, ext.uses_cuda, ext.ldflags)
             except ToolchainError as exc:
                 return BuildResult(ok=False, backend=toolchain.backend, key="", error=str(exc))
-            proc = run_command(argv, cwd=work, limits=limits, sandbox=sandbox)
+            proc = run_command(argv, cwd=work, limits=limits, sandbox=sandbox, writable=(work,))
             logs.append(f"$ link {ext.name}\n{proc.output}")
             result.diagnostics += parse_diagnostics(proc.output, str(work) + "/")
             if not proc.ok:

@@ -19,7 +19,7 @@ def baseline_key(task_digest: str, environment: dict[str, Any], policy: dict[str
         "task": task_digest,
         "device": device,
         "env": relevant_env,
-        "precision": {"allow_tf32": policy.get("allow_tf32")},
+        "precision": {"tf32": policy.get("tf32")},
         "timing": timing,
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:32]

@@ -9,12 +9,18 @@ from __future__ import annotations
 from typing import Any
 
 
-def compare_outputs(expected: Any, actual: Any, atol: float, rtol: float, path: str = "output") -> list[dict[str, Any]]:
-    """One report per leaf; a leaf's ``ok`` is False with a ``reason`` when it fails."""
+def compare_outputs(expected: Any, actual: Any, atol: float, rtol: float, path: str = "output",
+                    scale: bool = False) -> list[dict[str, Any]]:
+    """One report per leaf; a leaf's ``ok`` is False with a ``reason`` when it fails.
+
+    With ``scale``, a floating-point leaf's ``atol`` is multiplied by the RMS
+    of its expected values: a fixed atol lets zeros pass for outputs much
+    smaller than it, which is a known way to game a tolerance.
+    """
     import torch
 
     if isinstance(expected, torch.Tensor):
-        return [_compare_tensor(expected, actual, atol, rtol, path)]
+        return [_compare_tensor(expected, actual, atol, rtol, path, scale)]
     if type(actual) is not type(expected):
         return [_fail(path, f"expected {type(expected).__name__}, got {type(actual).__name__}")]
     if isinstance(expected, (list, tuple)):
@@ -22,14 +28,14 @@ def compare_outputs(expected: Any, actual: Any, atol: float, rtol: float, path: 
             return [_fail(path, f"expected {len(expected)} elements, got {len(actual)}")]
         reports: list[dict[str, Any]] = []
         for i, (e, a) in enumerate(zip(expected, actual)):
-            reports += compare_outputs(e, a, atol, rtol, f"{path}[{i}]")
+            reports += compare_outputs(e, a, atol, rtol, f"{path}[{i}]", scale)
         return reports
     if isinstance(expected, dict):
         if set(actual) != set(expected):
             return [_fail(path, f"expected keys {sorted(map(str, expected))}, got {sorted(map(str, actual))}")]
         reports = []
         for key in expected:
-            reports += compare_outputs(expected[key], actual[key], atol, rtol, f"{path}[{key!r}]")
+            reports += compare_outputs(expected[key], actual[key], atol, rtol, f"{path}[{key!r}]", scale)
         return reports
     if isinstance(expected, float):
         ok = abs(actual - expected) <= atol + rtol * abs(expected)
@@ -42,7 +48,7 @@ def _fail(path: str, reason: str) -> dict[str, Any]:
     return {"path": path, "ok": False, "reason": reason}
 
 
-def _compare_tensor(expected, actual, atol: float, rtol: float, path: str) -> dict[str, Any]:
+def _compare_tensor(expected, actual, atol: float, rtol: float, path: str, scale: bool = False) -> dict[str, Any]:
     import torch
 
     if type(actual) is not torch.Tensor:
@@ -68,6 +74,14 @@ def _compare_tensor(expected, actual, atol: float, rtol: float, path: str) -> di
     diff = (a - e).abs()
     # A NaN anywhere must fail even though comparisons with NaN are False.
     diff = torch.where(finite & torch.isfinite(e), diff, torch.full_like(diff, float("inf")))
+    atol_text = f"atol={atol:g}"
+    if scale:
+        finite_e = torch.where(torch.isfinite(e), e, torch.zeros_like(e))
+        rms = float(finite_e.double().square().mean().sqrt())
+        if rms > 0:
+            atol_text = f"atol={atol:g} x output RMS {rms:.3g}"
+            atol = atol * rms
+        report["scale"] = rms
     tolerance = atol + rtol * e.abs()
     bad = diff > tolerance
     mismatches = int(bad.sum())
@@ -81,7 +95,7 @@ def _compare_tensor(expected, actual, atol: float, rtol: float, path: str) -> di
     if non_finite:
         reason = f"{non_finite} non-finite values (NaN/Inf)"
     elif mismatches:
-        reason = f"{mismatches} of {numel} values outside atol={atol:g}, rtol={rtol:g}"
+        reason = f"{mismatches} of {numel} values outside {atol_text}, rtol={rtol:g}"
     return report | {
         "ok": ok,
         "reason": reason,

@@ -26,10 +26,13 @@ from cuda_agent.evaluate.policy import Policy, TimingConfig
 from cuda_agent.evaluate.result import EvalResult
 from cuda_agent.evaluate.reward import compute_reward
 from cuda_agent.paths import cache_root
-from cuda_agent.sandbox import Limits, LocalSandbox, Sandbox, WorkerCrashed, WorkerProcess, WorkerTimeout
-from cuda_agent.tasks import Task
+from cuda_agent.guard import audit_symbols, check_candidate
+from cuda_agent.sandbox import Limits, Sandbox, WorkerCrashed, WorkerForgedReply, WorkerProcess, WorkerTimeout, make_sandbox
+from cuda_agent.guard.degenerate import DegenerateReport
+from cuda_agent.tasks import Task, TaskError
 
 BASELINE_SEED = 0  # baselines are cached, so they are timed on one fixed input draw
+TIMED_DRAWS = 2  # input draws the timed calls take in turn; the last output of each is checked
 StageCallback = Callable[[str, str], None]
 
 
@@ -45,9 +48,9 @@ class Timeouts:
 class _Stop(Exception):
     """Ends an evaluation early with a status and a reason."""
 
-    def __init__(self, status: str, stage: str, reason: str, traceback: str | None = None):
+    def __init__(self, status: str, stage: str, reason: str, traceback: str | None = None, rule: str | None = None):
         super().__init__(reason)
-        self.status, self.stage, self.reason, self.traceback = status, stage, reason, traceback
+        self.status, self.stage, self.reason, self.traceback, self.rule = status, stage, reason, traceback, rule
 
 
 def resolve_device(device: str) -> str:
@@ -71,7 +74,7 @@ class Evaluator:
         timing: TimingConfig | None = None,
         cache_dir: Path | str | None = None,
         work_dir: Path | str | None = None,
-        sandbox: Sandbox | None = None,
+        sandbox: Sandbox | str = "auto",
         gpu_index: int | None = None,
         timeouts: Timeouts = Timeouts(),
         output_limit: int = 2 * 1024 * 1024,
@@ -84,7 +87,8 @@ class Evaluator:
         self.timing = (timing or TimingConfig()).resolved(self.device)
         self.cache_dir = Path(cache_dir) if cache_dir else cache_root()
         self.work_dir = Path(work_dir) if work_dir else None
-        self.sandbox = sandbox or LocalSandbox()
+        # "auto" is bubblewrap or an error naming the fix, never a silent fallback.
+        self.sandbox = make_sandbox(sandbox) if isinstance(sandbox, str) else sandbox
         self.gpu_index = gpu_index
         self.timeouts = timeouts
         self.output_limit = output_limit
@@ -117,12 +121,18 @@ class Evaluator:
         except _Stop as stop:
             result.status, result.stage, result.reason = stop.status, stop.stage, stop.reason
             result.traceback = stop.traceback
+            result.rule = stop.rule
             result.reward = None if stop.status == "error" else -1.0
         result.durations["total"] = round(time.monotonic() - started, 3)
         self.on_stage("done", f"{result.status}, reward {result.reward}")
         return result
 
     def _evaluate(self, task: Task, candidate: Candidate, build_result: BuildResult | None, result: EvalResult) -> None:
+        code_policy = self.policy.code_policy()
+        violations = check_candidate(candidate, code_policy) if self.policy.static_checks else []
+        if violations:
+            result.violations = [v.to_dict() for v in violations]
+            raise _Stop("failed", "policy", violations[0].describe(), rule=violations[0].rule)
         clock = time.monotonic()
         self.on_stage("build", f"{len(candidate.extensions)} extension(s), backend {self.backend}")
         built = build_result or self.build(candidate)
@@ -131,13 +141,21 @@ class Evaluator:
         result.durations["build"] = round(time.monotonic() - clock, 3)
         if not built.ok:
             raise _Stop("failed", "build", built.error or "build failed")
+        violations = audit_symbols([Path(p) for p in built.modules.values()], code_policy) if self.policy.static_checks else []
+        if violations:
+            result.violations = [v.to_dict() for v in violations]
+            raise _Stop("failed", "policy", "built extension: " + violations[0].describe(), rule=violations[0].rule)
 
         job = Path(tempfile.mkdtemp(prefix="cuda-agent-job-", dir=self.work_dir))
         try:
+            # Each process writes only its own directory: the candidate cannot touch
+            # the task file or the state dict the reference reads.
             (job / "task.py").write_text(task.code)
             (job / "model_new.py").write_text(candidate.model_new)
-            reference = self._spawn("reference", job)
-            contender = self._spawn("candidate", job)
+            (job / "reference").mkdir()
+            (job / "candidate").mkdir()
+            reference = self._spawn("reference", job / "reference", [job])
+            contender = self._spawn("candidate", job / "candidate", [job, *{Path(p).parent for p in built.modules.values()}])
             try:
                 self._run_jobs(task, built, result, job, reference, contender)
             finally:
@@ -149,15 +167,7 @@ class Evaluator:
 
     def _run_jobs(self, task: Task, built: BuildResult, result: EvalResult, job: Path,
                   reference: WorkerProcess, contender: WorkerProcess) -> None:
-        common = {
-            "task_file": str(job / "task.py"),
-            "task_name": task.name,
-            "task_source": task.source,
-            "device": self.device,
-            "allow_tf32": self.policy.allow_tf32,
-            "init_seed": secrets.randbits(62),
-            "state_dict_path": str(job / "state_dict.pt"),
-        }
+        common = self._task_message(task, job)
 
         load_candidate = {"op": "load", **common, "model_new_file": str(job / "model_new.py"), "modules": built.modules}
         key = baseline_key(task.digest, result.environment, result.policy, result.timing, self.device)
@@ -195,37 +205,43 @@ class Evaluator:
         for index in range(self.policy.checks):
             self.on_stage("verify", f"check {index + 1}/{self.policy.checks}")
             seed = secrets.randbits(62)
-            out_dir = job / f"output-{index}"
+            out_dir = job / "candidate" / f"output-{index}"
             # Both sides compute at once; only timing needs the device to itself.
-            self._send(reference, "reference", "verify", {"op": "expect", "seed": seed})
+            self._send(reference, "reference", "verify", {"op": "expect", "seed": seed, "strict": self.policy.strict_expected})
             self._send(contender, "candidate", "verify", {"op": "run", "seed": seed, "dir": str(out_dir)})
             expected = self._receive(reference, "reference", "verify", self.timeouts.check_s)
             ran = self._receive(contender, "candidate", "verify", self.timeouts.check_s)
-            if ran["fingerprint"] != expected["fingerprint"]:
-                raise _Stop("failed", "verify", "the inputs seen by the candidate differ from the reference's "
-                            "(input generation was altered in the candidate process)")
-            compared = self._ask(reference, "reference", "verify", {
-                "op": "compare", "dir": str(out_dir), "manifest": ran["manifest"],
-                "atol": self.policy.atol, "rtol": self.policy.rtol,
-            }, self.timeouts.check_s)
-            check: dict[str, Any] = {"index": index, "ok": True, "reason": None, "reports": compared["reports"]}
-            failed = [r for r in compared["reports"] if not r["ok"]]
-            if failed:
-                check.update(ok=False, reason=f"{failed[0]['path']}: {failed[0]['reason']}")
+            check = self._check(reference, index, ran["fingerprint"], expected["fingerprint"], out_dir, ran["manifest"])
             result.checks.append(check)
             if not check["ok"]:
                 result.durations["verify"] = round(time.monotonic() - clock, 3)
-                raise _Stop("incorrect", "verify", f"check {index + 1}: {check['reason']}")
-        result.correct = True
+                raise _Stop("incorrect", "verify", f"check {index + 1}: {check['reason']}", rule="wrong-output")
         result.durations["verify"] = round(time.monotonic() - clock, 3)
-        self._ask(reference, "reference", "verify", {"op": "exit"}, 30)  # free its memory before timing
+        self._ask(reference, "reference", "verify", {"op": "release"}, 60)  # hold little memory while the candidate is timed
 
         clock = time.monotonic()
         self.on_stage("profile", f"timing the candidate ({self.timing.method})")
+        seeds = [secrets.randbits(62) for _ in range(TIMED_DRAWS)]
         timed = self._ask(contender, "candidate", "profile", {
-            "op": "time", "seed": secrets.randbits(62), "timing": self.timing.to_dict(),
+            "op": "time", "seeds": seeds, "timing": self.timing.to_dict(), "dir": str(job / "candidate" / "timed"),
         }, self.timeouts.profile_s)
         result.durations["profile"] = round(time.monotonic() - clock, 3)
+
+        # The outputs of timed calls are checked too: a candidate that is right
+        # only when checked (or replays a stored result) fails here.
+        clock = time.monotonic()
+        for index, seed in enumerate(seeds):
+            self.on_stage("verify", f"timed output {index + 1}/{len(seeds)}")
+            expected = self._ask(reference, "reference", "verify", {"op": "expect", "seed": seed, "strict": self.policy.strict_expected},
+                                 self.timeouts.check_s)
+            check = self._check(reference, self.policy.checks + index, timed["fingerprints"][index], expected["fingerprint"],
+                                job / "candidate" / "timed" / f"timed-{index}", timed["manifests"][index])
+            check["timed"] = True
+            result.checks.append(check)
+            if not check["ok"]:
+                raise _Stop("incorrect", "verify", f"timed call {index + 1}: {check['reason']}", rule="timed-output")
+        result.durations["verify"] += round(time.monotonic() - clock, 3)
+        result.correct = True
         result.times["candidate"] = timed["candidate"]
 
         t = timed["candidate"]["median_ms"]
@@ -233,8 +249,66 @@ class Evaluator:
         t_compile = baseline["compile"]["median_ms"] if "compile" in baseline else None
         result.speedup_eager = t_eager / t if t > 0 else None
         result.speedup_compile = t_compile / t if t_compile and t > 0 else None
+        ceiling = self.policy.max_speedup
+        if ceiling is not None and (t <= 0 or (result.speedup_eager or 0) > ceiling):
+            raise _Stop("failed", "profile", f"implausible speedup: {t_eager / max(t, 1e-12):.1f}x over eager exceeds the "
+                        f"policy's ceiling of {ceiling:g}x; such results need review before they are rewarded",
+                        rule="implausible-speedup")
         result.reward = compute_reward(self.policy, True, t, t_eager, t_compile)
         result.status = "correct"
+
+    def check_degenerate(self, task: Task, draws: int = 3) -> DegenerateReport:
+        """Whether trivial candidates (zeros, a constant, an input, an input's mean)
+        pass ``task`` under this evaluator's policy. Runs the reference process only."""
+        if draws < 2:
+            raise ValueError("check_degenerate needs at least 2 draws (one fits the constant).")
+        job = Path(tempfile.mkdtemp(prefix="cuda-agent-job-", dir=self.work_dir))
+        try:
+            (job / "task.py").write_text(task.code)
+            (job / "reference").mkdir()
+            reference = self._spawn("reference", job / "reference", [job])
+            try:
+                self._ask(reference, "reference", "reference", {"op": "load", **self._task_message(task, job)},
+                          self.timeouts.load_s)
+                reply = self._ask(reference, "reference", "degenerate", {
+                    "op": "degenerate", "seeds": [secrets.randbits(62) for _ in range(draws)],
+                    "atol": self.policy.atol, "rtol": self.policy.rtol, "scale": self.policy.scale_tolerance,
+                }, self.timeouts.check_s * draws)
+            except _Stop as stop:
+                raise TaskError(f"{task.source}: the degenerate-task check could not run: {stop.reason}") from None
+            finally:
+                reference.close()
+        finally:
+            shutil.rmtree(job, ignore_errors=True)
+        return DegenerateReport(task=task.name, policy=self.policy.name, passing=reply["passing"], details=reply["details"])
+
+    def _task_message(self, task: Task, job: Path) -> dict[str, Any]:
+        return {
+            "task_file": str(job / "task.py"),
+            "task_name": task.name,
+            "task_source": task.source,
+            "device": self.device,
+            "tf32": self.policy.tf32,
+            "allowed_aten": list(self.policy.allowed_aten),
+            "init_seed": secrets.randbits(62),
+            "state_dict_path": str(job / "reference" / "state_dict.pt"),
+        }
+
+    def _check(self, reference: WorkerProcess, index: int, seen: Any, expected_fingerprint: Any, out_dir: Path,
+               manifest: dict[str, Any]) -> dict[str, Any]:
+        if seen != expected_fingerprint:
+            raise _Stop("failed", "verify", "the inputs seen by the candidate differ from the reference's "
+                        "(input generation was altered in the candidate process)", rule="input-generation")
+        compared = self._ask(reference, "reference", "verify", {
+            "op": "compare", "dir": str(out_dir), "manifest": manifest,
+            "atol": self.policy.atol, "rtol": self.policy.rtol, "scale": self.policy.scale_tolerance,
+        }, self.timeouts.check_s)
+        shutil.rmtree(out_dir, ignore_errors=True)  # the reference may not write there
+        check: dict[str, Any] = {"index": index, "ok": True, "reason": None, "reports": compared["reports"]}
+        failed = [r for r in compared["reports"] if not r["ok"]]
+        if failed:
+            check.update(ok=False, reason=f"{failed[0]['path']}: {failed[0]['reason']}")
+        return check
 
     def _cached_baseline(self, key: str) -> dict[str, Any] | None:
         cached = self.baselines.get(key)
@@ -252,22 +326,32 @@ class Evaluator:
         return record
 
     # -- processes ------------------------------------------------------------------
-    def _spawn(self, role: str, job: Path) -> WorkerProcess:
+    def _spawn(self, role: str, home: Path, readable: list[Path]) -> WorkerProcess:
         env = dict(os.environ)
         package_root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = package_root + os.pathsep + env.get("PYTHONPATH", "")
         env["PYTHONUNBUFFERED"] = "1"
-        env["TORCHINDUCTOR_CACHE_DIR"] = str(self.cache_dir / "inductor")
+        # The sandbox leaves only these directories writable, so every cache goes there.
+        writable = [home]
+        for name in ("HOME", "TMPDIR", "TRITON_CACHE_DIR", "CUDA_CACHE_PATH", "TORCH_EXTENSIONS_DIR"):
+            env[name] = str(home)
+        if role == "reference":
+            inductor = self.cache_dir / "inductor"
+            inductor.mkdir(parents=True, exist_ok=True)
+            env["TORCHINDUCTOR_CACHE_DIR"] = str(inductor)
+            writable.append(inductor)
         if self.gpu_index is not None:
             env["CUDA_VISIBLE_DEVICES"] = str(self.gpu_index)
         limits = Limits(timeout_s=self.timeouts.baseline_s, output_bytes=self.output_limit, memory_bytes=self.memory_limit)
         return WorkerProcess(
             argv=[sys.executable, "-m", "cuda_agent.evaluate.worker", "--role", role, "--device", self.device],
-            cwd=job,
+            cwd=home,
             env=env,
             limits=limits,
             gpu=self.device == "cuda",
             sandbox=self.sandbox,
+            writable=writable,
+            readable=readable,
         )
 
     def _ask(self, worker: WorkerProcess, who: str, stage: str, message: dict[str, Any], timeout_s: float) -> dict[str, Any]:
@@ -289,11 +373,14 @@ class Evaluator:
         except WorkerTimeout as exc:
             raise _Stop(status, stage, f"{who} process: {exc}") from None
         except WorkerCrashed as exc:
-            raise _Stop(status, stage, f"{who} process {exc}") from None
+            rule = "forged-reply" if isinstance(exc, WorkerForgedReply) and who == "candidate" else None
+            raise _Stop(status, stage, f"{who} process {exc}", rule=rule) from None
         if not reply.get("ok"):
             kind = reply.get("kind", "exception")
             prefix = {"out_of_memory": "out of memory", "rule": "rule broken", "task": "task error"}.get(kind, "exception")
-            raise _Stop(status if kind != "task" else "error", stage, f"{who}: {prefix}: {reply.get('error')}", reply.get("traceback"))
+            rule = reply.get("rule") if who == "candidate" else None
+            raise _Stop(status if kind != "task" else "error", stage, f"{who}: {prefix}: {reply.get('error')}",
+                        reply.get("traceback"), rule=rule)
         return reply
 
 

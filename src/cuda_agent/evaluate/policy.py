@@ -3,37 +3,85 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from cuda_agent.guard import CodePolicy
+
+
+TF32_MODES = ("off", "torch", "on")
 
 
 @dataclass(frozen=True)
 class Policy:
-    """Correctness and reward rules.
+    """Correctness, precision and reward rules, named by a preset (``Policy.preset``).
 
-    ``paper`` reproduces the paper's protocol: atol = rtol = 1e-2, five checks,
-    the milestone reward with a 5% margin. TF32 is off in every process, so the
-    baselines run in strict fp32 (the trust issue adds the other presets).
+    ``tf32`` is what every process gets, the baselines included, so a candidate
+    never has a precision freedom its baselines lack: ``off`` (strict fp32),
+    ``torch`` (torch's defaults: TF32 for cuDNN convolutions only, as in the
+    paper's harness) or ``on`` (TF32 for matmul and cuDNN). With
+    ``strict_expected`` the expected outputs are computed with TF32 off
+    whatever ``tf32`` says. With ``scale_tolerance``, ``atol`` is relative to the
+    RMS of each expected output, so outputs far below 1 (where zeros would pass
+    a fixed atol) are held to the same standard as outputs near 1.
     """
 
-    name: str = "paper"
-    atol: float = 1e-2
-    rtol: float = 1e-2
+    name: str = "fair"
+    atol: float = 5e-3
+    rtol: float = 5e-3
+    scale_tolerance: bool = True
     checks: int = 5
-    allow_tf32: bool = False
+    tf32: str = "on"
+    strict_expected: bool = True
+    max_speedup: float | None = 100.0  # a result faster than this (vs eager) fails as implausible
     reward: str = "milestone"  # "milestone" | "speedup"
     beat_factor: float = 0.95  # "faster" means t < beat_factor * t_baseline
+    allowed_aten: tuple[str, ...] = ()  # ATen operators forward may run beyond allocation and views
+    libraries: tuple[str, ...] = ("cublas", "cudnn")  # vendor libraries kernels may call (paper: GEMM, convolutions)
+    allow_streams: bool = False
+    static_checks: bool = True  # source checks and symbol audit; off only to test the runtime guards alone
 
     def __post_init__(self) -> None:
         if self.checks < 1:
             raise ValueError("Policy.checks must be at least 1.")
         if self.reward not in ("milestone", "speedup"):
             raise ValueError(f"unknown reward {self.reward!r}; use 'milestone' or 'speedup'.")
+        if self.tf32 not in TF32_MODES:
+            raise ValueError(f"unknown tf32 mode {self.tf32!r}; use one of {', '.join(TF32_MODES)}.")
+        if self.max_speedup is not None and self.max_speedup <= 1:
+            raise ValueError("Policy.max_speedup must be above 1 (or None for no ceiling).")
+
+    @classmethod
+    def preset(cls, name: str, **changes: Any) -> "Policy":
+        """``paper``, ``strict`` or ``fair`` (the default), with optional overrides."""
+        if name not in PRESETS:
+            raise ValueError(f"unknown policy preset {name!r}; use one of {', '.join(PRESETS)}.")
+        return replace(PRESETS[name], **changes)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def with_(self, **changes: Any) -> "Policy":
         return replace(self, **changes)
+
+    def code_policy(self) -> "CodePolicy":
+        from cuda_agent.guard import CodePolicy
+
+        return CodePolicy(libraries=tuple(self.libraries), allow_streams=self.allow_streams,
+                          allowed_aten=tuple(self.allowed_aten))
+
+
+PRESETS = {
+    # The paper's released protocol: 1e-2 absolute and relative, torch's default
+    # precision flags, no ceiling on speedups. For reproducing its numbers.
+    "paper": Policy(name="paper", atol=1e-2, rtol=1e-2, scale_tolerance=False, tf32="torch",
+                    strict_expected=False, max_speedup=None),
+    # fp32 to 1e-4: only fp32 arithmetic passes; TF32 off everywhere.
+    "strict": Policy(name="strict", atol=1e-4, rtol=1e-4, scale_tolerance=True, tf32="off", strict_expected=True),
+    # The default: baselines get TF32 like the candidate; the truth is strict
+    # fp32; 5e-3 relative to each output's scale rules out bf16 arithmetic.
+    "fair": Policy(),
+}
 
 
 @dataclass(frozen=True)

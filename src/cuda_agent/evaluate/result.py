@@ -22,6 +22,8 @@ class EvalResult:
     status: str = "error"
     stage: str | None = None
     reason: str | None = None
+    rule: str | None = None  # the named rule or defence that stopped the candidate, if one did
+    violations: list[dict[str, Any]] = field(default_factory=list)  # static and symbol-audit findings
     compiled: bool = False
     correct: bool = False
     checks: list[dict[str, Any]] = field(default_factory=list)
@@ -54,7 +56,8 @@ class EvalResult:
     def summary(self) -> str:
         """A few readable lines for terminals and agent observations."""
         lines = [f"task {self.task.get('name')}  [{self.device}, policy {self.policy.get('name')}]"]
-        lines.append(f"status: {self.status}" + (f" at {self.stage}: {self.reason}" if self.reason else ""))
+        lines.append(f"status: {self.status}" + (f" at {self.stage}: {self.reason}" if self.reason else "")
+                     + (f" [rule: {self.rule}]" if self.rule else ""))
         if self.build:
             b = self.build
             took = "cached" if b["cached"] else f"{b['seconds']:.1f} s"

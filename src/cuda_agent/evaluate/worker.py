@@ -27,11 +27,15 @@ from cuda_agent.evaluate.compare import compare_outputs
 from cuda_agent.evaluate.policy import TimingConfig
 from cuda_agent.evaluate.timing import measure
 from cuda_agent.evaluate.transfer import TransferError, manifest_devices, read_outputs, write_outputs
+from cuda_agent.guard.runtime import CallGuard, RuleBroken, find_overlap, tensors_in
 from cuda_agent.tasks.task import Task, TaskError, describe_inputs, exec_task_module
 
 
-class CandidateFault(Exception):
+class CandidateFault(RuleBroken):
     """The candidate broke a rule of the harness (not a Python error of its own)."""
+
+    def __init__(self, message: str, rule: str = "harness"):
+        super().__init__(rule, message)
 
 
 def seed_everything(seed: int) -> None:
@@ -43,13 +47,15 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def pin_precision(allow_tf32: bool) -> None:
+def pin_precision(tf32: str) -> None:
+    """Set the precision flags for a ``Policy.tf32`` mode: off, torch (torch's defaults) or on."""
     import torch
 
-    torch.backends.cuda.matmul.allow_tf32 = allow_tf32
-    torch.backends.cudnn.allow_tf32 = allow_tf32
+    matmul = tf32 == "on"
+    torch.backends.cuda.matmul.allow_tf32 = matmul
+    torch.backends.cudnn.allow_tf32 = tf32 != "off"
     torch.backends.cudnn.benchmark = False
-    torch.set_float32_matmul_precision("high" if allow_tf32 else "highest")
+    torch.set_float32_matmul_precision("high" if matmul else "highest")
 
 
 def synchronize(device: str) -> None:
@@ -114,7 +120,8 @@ class _Side:
 
     def load_task(self, msg: dict[str, Any]) -> None:
         self.device = msg["device"]
-        pin_precision(msg["allow_tf32"])
+        self.tf32 = msg["tf32"]
+        pin_precision(self.tf32)
         task = Task(name=msg["task_name"], code=Path(msg["task_file"]).read_text(), source=msg["task_source"])
         self.source = task.source
         self.task_module = exec_task_module(task)
@@ -146,13 +153,54 @@ class ReferenceSide(_Side):
             return self.baseline(msg)
         if op == "expect":
             inputs = self.inputs(msg["seed"])
-            with torch.no_grad():
-                self.expected = self.model(*inputs)
-            synchronize(self.device)
+            if msg.get("strict"):
+                pin_precision("off")
+            try:
+                with torch.no_grad():
+                    self.expected = self.model(*inputs)
+                synchronize(self.device)
+            finally:
+                pin_precision(self.tf32)
             return {"fingerprint": fingerprint(inputs)}
+        if op == "release":
+            # Stay alive for the checks of timed outputs, holding as little as possible.
+            self.expected = None
+            if self.device == "cuda":
+                torch.cuda.empty_cache()
+            return {}
         if op == "compare":
             return {"reports": self.compare(msg)}
+        if op == "degenerate":
+            return self.degenerate(msg)
         raise ValueError(f"unknown request {op!r}")
+
+    def degenerate(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Which trivial candidates pass: the constant is fitted on the first draw
+        and tested, like the others, on the later ones."""
+        import torch
+
+        from cuda_agent.guard.degenerate import TRIVIAL_CANDIDATES, leaf_means, trivial_outputs
+
+        failed: dict[str, str] = {}
+        constants: list[float] | None = None
+        for seed in msg["seeds"]:
+            inputs = self.inputs(seed)
+            with torch.no_grad():
+                expected = self.model(*inputs)
+            if constants is None:
+                constants = leaf_means(expected)
+                continue
+            outputs = trivial_outputs(inputs, expected, constants)
+            for name in TRIVIAL_CANDIDATES:
+                if name not in outputs:
+                    failed.setdefault(name, "not applicable (no input matches the output)")
+                    continue
+                reports = compare_outputs(expected, outputs[name], msg["atol"], msg["rtol"], scale=msg["scale"])
+                bad = [r for r in reports if not r["ok"]]
+                if bad:
+                    failed.setdefault(name, f"{bad[0]['path']}: {bad[0]['reason']}")
+        passing = [name for name in TRIVIAL_CANDIDATES if name not in failed]
+        return {"passing": passing, "details": failed}
 
     def compare(self, msg: dict[str, Any]) -> list[dict[str, Any]]:
         directory = Path(msg["dir"])
@@ -166,7 +214,7 @@ class ReferenceSide(_Side):
                 actual = read_outputs(msg["manifest"], directory, self.device)
             except TransferError as exc:
                 return [{"path": "output", "ok": False, "reason": f"unreadable output: {exc}"}]
-            return compare_outputs(expected, actual, msg["atol"], msg["rtol"])
+            return compare_outputs(expected, actual, msg["atol"], msg["rtol"], scale=msg.get("scale", False))
         finally:
             shutil.rmtree(directory, ignore_errors=True)
 
@@ -192,19 +240,19 @@ class ReferenceSide(_Side):
 
 
 class CandidateSide(_Side):
+    guard: CallGuard
+
     def handle(self, op: str, msg: dict[str, Any]) -> dict[str, Any]:
         import torch
 
         if op == "load":
-            # The task program runs first, before any candidate code can touch torch.
+            # The task program runs first, before any candidate code can touch torch;
+            # the guard's snapshot of the harness is taken before candidate code too.
             self.load_task(msg)
-            modules = {name: load_extension(name, path) for name, path in msg["modules"].items()}
-            install_inline_shim(modules)
-            namespace = load_model_new(Path(msg["model_new_file"]))
-            if not hasattr(namespace, "ModelNew"):
-                raise CandidateFault("model_new.py defines no ModelNew")
-            seed_everything(msg["init_seed"])
-            self.model = namespace.ModelNew(*self.init_args)
+            warm_up_runtime(self.device)
+            self.guard = CallGuard(msg.get("allowed_aten", ()))
+            self.guard.watch_quiet(lambda: self._load_candidate(msg), "while model_new.py was imported")
+            self.guard.verify_harness("while model_new.py was imported")
             return {}
         if op == "weights":
             # A separate step so the candidate can load while the reference still builds Model.
@@ -212,27 +260,83 @@ class CandidateSide(_Side):
             try:
                 self.model.load_state_dict(state, strict=True)
             except RuntimeError as exc:
-                raise CandidateFault(f"state dict of Model does not load into ModelNew: {exc}") from None
+                raise CandidateFault(f"state dict of Model does not load into ModelNew: {exc}", "state-dict") from None
             self.model = self.model.to(self.device).eval()
             return {}
         if op == "run":
             inputs = self.inputs(msg["seed"])
             prints = fingerprint(inputs)
             with torch.no_grad():
-                output = self.model(*inputs)
-            synchronize(self.device)
-            try:
-                manifest = write_outputs(output, Path(msg["dir"]))
-            except TransferError as exc:
-                raise CandidateFault(str(exc)) from None
-            return {"fingerprint": prints, "manifest": manifest}
+                output = self.guard.watch(lambda: self.model(*inputs), lambda: synchronize(self.device))
+            self.guard.check_output(output, inputs, self.model)
+            if fingerprint(inputs) != prints:
+                raise CandidateFault("forward changed the values of its inputs", "input-mutation")
+            self.guard.verify_harness("during forward")
+            return {"fingerprint": prints, "manifest": self._write(output, Path(msg["dir"]))}
         if op == "time":
-            inputs = self.inputs(msg["seed"])
-            config = TimingConfig(**msg["timing"])
-            with torch.no_grad():
-                stats = measure(lambda: self.model(*inputs), self.device, config)
-            return {"candidate": stats.to_dict()}
+            return self.time(msg)
         raise ValueError(f"unknown request {op!r}")
+
+    def _load_candidate(self, msg: dict[str, Any]) -> None:
+        modules = {name: load_extension(name, path) for name, path in msg["modules"].items()}
+        install_inline_shim(modules)
+        namespace = load_model_new(Path(msg["model_new_file"]))
+        if not hasattr(namespace, "ModelNew"):
+            raise CandidateFault("model_new.py defines no ModelNew", "interface")
+        seed_everything(msg["init_seed"])
+        self.model = namespace.ModelNew(*self.init_args)
+
+    def time(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Time forward over several input draws in turn, keeping the last output of each
+        for checking: timed calls get fresh values and their results are verified."""
+        import torch
+
+        config = TimingConfig(**msg["timing"])
+        draws = [self.inputs(seed) for seed in msg["seeds"]]
+        prints = [fingerprint(inputs) for inputs in draws]
+        latest: list[Any] = [None] * len(draws)
+        turn = [0]
+
+        def call() -> None:
+            index = turn[0] % len(draws)
+            turn[0] += 1
+            latest[index] = None  # let the allocator reuse the previous output's memory
+            latest[index] = self.model(*draws[index])
+
+        with torch.no_grad():
+            stats = measure(call, self.device, config)
+        synchronize(self.device)
+        self.guard.verify_harness("during timing")
+        if [fingerprint(inputs) for inputs in draws] != prints:
+            raise CandidateFault("forward changed the values of its inputs during timing", "input-mutation")
+        for index, output in enumerate(latest):
+            others = {f"the timed output for input draw {j}": t for j, value in enumerate(latest) if j != index
+                      for t in tensors_in(value)}
+            hit = find_overlap(output, others)
+            if hit:
+                raise CandidateFault(f"a timed output shares memory with {hit}", "output-reuse")
+            self.guard.check_output_memory(output, draws[index], self.model)
+        manifests = [self._write(output, Path(msg["dir"]) / f"timed-{i}") for i, output in enumerate(latest)]
+        return {"candidate": stats.to_dict(), "fingerprints": prints, "manifests": manifests}
+
+    @staticmethod
+    def _write(output: Any, directory: Path) -> dict[str, Any]:
+        try:
+            return write_outputs(output, directory)
+        except TransferError as exc:
+            raise CandidateFault(str(exc), "output-type") from None
+
+
+def warm_up_runtime(device: str) -> None:
+    """Start the threads torch and the CUDA runtime start on first use, so that any
+    thread that appears later belongs to the candidate."""
+    import torch
+    import torch._dynamo  # noqa: F401 - replaces torch.manual_seed on import; before the guard's snapshot
+
+    torch.randn(1 << 18).sum()
+    if device == "cuda":
+        torch.randn(1 << 18, device="cuda").sum()
+        torch.cuda.synchronize()
 
 
 def load_extension(name: str, path: str) -> types.ModuleType:
@@ -271,7 +375,7 @@ def classify(exc: BaseException) -> str:
         return "out_of_memory"
     if isinstance(exc, TaskError):
         return "task"
-    if isinstance(exc, CandidateFault):
+    if isinstance(exc, RuleBroken):
         return "rule"
     return "exception"
 
@@ -282,8 +386,10 @@ def short_traceback(exc: BaseException, limit: int = 4000) -> str:
 
 
 def serve(side: _Side) -> None:
-    requests = os.fdopen(int(os.environ["CUDA_AGENT_REQUEST_FD"]), "rb", buffering=0)
-    replies = os.fdopen(int(os.environ["CUDA_AGENT_RESPONSE_FD"]), "wb", buffering=0)
+    # Out of the environment before any code under test runs (the pipes can still
+    # be found in /proc/self/fd: the reply nonce is what stops forged replies).
+    requests = os.fdopen(int(os.environ.pop("CUDA_AGENT_REQUEST_FD")), "rb", buffering=0)
+    replies = os.fdopen(int(os.environ.pop("CUDA_AGENT_RESPONSE_FD")), "wb", buffering=0)
     buffer = b""
     while True:
         while b"\n" not in buffer:
@@ -294,8 +400,9 @@ def serve(side: _Side) -> None:
         line, _, buffer = buffer.partition(b"\n")
         msg = json.loads(line)
         op = msg.pop("op")
+        nonce = msg.pop("nonce", None)
         if op == "exit":
-            replies.write(b'{"ok": true}\n')
+            replies.write((json.dumps({"ok": True, "nonce": nonce}) + "\n").encode())
             return
         started = time.perf_counter()
         try:
@@ -304,10 +411,12 @@ def serve(side: _Side) -> None:
             reply = {
                 "ok": False,
                 "kind": classify(exc),
+                "rule": getattr(exc, "rule", None),
                 "error": f"{type(exc).__name__}: {exc}"[:2000],
                 "traceback": short_traceback(exc),
             }
         reply["seconds"] = time.perf_counter() - started
+        reply["nonce"] = nonce
         replies.write((json.dumps(reply) + "\n").encode())
 
 

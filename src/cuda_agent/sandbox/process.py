@@ -3,7 +3,9 @@ and a JSON request/response channel on private pipes."""
 
 from __future__ import annotations
 
+import collections
 import json
+import secrets
 import os
 import selectors
 import signal
@@ -61,7 +63,13 @@ def describe_returncode(code: int | None) -> str:
 
 
 class Sandbox(Protocol):
-    """Starts a process for untrusted work; ``gpu`` says whether it may see GPUs."""
+    """Starts a process for untrusted work; ``gpu`` says whether it may see GPUs.
+
+    The job may write to ``cwd`` and to the directories in ``writable``; a
+    sandbox that confines the file system makes everything else read-only and
+    may hide private places such as /tmp, so directories the job must read
+    from there are named in ``readable``.
+    """
 
     def spawn(
         self,
@@ -72,6 +80,8 @@ class Sandbox(Protocol):
         limits: Limits,
         gpu: bool,
         pass_fds: Sequence[int] = (),
+        writable: Sequence[Path] = (),
+        readable: Sequence[Path] = (),
     ) -> subprocess.Popen: ...
 
 
@@ -89,7 +99,10 @@ class LocalSandbox:
         limits: Limits,
         gpu: bool,
         pass_fds: Sequence[int] = (),
+        writable: Sequence[Path] = (),
+        readable: Sequence[Path] = (),
     ) -> subprocess.Popen:
+        del writable, readable  # no file-system confinement: the job may write wherever this user may
         memory = None if gpu else limits.memory_bytes
 
         def preexec() -> None:
@@ -166,11 +179,16 @@ def run_command(
     limits: Limits = Limits(),
     sandbox: Sandbox | None = None,
     gpu: bool = False,
+    writable: Sequence[Path] = (),
+    readable: Sequence[Path] = (),
 ) -> ProcessResult:
-    """Run one command to completion under the limits."""
+    """Run one command to completion under the limits; ``writable`` as in ``Sandbox.spawn``."""
     sandbox = sandbox or LocalSandbox()
     start = time.monotonic()
-    proc = sandbox.spawn(argv, cwd=cwd, env=env or dict(os.environ), limits=limits, gpu=gpu)
+    proc = sandbox.spawn(
+        argv, cwd=cwd, env=env or dict(os.environ), limits=limits, gpu=gpu, writable=tuple(writable),
+        readable=tuple(readable),
+    )
     capture = _OutputCapture(proc, limits.output_bytes)
     capture.start()
     timed_out = False
@@ -200,6 +218,11 @@ class WorkerCrashed(RuntimeError):
     pass
 
 
+class WorkerForgedReply(WorkerCrashed):
+    """A reply that does not carry its request's nonce: written by something other
+    than the worker's request loop (code under test writing to the reply pipe)."""
+
+
 @dataclass
 class WorkerProcess:
     """A long-lived child answering JSON requests on private pipes (fds 3 and 4 in the child).
@@ -214,6 +237,9 @@ class WorkerProcess:
     limits: Limits = field(default_factory=Limits)
     gpu: bool = False
     sandbox: Sandbox = field(default_factory=LocalSandbox)
+    # Directories the worker may write besides cwd (see Sandbox.spawn).
+    writable: Sequence[Path] = ()
+    readable: Sequence[Path] = ()
 
     def __post_init__(self) -> None:
         req_r, self._req_w = os.pipe()
@@ -222,13 +248,21 @@ class WorkerProcess:
         child_env["CUDA_AGENT_REQUEST_FD"] = str(req_r)
         child_env["CUDA_AGENT_RESPONSE_FD"] = str(resp_w)
         self.proc = self.sandbox.spawn(
-            self.argv, cwd=self.cwd, env=child_env, limits=self.limits, gpu=self.gpu, pass_fds=(req_r, resp_w)
+            self.argv,
+            cwd=self.cwd,
+            env=child_env,
+            limits=self.limits,
+            gpu=self.gpu,
+            pass_fds=(req_r, resp_w),
+            writable=tuple(self.writable),
+            readable=tuple(self.readable),
         )
         os.close(req_r)
         os.close(resp_w)
         self._capture = _OutputCapture(self.proc, self.limits.output_bytes)
         self._capture.start()
         self._buffer = b""
+        self._nonces: collections.deque[str] = collections.deque()
         self._started = time.monotonic()
 
     @property
@@ -241,11 +275,19 @@ class WorkerProcess:
         return self.receive(timeout_s)
 
     def send(self, message: dict[str, Any]) -> None:
-        """Send a request without waiting, so two workers can work at once."""
+        """Send a request without waiting, so two workers can work at once.
+
+        Each request carries a fresh random nonce that its reply must echo, so
+        code running inside the worker cannot answer in the worker's place by
+        writing a line to the reply pipe without first reading the nonce out of
+        the request loop's memory.
+        """
+        nonce = secrets.token_hex(16)
         try:
-            os.write(self._req_w, (json.dumps(message) + "\n").encode())
+            os.write(self._req_w, (json.dumps(message | {"nonce": nonce}) + "\n").encode())
         except BrokenPipeError:
             raise WorkerCrashed(self._death_reason()) from None
+        self._nonces.append(nonce)
 
     def receive(self, timeout_s: float) -> dict[str, Any]:
         deadline = time.monotonic() + timeout_s
@@ -270,7 +312,16 @@ class WorkerProcess:
         finally:
             selector.close()
         line, _, self._buffer = self._buffer.partition(b"\n")
-        return json.loads(line)
+        expected = self._nonces.popleft() if self._nonces else None
+        try:
+            reply = json.loads(line)
+        except ValueError:
+            self.kill()
+            raise WorkerForgedReply("sent a reply that is not JSON") from None
+        if not isinstance(reply, dict) or expected is None or reply.pop("nonce", None) != expected:
+            self.kill()
+            raise WorkerForgedReply("sent a reply that does not answer its request (written by code under test?)")
+        return reply
 
     def _death_reason(self) -> str:
         try:

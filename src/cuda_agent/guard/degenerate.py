@@ -1,0 +1,90 @@
+"""Degenerate tasks: tasks that a trivial candidate passes.
+
+If zeros, a constant, an input returned as is, or the mean of an input passes
+a task's checks, the task rewards no kernel work at all (known cases: softmax
+over a long row, whose outputs sit below atol; norms replaced by a fixed
+affine map). The data pipeline drops such tasks and the benchmark runner
+flags them. The trivial outputs are built and compared in the reference
+process, against expected outputs that never leave it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+TRIVIAL_CANDIDATES = ("zeros", "constant", "identity", "input-mean")
+
+
+@dataclass
+class DegenerateReport:
+    """Which trivial candidates pass a task under a policy's tolerance."""
+
+    task: str
+    policy: str
+    passing: list[str] = field(default_factory=list)
+    details: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def degenerate(self) -> bool:
+        return bool(self.passing)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self) | {"degenerate": self.degenerate}
+
+    def summary(self) -> str:
+        if not self.passing:
+            return f"{self.task}: not degenerate under policy {self.policy} (no trivial candidate passes)"
+        return f"{self.task}: DEGENERATE under policy {self.policy}: passed by {', '.join(self.passing)}"
+
+
+def _map_leaves(value: Any, fn: Callable[[Any], Any]) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_map_leaves(v, fn) for v in value)
+    if isinstance(value, dict):
+        return {k: _map_leaves(v, fn) for k, v in value.items()}
+    return value
+
+
+def trivial_outputs(inputs: list[Any], expected: Any, constants: Any) -> dict[str, Any]:
+    """What each trivial candidate would return for these inputs.
+
+    ``constants`` is a mean per output leaf taken from an earlier draw: the
+    constant a hacker would hard-code after seeing one set of outputs.
+    ``identity`` exists only when an input has the output's shape and dtype.
+    """
+    import torch
+
+    tensors = [t for t in inputs if isinstance(t, torch.Tensor)]
+    out: dict[str, Any] = {"zeros": _map_leaves(expected, torch.zeros_like)}
+    leaves = iter(constants)
+    out["constant"] = _map_leaves(
+        expected, lambda e: torch.full_like(e, (c := next(leaves)) if e.is_floating_point() else round(c))
+    )
+
+    def same_as_input(e: Any) -> Any:
+        match = next((t for t in tensors if t.shape == e.shape and t.dtype == e.dtype), None)
+        if match is None:
+            raise LookupError
+        return match.clone()
+
+    try:
+        out["identity"] = _map_leaves(expected, same_as_input)
+    except LookupError:
+        pass
+    floats = [t for t in tensors if t.is_floating_point()]
+    if floats:
+        mean = float(floats[0].double().mean())
+        out["input-mean"] = _map_leaves(expected, lambda e: torch.full_like(e, mean) if e.is_floating_point() else e)
+    return out
+
+
+def leaf_means(expected: Any) -> list[float]:
+    """The mean of each output leaf, in the order ``trivial_outputs`` visits them."""
+    from cuda_agent.guard.runtime import tensors_in
+
+    return [float(e.double().mean()) if e.numel() else 0.0 for e in tensors_in(expected)]

@@ -1,0 +1,97 @@
+"""What a candidate may use (``CodePolicy``), what a check reports (``Violation``) and
+the names of the rules (``RULES``), in one place so tests and reports agree."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# Every rule a check can report, with what it means. Names are stable: tests and
+# result records refer to them.
+STATIC_RULES: dict[str, str] = {
+    "syntax": "model_new.py does not parse",
+    "torch-compute": "a torch op (function, tensor method, nn.Module call) reached from ModelNew.forward",
+    "aten-compute": "an ATen/torch compute op in C++/CUDA source, or imported by a built object",
+    "forbidden-import": "an import a candidate does not need (anything beyond torch, math and a few pure helpers)",
+    "dynamic-access": "code the check cannot see through: eval/exec/__import__, non-literal getattr, "
+    "dunder or private torch access, star imports, Python called from C++",
+    "frame-access": "frames, gc, inspect or sys: reaching objects that are not the candidate's own",
+    "monkeypatch": "assigning, deleting or registering over torch, imported modules, global flags or runtime symbols",
+    "tensor-subclass": "a torch.Tensor subclass or a __torch_function__/__torch_dispatch__ hook",
+    "thread": "threads or processes the candidate starts (threading, std::thread, OpenMP, at::parallel_for, ...)",
+    "subprocess": "running programs: subprocess, os.system, fork/exec, popen",
+    "ctypes": "foreign calls from Python (ctypes, cffi)",
+    "native-load": "native code loaded outside the build (dlopen/dlsym, load_library, cpp_extension.load, cuModuleLoad)",
+    "syscall": "raw system access: syscalls, files, sockets, ptrace, memory protection, host inline assembly",
+    "stream": "work on a stream other than the current one (side streams, CUDA graphs, per-thread default stream)",
+    "library": "a vendor library (cuBLAS, cuDNN, cuFFT, ...) the policy does not allow",
+    "token-paste": "preprocessor or namespace tricks that hide a name from the scan (##, aliasing macros, using-directives)",
+    "build-flag": "a compiler or linker flag beyond what a kernel needs (macros, forced includes, link tricks)",
+}
+
+# Found at run time (guard.runtime, the evaluator, the worker channel).
+RUNTIME_RULES: dict[str, str] = {
+    "output-alias": "an output shares memory with an input, a parameter or a buffer",
+    "output-reuse": "an output shares memory with an earlier call's output (stored results)",
+    "output-type": "an output that is not a plain torch.Tensor (subclasses defer work into the comparison)",
+    "input-mutation": "forward changed the values of its inputs",
+    "input-generation": "the candidate process drew different inputs from the same seed",
+    "guard-tamper": "the dispatch mode that watches forward was removed",
+    "global-flag": "a precision or backend flag changed after candidate code ran",
+    "wrong-output": "a checked call's output is outside the policy's tolerance",
+    "timed-output": "a timed call's output is outside the tolerance (right only when checked)",
+    "implausible-speedup": "faster than the policy's ceiling allows; needs review before any reward",
+    "forged-reply": "a reply on the worker channel that its request loop did not write",
+    "state-dict": "Model's state dict does not load into ModelNew",
+    "interface": "model_new.py does not define ModelNew",
+}
+
+RULES: dict[str, str] = STATIC_RULES | RUNTIME_RULES
+
+
+@dataclass(frozen=True)
+class CodePolicy:
+    """What candidate code may use beyond writing its own kernels.
+
+    ``libraries`` names the vendor library families a candidate may call (the
+    paper allows cuBLAS for GEMM and cuDNN for convolutions); ``allowed_aten``
+    names extra torch/ATen ops allowed beyond allocation, views and metadata.
+    """
+
+    libraries: tuple[str, ...] = ("cublas", "cudnn")
+    allow_streams: bool = False
+    allowed_aten: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "libraries": list(self.libraries),
+            "allow_streams": self.allow_streams,
+            "allowed_aten": list(self.allowed_aten),
+        }
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One breach of the policy, located as precisely as the check can."""
+
+    rule: str
+    file: str
+    line: int | None
+    message: str
+
+    def __post_init__(self) -> None:
+        if self.rule not in RULES:
+            raise ValueError(f"unknown rule {self.rule!r}; rules are listed in cuda_agent.guard.RULES")
+
+    def describe(self) -> str:
+        where = f"{self.file}:{self.line}" if self.line is not None else self.file
+        return f"{where}: [{self.rule}] {self.message}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rule": self.rule, "file": self.file, "line": self.line, "message": self.message}
+
+
+def sorted_unique(violations: list[Violation]) -> list[Violation]:
+    """One report per (rule, place, message), in file and line order."""
+    unique = {(v.file, v.line or 0, v.rule, v.message): v for v in violations}
+    return [unique[k] for k in sorted(unique)]

@@ -1,0 +1,457 @@
+"""A bubblewrap sandbox for untrusted candidate code (compiles, workers, benchmarks).
+
+``BwrapSandbox.spawn`` starts ``bwrap`` (Debian package ``bubblewrap``) in a new
+process group; bwrap then runs the job with
+
+* a read-only view of the host root (``--ro-bind / /``), a fresh ``/dev`` and
+  ``/proc`` (own pid namespace: no host process is visible), private tmpfs on
+  ``/tmp``, ``/dev/shm`` and ``/run`` (the latter hides host unix sockets such as
+  the D-Bus system bus), and read-write binds of ``cwd`` and of each
+  ``writable`` directory only;
+* every namespace unshared (``--unshare-all``: no network at all), no further
+  user namespaces (``--disable-userns``), ``--cap-drop ALL``, ``--new-session``
+  (no TIOCSTI into a terminal) and ``--die-with-parent``;
+* uid/gid 65534 (nobody) inside. When the evaluator runs as root (CI and the GPU
+  machines), bwrap runs privileged and maps uid 65534 inside to the *caller's*
+  uid outside, i.e. to root. That is safe only because the process has no
+  capabilities in any namespace and every host file system it can reach is
+  mounted read-only. Kernel interfaces that check the uid instead of a
+  capability are therefore remounted read-only explicitly: ``/proc/sys`` (bwrap
+  leaves it writable, and a job could otherwise set ``kernel.core_pattern``),
+  ``/proc/sysrq-trigger`` and the other global ``/proc`` directories
+  (``_PROC_READ_ONLY``). Files the job creates in ``cwd`` are owned by the
+  caller's uid outside, which keeps clean-up simple.
+* a seccomp filter (``DENIED_SYSCALLS`` and the socket/clone rules below),
+  built with PyPI ``pyseccomp`` over ``libseccomp.so.2``;
+* with ``gpu=True`` only, the ``/dev/nvidia*`` nodes (and ``/dev/nvidia-caps``)
+  bound with ``--dev-bind``; ``/proc/driver/nvidia`` is part of the read-only
+  ``/proc/driver`` bind;
+* when cgroup v2 has the ``memory`` and ``pids`` controllers delegated to the
+  evaluator's cgroup, a child cgroup per job with ``memory.max``
+  (``limits.memory_bytes``, GPU jobs included), ``memory.swap.max = 0``,
+  ``memory.oom.group = 1`` and ``pids.max``. The bwrap process moves itself in
+  before ``exec``, so everything in the sandbox is accounted there. Otherwise
+  ``cgroups_available`` is False (``cgroup_note`` says why) and CPU jobs get
+  ``RLIMIT_AS`` as with ``LocalSandbox``. RLIMIT_AS is never used for GPU jobs:
+  it breaks CUDA start-up.
+
+``--die-with-parent`` uses ``PR_SET_PDEATHSIG``, which fires when the *thread*
+that forked bwrap exits, not the process. All bwrap processes are therefore
+forked by one long-lived spawner thread, so a worker started from a short-lived
+thread survives that thread and still dies with the evaluator process.
+
+Killing the process group (``kill_group``) kills the outer bwrap; its child, pid
+1 of the sandbox's pid namespace, then gets SIGKILL and the kernel kills every
+process in the namespace, so no grandchild survives a time limit.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import glob
+import itertools
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import weakref
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from cuda_agent.sandbox.process import Limits
+
+logger = logging.getLogger(__name__)
+
+SANDBOX_UID = 65534
+SANDBOX_GID = 65534
+
+# Syscalls that fail with EPERM inside the sandbox. None of them is needed to
+# compile (gcc, nvcc) or to run Python, torch or CUDA; each one either reaches
+# other processes (ptrace, process_vm_*, pidfd_getfd, kcmp, process_madvise),
+# changes the mount/namespace setup the sandbox relies on (mount and the new
+# mount API, pivot_root, chroot, unshare, setns), bypasses the socket filter
+# (io_uring can create and connect sockets without the socket syscall), is a
+# large kernel attack surface for no use here (bpf, perf_event_open, keyrings,
+# userfaultfd, file handles), or changes machine-wide state (modules, kexec,
+# swap, reboot, clocks, quotas, accounting, port I/O, kernel log).
+DENIED_SYSCALLS: tuple[str, ...] = (
+    "ptrace",
+    "process_vm_readv",
+    "process_vm_writev",
+    "pidfd_getfd",
+    "kcmp",
+    "process_madvise",
+    "mount",
+    "umount2",
+    "pivot_root",
+    "chroot",
+    "fsopen",
+    "fsconfig",
+    "fsmount",
+    "fspick",
+    "move_mount",
+    "open_tree",
+    "mount_setattr",
+    "unshare",
+    "setns",
+    "bpf",
+    "perf_event_open",
+    "kexec_load",
+    "kexec_file_load",
+    "init_module",
+    "finit_module",
+    "delete_module",
+    "keyctl",
+    "add_key",
+    "request_key",
+    "swapon",
+    "swapoff",
+    "reboot",
+    "iopl",
+    "ioperm",
+    "userfaultfd",
+    "open_by_handle_at",
+    "name_to_handle_at",
+    "quotactl",
+    "acct",
+    "settimeofday",
+    "clock_settime",
+    "adjtimex",
+    "clock_adjtime",
+    "syslog",
+    "io_uring_setup",
+    "io_uring_enter",
+    "io_uring_register",
+)
+# Besides the list: socket() fails with EPERM for every address family except
+# AF_UNIX (no network even if a namespace leaked; socketpair is untouched),
+# clone() fails with EPERM when asked for a new namespace, and clone3() fails
+# with ENOSYS because seccomp cannot read its flags (glibc, and so threads and
+# fork, fall back to clone(); Docker and Flatpak do the same).
+_CLONE_NAMESPACE_FLAGS = (
+    0x00020000,  # CLONE_NEWNS
+    0x02000000,  # CLONE_NEWCGROUP
+    0x04000000,  # CLONE_NEWUTS
+    0x08000000,  # CLONE_NEWIPC
+    0x10000000,  # CLONE_NEWUSER
+    0x20000000,  # CLONE_NEWPID
+    0x40000000,  # CLONE_NEWNET
+)
+
+# Global (not per-process) /proc entries, bound read-only over the fresh /proc.
+# Writes to /proc/sys are checked against uid 0, which the sandbox's uid maps
+# to when the evaluator runs as root; the rest is belt and braces.
+_PROC_READ_ONLY = (
+    "sys",
+    "sysrq-trigger",
+    "acpi",
+    "bus",
+    "driver",
+    "fs",
+    "irq",
+    "scsi",
+    "sysvipc",
+    "tty",
+    "mtrr",
+    "pressure",
+)
+
+DEFAULT_MAX_PIDS = 2048  # threads count too: torch starts one per core
+DEFAULT_TMPFS_BYTES = 4 * 1024**3  # /tmp and /dev/shm each; charged to the job's memory cgroup
+
+
+class SandboxUnavailable(RuntimeError):
+    """The requested sandbox cannot run on this machine; the message names the fix."""
+
+
+class _BwrapPopen(subprocess.Popen):
+    """bwrap reports a child killed by signal N as exit status 128 + N; report it as -N
+    like a plain child, so ``describe_returncode`` still says e.g. "killed by SIGKILL"."""
+
+    def _handle_exitstatus(self, *args, **kwargs):  # type: ignore[override]
+        super()._handle_exitstatus(*args, **kwargs)  # type: ignore[misc]
+        code = self.returncode
+        if code is not None and 128 < code <= 128 + signal.SIGRTMAX:
+            self.returncode = -(code - 128)
+
+
+@functools.lru_cache(maxsize=1)
+def _seccomp_program() -> bytes:
+    """The BPF program for ``--seccomp``, built once per process."""
+    try:
+        import pyseccomp as seccomp
+    except ImportError as exc:
+        raise SandboxUnavailable(
+            f"the bwrap sandbox needs the seccomp bindings: pip install pyseccomp ({exc})"
+        ) from exc
+    except (OSError, RuntimeError) as exc:  # pyseccomp raises RuntimeError without libseccomp
+        raise SandboxUnavailable(
+            f"the bwrap sandbox needs libseccomp: apt-get install libseccomp2 ({exc})"
+        ) from exc
+    deny = seccomp.ERRNO(errno.EPERM)
+    program = seccomp.SyscallFilter(seccomp.ALLOW)
+    program.set_attr(seccomp.Attr.ACT_BADARCH, seccomp.KILL_PROCESS)  # no 32-bit syscall ABI
+    for name in DENIED_SYSCALLS:
+        try:
+            program.add_rule(deny, name)
+        except OSError:  # not a syscall on this architecture
+            logger.debug("seccomp: %s is not a syscall here", name)
+    program.add_rule(deny, "socket", seccomp.Arg(0, seccomp.NE, socket.AF_UNIX))
+    for flag in _CLONE_NAMESPACE_FLAGS:
+        program.add_rule(deny, "clone", seccomp.Arg(0, seccomp.MASKED_EQ, flag, flag))
+    program.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")
+    with tempfile.TemporaryFile() as out:
+        program.export_bpf(out)
+        out.seek(0)
+        return out.read()
+
+
+def _bwrap_executable() -> str:
+    path = shutil.which("bwrap")
+    if path is None:
+        raise SandboxUnavailable(
+            "bubblewrap is not installed: apt-get install bubblewrap (or run with sandbox 'none', unsafe)"
+        )
+    return path
+
+
+_COMMON_FLAGS = (
+    "--unshare-all",
+    "--unshare-user",
+    "--disable-userns",
+    "--uid",
+    str(SANDBOX_UID),
+    "--gid",
+    str(SANDBOX_GID),
+    "--die-with-parent",
+    "--new-session",
+    "--cap-drop",
+    "ALL",
+)
+
+
+@functools.lru_cache(maxsize=4)
+def _check_bwrap(bwrap: str) -> None:
+    """Run an empty sandbox once, so a host that forbids user namespaces fails here, clearly."""
+    probe = subprocess.run(
+        [bwrap, *_COMMON_FLAGS, "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--", "true"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    if probe.returncode != 0:
+        raise SandboxUnavailable(
+            f"bwrap is installed but cannot create a sandbox here ({probe.stderr.strip() or probe.returncode}); "
+            "it needs user namespaces (sysctl user.max_user_namespaces > 0, and on Ubuntu 24.04 "
+            "kernel.apparmor_restrict_unprivileged_userns=0 or running as root)"
+        )
+
+
+def _own_cgroup_v2() -> Path | None:
+    """The directory of this process's cgroup in the cgroup v2 hierarchy, if mounted."""
+    try:
+        own = next(
+            line[3:].strip() for line in Path("/proc/self/cgroup").read_text().splitlines() if line.startswith("0::")
+        )
+        mounts = Path("/proc/self/mountinfo").read_text().splitlines()
+    except (OSError, StopIteration):
+        return None
+    for line in mounts:
+        left, _, right = line.partition(" - ")
+        if not right.startswith("cgroup2 "):
+            continue
+        fields = left.split()
+        root, mount_point = fields[3], fields[4].replace("\\040", " ")
+        if own == root or own.startswith(root.rstrip("/") + "/"):
+            return Path(mount_point) / own[len(root.rstrip("/")) :].lstrip("/")
+    return None
+
+
+def _probe_cgroups() -> tuple[Path | None, str]:
+    """Where to create per-job cgroups, or None and the reason there is none."""
+    base = _own_cgroup_v2()
+    if base is None:
+        return None, "no cgroup v2 hierarchy is mounted"
+    try:
+        controllers = set((base / "cgroup.controllers").read_text().split())
+        if not {"memory", "pids"} <= controllers:
+            return None, (
+                f"the cgroup v2 hierarchy at {base} offers {sorted(controllers)}, not memory and pids "
+                "(hybrid cgroup v1 host?)"
+            )
+        enabled = set((base / "cgroup.subtree_control").read_text().split())
+        if not {"memory", "pids"} <= enabled:
+            (base / "cgroup.subtree_control").write_text("+memory +pids")
+        probe = base / f"cuda-agent-probe-{os.getpid()}"
+        probe.mkdir()
+        try:
+            if not (probe / "memory.max").exists() or not (probe / "pids.max").exists():
+                return None, f"child cgroups of {base} get no memory.max / pids.max"
+        finally:
+            probe.rmdir()
+    except OSError as exc:
+        return None, f"cannot create cgroups with memory and pids limits under {base}: {exc}"
+    return base, f"per-job cgroups under {base}"
+
+
+@functools.lru_cache(maxsize=1)
+def _spawner() -> ThreadPoolExecutor:
+    """The one thread that forks every bwrap process (see the module docstring)."""
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="bwrap-spawner")
+
+
+def _remove_cgroups(paths: list[Path], lock: threading.Lock) -> None:
+    with lock:
+        for path in list(paths):
+            try:
+                path.rmdir()
+            except FileNotFoundError:
+                pass
+            except OSError:  # still has processes: try again next time
+                continue
+            paths.remove(path)
+
+
+class BwrapSandbox:
+    """Runs each job in a bubblewrap sandbox; see the module docstring for what that means.
+
+    ``max_pids`` and ``tmpfs_bytes`` bound the number of tasks (threads included;
+    cgroups only) and the size of each private tmpfs. ``cgroup_parent`` overrides
+    the detection of the cgroup under which per-job cgroups are created (for a
+    delegated cgroup); ``use_cgroups=False`` turns cgroups off.
+    """
+
+    name = "bwrap"
+
+    def __init__(
+        self,
+        *,
+        max_pids: int = DEFAULT_MAX_PIDS,
+        tmpfs_bytes: int = DEFAULT_TMPFS_BYTES,
+        use_cgroups: bool = True,
+        cgroup_parent: Path | None = None,
+    ) -> None:
+        self.bwrap = _bwrap_executable()
+        _check_bwrap(self.bwrap)
+        self._seccomp = _seccomp_program()
+        self.max_pids = max_pids
+        self.tmpfs_bytes = tmpfs_bytes
+        if not use_cgroups:
+            self._cgroup_parent, self.cgroup_note = None, "cgroups turned off"
+        elif cgroup_parent is not None:
+            self._cgroup_parent, self.cgroup_note = Path(cgroup_parent), f"per-job cgroups under {cgroup_parent}"
+        else:
+            self._cgroup_parent, self.cgroup_note = _probe_cgroups()
+        self.cgroups_available = self._cgroup_parent is not None
+        self._cgroups: list[Path] = []
+        self._lock = threading.Lock()
+        self._counter = itertools.count()
+        self._finalizer = weakref.finalize(self, _remove_cgroups, self._cgroups, self._lock)
+
+    def cleanup(self) -> None:
+        """Remove the per-job cgroups whose processes are all gone (also done on every spawn)."""
+        _remove_cgroups(self._cgroups, self._lock)
+
+    def bwrap_argv(
+        self, argv: Sequence[str], *, cwd: Path, gpu: bool, writable: Sequence[Path] = (), seccomp_fd: int | None = None,
+        readable: Sequence[Path] = (),
+    ) -> list[str]:
+        """The full command line for one job."""
+        args = [self.bwrap, *_COMMON_FLAGS, "--ro-bind", "/", "/", "--dev", "/dev"]
+        if gpu:
+            for node in sorted(glob.glob("/dev/nvidia*")):
+                args += ["--dev-bind", node, node]
+        args += ["--proc", "/proc"]
+        for entry in _PROC_READ_ONLY:
+            args += ["--ro-bind-try", f"/proc/{entry}", f"/proc/{entry}"]
+        size = str(self.tmpfs_bytes)
+        args += ["--size", size, "--tmpfs", "/tmp", "--size", size, "--tmpfs", "/dev/shm", "--tmpfs", "/run"]
+        if os.path.isdir("/var/run") and not os.path.islink("/var/run"):
+            args += ["--tmpfs", "/var/run"]
+        # Read-only binds first: /tmp and /dev/shm are private, so inputs that live
+        # there must be bound back; writable binds may sit inside them.
+        for path in readable:
+            args += ["--ro-bind", str(path), str(path)]
+        for path in (cwd, *writable):
+            args += ["--bind", str(path), str(path)]
+        args += ["--chdir", str(cwd)]
+        if seccomp_fd is not None:
+            args += ["--seccomp", str(seccomp_fd)]
+        return [*args, "--", *argv]
+
+    def spawn(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: Path,
+        env: dict[str, str],
+        limits: Limits,
+        gpu: bool,
+        pass_fds: Sequence[int] = (),
+        writable: Sequence[Path] = (),
+        readable: Sequence[Path] = (),
+    ) -> subprocess.Popen:
+        cwd = Path(os.path.realpath(cwd))
+        dirs = [Path(os.path.realpath(p)) for p in writable]
+        shown = [Path(os.path.realpath(p)) for p in readable]
+        for path in (cwd, *dirs):
+            if not path.is_dir():
+                raise FileNotFoundError(f"sandbox: {path} must be an existing directory")
+        self.cleanup()
+
+        procs_file = None
+        if self._cgroup_parent is not None:
+            job = self._cgroup_parent / f"cuda-agent-{os.getpid()}-{next(self._counter)}"
+            job.mkdir()
+            with self._lock:
+                self._cgroups.append(job)
+            settings = {"pids.max": str(self.max_pids), "memory.oom.group": "1", "memory.swap.max": "0"}
+            if limits.memory_bytes:
+                settings["memory.max"] = str(limits.memory_bytes)
+            for key, value in settings.items():
+                if key == "memory.swap.max" and not (job / key).exists():
+                    continue  # kernel without swap accounting
+                (job / key).write_text(value)
+            procs_file = str(job / "cgroup.procs")
+        # Without a memory cgroup, CPU jobs get an address-space limit instead (never GPU jobs).
+        rlimit_as = limits.memory_bytes if (procs_file is None and not gpu) else None
+        import resource  # before fork: nothing is imported in the child
+
+        def preexec() -> None:
+            if procs_file is not None:
+                fd = os.open(procs_file, os.O_WRONLY)
+                try:
+                    os.write(fd, b"0")
+                finally:
+                    os.close(fd)
+            if rlimit_as:
+                resource.setrlimit(resource.RLIMIT_AS, (rlimit_as, rlimit_as))
+
+        def start() -> subprocess.Popen:
+            seccomp_fd = os.memfd_create("cuda-agent-seccomp", os.MFD_CLOEXEC)
+            try:
+                os.write(seccomp_fd, self._seccomp)
+                os.lseek(seccomp_fd, 0, os.SEEK_SET)
+                return _BwrapPopen(
+                    self.bwrap_argv(argv, cwd=cwd, gpu=gpu, writable=dirs, seccomp_fd=seccomp_fd, readable=shown),
+                    cwd=cwd,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    pass_fds=(*pass_fds, seccomp_fd),
+                    preexec_fn=preexec if (procs_file or rlimit_as) else None,
+                )
+            finally:
+                os.close(seccomp_fd)
+
+        return _spawner().submit(start).result()
