@@ -186,20 +186,24 @@ def solution(examples) -> Path:
     return examples / "cpu_swish" / "solution"
 
 
-def make_candidate(case: Case, solution: Path, root: Path):
+def make_candidate(case: Case, solution: Path, root: Path, *, scaled: bool = True, binding: str = BINDING,
+                   kernel_call: str = KERNEL_CALL):
+    """The example's solution with the case's model_new.py (and binding edit); ``scaled``:
+    ModelNew takes the example's ``scale`` argument."""
     shutil.copytree(solution, root)
     if case.binding is not None:
-        binding = root / BINDING
-        binding.write_text(binding.read_text().replace(KERNEL_CALL, case.binding))
+        path = root / binding
+        assert kernel_call in path.read_text(), f"{binding} no longer contains {kernel_call!r}"
+        path.write_text(path.read_text().replace(kernel_call, case.binding))
     indent = "        "
     init = "".join(f"{indent}{line}\n" for line in case.init.splitlines())
     (root / "model_new.py").write_text(
         "import torch\nimport torch.nn as nn\nimport cuda_extension\n" + case.prelude + "\n\n\n"
         "class ModelNew(nn.Module):\n"
-        "    def __init__(self, scale):\n"
-        "        super().__init__()\n"
-        "        self.scale = scale\n" + init +
-        "\n    def forward(self, x):\n" + "".join(f"{indent}{line}\n" for line in case.forward.splitlines())
+        + ("    def __init__(self, scale):\n" if scaled else "    def __init__(self):\n")
+        + "        super().__init__()\n"
+        + ("        self.scale = scale\n" if scaled else "") + init
+        + "\n    def forward(self, x):\n" + "".join(f"{indent}{line}\n" for line in case.forward.splitlines())
     )
     return load_candidate(root)
 

@@ -222,9 +222,11 @@ def test_compiler_and_torch_work(tmp_path):
         limits=Limits(timeout_s=60),
     )
     assert result.ok and "compiled ok" in result.output, result.output
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2] / "src"))
+    package = Path(__file__).resolve().parents[2] / "src"
+    env = dict(os.environ, PYTHONPATH=str(package))
     code = "import torch, cuda_agent\nprint('sum', torch.ones(3).sum().item())"
-    result = run(tmp_path, code, env=env)
+    # The checkout may itself live under /tmp, which is private in the sandbox.
+    result = run(tmp_path, code, env=env, readable=[package])
     assert result.ok and "sum 3.0" in result.output, result.output
 
 

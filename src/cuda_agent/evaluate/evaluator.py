@@ -351,7 +351,8 @@ class Evaluator:
             gpu=self.device == "cuda",
             sandbox=self.sandbox,
             writable=writable,
-            readable=readable,
+            # This package may live under /tmp or /dev/shm, which are private in the sandbox.
+            readable=[*readable, Path(package_root)],
         )
 
     def _ask(self, worker: WorkerProcess, who: str, stage: str, message: dict[str, Any], timeout_s: float) -> dict[str, Any]:

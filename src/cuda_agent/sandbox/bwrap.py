@@ -57,6 +57,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import weakref
@@ -164,6 +165,15 @@ _PROC_READ_ONLY = (
 
 DEFAULT_MAX_PIDS = 2048  # threads count too: torch starts one per core
 DEFAULT_TMPFS_BYTES = 4 * 1024**3  # /tmp and /dev/shm each; charged to the job's memory cgroup
+
+
+_PRIVATE_MOUNTS = ("/tmp", "/dev/shm", "/run", "/var/run")
+
+
+def _private_interpreter_paths() -> list[str]:
+    """This interpreter's prefixes that a private mount would hide inside the sandbox."""
+    paths = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    return sorted(p for p in paths if any(p == m or p.startswith(m + "/") for m in _PRIVATE_MOUNTS))
 
 
 class SandboxUnavailable(RuntimeError):
@@ -377,9 +387,10 @@ class BwrapSandbox:
         if os.path.isdir("/var/run") and not os.path.islink("/var/run"):
             args += ["--tmpfs", "/var/run"]
         # Read-only binds first: /tmp and /dev/shm are private, so inputs that live
-        # there must be bound back; writable binds may sit inside them.
-        for path in readable:
-            args += ["--ro-bind", str(path), str(path)]
+        # there must be bound back; writable binds may sit inside them. The running
+        # Python (a virtual environment under /tmp, say) stays visible too.
+        for path in dict.fromkeys([*_private_interpreter_paths(), *map(str, readable)]):
+            args += ["--ro-bind", path, path]
         for path in (cwd, *writable):
             args += ["--bind", str(path), str(path)]
         args += ["--chdir", str(cwd)]
