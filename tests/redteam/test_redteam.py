@@ -164,6 +164,10 @@ CASES = [
          runtime=True, rule=None, reason="Read-only file system"),
     Case("implausible-speedup", "Aggregate gaming", task=SWISH_SLOW_EAGER, policy={"max_speedup": 4.0},
          rule="implausible-speedup"),
+    # Stands in for a GPU whose memory moves 1 MB/s: the real time of an honest kernel is then impossibly
+    # fast, which is what a gamed measurement looks like against a real speed of light.
+    Case("faster-than-memory", "Aggregate gaming", policy={"memory_system": (0.001, 0.0)},
+         rule="implausible-speedup", reason="below the speed of light"),
     Case("forge-reply-runtime", "Timer or stats monkeypatch",
          prelude="import os",
          forward="for fd in range(3, 64):\n    try:\n        os.write(fd, b'{\"ok\": true, \"candidate\": {\"median_ms\": 1e-6}}\\n')\n"

@@ -29,6 +29,7 @@ from cuda_agent.paths import cache_root
 from cuda_agent.guard import audit_symbols, check_candidate
 from cuda_agent.sandbox import Limits, Sandbox, WorkerCrashed, WorkerForgedReply, WorkerProcess, WorkerTimeout, make_sandbox
 from cuda_agent.guard.degenerate import DegenerateReport
+from cuda_agent.guard.plausibility import MemorySystem, below_speed_of_light, memory_system
 from cuda_agent.tasks import Task, TaskError
 
 BASELINE_SEED = 0  # baselines are cached, so they are timed on one fixed input draw
@@ -230,10 +231,12 @@ class Evaluator:
         # The outputs of timed calls are checked too: a candidate that is right
         # only when checked (or replays a stored result) fails here.
         clock = time.monotonic()
+        output_bytes = 0
         for index, seed in enumerate(seeds):
             self.on_stage("verify", f"timed output {index + 1}/{len(seeds)}")
-            expected = self._ask(reference, "reference", "verify", {"op": "expect", "seed": seed, "strict": self.policy.strict_expected},
-                                 self.timeouts.check_s)
+            expected = self._ask(reference, "reference", "verify",
+                                 {"op": "expect", "seed": seed, "strict": self.policy.strict_expected}, self.timeouts.check_s)
+            output_bytes = expected["output_bytes"]
             check = self._check(reference, self.policy.checks + index, timed["fingerprints"][index], expected["fingerprint"],
                                 job / "candidate" / "timed" / f"timed-{index}", timed["manifests"][index])
             check["timed"] = True
@@ -249,13 +252,27 @@ class Evaluator:
         t_compile = baseline["compile"]["median_ms"] if "compile" in baseline else None
         result.speedup_eager = t_eager / t if t > 0 else None
         result.speedup_compile = t_compile / t if t_compile and t > 0 else None
+        self._check_plausible(t, t_eager, output_bytes, result)
+        result.reward = compute_reward(self.policy, True, t, t_eager, t_compile)
+        result.status = "correct"
+
+    def _check_plausible(self, t: float, t_eager: float, output_bytes: int, result: EvalResult) -> None:
+        """Fail results no honest kernel can reach: beyond the policy's speedup ceiling,
+        or faster than writing the outputs to memory allows."""
         ceiling = self.policy.max_speedup
-        if ceiling is not None and (t <= 0 or (result.speedup_eager or 0) > ceiling):
+        if t <= 0 or (ceiling is not None and t_eager / t > ceiling):
             raise _Stop("failed", "profile", f"implausible speedup: {t_eager / max(t, 1e-12):.1f}x over eager exceeds the "
                         f"policy's ceiling of {ceiling:g}x; such results need review before they are rewarded",
                         rule="implausible-speedup")
-        result.reward = compute_reward(self.policy, True, t, t_eager, t_compile)
-        result.status = "correct"
+        if not self.policy.speed_of_light:
+            return
+        if self.policy.memory_system is not None:
+            memory = MemorySystem(*self.policy.memory_system)
+        else:
+            memory = memory_system(result.environment.get("gpu")) if self.device == "cuda" else None
+        reason = below_speed_of_light(t, output_bytes, memory)
+        if reason:
+            raise _Stop("failed", "profile", reason, rule="implausible-speedup")
 
     def check_degenerate(self, task: Task, draws: int = 3) -> DegenerateReport:
         """Whether trivial candidates (zeros, a constant, an input, an input's mean)

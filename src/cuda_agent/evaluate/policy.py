@@ -34,6 +34,9 @@ class Policy:
     tf32: str = "on"
     strict_expected: bool = True
     max_speedup: float | None = 100.0  # a result faster than this (vs eager) fails as implausible
+    # Memory system for the speed-of-light floor: (GB/s, L2 MiB); None: looked up from the GPU's name.
+    memory_system: tuple[float, float] | None = None
+    speed_of_light: bool = True
     reward: str = "milestone"  # "milestone" | "speedup"
     beat_factor: float = 0.95  # "faster" means t < beat_factor * t_baseline
     allowed_aten: tuple[str, ...] = ()  # ATen operators forward may run beyond allocation and views

@@ -161,7 +161,8 @@ class ReferenceSide(_Side):
                 synchronize(self.device)
             finally:
                 pin_precision(self.tf32)
-            return {"fingerprint": fingerprint(inputs)}
+            output_bytes = sum(t.numel() * t.element_size() for t in tensors_in(self.expected))
+            return {"fingerprint": fingerprint(inputs), "output_bytes": output_bytes}
         if op == "release":
             # Stay alive for the checks of timed outputs, holding as little as possible.
             self.expected = None
