@@ -84,7 +84,7 @@ def test_wrong_output_is_incorrect(example, evaluator, tmp_path):
     assert result.status == "incorrect" and result.reward == -1.0 and result.stage == "verify"
     report = result.checks[0]["reports"][0]
     assert report["max_abs_error"] > 1e-2 and len(report["worst_index"]) == 2
-    assert "values outside atol=0.005 x output RMS" in result.reason and result.rule == "wrong-output"
+    assert "values outside atol=0.001 x output RMS" in result.reason and result.rule == "wrong-output"
     assert result.times.get("candidate") is None
 
 

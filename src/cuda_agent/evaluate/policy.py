@@ -27,8 +27,8 @@ class Policy:
     """
 
     name: str = "fair"
-    atol: float = 5e-3
-    rtol: float = 5e-3
+    atol: float = 1e-3
+    rtol: float = 1e-3
     scale_tolerance: bool = True
     checks: int = 5
     tf32: str = "on"
@@ -82,7 +82,9 @@ PRESETS = {
     # fp32 to 1e-4: only fp32 arithmetic passes; TF32 off everywhere.
     "strict": Policy(name="strict", atol=1e-4, rtol=1e-4, scale_tolerance=True, tf32="off", strict_expected=True),
     # The default: baselines get TF32 like the candidate; the truth is strict
-    # fp32; 5e-3 relative to each output's scale rules out bf16 arithmetic.
+    # fp32; 1e-3 (atol relative to each output's RMS) rejects bf16 arithmetic on GEMMs, which 5e-3
+    # still let through (benchmarks/precision_calibration.py); fp16 with fp32 accumulation is as
+    # accurate as TF32 and passes.
     "fair": Policy(),
 }
 
