@@ -56,17 +56,18 @@ def watched_call_overhead(module_path: str, task, device: str, calls: int = 50) 
     exec(compile(task.code, task.name, "exec"), namespace)  # noqa: S102 - our own example task
     with torch.device(device):
         inputs = namespace["get_inputs"]()
-    scale = namespace["get_init_inputs"]()[0]
+    # The examples' single op takes the inputs, then the init arguments (cpu_swish's scale).
+    extra = namespace["get_init_inputs"]()
     fn = getattr(extension, [n for n in dir(extension) if not n.startswith("_")][0])
     guard = CallGuard()
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
 
     def plain() -> None:
-        fn(*inputs, scale)
+        fn(*inputs, *extra)
         sync()
 
     def watched() -> None:
-        out = guard.watch(lambda: fn(*inputs, scale), sync)
+        out = guard.watch(lambda: fn(*inputs, *extra), sync)
         guard.check_output(out, inputs, torch.nn.Module())
 
     result = {}

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Everything that needs the GPU, in as few device calls as possible; results land in $OUT.
+#
+#   bash benchmarks/gpu_session.sh tests   # GPU test suite + GPU red-team cases  (~5-8 min on an H200)
+#   bash benchmarks/gpu_session.sh bench   # eval speed, guard overhead, precision calibration (~6-9 min)
+#
+# With the device tool, carry [".data"]. It holds:
+#   .data/kernelbench/kernelbench.jsonl  (cp ../shared/data/kernelbench/kernelbench.jsonl .data/kernelbench/)
+#   .data/wheels/pyseccomp-*.whl         (pip download pyseccomp --no-deps -d .data/wheels)
+# The device machine has no network: pyseccomp is installed from that wheel, and torch
+# and the rest are what the machine has.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 KERNELBENCH_DATA=$PWD/.data/kernelbench
+export CUDA_AGENT_TEST_CACHE=/dev/shm/cuda-agent-cache CUDA_AGENT_CACHE=/dev/shm/cuda-agent-cache TMPDIR=/dev/shm
+python3 -c "import pyseccomp" 2>/dev/null || python3 -m pip install --no-index --no-deps -q .data/wheels/pyseccomp-*.whl
+command -v bwrap >/dev/null || { echo "bwrap is missing: apt-get install bubblewrap" >&2; exit 2; }
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.csv"
+python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$OUT/gpu.csv"
+
+case "${1:-tests}" in
+tests)
+    CUDA_AGENT_GPU_REPORT=$OUT/gpu_records.jsonl python3 -m pytest -m gpu -q -s -p no:cacheprovider \
+        --timeout 300 -rf tests 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "^(PASSED|FAILED|ERROR)|passed|failed|status:|rule"
+    ;;
+bench)
+    python3 benchmarks/eval_speed.py --device cuda --examples cuda_gelu cuda_row_softmax --repeats 5 \
+        --out "$OUT/eval_speed.json" 2>&1 | tail -8
+    python3 benchmarks/guard_overhead.py --device cuda --examples cuda_gelu --repeats 3 \
+        --out "$OUT/guard_overhead.json" 2>&1 | tail -3
+    python3 benchmarks/precision_calibration.py --device cuda --out "$OUT/precision_calibration.json" 2>&1 | tail -6
+    ;;
+*)
+    echo "usage: $0 tests|bench" >&2
+    exit 2
+    ;;
+esac
