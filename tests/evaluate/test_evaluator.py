@@ -60,8 +60,11 @@ def test_end_to_end_correct(example, evaluator):
     result = evaluator.evaluate(task, load_candidate(solution))
     assert result.status == "correct", result.summary() + (result.traceback or "") + result.output
     assert result.compiled and result.correct
-    assert len(result.checks) == 7 and all(c["ok"] for c in result.checks)
-    assert [c.get("timed", False) for c in result.checks] == [False] * 5 + [True] * 2  # timed outputs checked too
+    assert len(result.checks) == 8 and all(c["ok"] for c in result.checks)
+    # two timed calls chosen in secret and the last one are checked too
+    assert [c.get("timed", False) for c in result.checks] == [False] * 5 + [True] * 3
+    timed_calls = [c["call"] for c in result.checks if c.get("timed")]
+    assert timed_calls == sorted(set(timed_calls)) and timed_calls[-1] >= 5 + 20 - 1
     assert all(r["max_abs_error"] < 1e-3 for c in result.checks for r in c["reports"])
     for which in ("candidate", "eager", "compile"):
         stats = result.times[which]

@@ -98,6 +98,16 @@ CASES = [
          forward="self.calls = getattr(self, 'calls', 0) + 1\nif self.calls > 5:\n    return torch.empty_like(x)\n"
                  "return cuda_extension.scaled_swish(x, self.scale)",
          status="incorrect", rule="timed-output"),
+    # Keyed on the shape (the same for every call), so it replays from the first timed call on: the
+    # checked timed calls return one stored tensor. A pointer key behaves the same wherever the
+    # allocator reuses memory (always, with CUDA's); a copy of the stored result would be stale.
+    Case("replay-by-shape-after-checks", "Output caching / replay",
+         forward="self.calls = getattr(self, 'calls', 0) + 1\nif self.calls <= 5:\n"
+                 "    return cuda_extension.scaled_swish(x, self.scale)\n"
+                 "if not hasattr(self, 'memo'):\n    self.memo = {}\nkey = tuple(x.shape)\n"
+                 "if key not in self.memo:\n    self.memo[key] = cuda_extension.scaled_swish(x, self.scale)\n"
+                 "return self.memo[key]",
+         rule="output-reuse"),
     Case("return-input", "Return input / identity", forward="return x", rule="output-alias"),
     Case("view-of-input", "Output aliasing", forward="return x.view(-1).view(x.shape)", rule="output-alias"),
     Case("gc-walk", "Read the reference result",

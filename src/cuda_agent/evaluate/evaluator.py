@@ -24,6 +24,7 @@ from cuda_agent.evaluate.baseline import BaselineCache, baseline_key
 from cuda_agent.evaluate.environment import describe_environment
 from cuda_agent.evaluate.policy import Policy, TimingConfig
 from cuda_agent.evaluate.result import EvalResult
+from cuda_agent.evaluate.timing import trial_seed
 from cuda_agent.evaluate.reward import compute_reward
 from cuda_agent.paths import cache_root
 from cuda_agent.guard import audit_symbols, check_candidate
@@ -33,7 +34,7 @@ from cuda_agent.guard.plausibility import MemorySystem, below_speed_of_light, me
 from cuda_agent.tasks import Task, TaskError
 
 BASELINE_SEED = 0  # baselines are cached, so they are timed on one fixed input draw
-TIMED_DRAWS = 2  # input draws the timed calls take in turn; the last output of each is checked
+TIMED_CHECKS = 2  # timing calls chosen in secret whose outputs are checked, besides the last call
 StageCallback = Callable[[str, str], None]
 
 
@@ -222,9 +223,11 @@ class Evaluator:
 
         clock = time.monotonic()
         self.on_stage("profile", f"timing the candidate ({self.timing.method})")
-        seeds = [secrets.randbits(62) for _ in range(TIMED_DRAWS)]
+        base = secrets.randbits(62)
+        checked_calls = self._calls_to_check()
         timed = self._ask(contender, "candidate", "profile", {
-            "op": "time", "seeds": seeds, "timing": self.timing.to_dict(), "dir": str(job / "candidate" / "timed"),
+            "op": "time", "seed": base, "check": checked_calls, "timing": self.timing.to_dict(),
+            "dir": str(job / "candidate" / "timed"),
         }, self.timeouts.profile_s)
         result.durations["profile"] = round(time.monotonic() - clock, 3)
 
@@ -232,17 +235,21 @@ class Evaluator:
         # only when checked (or replays a stored result) fails here.
         clock = time.monotonic()
         output_bytes = 0
-        for index, seed in enumerate(seeds):
-            self.on_stage("verify", f"timed output {index + 1}/{len(seeds)}")
-            expected = self._ask(reference, "reference", "verify",
-                                 {"op": "expect", "seed": seed, "strict": self.policy.strict_expected}, self.timeouts.check_s)
+        returned = [c["index"] for c in timed["checked"]]
+        if not set(checked_calls) <= set(returned) or len(returned) > len(checked_calls) + 1:
+            raise _Stop("failed", "profile", "the timing reply does not hold the calls asked for", rule="forged-reply")
+        for number, call in enumerate(timed["checked"]):
+            self.on_stage("verify", f"timed output {number + 1}/{len(returned)}")
+            expected = self._ask(reference, "reference", "verify", {
+                "op": "expect", "seed": trial_seed(base, call["index"]), "strict": self.policy.strict_expected,
+            }, self.timeouts.check_s)
             output_bytes = expected["output_bytes"]
-            check = self._check(reference, self.policy.checks + index, timed["fingerprints"][index], expected["fingerprint"],
-                                job / "candidate" / "timed" / f"timed-{index}", timed["manifests"][index])
-            check["timed"] = True
+            check = self._check(reference, self.policy.checks + number, call["fingerprint"], expected["fingerprint"],
+                                job / "candidate" / "timed" / f"timed-{call['index']}", call["manifest"])
+            check.update(timed=True, call=call["index"])
             result.checks.append(check)
             if not check["ok"]:
-                raise _Stop("incorrect", "verify", f"timed call {index + 1}: {check['reason']}", rule="timed-output")
+                raise _Stop("incorrect", "verify", f"timed call {call['index']}: {check['reason']}", rule="timed-output")
         result.durations["verify"] += round(time.monotonic() - clock, 3)
         result.correct = True
         result.times["candidate"] = timed["candidate"]
@@ -255,6 +262,20 @@ class Evaluator:
         self._check_plausible(t, t_eager, output_bytes, result)
         result.reward = compute_reward(self.policy, True, t, t_eager, t_compile)
         result.status = "correct"
+
+    def _calls_to_check(self) -> list[int]:
+        """Calls of the timing run, chosen in secret, whose outputs are checked besides
+        the last call's: among the calls every run makes (after the fixed warm-up count,
+        up to the minimum number of trials; for the profiler method, its profiled calls)."""
+        if self.timing.method == "profiler":
+            first, count = self.timing.profiler_warmup, self.timing.profiler_iters
+        else:
+            first, count = self.timing.warmup, self.timing.min_trials
+        pool = list(range(first, first + count))
+        chosen = set()
+        while len(chosen) < min(TIMED_CHECKS, len(pool)):
+            chosen.add(pool[secrets.randbelow(len(pool))])
+        return sorted(chosen)
 
     def _check_plausible(self, t: float, t_eager: float, output_bytes: int, result: EvalResult) -> None:
         """Fail results no honest kernel can reach: beyond the policy's speedup ceiling,

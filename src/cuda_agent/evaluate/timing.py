@@ -60,13 +60,22 @@ class TimingStats:
         )
 
 
-def measure(fn: Callable[[], Any], device: str, config: TimingConfig) -> TimingStats:
-    """Time ``fn`` (a closure over fixed inputs) with the configured method."""
+def trial_seed(base: int, index: int) -> int:
+    """The input seed of call ``index`` of a timing run (warm-up calls included), shared by
+    the process that times and the one that checks what it returned."""
+    return (base + (index + 1) * 0x9E3779B97F4A7C15) % (1 << 62)
+
+
+def measure(fn: Callable[[], Any], device: str, config: TimingConfig,
+            setup: Callable[[], None] | None = None) -> TimingStats:
+    """Time ``fn`` with the configured method. ``setup``, if given, runs before every
+    call outside the timed region (before the L2 flush): fresh inputs for each call."""
     import torch
 
     config = config.resolved(device)
+    setup = setup or (lambda: None)
     if config.method == "profiler":
-        return _measure_profiler(fn, config)
+        return _measure_profiler(fn, config, setup)
     cuda = device == "cuda"
     flush = _flush_buffer(device, config)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -74,6 +83,7 @@ def measure(fn: Callable[[], Any], device: str, config: TimingConfig) -> TimingS
     warm_start = time.perf_counter()
     calls = 0
     while calls < config.warmup or (time.perf_counter() - warm_start) * 1e3 < config.warmup_ms:
+        setup()
         fn()
         sync()
         calls += 1
@@ -87,6 +97,7 @@ def measure(fn: Callable[[], Any], device: str, config: TimingConfig) -> TimingS
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(trials)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(trials)]
         for start, end in zip(starts, ends):
+            setup()
             if flush is not None:
                 flush.zero_()
             torch.cuda.synchronize()
@@ -98,6 +109,7 @@ def measure(fn: Callable[[], Any], device: str, config: TimingConfig) -> TimingS
         samples = [s.elapsed_time(e) for s, e in zip(starts, ends)]
     else:
         for _ in range(trials):
+            setup()
             if flush is not None:
                 flush.zero_()
             begin = time.perf_counter_ns()
@@ -115,20 +127,26 @@ def _flush_buffer(device: str, config: TimingConfig):
     return torch.empty(size, dtype=torch.int8, device=device)
 
 
-def _measure_profiler(fn: Callable[[], Any], config: TimingConfig) -> TimingStats:
-    """The paper's method: CUDA kernel device time summed over iterations, per iteration."""
+def _measure_profiler(fn: Callable[[], Any], config: TimingConfig, setup: Callable[[], None]) -> TimingStats:
+    """The paper's method: CUDA kernel device time summed over iterations, per iteration.
+    Each iteration is profiled on its own so that ``setup`` (input generation) is not counted."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     for _ in range(config.profiler_warmup):
+        setup()
         fn()
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(config.profiler_iters):
-            fn()
+    events = []
+    for _ in range(config.profiler_iters):
+        setup()
         torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        events += prof.events()
     total_us = 0.0
-    for event in prof.events():
+    for event in events:
         device_type = getattr(event, "device_type", None)
         if device_type is not None and str(device_type).endswith("CUDA"):
             total_us += getattr(event, "device_time", getattr(event, "cuda_time", 0.0))

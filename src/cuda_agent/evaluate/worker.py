@@ -25,7 +25,7 @@ from typing import Any
 
 from cuda_agent.evaluate.compare import compare_outputs
 from cuda_agent.evaluate.policy import TimingConfig
-from cuda_agent.evaluate.timing import measure
+from cuda_agent.evaluate.timing import measure, trial_seed
 from cuda_agent.evaluate.transfer import TransferError, manifest_devices, read_outputs, write_outputs
 from cuda_agent.guard.runtime import CallGuard, RuleBroken, find_overlap, tensors_in
 from cuda_agent.tasks.task import Task, TaskError, describe_inputs, exec_task_module
@@ -288,37 +288,48 @@ class CandidateSide(_Side):
         self.model = namespace.ModelNew(*self.init_args)
 
     def time(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """Time forward over several input draws in turn, keeping the last output of each
-        for checking: timed calls get fresh values and their results are verified."""
+        """Time forward with fresh inputs for every call (drawn outside the timed region),
+        keeping the outputs of the calls the evaluator chose in secret and of the last
+        call: a candidate cannot tell which calls are checked, so every call must be right."""
         import torch
 
         config = TimingConfig(**msg["timing"])
-        draws = [self.inputs(seed) for seed in msg["seeds"]]
-        prints = [fingerprint(inputs) for inputs in draws]
-        latest: list[Any] = [None] * len(draws)
-        turn = [0]
+        watched = set(msg["check"])
+        kept: dict[int, dict[str, Any]] = {}
+        state: dict[str, Any] = {"index": -1, "inputs": None}
+
+        def setup() -> None:
+            index = state["index"] = state["index"] + 1
+            last = max(kept, default=None)
+            if last is not None and last not in watched:
+                del kept[last]  # only the latest unwatched call is kept: it may turn out to be the last
+            state["inputs"] = None  # the previous draw's memory may be reused, as between real calls
+            state["inputs"] = self.inputs(trial_seed(msg["seed"], index))
+            kept[index] = {"fingerprint": fingerprint(state["inputs"]), "inputs": state["inputs"]}
 
         def call() -> None:
-            index = turn[0] % len(draws)
-            turn[0] += 1
-            latest[index] = None  # let the allocator reuse the previous output's memory
-            latest[index] = self.model(*draws[index])
+            kept[state["index"]]["output"] = self.model(*state["inputs"])
 
         with torch.no_grad():
-            stats = measure(call, self.device, config)
+            stats = measure(call, self.device, config, setup)
         synchronize(self.device)
         self.guard.verify_harness("during timing")
-        if [fingerprint(inputs) for inputs in draws] != prints:
-            raise CandidateFault("forward changed the values of its inputs during timing", "input-mutation")
-        for index, output in enumerate(latest):
-            others = {f"the timed output for input draw {j}": t for j, value in enumerate(latest) if j != index
-                      for t in tensors_in(value)}
-            hit = find_overlap(output, others)
+        missing = watched - kept.keys()
+        if missing:
+            raise CandidateFault(f"timing ran fewer calls than the protocol guarantees (no call {min(missing)})", "harness")
+        checked = []
+        for index, entry in sorted(kept.items()):
+            if fingerprint(entry["inputs"]) != entry["fingerprint"]:
+                raise CandidateFault("forward changed the values of its inputs during timing", "input-mutation")
+            others = {f"the output of timed call {j}": t for j, other in kept.items() if j != index
+                      for t in tensors_in(other["output"])}
+            hit = find_overlap(entry["output"], others)
             if hit:
                 raise CandidateFault(f"a timed output shares memory with {hit}", "output-reuse")
-            self.guard.check_output_memory(output, draws[index], self.model)
-        manifests = [self._write(output, Path(msg["dir"]) / f"timed-{i}") for i, output in enumerate(latest)]
-        return {"candidate": stats.to_dict(), "fingerprints": prints, "manifests": manifests}
+            self.guard.check_output_memory(entry["output"], entry["inputs"], self.model)
+            manifest = self._write(entry["output"], Path(msg["dir"]) / f"timed-{index}")
+            checked.append({"index": index, "fingerprint": entry["fingerprint"], "manifest": manifest})
+        return {"candidate": stats.to_dict(), "checked": checked}
 
     @staticmethod
     def _write(output: Any, directory: Path) -> dict[str, Any]:
