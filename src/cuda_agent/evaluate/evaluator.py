@@ -336,7 +336,8 @@ class Evaluator:
                manifest: dict[str, Any]) -> dict[str, Any]:
         if seen != expected_fingerprint:
             raise _Stop("failed", "verify", "the inputs seen by the candidate differ from the reference's "
-                        "(input generation was altered in the candidate process)", rule="input-generation")
+                        "(input generation was altered in the candidate process, or forward changed its inputs)",
+                        rule="input-generation")
         compared = self._ask(reference, "reference", "verify", {
             "op": "compare", "dir": str(out_dir), "manifest": manifest,
             "atol": self.policy.atol, "rtol": self.policy.rtol, "scale": self.policy.scale_tolerance,

@@ -93,8 +93,16 @@ def fingerprint(values: list[Any]) -> list[Any]:
     for value in values:
         if isinstance(value, torch.Tensor):
             data = value.detach()
-            as_float = data.double() if (data.is_floating_point() or not data.is_complex()) else data.abs().double()
-            prints.append([list(data.shape), str(data.dtype), float(as_float.sum()), float((as_float * as_float).sum())])
+            if data.is_complex():
+                data = data.abs()
+            if data.is_floating_point():
+                # Reductions that widen on the fly: no float64 copy of GB-sized inputs.
+                total = torch.sum(data, dtype=torch.float64)
+                squares = torch.linalg.vector_norm(data, 2, dtype=torch.float64) ** 2
+            else:
+                wide = data.double()
+                total, squares = wide.sum(), (wide * wide).sum()
+            prints.append([list(data.shape), str(value.dtype), float(total), float(squares)])
         else:
             prints.append(repr(value))
     return prints
@@ -305,7 +313,10 @@ class CandidateSide(_Side):
                 del kept[last]  # only the latest unwatched call is kept: it may turn out to be the last
             state["inputs"] = None  # the previous draw's memory may be reused, as between real calls
             state["inputs"] = self.inputs(trial_seed(msg["seed"], index))
-            kept[index] = {"fingerprint": fingerprint(state["inputs"]), "inputs": state["inputs"]}
+            # Fingerprints before the call only where the call is known to be checked; the
+            # last call's is taken afterwards, and the reference's comparison covers both.
+            before = fingerprint(state["inputs"]) if index in watched else None
+            kept[index] = {"fingerprint": before, "inputs": state["inputs"]}
 
         def call() -> None:
             kept[state["index"]]["output"] = self.model(*state["inputs"])
@@ -319,8 +330,10 @@ class CandidateSide(_Side):
             raise CandidateFault(f"timing ran fewer calls than the protocol guarantees (no call {min(missing)})", "harness")
         checked = []
         for index, entry in sorted(kept.items()):
-            if fingerprint(entry["inputs"]) != entry["fingerprint"]:
+            after = fingerprint(entry["inputs"])
+            if entry["fingerprint"] is not None and after != entry["fingerprint"]:
                 raise CandidateFault("forward changed the values of its inputs during timing", "input-mutation")
+            entry["fingerprint"] = after
             others = {f"the output of timed call {j}": t for j, other in kept.items() if j != index
                       for t in tensors_in(other["output"])}
             hit = find_overlap(entry["output"], others)
