@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Everything that needs the GPU, in as few device calls as possible; results land in $OUT.
 #
-#   bash benchmarks/gpu_session.sh tests   # GPU test suite + GPU red-team cases  (~5-8 min on an H200)
-#   bash benchmarks/gpu_session.sh bench   # eval speed, guard overhead, precision calibration (~6-9 min)
+#   bash benchmarks/gpu_session.sh tests     # the GPU test suite (KernelBench solutions, examples, faults)
+#   bash benchmarks/gpu_session.sh redteam   # the GPU red-team cases
+#   bash benchmarks/gpu_session.sh bench     # eval speed, guard overhead, precision calibration (~6-9 min)
 #
 # With the device tool, carry [".data"]. It holds:
 #   .data/kernelbench/kernelbench.jsonl  (cp ../shared/data/kernelbench/kernelbench.jsonl .data/kernelbench/)
@@ -20,10 +21,14 @@ command -v bwrap >/dev/null || { echo "bwrap is missing: apt-get install bubblew
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.csv"
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$OUT/gpu.csv"
 
-case "${1:-tests}" in
-tests)
-    CUDA_AGENT_GPU_REPORT=$OUT/gpu_records.jsonl python3 -m pytest -m gpu -q -s -p no:cacheprovider \
-        --timeout 300 -rf tests 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "^(PASSED|FAILED|ERROR)|passed|failed|status:|rule"
+part=${1:-tests}
+case "$part" in
+tests|redteam)
+    # One device call each: the whole GPU suite has taken close to the 10-minute limit of a call.
+    where=tests/gpu
+    [ "$part" = redteam ] && where=tests/redteam
+    CUDA_AGENT_GPU_REPORT=$OUT/gpu_records_$part.jsonl python3 -m pytest -m gpu -q -s -p no:cacheprovider \
+        --timeout 300 -rf "$where" 2>&1 | tee "$OUT/gpu_$part.log" | grep -E "^(PASSED|FAILED|ERROR)|passed|failed|status:|rule"
     ;;
 bench)
     python3 benchmarks/eval_speed.py --device cuda --examples cuda_gelu cuda_row_softmax --repeats 5 \
@@ -33,7 +38,7 @@ bench)
     python3 benchmarks/precision_calibration.py --device cuda --out "$OUT/precision_calibration.json" 2>&1 | tail -6
     ;;
 *)
-    echo "usage: $0 tests|bench" >&2
+    echo "usage: $0 tests|redteam|bench" >&2
     exit 2
     ;;
 esac
