@@ -8,6 +8,7 @@ in one candidate cannot touch the next.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -16,7 +17,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from cuda_agent.build import BuildResult, build
 from cuda_agent.candidates import Candidate
@@ -24,13 +25,13 @@ from cuda_agent.evaluate.baseline import BaselineCache, baseline_key
 from cuda_agent.evaluate.environment import describe_environment
 from cuda_agent.evaluate.policy import Policy, TimingConfig
 from cuda_agent.evaluate.result import EvalResult
-from cuda_agent.evaluate.timing import trial_seed
 from cuda_agent.evaluate.reward import compute_reward
-from cuda_agent.paths import cache_root
-from cuda_agent.guard import audit_symbols, check_candidate
-from cuda_agent.sandbox import Limits, Sandbox, WorkerCrashed, WorkerForgedReply, WorkerProcess, WorkerTimeout, make_sandbox
+from cuda_agent.evaluate.timing import trial_seed
+from cuda_agent.guard import Violation, audit_symbols, check_candidate
 from cuda_agent.guard.degenerate import DegenerateReport
 from cuda_agent.guard.plausibility import MemorySystem, below_speed_of_light, memory_system
+from cuda_agent.paths import cache_root
+from cuda_agent.sandbox import Limits, Sandbox, WorkerCrashed, WorkerForgedReply, WorkerProcess, WorkerTimeout, make_sandbox
 from cuda_agent.tasks import Task, TaskError
 
 BASELINE_SEED = 0  # baselines are cached, so they are timed on one fixed input draw
@@ -131,10 +132,8 @@ class Evaluator:
 
     def _evaluate(self, task: Task, candidate: Candidate, build_result: BuildResult | None, result: EvalResult) -> None:
         code_policy = self.policy.code_policy()
-        violations = check_candidate(candidate, code_policy) if self.policy.static_checks else []
-        if violations:
-            result.violations = [v.to_dict() for v in violations]
-            raise _Stop("failed", "policy", violations[0].describe(), rule=violations[0].rule)
+        if self.policy.static_checks:
+            self._refuse(check_candidate(candidate, code_policy), result)
         clock = time.monotonic()
         self.on_stage("build", f"{len(candidate.extensions)} extension(s), backend {self.backend}")
         built = build_result or self.build(candidate)
@@ -143,18 +142,11 @@ class Evaluator:
         result.durations["build"] = round(time.monotonic() - clock, 3)
         if not built.ok:
             raise _Stop("failed", "build", built.error or "build failed")
-        violations = audit_symbols([Path(p) for p in built.modules.values()], code_policy) if self.policy.static_checks else []
-        if violations:
-            result.violations = [v.to_dict() for v in violations]
-            raise _Stop("failed", "policy", "built extension: " + violations[0].describe(), rule=violations[0].rule)
+        if self.policy.static_checks:
+            self._refuse(audit_symbols([Path(p) for p in built.modules.values()], code_policy), result, "built extension: ")
 
-        job = Path(tempfile.mkdtemp(prefix="cuda-agent-job-", dir=self.work_dir))
-        try:
-            # Each process writes only its own directory: the candidate cannot touch
-            # the task file or the state dict the reference reads.
-            (job / "task.py").write_text(task.code)
+        with self._job(task) as job:
             (job / "model_new.py").write_text(candidate.model_new)
-            (job / "reference").mkdir()
             (job / "candidate").mkdir()
             reference = self._spawn("reference", job / "reference", [job])
             contender = self._spawn("candidate", job / "candidate", [job, *{Path(p).parent for p in built.modules.values()}])
@@ -164,8 +156,28 @@ class Evaluator:
                 reference.close()
                 contender.close()
                 result.output = contender.output[-8000:]
+
+    @staticmethod
+    def _refuse(violations: list[Violation], result: EvalResult, prefix: str = "") -> None:
+        if violations:
+            result.violations = [v.to_dict() for v in violations]
+            raise _Stop("failed", "policy", prefix + violations[0].describe(), rule=violations[0].rule)
+
+    @contextlib.contextmanager
+    def _job(self, task: Task) -> Iterator[Path]:
+        """A job directory holding the task and the reference's own directory. Each process
+        writes only its own directory: the candidate cannot touch the task file or the
+        state dict the reference reads."""
+        job = Path(tempfile.mkdtemp(prefix="cuda-agent-job-", dir=self.work_dir))
+        try:
+            (job / "task.py").write_text(task.code)
+            (job / "reference").mkdir()
+            yield job
         finally:
             shutil.rmtree(job, ignore_errors=True)
+
+    def _tolerance(self) -> dict[str, Any]:
+        return {"atol": self.policy.atol, "rtol": self.policy.rtol, "scale": self.policy.scale_tolerance}
 
     def _run_jobs(self, task: Task, built: BuildResult, result: EvalResult, job: Path,
                   reference: WorkerProcess, contender: WorkerProcess) -> None:
@@ -300,24 +312,18 @@ class Evaluator:
         pass ``task`` under this evaluator's policy. Runs the reference process only."""
         if draws < 2:
             raise ValueError("check_degenerate needs at least 2 draws (one fits the constant).")
-        job = Path(tempfile.mkdtemp(prefix="cuda-agent-job-", dir=self.work_dir))
-        try:
-            (job / "task.py").write_text(task.code)
-            (job / "reference").mkdir()
+        with self._job(task) as job:
             reference = self._spawn("reference", job / "reference", [job])
             try:
                 self._ask(reference, "reference", "reference", {"op": "load", **self._task_message(task, job)},
                           self.timeouts.load_s)
                 reply = self._ask(reference, "reference", "degenerate", {
-                    "op": "degenerate", "seeds": [secrets.randbits(62) for _ in range(draws)],
-                    "atol": self.policy.atol, "rtol": self.policy.rtol, "scale": self.policy.scale_tolerance,
+                    "op": "degenerate", "seeds": [secrets.randbits(62) for _ in range(draws)], **self._tolerance(),
                 }, self.timeouts.check_s * draws)
             except _Stop as stop:
                 raise TaskError(f"{task.source}: the degenerate-task check could not run: {stop.reason}") from None
             finally:
                 reference.close()
-        finally:
-            shutil.rmtree(job, ignore_errors=True)
         return DegenerateReport(task=task.name, policy=self.policy.name, passing=reply["passing"], details=reply["details"])
 
     def _task_message(self, task: Task, job: Path) -> dict[str, Any]:
@@ -339,8 +345,7 @@ class Evaluator:
                         "(input generation was altered in the candidate process, or forward changed its inputs)",
                         rule="input-generation")
         compared = self._ask(reference, "reference", "verify", {
-            "op": "compare", "dir": str(out_dir), "manifest": manifest,
-            "atol": self.policy.atol, "rtol": self.policy.rtol, "scale": self.policy.scale_tolerance,
+            "op": "compare", "dir": str(out_dir), "manifest": manifest, **self._tolerance(),
         }, self.timeouts.check_s)
         shutil.rmtree(out_dir, ignore_errors=True)  # the reference may not write there
         check: dict[str, Any] = {"index": index, "ok": True, "reason": None, "reports": compared["reports"]}

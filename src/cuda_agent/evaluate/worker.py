@@ -15,7 +15,6 @@ import importlib.util
 import json
 import os
 import random
-import shutil
 import sys
 import time
 import traceback
@@ -29,13 +28,6 @@ from cuda_agent.evaluate.timing import measure, trial_seed
 from cuda_agent.evaluate.transfer import TransferError, manifest_devices, read_outputs, write_outputs
 from cuda_agent.guard.runtime import CallGuard, RuleBroken, find_overlap, tensors_in
 from cuda_agent.tasks.task import Task, TaskError, describe_inputs, exec_task_module
-
-
-class CandidateFault(RuleBroken):
-    """The candidate broke a rule of the harness (not a Python error of its own)."""
-
-    def __init__(self, message: str, rule: str = "harness"):
-        super().__init__(rule, message)
 
 
 def seed_everything(seed: int) -> None:
@@ -106,18 +98,6 @@ def fingerprint(values: list[Any]) -> list[Any]:
         else:
             prints.append(repr(value))
     return prints
-
-
-def leaf_devices(value: Any) -> list[str]:
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return [value.device.type]
-    if isinstance(value, (list, tuple)):
-        return [d for v in value for d in leaf_devices(v)]
-    if isinstance(value, dict):
-        return [d for v in value.values() for d in leaf_devices(v)]
-    return []
 
 
 class _Side:
@@ -212,20 +192,17 @@ class ReferenceSide(_Side):
         return {"passing": passing, "details": failed}
 
     def compare(self, msg: dict[str, Any]) -> list[dict[str, Any]]:
-        directory = Path(msg["dir"])
+        # The directory is the candidate's; the evaluator deletes it (this process may not write there).
         expected, self.expected = self.expected, None
+        claimed = manifest_devices(msg["manifest"])
+        wanted = [t.device.type for t in tensors_in(expected)]
+        if claimed != wanted:
+            return [{"path": "output", "ok": False, "reason": f"output devices {claimed} != expected {wanted}"}]
         try:
-            claimed = manifest_devices(msg["manifest"])
-            wanted = leaf_devices(expected)
-            if claimed != wanted:
-                return [{"path": "output", "ok": False, "reason": f"output devices {claimed} != expected {wanted}"}]
-            try:
-                actual = read_outputs(msg["manifest"], directory, self.device)
-            except TransferError as exc:
-                return [{"path": "output", "ok": False, "reason": f"unreadable output: {exc}"}]
-            return compare_outputs(expected, actual, msg["atol"], msg["rtol"], scale=msg.get("scale", False))
-        finally:
-            shutil.rmtree(directory, ignore_errors=True)
+            actual = read_outputs(msg["manifest"], Path(msg["dir"]), self.device)
+        except TransferError as exc:
+            return [{"path": "output", "ok": False, "reason": f"unreadable output: {exc}"}]
+        return compare_outputs(expected, actual, msg["atol"], msg["rtol"], scale=msg.get("scale", False))
 
     def baseline(self, msg: dict[str, Any]) -> dict[str, Any]:
         import torch
@@ -269,7 +246,7 @@ class CandidateSide(_Side):
             try:
                 self.model.load_state_dict(state, strict=True)
             except RuntimeError as exc:
-                raise CandidateFault(f"state dict of Model does not load into ModelNew: {exc}", "state-dict") from None
+                raise RuleBroken("state-dict", f"state dict of Model does not load into ModelNew: {exc}") from None
             self.model = self.model.to(self.device).eval()
             return {}
         if op == "run":
@@ -279,7 +256,7 @@ class CandidateSide(_Side):
                 output = self.guard.watch(lambda: self.model(*inputs), lambda: synchronize(self.device))
             self.guard.check_output(output, inputs, self.model)
             if fingerprint(inputs) != prints:
-                raise CandidateFault("forward changed the values of its inputs", "input-mutation")
+                raise RuleBroken("input-mutation", "forward changed the values of its inputs")
             self.guard.verify_harness("during forward")
             return {"fingerprint": prints, "manifest": self._write(output, Path(msg["dir"]))}
         if op == "time":
@@ -291,7 +268,7 @@ class CandidateSide(_Side):
         install_inline_shim(modules)
         namespace = load_model_new(Path(msg["model_new_file"]))
         if not hasattr(namespace, "ModelNew"):
-            raise CandidateFault("model_new.py defines no ModelNew", "interface")
+            raise RuleBroken("interface", "model_new.py defines no ModelNew")
         seed_everything(msg["init_seed"])
         self.model = namespace.ModelNew(*self.init_args)
 
@@ -327,18 +304,18 @@ class CandidateSide(_Side):
         self.guard.verify_harness("during timing")
         missing = watched - kept.keys()
         if missing:
-            raise CandidateFault(f"timing ran fewer calls than the protocol guarantees (no call {min(missing)})", "harness")
+            raise RuleBroken("harness", f"timing ran fewer calls than the protocol guarantees (no call {min(missing)})")
         checked = []
         for index, entry in sorted(kept.items()):
             after = fingerprint(entry["inputs"])
             if entry["fingerprint"] is not None and after != entry["fingerprint"]:
-                raise CandidateFault("forward changed the values of its inputs during timing", "input-mutation")
+                raise RuleBroken("input-mutation", "forward changed the values of its inputs during timing")
             entry["fingerprint"] = after
             others = {f"the output of timed call {j}": t for j, other in kept.items() if j != index
                       for t in tensors_in(other["output"])}
             hit = find_overlap(entry["output"], others)
             if hit:
-                raise CandidateFault(f"a timed output shares memory with {hit}", "output-reuse")
+                raise RuleBroken("output-reuse", f"a timed output shares memory with {hit}")
             self.guard.check_output_memory(entry["output"], entry["inputs"], self.model)
             manifest = self._write(entry["output"], Path(msg["dir"]) / f"timed-{index}")
             checked.append({"index": index, "fingerprint": entry["fingerprint"], "manifest": manifest})
@@ -349,7 +326,7 @@ class CandidateSide(_Side):
         try:
             return write_outputs(output, directory)
         except TransferError as exc:
-            raise CandidateFault(str(exc), "output-type") from None
+            raise RuleBroken("output-type", str(exc)) from None
 
 
 def warm_up_runtime(device: str) -> None:
@@ -367,7 +344,7 @@ def warm_up_runtime(device: str) -> None:
 def load_extension(name: str, path: str) -> types.ModuleType:
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
-        raise CandidateFault(f"cannot load the built extension {path}")
+        raise RuleBroken("harness", f"cannot load the built extension {path}")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     sys.modules[name] = module
@@ -380,7 +357,7 @@ def install_inline_shim(modules: dict[str, types.ModuleType]) -> None:
 
     def load_inline(name: str, *args: Any, **kwargs: Any) -> types.ModuleType:
         if name not in modules:
-            raise CandidateFault(f"load_inline({name!r}) was not found when the sources were read statically")
+            raise RuleBroken("harness", f"load_inline({name!r}) was not found when the sources were read statically")
         return modules[name]
 
     cpp_extension.load_inline = load_inline

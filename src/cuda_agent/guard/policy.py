@@ -44,6 +44,8 @@ RUNTIME_RULES: dict[str, str] = {
     "forged-reply": "a reply on the worker channel that its request loop did not write",
     "state-dict": "Model's state dict does not load into ModelNew",
     "interface": "model_new.py does not define ModelNew",
+    "harness": "the candidate cannot be run by the harness's protocol (extension not loadable, unknown "
+    "load_inline name, a timing run cut short)",
 }
 
 RULES: dict[str, str] = STATIC_RULES | RUNTIME_RULES

@@ -153,10 +153,11 @@ def _harness_functions() -> dict[str, Callable[[], Any]]:
     import json
 
     import torch
+    from torch.utils import _python_dispatch
 
     from cuda_agent.evaluate import timing, transfer
 
-    getters: dict[str, Callable[[], Any]] = {
+    return {
         "time.perf_counter": lambda: time.perf_counter,
         "time.perf_counter_ns": lambda: time.perf_counter_ns,
         "time.time": lambda: time.time,
@@ -185,11 +186,8 @@ def _harness_functions() -> dict[str, Callable[[], Any]]:
         "torch.randint": lambda: torch.randint,
         "torch.Tensor.normal_": lambda: torch.Tensor.normal_,
         "torch.Tensor.uniform_": lambda: torch.Tensor.uniform_,
-        "torch.utils._python_dispatch.TorchDispatchMode": lambda: __import__(
-            "torch.utils._python_dispatch", fromlist=["TorchDispatchMode"]
-        ).TorchDispatchMode,
+        "torch.utils._python_dispatch.TorchDispatchMode": lambda: _python_dispatch.TorchDispatchMode,
     }
-    return getters
 
 
 def _global_flags() -> dict[str, Any]:
@@ -261,11 +259,10 @@ class CallGuard:
         python_threads = set(threading.enumerate())
         monitor = self._monitor_class(self.allowed)
         with monitor:
-            stack_inside = None
             output = fn()
             stack_inside = _dispatch_mode_stack()
         sync()
-        if stack_inside is None or not any(mode is monitor for mode in stack_inside):
+        if not any(mode is monitor for mode in stack_inside):
             raise RuleBroken("guard-tamper", "the torch dispatch mode watching forward was removed during the call")
         if monitor.seen:
             ops = ", ".join(f"{op} x{n}" for op, n in sorted(monitor.seen.items()))
