@@ -6,6 +6,7 @@ expected values themselves.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 
@@ -76,8 +77,7 @@ def _compare_tensor(expected, actual, atol: float, rtol: float, path: str, scale
     diff = torch.where(finite & torch.isfinite(e), diff, torch.full_like(diff, float("inf")))
     atol_text = f"atol={atol:g}"
     if scale:
-        finite_e = torch.where(torch.isfinite(e), e, torch.zeros_like(e))
-        rms = float(finite_e.double().square().mean().sqrt())
+        rms = output_rms(e)
         if rms > 0:
             atol_text = f"atol={atol:g} x output RMS {rms:.3g}"
             atol = atol * rms
@@ -105,3 +105,14 @@ def _compare_tensor(expected, actual, atol: float, rtol: float, path: str, scale
         "mismatches": mismatches,
         "non_finite": non_finite,
     }
+
+
+def output_rms(values) -> float:
+    """Root mean square of the finite values (non-finite ones count as zero), widened to
+    float64 inside the reduction: no float64 copy of a GB-sized output."""
+    import torch
+
+    norm = float(torch.linalg.vector_norm(values, dtype=torch.float64))
+    if not math.isfinite(norm):
+        norm = float(torch.linalg.vector_norm(torch.where(torch.isfinite(values), values, 0.0), dtype=torch.float64))
+    return norm / math.sqrt(values.numel())
