@@ -1,36 +1,7 @@
 import pytest
+from samples import INLINE_ADD_ONE
 
 from cuda_agent.candidates import CandidateError, fixed_file, load_candidate
-
-INLINE = '''
-import torch
-import torch.nn as nn
-from torch.utils.cpp_extension import load_inline
-
-source = """
-#include <torch/extension.h>
-__global__ void k(const float* x, float* y, int n) {}
-torch::Tensor add_one(torch::Tensor x) { return x; }
-"""
-cpp_source = "torch::Tensor add_one(torch::Tensor x);"
-
-add_one = load_inline(
-    name="add_one",
-    cpp_sources=cpp_source,
-    cuda_sources=source,
-    functions=["add_one"],
-    extra_cuda_cflags=["-O3"],
-    verbose=False,
-)
-
-class ModelNew(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.op = add_one
-
-    def forward(self, x):
-        return self.op.add_one(x)
-'''
 
 
 def test_workspace_layout(examples, tmp_path):
@@ -84,7 +55,7 @@ def test_bad_workspace(tmp_path, files, message):
 
 def test_inline_sources_are_recovered(tmp_path):
     path = tmp_path / "gen.py"
-    path.write_text(INLINE)
+    path.write_text(INLINE_ADD_ONE)
     candidate = load_candidate(path)
     assert candidate.kind == "inline"
     (ext,) = candidate.extensions
@@ -98,7 +69,7 @@ def test_inline_sources_are_recovered(tmp_path):
 
 def test_inline_with_dynamic_sources_is_rejected(tmp_path):
     path = tmp_path / "gen.py"
-    path.write_text(INLINE.replace('cpp_sources=cpp_source', 'cpp_sources=open("x.cpp").read()'))
+    path.write_text(INLINE_ADD_ONE.replace('cpp_sources=cpp_source', 'cpp_sources=open("x.cpp").read()'))
     with pytest.raises(CandidateError, match=r"gen.py:\d+: cannot read load_inline's `cpp_sources` statically"):
         load_candidate(path)
 

@@ -6,6 +6,7 @@ import json
 import shutil
 
 import pytest
+from samples import INLINE_SWISH
 
 from cuda_agent import EvalResult, Evaluator, load_candidate, load_task
 from cuda_agent.evaluate import Timeouts
@@ -152,31 +153,7 @@ def test_build_failure_is_a_record(tmp_path, evaluator, example):
 def test_inline_candidate(tmp_path, evaluator, example):
     task, _ = example
     path = tmp_path / "inline_gen.py"
-    path.write_text('''
-import torch
-import torch.nn as nn
-from torch.utils.cpp_extension import load_inline
-
-cpp_source = """
-torch::Tensor scaled_swish(torch::Tensor x, double scale) {
-    auto y = torch::empty_like(x);
-    const float* in = x.data_ptr<float>();
-    float* out = y.data_ptr<float>();
-    for (int64_t i = 0; i < x.numel(); ++i) out[i] = scale * in[i] / (1.0f + std::exp(-in[i]));
-    return y;
-}
-"""
-
-ext = load_inline(name="swish_inline", cpp_sources=cpp_source, functions=["scaled_swish"])
-
-class ModelNew(nn.Module):
-    def __init__(self, scale):
-        super().__init__()
-        self.scale = scale
-
-    def forward(self, x):
-        return ext.scaled_swish(x.contiguous(), self.scale)
-''')
+    path.write_text(INLINE_SWISH)
     result = evaluator.evaluate(task, load_candidate(path))
     assert result.status == "correct", result.summary() + (result.traceback or "")
 

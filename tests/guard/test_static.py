@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from samples import INLINE_ADD_ONE, INLINE_SWISH
 
 from cuda_agent.candidates import fixed_file, load_candidate
 from cuda_agent.candidates.candidate import Candidate, Extension
@@ -50,62 +51,6 @@ def test_there_are_legit_candidates_to_check():
     names = {p.parent.name if p.name == "solution" else p.name for p in LEGIT_WORKSPACES}
     assert {"cpu_swish", "cuda_gelu", "level1_19", "level2_76"} <= names
 
-
-INLINE_SIMPLE = '''
-import torch
-import torch.nn as nn
-from torch.utils.cpp_extension import load_inline
-
-source = """
-#include <torch/extension.h>
-__global__ void k(const float* x, float* y, int n) {}
-torch::Tensor add_one(torch::Tensor x) { return x; }
-"""
-cpp_source = "torch::Tensor add_one(torch::Tensor x);"
-
-add_one = load_inline(
-    name="add_one",
-    cpp_sources=cpp_source,
-    cuda_sources=source,
-    functions=["add_one"],
-    extra_cuda_cflags=["-O3"],
-    verbose=False,
-)
-
-class ModelNew(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.op = add_one
-
-    def forward(self, x):
-        return self.op.add_one(x)
-'''
-
-INLINE_CPU = '''
-import torch
-import torch.nn as nn
-from torch.utils.cpp_extension import load_inline
-
-cpp_source = """
-torch::Tensor scaled_swish(torch::Tensor x, double scale) {
-    auto y = torch::empty_like(x);
-    const float* in = x.data_ptr<float>();
-    float* out = y.data_ptr<float>();
-    for (int64_t i = 0; i < x.numel(); ++i) out[i] = scale * in[i] / (1.0f + std::exp(-in[i]));
-    return y;
-}
-"""
-
-ext = load_inline(name="swish_inline", cpp_sources=cpp_source, functions=["scaled_swish"])
-
-class ModelNew(nn.Module):
-    def __init__(self, scale):
-        super().__init__()
-        self.scale = scale
-
-    def forward(self, x):
-        return ext.scaled_swish(x.contiguous(), self.scale)
-'''
 
 # A KernelBench-style generation with the idioms such files use: CHECK macros,
 # AT_DISPATCH, device helpers named like ATen ops, local blocks in a ModuleList,
@@ -213,7 +158,7 @@ def get_inputs():
 '''
 
 
-@pytest.mark.parametrize("source", [INLINE_SIMPLE, INLINE_CPU, INLINE_KERNELBENCH], ids=["simple", "cpu", "kernelbench"])
+@pytest.mark.parametrize("source", [INLINE_ADD_ONE, INLINE_SWISH, INLINE_KERNELBENCH], ids=["simple", "cpu", "kernelbench"])
 def test_inline_candidates_have_no_violations(source):
     candidate = candidate_from_inline_source(source, "gen.py")
     assert candidate.kind == "inline"
@@ -560,7 +505,7 @@ def test_candidate_kernel_files_are_scanned(tmp_path):
 
 
 def test_inline_candidate_sources_are_scanned():
-    source = INLINE_CPU.replace("auto y = torch::empty_like(x);", "auto y = torch::sigmoid(x);")
+    source = INLINE_SWISH.replace("auto y = torch::empty_like(x);", "auto y = torch::sigmoid(x);")
     found = check_candidate(candidate_from_inline_source(source, "gen.py"))
     assert [(v.rule, v.file) for v in found] == [("aten-compute", "swish_inline/main.cpp")]
 
