@@ -19,22 +19,12 @@ import shutil
 import statistics
 import sys
 import tempfile
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from cuda_agent import Evaluator, load_candidate, load_task
+from common import examples, timed
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def timed(evaluator: Evaluator, task, candidate):
-    start = time.perf_counter()
-    result = evaluator.evaluate(task, candidate)
-    seconds = time.perf_counter() - start
-    if result.status != "correct":
-        raise SystemExit(f"{task.name}: {result.status}: {result.reason}\n{result.traceback or ''}{result.output}")
-    return seconds, result
+from cuda_agent import Evaluator
 
 
 def cv(values: list[float]) -> float:
@@ -49,12 +39,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="write the JSON results here")
     args = parser.parse_args()
 
-    prefix = "cuda_" if args.device == "cuda" else "cpu_"
-    names = args.examples or sorted(p.name for p in (ROOT / "examples").glob(prefix + "*"))
     rows = []
-    for name in names:
-        task = load_task(ROOT / "examples" / name / "model.py")
-        candidate = load_candidate(ROOT / "examples" / name / "solution")
+    for name, task, candidate in examples(args.device, args.examples):
         cache = Path(tempfile.mkdtemp(prefix="cuda-agent-bench-"))
         evaluator = Evaluator(args.device, cache_dir=cache)
         cold, first = timed(evaluator, task, candidate)
@@ -100,7 +86,7 @@ def main() -> None:
     }
     if args.out:
         args.out.write_text(json.dumps(report, indent=1))
-    print(f"\n| example | cand ms | eager ms | compile ms | cold s | cached build s | all cached s | CV speedup eager | CV speedup compile |")
+    print("\n| example | cand ms | eager ms | compile ms | cold s | cached build s | all cached s | CV speedup eager | CV speedup compile |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(

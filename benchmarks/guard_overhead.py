@@ -25,22 +25,11 @@ import warnings
 from datetime import datetime, timezone
 from pathlib import Path
 
-from cuda_agent import Evaluator, load_candidate, load_task
+from common import examples, timed
+
+from cuda_agent import Evaluator
 from cuda_agent.guard import audit_symbols, check_candidate
 from cuda_agent.guard.runtime import CallGuard
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def seconds_per_eval(evaluator: Evaluator, task, candidate, repeats: int) -> list[float]:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        result = evaluator.evaluate(task, candidate)
-        times.append(time.perf_counter() - start)
-        if result.status != "correct":
-            raise SystemExit(f"{task.name}: {result.status}: {result.reason}\n{result.output}")
-    return times
 
 
 def watched_call_overhead(module_path: str, task, device: str, calls: int = 50) -> dict[str, float]:
@@ -88,12 +77,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
 
-    prefix = "cuda_" if args.device == "cuda" else "cpu_"
-    names = args.examples or sorted(p.name for p in (ROOT / "examples").glob(prefix + "*"))
     rows = []
-    for name in names:
-        task = load_task(ROOT / "examples" / name / "model.py")
-        candidate = load_candidate(ROOT / "examples" / name / "solution")
+    for name, task, candidate in examples(args.device, args.examples):
         cache = Path(tempfile.mkdtemp(prefix="cuda-agent-bench-"))
         try:
             guarded = Evaluator(args.device, cache_dir=cache)
@@ -107,8 +92,8 @@ def main() -> None:
             # Interleaved, so drift in machine load hits both alike.
             g, b = [], []
             for _ in range(args.repeats):
-                g += seconds_per_eval(guarded, task, candidate, 1)
-                b += seconds_per_eval(bare, task, candidate, 1)
+                g.append(timed(guarded, task, candidate)[0])
+                b.append(timed(bare, task, candidate)[0])
             row["guarded_s"] = statistics.median(g)
             row["bare_s"] = statistics.median(b)
             start = time.perf_counter()
