@@ -8,6 +8,8 @@
 # With the device tool, carry [".data"]. It holds:
 #   .data/kernelbench/kernelbench.jsonl  (cp ../shared/data/kernelbench/kernelbench.jsonl .data/kernelbench/)
 #   .data/wheels/pyseccomp-*.whl         (pip download pyseccomp --no-deps -d .data/wheels)
+#   .data/debs/bubblewrap_*.deb          (cd .data/debs && apt-get download bubblewrap)
+#   .data/lib/libseccomp.so.2            (cp /usr/lib/x86_64-linux-gnu/libseccomp.so.2 .data/lib/)
 # The device machine has no network: pyseccomp is installed from that wheel, and torch
 # and the rest are what the machine has.
 set -uo pipefail
@@ -17,7 +19,22 @@ mkdir -p "$OUT"
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 KERNELBENCH_DATA=$PWD/.data/kernelbench
 export CUDA_AGENT_TEST_CACHE=/dev/shm/cuda-agent-cache CUDA_AGENT_CACHE=/dev/shm/cuda-agent-cache TMPDIR=/dev/shm
 python3 -c "import pyseccomp" 2>/dev/null || python3 -m pip install --no-index --no-deps -q .data/wheels/pyseccomp-*.whl
-command -v bwrap >/dev/null || { echo "bwrap is missing: apt-get install bubblewrap" >&2; exit 2; }
+if ! command -v bwrap >/dev/null; then
+    # The device image has no bubblewrap and no network: unpack the carried Debian package.
+    deb=$(ls .data/debs/bubblewrap_*.deb 2>/dev/null | head -1)
+    [ -n "$deb" ] || { echo "bwrap is missing: apt-get install bubblewrap, or carry .data/debs/bubblewrap_*.deb" >&2; exit 2; }
+    dpkg -x "$deb" /tmp/bubblewrap && install -m 0755 /tmp/bubblewrap/usr/bin/bwrap /usr/local/bin/bwrap
+fi
+if ! ldconfig -p | grep -q libseccomp.so.2 && [ -f .data/lib/libseccomp.so.2 ]; then
+    install -m 0644 .data/lib/libseccomp.so.2 /usr/local/lib/ && ldconfig
+fi
+# A cgroup delegated to the evaluator (docs/SANDBOX.md): our own cgroup holds other
+# processes, so cgroup v2 would let it enable no controllers for per-job children.
+if [ -z "${CUDA_AGENT_CGROUP:-}" ] && [ -w /sys/fs/cgroup/cgroup.subtree_control ]; then
+    mkdir -p /sys/fs/cgroup/cuda-agent && echo "+memory +pids" > /sys/fs/cgroup/cgroup.subtree_control \
+        && export CUDA_AGENT_CGROUP=/sys/fs/cgroup/cuda-agent
+fi
+echo "bwrap $(bwrap --version 2>&1) cgroup ${CUDA_AGENT_CGROUP:-none}" | tee "$OUT/sandbox.txt"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.csv"
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$OUT/gpu.csv"
 
@@ -27,6 +44,10 @@ tests|redteam)
     # One device call each: the whole GPU suite has taken close to the 10-minute limit of a call.
     where=tests/gpu
     [ "$part" = redteam ] && where=tests/redteam
+    if [ "$part" = tests ]; then
+        # The sandbox on real cgroups and GPU device nodes (CPU and GPU cases alike).
+        python3 -m pytest -q -p no:cacheprovider --timeout 120 -rfs tests/sandbox 2>&1 | tee "$OUT/sandbox_tests.log" | tail -6
+    fi
     CUDA_AGENT_GPU_REPORT=$OUT/gpu_records_$part.jsonl python3 -m pytest -m gpu -q -s -p no:cacheprovider \
         --timeout 300 -rf "$where" 2>&1 | tee "$OUT/gpu_$part.log" | grep -E "^(PASSED|FAILED|ERROR)|passed|failed|status:|rule"
     ;;

@@ -285,11 +285,22 @@ def _own_cgroup_v2() -> Path | None:
     return None
 
 
+CGROUP_ENV = "CUDA_AGENT_CGROUP"
+
+
 def _probe_cgroups() -> tuple[Path | None, str]:
-    """Where to create per-job cgroups, or None and the reason there is none."""
-    base = _own_cgroup_v2()
+    """Where to create per-job cgroups, or None and the reason there is none.
+
+    ``$CUDA_AGENT_CGROUP`` names a cgroup an operator delegated to the evaluator;
+    otherwise the evaluator's own cgroup is used, which works only where no other
+    process shares it (cgroup v2 lets a cgroup that holds processes enable no controllers).
+    """
+    named = os.environ.get(CGROUP_ENV)
+    base = Path(named) if named else _own_cgroup_v2()
     if base is None:
         return None, "no cgroup v2 hierarchy is mounted"
+    if named and not (base / "cgroup.controllers").is_file():
+        return None, f"${CGROUP_ENV}={named} is not a cgroup v2 directory (create it under /sys/fs/cgroup first)"
     try:
         controllers = set((base / "cgroup.controllers").read_text().split())
         if not {"memory", "pids"} <= controllers:
@@ -308,7 +319,8 @@ def _probe_cgroups() -> tuple[Path | None, str]:
         finally:
             probe.rmdir()
     except OSError as exc:
-        return None, f"cannot create cgroups with memory and pids limits under {base}: {exc}"
+        return None, (f"cannot create cgroups with memory and pids limits under {base}: {exc}; "
+                      f"name a delegated cgroup in ${CGROUP_ENV} (docs/SANDBOX.md)")
     return base, f"per-job cgroups under {base}"
 
 

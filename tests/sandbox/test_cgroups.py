@@ -1,0 +1,73 @@
+"""Per-job cgroup v2 limits on a real cgroup hierarchy.
+
+They run where an operator delegated a cgroup to the evaluator through
+``$CUDA_AGENT_CGROUP`` (the GPU machine's session script does; docs/SANDBOX.md
+says how) and skip elsewhere. The fake-directory test in test_bwrap.py covers
+the settings written on machines without one.
+"""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from cuda_agent.sandbox import BwrapSandbox, Limits, SandboxUnavailable, run_command
+from cuda_agent.sandbox.bwrap import CGROUP_ENV
+
+PY = sys.executable
+
+
+def test_named_cgroup_that_is_not_one_is_reported(tmp_path, monkeypatch):
+    monkeypatch.setenv(CGROUP_ENV, str(tmp_path))
+    try:
+        sandbox = BwrapSandbox()
+    except SandboxUnavailable as exc:
+        pytest.skip(str(exc))
+    assert not sandbox.cgroups_available
+    assert CGROUP_ENV in sandbox.cgroup_note and "not a cgroup v2 directory" in sandbox.cgroup_note
+
+
+@pytest.fixture(scope="module")
+def delegated():
+    if not os.environ.get(CGROUP_ENV):
+        pytest.skip(f"no delegated cgroup: set ${CGROUP_ENV} (see docs/SANDBOX.md)")
+    sandbox = BwrapSandbox()
+    assert sandbox.cgroups_available, sandbox.cgroup_note
+    return sandbox
+
+
+def test_memory_limit_kills_the_job_and_the_next_one_runs(delegated, tmp_path):
+    hog = "b = bytearray(768 * 1024 * 1024)\nfor i in range(0, len(b), 4096): b[i] = 1\nprint('survived')"
+    result = run_command([PY, "-c", hog], cwd=tmp_path, sandbox=delegated,
+                         limits=Limits(timeout_s=60, memory_bytes=256 * 1024 * 1024))
+    assert not result.ok and "survived" not in result.output
+    fine = run_command([PY, "-c", "print('fine')"], cwd=tmp_path, sandbox=delegated, limits=Limits(timeout_s=60))
+    assert fine.ok and "fine" in fine.output
+
+
+def test_pid_limit_stops_a_fork_bomb(tmp_path):
+    if not os.environ.get(CGROUP_ENV):
+        pytest.skip(f"no delegated cgroup: set ${CGROUP_ENV} (see docs/SANDBOX.md)")
+    sandbox = BwrapSandbox(max_pids=32)
+    bomb = ("import os\nn = 0\ntry:\n    for _ in range(200):\n        if os.fork() == 0:\n            import time; time.sleep(5); os._exit(0)\n"
+            "        n += 1\nexcept OSError as e:\n    print('refused after', n, e.errno)\n")
+    result = run_command([PY, "-c", bomb], cwd=tmp_path, sandbox=sandbox, limits=Limits(timeout_s=60))
+    assert "refused after" in result.output, result.output
+    assert int(result.output.split("refused after")[1].split()[0]) < 32
+
+
+def test_no_job_cgroups_are_left_behind(delegated, tmp_path):
+    run_command([PY, "-c", "pass"], cwd=tmp_path, sandbox=delegated, limits=Limits(timeout_s=60))
+    delegated.cleanup()
+    left = [p.name for p in Path(os.environ[CGROUP_ENV]).iterdir() if p.is_dir() and p.name.startswith("cuda-agent-")]
+    assert not left, left
+
+
+@pytest.mark.gpu
+def test_cuda_starts_under_a_memory_limit(delegated, tmp_path):
+    """The reason for cgroups over RLIMIT_AS: CUDA reserves far more address space than it uses."""
+    code = "import torch\nx = torch.ones(1 << 20, device='cuda')\nprint('sum', int(x.sum().item()))"
+    result = run_command([PY, "-c", code], cwd=tmp_path, sandbox=delegated, gpu=True,
+                         limits=Limits(timeout_s=120, memory_bytes=4 * 1024**3))
+    assert result.ok and "sum 1048576" in result.output, result.output
