@@ -98,7 +98,10 @@ IMPORTS = [
     ("cudaStreamCreateWithFlags", CodePolicy(), "stream"),
     ("cudaStreamCreateWithFlags", CodePolicy(allow_streams=True), None),
     ("__cudaLaunchKernel_ptsz", CodePolicy(), "stream"),
-    ("c10::cuda::getStreamFromPool(bool, signed char)", CodePolicy(), "stream"),
+    # c10's CUDAGuardImpl vtable, emitted wherever a CUDAGuard is used, references these
+    # (seen with torch 2.11 headers): the source scan checks the candidate's own uses.
+    ("c10::cuda::getStreamFromPool(bool, signed char)", CodePolicy(), None),
+    ("c10::cuda::setCurrentCUDAStream(c10::cuda::CUDAStream)", CodePolicy(), None),
     ("PyImport_ImportModule", CodePolicy(), "dynamic-access"),
     ("PyRun_SimpleString", CodePolicy(), "dynamic-access"),
     # what pybind11, c10 and the fixed binding import

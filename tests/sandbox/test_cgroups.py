@@ -57,11 +57,22 @@ def test_pid_limit_stops_a_fork_bomb(tmp_path):
     assert int(result.output.split("refused after")[1].split()[0]) < 32
 
 
-def test_no_job_cgroups_are_left_behind(delegated, tmp_path):
-    run_command([PY, "-c", "pass"], cwd=tmp_path, sandbox=delegated, limits=Limits(timeout_s=60))
+def job_cgroups() -> set[str]:
+    return {p.name for p in Path(os.environ[CGROUP_ENV]).iterdir() if p.is_dir() and p.name.startswith("cuda-agent-")}
+
+
+def test_concurrent_jobs_get_their_own_cgroups_and_none_are_left_behind(delegated, tmp_path):
+    """Spawns from several threads (the builder compiles in a pool): a spawn's cleanup
+    must not remove another job's cgroup before its process is in it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    before = job_cgroups()
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda i: run_command([PY, "-c", f"print({i})"], cwd=tmp_path, sandbox=delegated,
+                                                      limits=Limits(timeout_s=60, memory_bytes=1 << 30)), range(24)))
+    assert all(r.ok for r in results), [r.output for r in results if not r.ok]
     delegated.cleanup()
-    left = [p.name for p in Path(os.environ[CGROUP_ENV]).iterdir() if p.is_dir() and p.name.startswith("cuda-agent-")]
-    assert not left, left
+    assert job_cgroups() - before == set()
 
 
 @pytest.mark.gpu

@@ -324,6 +324,9 @@ def _probe_cgroups() -> tuple[Path | None, str]:
     return base, f"per-job cgroups under {base}"
 
 
+_JOB_NUMBERS = itertools.count()  # one sequence per process: sandboxes share the cgroup parent
+
+
 @functools.lru_cache(maxsize=1)
 def _spawner() -> ThreadPoolExecutor:
     """The one thread that forks every bwrap process (see the module docstring)."""
@@ -375,7 +378,6 @@ class BwrapSandbox:
         self.cgroups_available = self._cgroup_parent is not None
         self._cgroups: list[Path] = []
         self._lock = threading.Lock()
-        self._counter = itertools.count()
         self._finalizer = weakref.finalize(self, _remove_cgroups, self._cgroups, self._lock)
 
     def cleanup(self) -> None:
@@ -430,19 +432,21 @@ class BwrapSandbox:
                 raise FileNotFoundError(f"sandbox: {path} must be an existing directory")
         self.cleanup()
 
-        procs_file = None
+        procs_file, job = None, None
         if self._cgroup_parent is not None:
-            job = self._cgroup_parent / f"cuda-agent-{os.getpid()}-{next(self._counter)}"
+            job = self._cgroup_parent / f"cuda-agent-{os.getpid()}-{next(_JOB_NUMBERS)}"
             job.mkdir()
-            with self._lock:
-                self._cgroups.append(job)
             settings = {"pids.max": str(self.max_pids), "memory.oom.group": "1", "memory.swap.max": "0"}
             if limits.memory_bytes:
                 settings["memory.max"] = str(limits.memory_bytes)
-            for key, value in settings.items():
-                if key == "memory.swap.max" and not (job / key).exists():
-                    continue  # kernel without swap accounting
-                (job / key).write_text(value)
+            try:
+                for key, value in settings.items():
+                    if key == "memory.swap.max" and not (job / key).exists():
+                        continue  # kernel without swap accounting
+                    (job / key).write_text(value)
+            except OSError:
+                _remove_cgroups([job], self._lock)
+                raise
             procs_file = str(job / "cgroup.procs")
         # Without a memory cgroup, CPU jobs get an address-space limit instead (never GPU jobs).
         rlimit_as = limits.memory_bytes if (procs_file is None and not gpu) else None
@@ -477,4 +481,14 @@ class BwrapSandbox:
             finally:
                 os.close(seccomp_fd)
 
-        return _spawner().submit(start).result()
+        try:
+            proc = _spawner().submit(start).result()
+        except BaseException:
+            if job is not None:
+                _remove_cgroups([job], self._lock)
+            raise
+        if job is not None:
+            # Only now: until its process is in it, another spawn's cleanup would remove the empty cgroup.
+            with self._lock:
+                self._cgroups.append(job)
+        return proc
