@@ -6,8 +6,10 @@
 For each task the truth is computed in strict fp32 (TF32 off). Then the task's
 own Model runs again as a candidate that downgrades precision: TF32 (CUDA
 only), autocast to fp16, autocast to bf16. For each preset this prints the
-error ratio: the largest |actual - expected| / tolerance over all elements. A
-ratio at or below 1 passes. The `fair` preset should pass TF32 and reject
+error ratio: the largest |actual - expected| / tolerance over all elements,
+with the tolerance widened as the evaluator widens it (``Policy.precision_slack``
+times the error of the Model under the preset's own flags). A ratio at or below
+1 passes. The `fair` preset should pass TF32 and reject
 bf16; the `paper` preset lets all of them through.
 """
 
@@ -22,6 +24,7 @@ from pathlib import Path
 
 from cuda_agent import load_task
 from cuda_agent.evaluate import Policy
+from cuda_agent.evaluate.compare import compare_outputs, error_ratio
 from cuda_agent.evaluate.worker import init_inputs, make_inputs, pin_precision, seed_everything
 from cuda_agent.tasks.task import exec_task_module
 
@@ -31,20 +34,23 @@ DEFAULT_TASKS = [f"1/{i}" for i in (1, 2, 3, 4, 6, 7, 8, 9, 10, 13, 16, 17, 18, 
 PRESETS = ("fair", "strict", "paper")
 
 
-def error_ratio(expected, actual, policy: Policy) -> float:
-    """max |a - e| / (atol' + rtol |e|), atol' scaled by the RMS of e when the policy says so."""
-    e = expected.detach().double()
-    a = actual.detach().double()
-    atol = policy.atol * float(e.square().mean().sqrt()) if policy.scale_tolerance else policy.atol
-    bound = atol + policy.rtol * e.abs()
-    ratio = (a - e).abs() / bound.clamp_min(1e-300)
-    return float("inf") if not bool(a.isfinite().all()) else float(ratio.max())
+def preset_ratio(expected, actual, own, policy: Policy) -> float:
+    """The evaluator's error ratio for ``actual`` under ``policy`` (at most 1 passes), with the
+    tolerance widened as the reference process widens it: by ``precision_slack`` times the error
+    of ``own``, the Model under the baselines' flags, where that is larger."""
+    tolerance = {"atol": policy.atol, "rtol": policy.rtol, "scale": policy.scale_tolerance}
+    ratio = error_ratio(compare_outputs(expected, actual, **tolerance))
+    if policy.strict_expected and policy.tf32 != "off" and policy.precision_slack:
+        ratio /= max(1.0, policy.precision_slack * error_ratio(compare_outputs(expected, own, **tolerance)))
+    return ratio
 
 
-def run_variant(model, inputs, variant: str, device: str):
+def run_variant(model, inputs, variant: str, device: str, tf32: str = "off"):
+    """The Model as a candidate that downgrades precision: TF32 (``tf32`` variant), autocast to
+    fp16/bf16, or as it is (``fp32``) under the precision flags ``tf32``."""
     import torch
 
-    pin_precision("on" if variant == "tf32" else "off")
+    pin_precision("on" if variant == "tf32" else tf32)
     dtypes = {"fp16": torch.float16, "bf16": torch.bfloat16}
     with torch.no_grad():
         if variant in dtypes:
@@ -78,13 +84,15 @@ def main() -> None:
         model = module.Model(*init_inputs(module, 0, task.source)).to(args.device).eval()
         inputs = make_inputs(module, 1, args.device, task.source)
         expected = run_variant(model, inputs, "fp32", args.device)
+        policies = {name: Policy.preset(name) for name in PRESETS}
+        own = {name: run_variant(model, inputs, "fp32", args.device, tf32=p.tf32) for name, p in policies.items()}
         for variant in variants:
             actual = run_variant(model, inputs, variant, args.device)
             row = {"task": task.name, "variant": variant}
-            row |= {preset: error_ratio(expected, actual, Policy.preset(preset)) for preset in PRESETS}
+            row |= {name: preset_ratio(expected, actual, own[name], p) for name, p in policies.items()}
             rows.append(row)
             print("   " + "  ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
-        del model, inputs, expected
+        del model, inputs, expected, own
         if args.device == "cuda":
             torch.cuda.empty_cache()
 

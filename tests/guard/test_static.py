@@ -297,7 +297,7 @@ def test_python_rule_fires(name):
 
 
 def test_python_cases_cover_every_python_rule():
-    python_rules = set(STATIC_RULES) - {"aten-compute", "library", "token-paste", "build-flag"}
+    python_rules = set(STATIC_RULES) - {"aten-compute", "library", "token-paste", "build-flag", "cache-control"}
     assert python_rules <= {rule for _, rule in PY_CASES.values()}
 
 
@@ -400,6 +400,9 @@ CXX_CASES = {
     "popen": ('FILE* p = popen("nvidia-smi", "r");', "subprocess"),
     "fork": ("pid_t p = fork();", "subprocess"),
     "execve": ("execve(path, argv, envp);", "subprocess"),
+    "persisting-l2-limit": ("cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, 1 << 20);", "cache-control"),
+    "access-policy-window": ("attr.accessPolicyWindow.hitProp = cudaAccessPropertyPersisting;", "cache-control"),
+    "driver-l2-limit": ("cuCtxSetLimit(CU_LIMIT_PERSISTING_L2_CACHE_SIZE, 1 << 20);", "cache-control"),
     "dlopen": ('void* h = dlopen("libcublas.so", RTLD_NOW);', "native-load"),
     "dlsym": ('auto f = dlsym(RTLD_DEFAULT, "cudaEventElapsedTime");', "native-load"),
     "syscall": ("long r = syscall(39);", "syscall"),

@@ -299,3 +299,13 @@ def test_binding_calling_aten_is_flagged(examples, cache_dir, tmp_path):
     ops = {v.message.rsplit(" ", 1)[-1] for v in found}
     # `*` and `+` are invisible to the source scan; the symbols show them (mul, add).
     assert {"relu", "sum", "mul", "add"} <= ops
+
+
+def test_persisting_l2_controls_are_visible(tmp_path):
+    source = ("#include <cuda_runtime.h>\n__global__ void k(float* x) { x[0] = 1.0f; }\n"
+              "extern \"C\" void go(float* x, cudaStream_t s) {\n"
+              "  cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, 1 << 20);\n"
+              "  cudaStreamAttrValue v = {};\n  cudaStreamSetAttribute(s, cudaStreamAttributeAccessPolicyWindow, &v);\n"
+              "  k<<<1, 1, 0, s>>>(x);\n}\n")
+    found = audit_symbols([nvcc_object(tmp_path, "l2", source)])
+    assert rules(found) == {"cache-control"}, [v.describe() for v in found]

@@ -183,6 +183,9 @@ CASES = [
          forward="for fd in range(3, 64):\n    try:\n        os.write(fd, b'{\"ok\": true, \"candidate\": {\"median_ms\": 1e-6}}\\n')\n"
                  "    except OSError:\n        pass\nreturn cuda_extension.scaled_swish(x, self.scale)",
          runtime=True, rule="forged-reply"),
+    Case("l2-persisting-limit", "L2 persistence",
+         binding="cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, 1 << 20); auto y = torch::empty_like(xc);",
+         rule="cache-control"),
     Case("network-runtime", "Network / web retrieval",
          prelude="import socket",
          forward="socket.create_connection(('93.184.216.34', 80), timeout=5)\nreturn cuda_extension.scaled_swish(x, self.scale)",

@@ -32,6 +32,20 @@ CASES = [
     Case("return-input", "Return input / identity", forward="return x", rule="output-alias"),
     Case("flip-tf32-runtime", "Baseline sabotage", prelude="torch.backends.cudnn.allow_tf32 = False",
          runtime=True, rule="global-flag"),
+    Case("l2-persisting-limit", "L2 persistence",
+         binding="cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, 32 << 20); auto y = torch::empty_like(x);",
+         rule="cache-control"),
+    Case("l2-persisting-limit-runtime", "L2 persistence",
+         binding="cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, 32 << 20); auto y = torch::empty_like(x);",
+         runtime=True, rule="l2-persistence"),
+    # A policy that allows aten::gelu lets the guard pass torch's kernel; attribution still sees
+    # that the extension's own kernels never ran, or carried almost none of the time.
+    Case("decoy-kernel-runtime", "Decoy kernel", binding="auto y = torch::gelu(x); return y;",
+         policy={"allowed_aten": ("gelu",)}, runtime=True, rule="decoy"),
+    Case("lazy-kernel-runtime", "Lazy optimisation",
+         binding="gelu_launch(x.data_ptr<float>(), torch::empty_like(x).data_ptr<float>(), 4, "
+                 "c10::cuda::getCurrentCUDAStream().stream()); auto y = torch::gelu(x); return y;",
+         policy={"allowed_aten": ("gelu",), "min_coverage": 0.5}, runtime=True, rule="coverage"),
     Case("forge-reply-runtime", "Timer or stats monkeypatch", prelude="import os",
          forward="for fd in range(3, 64):\n    try:\n        os.write(fd, b'{\"ok\": true}\\n')\n"
                  "    except OSError:\n        pass\n" + GOOD,
@@ -48,7 +62,7 @@ def gelu(examples):
 def test_hacking_candidate_is_rejected_on_the_gpu(case, gelu, cache_dir, tmp_path):
     task, solution = gelu
     evaluator = Evaluator("cuda", cache_dir=cache_dir)
-    evaluator.policy = evaluator.policy.with_(static_checks=not case.runtime)
+    evaluator.policy = evaluator.policy.with_(static_checks=not case.runtime, **case.policy)
     candidate = make_candidate(case, solution, tmp_path / case.name, scaled=False, binding=GELU_BINDING,
                                kernel_call=GELU_ALLOC)
     result = evaluator.evaluate(task, candidate)
@@ -72,3 +86,13 @@ def test_side_stream_work_is_timed(gelu, cache_dir, tmp_path):
         assert sneaky.times["candidate"]["median_ms"] > 0.5 * honest.times["candidate"]["median_ms"], sneaky.summary()
     else:
         assert sneaky.rule in ("timed-output", "wrong-output"), sneaky.summary()
+
+
+def test_legitimate_solution_is_attributed_to_its_own_kernels(gelu, cache_dir):
+    task, solution = gelu
+    result = Evaluator("cuda", cache_dir=cache_dir).evaluate(task, load_candidate(solution))
+    assert result.status == "correct", result.summary()
+    attribution = result.attribution
+    assert attribution is not None and attribution["defined"] >= 2, result.summary()
+    assert attribution["own_launches"] >= 1 and attribution["coverage"] > 0.9, attribution
+    assert any(k["own"] and "gelu" in k["name"] for k in attribution["kernels"]), attribution

@@ -45,6 +45,20 @@ def compare_outputs(expected: Any, actual: Any, atol: float, rtol: float, path: 
     return [{"path": path, "ok": ok, "reason": None if ok else "value differs"}]
 
 
+def error_ratio(reports: list[dict[str, Any]]) -> float:
+    """The largest error over its tolerance across the leaves of a comparison: at most 1
+    passes; inf where a leaf failed on structure, exact values or non-finite numbers."""
+    worst = 0.0
+    for report in reports:
+        ratio = report.get("error_ratio")
+        if ratio is None:
+            ratio = 0.0 if report["ok"] else math.inf
+        elif report.get("non_finite"):
+            ratio = math.inf
+        worst = max(worst, ratio)
+    return worst
+
+
 def _fail(path: str, reason: str) -> dict[str, Any]:
     return {"path": path, "ok": False, "reason": reason}
 
@@ -83,6 +97,7 @@ def _compare_tensor(expected, actual, atol: float, rtol: float, path: str, scale
             atol = atol * rms
         report["scale"] = rms
     tolerance = atol + rtol * e.abs()
+    ratio = float((diff / tolerance.clamp_min(torch.finfo(e.dtype).tiny)).max())
     bad = diff > tolerance
     mismatches = int(bad.sum())
     flat_index = int(diff.argmax())
@@ -101,6 +116,7 @@ def _compare_tensor(expected, actual, atol: float, rtol: float, path: str, scale
         "reason": reason,
         "max_abs_error": max_abs,
         "max_rel_error": max_rel,
+        "error_ratio": ratio,  # the largest error over its tolerance: at most 1 passes
         "worst_index": worst,
         "mismatches": mismatches,
         "non_finite": non_finite,

@@ -23,7 +23,11 @@ class Policy:
     ``strict_expected`` the expected outputs are computed with TF32 off
     whatever ``tf32`` says. With ``scale_tolerance``, ``atol`` is relative to the
     RMS of each expected output, so outputs far below 1 (where zeros would pass
-    a fixed atol) are held to the same standard as outputs near 1.
+    a fixed atol) are held to the same standard as outputs near 1. With
+    ``precision_slack``, a candidate may be as far from the strict truth as
+    ``precision_slack`` times the baseline's own arithmetic is (TF32 convolutions
+    err by more than 1e-3): the precision freedom the baselines have is never
+    refused, while arithmetic much coarser than theirs still fails.
     """
 
     name: str = "fair"
@@ -33,6 +37,9 @@ class Policy:
     checks: int = 5
     tf32: str = "on"
     strict_expected: bool = True
+    # With strict_expected and TF32 allowed: the tolerance widens to this many times the error
+    # of the task's own Model under the baselines' flags, where that is larger (0: never).
+    precision_slack: float = 2.0
     max_speedup: float | None = 100.0  # a result faster than this (vs eager) fails as implausible
     # Memory system for the speed-of-light floor: (GB/s, L2 MiB); None: looked up from the GPU's name.
     memory_system: tuple[float, float] | None = None
@@ -43,6 +50,9 @@ class Policy:
     libraries: tuple[str, ...] = ("cublas", "cudnn")  # vendor libraries kernels may call (paper: GEMM, convolutions)
     allow_streams: bool = False
     static_checks: bool = True  # source checks and symbol audit; off only to test the runtime guards alone
+    # GPU: profile one checked call and attribute its kernels to the candidate's extension or not.
+    attribute_kernels: bool = True
+    min_coverage: float = 0.0  # share of forward's GPU time the candidate's own kernels must carry (0: report only)
 
     def __post_init__(self) -> None:
         if self.checks < 1:
@@ -53,6 +63,10 @@ class Policy:
             raise ValueError(f"unknown tf32 mode {self.tf32!r}; use one of {', '.join(TF32_MODES)}.")
         if self.max_speedup is not None and self.max_speedup <= 1:
             raise ValueError("Policy.max_speedup must be above 1 (or None for no ceiling).")
+        if self.precision_slack < 0:
+            raise ValueError("Policy.precision_slack must be 0 (off) or positive.")
+        if not 0.0 <= self.min_coverage <= 1.0:
+            raise ValueError("Policy.min_coverage is a share of GPU time: between 0 and 1.")
 
     @classmethod
     def preset(cls, name: str, **changes: Any) -> "Policy":
@@ -83,8 +97,8 @@ PRESETS = {
     "strict": Policy(name="strict", atol=1e-4, rtol=1e-4, scale_tolerance=True, tf32="off", strict_expected=True),
     # The default: baselines get TF32 like the candidate; the truth is strict
     # fp32; 1e-3 (atol relative to each output's RMS) rejects bf16 arithmetic on GEMMs, which 5e-3
-    # still let through (benchmarks/precision_calibration.py); fp16 with fp32 accumulation is as
-    # accurate as TF32 and passes.
+    # still let through; TF32 convolutions err by up to 1.5x that (H200), so the tolerance widens to
+    # twice the baseline's own error where that is larger (benchmarks/precision_calibration.py).
     "fair": Policy(),
 }
 

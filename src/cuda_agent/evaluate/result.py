@@ -27,6 +27,8 @@ class EvalResult:
     compiled: bool = False
     correct: bool = False
     checks: list[dict[str, Any]] = field(default_factory=list)
+    # GPU: the kernels of one profiled checked call, split into the candidate's own and the rest.
+    attribution: dict[str, Any] | None = None
     build: dict[str, Any] | None = None
     times: dict[str, dict[str, Any]] = field(default_factory=dict)
     speedup_eager: float | None = None
@@ -84,6 +86,10 @@ class EvalResult:
             lines.append(f"speedup: {self.speedup_eager:.2f}x vs eager, " + (
                 f"{self.speedup_compile:.2f}x vs torch.compile" if self.speedup_compile is not None else "torch.compile n/a"
             ))
+        if self.attribution and self.attribution.get("coverage") is not None:
+            a = self.attribution
+            lines.append(f"coverage: {a['coverage']:.1%} of forward's GPU time in the candidate's own kernels "
+                         f"({a['own_launches']} launch(es) of {a['defined']} defined)")
         lines.extend(f"note: {note}" for note in self.notes)
         lines.append(f"reward: {self.reward}")
         return "\n".join(lines)

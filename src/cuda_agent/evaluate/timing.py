@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 from cuda_agent.evaluate.policy import TimingConfig
+from cuda_agent.guard.device_state import reset_persisting_l2
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,7 @@ def measure(fn: Callable[[], Any], device: str, config: TimingConfig,
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(trials)]
         for start, end in zip(starts, ends):
             setup()
+            reset_persisting_l2()  # persisting lines would survive the flush
             if flush is not None:
                 flush.zero_()
             torch.cuda.synchronize()
@@ -137,18 +139,44 @@ def _measure_profiler(fn: Callable[[], Any], config: TimingConfig, setup: Callab
         setup()
         fn()
     torch.cuda.synchronize()
-    events = []
+    total_us = 0.0
     for _ in range(config.profiler_iters):
         setup()
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             fn()
             torch.cuda.synchronize()
-        events += prof.events()
-    total_us = 0.0
-    for event in events:
-        device_type = getattr(event, "device_type", None)
-        if device_type is not None and str(device_type).endswith("CUDA"):
-            total_us += getattr(event, "device_time", getattr(event, "cuda_time", 0.0))
+        total_us += sum(us for _name, us in _device_events(prof))
     per_iter = total_us / 1e3 / config.profiler_iters
     return TimingStats.from_samples("profiler", [per_iter])
+
+
+def profile_kernels(fn: Callable[[], Any], on_start: Callable[[], None] = lambda: None,
+                    limit: int = 256) -> tuple[Any, list[list[Any]]]:
+    """Run ``fn`` once under the profiler; return its result and the device work it ran
+    as ``[name, launches, total ms]`` rows, longest first (at most ``limit`` names).
+    ``on_start`` runs once the profiler is active, before ``fn``."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        on_start()
+        result = fn()
+        torch.cuda.synchronize()
+    table: dict[str, list[Any]] = {}
+    for name, us in _device_events(prof):
+        row = table.setdefault(name, [name, 0, 0.0])
+        row[1] += 1
+        row[2] += us / 1e3
+    return result, sorted(table.values(), key=lambda row: -row[2])[:limit]
+
+
+def _device_events(prof: Any) -> list[tuple[str, float]]:
+    """(name, device microseconds) of every kernel, copy and memset a profile recorded."""
+    rows = []
+    for event in prof.events():
+        device_type = getattr(event, "device_type", None)
+        if device_type is not None and str(device_type).endswith("CUDA"):
+            rows.append((event.name, float(event.device_time_total)))
+    return rows

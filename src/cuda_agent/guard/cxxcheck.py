@@ -521,6 +521,7 @@ def _is_qualified_name(body: list[str]) -> bool:
 
 
 _NATIVE_REASONS = {
+    "cache-control": "controls L2 persistence, which keeps data cached across the flush before timed calls",
     "thread": "starts threads",
     "subprocess": "runs other programs",
     "native-load": "loads native code outside the build",

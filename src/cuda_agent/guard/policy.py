@@ -27,6 +27,8 @@ STATIC_RULES: dict[str, str] = {
     "library": "a vendor library (cuBLAS, cuDNN, cuFFT, ...) the policy does not allow",
     "token-paste": "preprocessor or namespace tricks that hide a name from the scan (##, aliasing macros, using-directives)",
     "build-flag": "a compiler or linker flag beyond what a kernel needs (macros, forced includes, link tricks)",
+    "cache-control": "L2 persistence controls (persisting-L2 limit, access policy windows) that keep data "
+    "cached across the flush before each timed call",
 }
 
 # Found at run time (guard.runtime, the evaluator, the worker channel).
@@ -41,6 +43,9 @@ RUNTIME_RULES: dict[str, str] = {
     "wrong-output": "a checked call's output is outside the policy's tolerance",
     "timed-output": "a timed call's output is outside the tolerance (right only when checked)",
     "implausible-speedup": "faster than the policy's ceiling allows; needs review before any reward",
+    "l2-persistence": "the persisting-L2 limit was set when timing ended (lines survive the L2 flush)",
+    "decoy": "the extension's own kernels did not run in forward (the work came from elsewhere)",
+    "coverage": "the candidate's own kernels carried less of forward's GPU time than the policy asks",
     "forged-reply": "a reply on the worker channel that its request loop did not write",
     "state-dict": "Model's state dict does not load into ModelNew",
     "interface": "model_new.py does not define ModelNew",

@@ -190,6 +190,9 @@ def _harness_functions() -> dict[str, Callable[[], Any]]:
     }
 
 
+L2_LIMIT_FLAG = "CUDA persisting-L2 limit (bytes)"
+
+
 def _global_flags() -> dict[str, Any]:
     import torch
 
@@ -207,6 +210,10 @@ def _global_flags() -> dict[str, Any]:
         "torch.get_default_dtype()": lambda: str(torch.get_default_dtype()),
         "torch.are_deterministic_algorithms_enabled()": torch.are_deterministic_algorithms_enabled,
     }
+    if torch.cuda.is_initialized():
+        from cuda_agent.guard.device_state import persisting_l2_limit
+
+        readers[L2_LIMIT_FLAG] = persisting_l2_limit
     flags: dict[str, Any] = {}
     for name, read in readers.items():
         try:
@@ -233,8 +240,9 @@ class HarnessSnapshot:
                 raise RuleBroken("monkeypatch", f"{name} was replaced {when}")
         flags = _global_flags()
         for name, value in self.flags.items():
-            if flags[name] != value:
-                raise RuleBroken("global-flag", f"{name} changed from {value!r} to {flags[name]!r} {when}")
+            if flags.get(name) != value:
+                rule = "l2-persistence" if name == L2_LIMIT_FLAG else "global-flag"
+                raise RuleBroken(rule, f"{name} changed from {value!r} to {flags.get(name)!r} {when}")
 
 
 # -- one watched call -------------------------------------------------------------------
@@ -254,6 +262,11 @@ class CallGuard:
 
     def verify_harness(self, when: str) -> None:
         self.snapshot.verify(when)
+
+    def trust_new_threads(self) -> None:
+        """Count the threads alive now as the harness's (the profiler starts some). Safe between
+        watched calls: a thread the candidate started was reported at the end of its call."""
+        self.known_threads = native_threads()
 
     def watch(self, fn: Callable[[], Any], sync: Callable[[], None]) -> Any:
         python_threads = set(threading.enumerate())

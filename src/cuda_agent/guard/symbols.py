@@ -229,6 +229,7 @@ def _short(name: str, limit: int = 160) -> str:
 
 
 _REASONS = {
+    "cache-control": "controls L2 persistence, which keeps data cached across the flush before timed calls",
     "thread": "starts threads",
     "subprocess": "runs other programs",
     "native-load": "loads native code outside the build",

@@ -1,0 +1,68 @@
+"""The reference process's side of the protocol, run in this process: the precision
+allowance (the tolerance widens to the baselines' own error under their flags)."""
+
+from __future__ import annotations
+
+import pytest
+
+from cuda_agent.evaluate.transfer import write_outputs
+from cuda_agent.evaluate.worker import ReferenceSide, pin_precision
+
+torch = pytest.importorskip("torch")
+
+# Under "TF32 on" this Model's arithmetic errs by about 3x the fair tolerance, standing in for
+# a TF32 convolution on a GPU (the flag can be set on any machine; only CUDA kernels read it).
+FLAG_SENSITIVE_TASK = '''import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        y = 2 * x
+        if torch.backends.cuda.matmul.allow_tf32:
+            y = y + 3e-3 * y.pow(2).mean().sqrt() * torch.sin(1000 * x)
+        return y
+
+
+def get_inputs():
+    return [torch.randn(256, 256)]
+
+
+def get_init_inputs():
+    return []
+'''
+TOLERANCE = {"atol": 1e-3, "rtol": 1e-3, "scale": True}
+
+
+@pytest.fixture
+def reference(tmp_path):
+    (tmp_path / "task.py").write_text(FLAG_SENSITIVE_TASK)
+    side = ReferenceSide()
+    side.handle("load", {"task_file": str(tmp_path / "task.py"), "task_name": "flags", "task_source": "task.py",
+                         "device": "cpu", "tf32": "on", "init_seed": 1, "state_dict_path": str(tmp_path / "sd.pt")})
+    yield side
+    pin_precision("off")
+
+
+def candidate_output(reference, seed, error, tmp_path):
+    """The strict answer plus an error of ``error`` times the fair tolerance, written as a candidate would."""
+    (x,) = reference.inputs(seed)
+    truth = 2 * x
+    out = truth + error * 1e-3 * truth.pow(2).mean().sqrt() * torch.cos(999 * x).sign()
+    directory = tmp_path / f"out-{seed}-{error}"
+    return {"dir": str(directory), "manifest": write_outputs(out, directory), **TOLERANCE}
+
+
+@pytest.mark.parametrize("slack, error, passes", [(2.0, 4.0, True), (0.0, 4.0, False), (2.0, 12.0, False)])
+def test_tolerance_widens_to_the_baselines_own_error(reference, tmp_path, slack, error, passes):
+    reply = reference.handle("expect", {"seed": 7, "strict": True, "slack": slack, **TOLERANCE})
+    if slack:
+        assert 4.0 < reply["allowance"] < 8.0  # 2 x about 3
+    else:
+        assert reply["allowance"] == 1.0
+    (report,) = reference.handle("compare", candidate_output(reference, 7, error, tmp_path))["reports"]
+    assert report["ok"] is passes, report
+
+
+def test_no_allowance_when_the_truth_uses_the_baselines_flags(reference):
+    assert reference.handle("expect", {"seed": 3, "strict": False, "slack": 2.0, **TOLERANCE})["allowance"] == 1.0
