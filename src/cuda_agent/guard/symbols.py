@@ -49,17 +49,34 @@ class SymbolAuditError(RuntimeError):
     """The audit could not read a file's symbols (no nm, not an object file)."""
 
 
-def audit_symbols(paths: Sequence[Path], policy: CodePolicy = CodePolicy()) -> list[Violation]:
-    """Policy violations visible in the symbol tables of built objects."""
+def _nm() -> str:
     nm = shutil.which("nm")
     if nm is None:
         raise SymbolAuditError(
             "the symbol audit needs `nm` from GNU binutils; install binutils (Debian/Ubuntu: apt-get install binutils)."
         )
+    return nm
+
+
+def imported_symbols(paths: Sequence[Path]) -> frozenset[str]:
+    """Every symbol the objects import (demangled, without version suffixes)."""
+    nm = _nm()
+    return frozenset(_plain(name) for path in map(Path, paths)
+                     for _kind, name in _read_symbols(nm, path, _dynamic(path), undefined=True))
+
+
+def audit_symbols(paths: Sequence[Path], policy: CodePolicy = CodePolicy(),
+                  allowed: frozenset[str] = frozenset()) -> list[Violation]:
+    """Policy violations visible in the symbol tables of built objects. Imports in
+    ``allowed`` (what a minimal extension from the same toolchain imports, see
+    ``build.probe``) come from torch and the toolchain, not the candidate."""
+    nm = _nm()
     found: list[Violation] = []
     for path in map(Path, paths):
-        dynamic = path.suffix != ".o" and path.suffix != ".a"
+        dynamic = _dynamic(path)
         for _kind, name in _read_symbols(nm, path, dynamic, undefined=True):
+            if _plain(name) in allowed:
+                continue
             verdict = classify_import(name, policy)
             if verdict:
                 found.append(Violation(verdict[0], path.name, None, f"imports `{_short(name)}`: {verdict[1]}"))
@@ -68,6 +85,14 @@ def audit_symbols(paths: Sequence[Path], policy: CodePolicy = CodePolicy()) -> l
             if verdict:
                 found.append(Violation(verdict[0], path.name, None, f"defines `{_short(name)}`: {verdict[1]}"))
     return sorted_unique(found)
+
+
+def _dynamic(path: Path) -> bool:
+    return path.suffix not in (".o", ".a")
+
+
+def _plain(name: str) -> str:
+    return name.split("@")[0].strip()
 
 
 def _read_symbols(nm: str, path: Path, dynamic: bool, undefined: bool) -> list[tuple[str, str]]:
