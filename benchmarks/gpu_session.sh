@@ -3,7 +3,11 @@
 #
 #   bash benchmarks/gpu_session.sh tests     # the GPU test suite (KernelBench solutions, examples, faults)
 #   bash benchmarks/gpu_session.sh redteam   # the GPU red-team cases
-#   bash benchmarks/gpu_session.sh bench     # eval speed, guard overhead, precision calibration (~6-9 min)
+#   bash benchmarks/gpu_session.sh speed     # eval speed and repeatability (~9 min)
+#   bash benchmarks/gpu_session.sh guard     # guard overhead
+#   bash benchmarks/gpu_session.sh precision # precision calibration (~1 min)
+#   bash benchmarks/gpu_session.sh bench     # all three (over the device tool's 10-minute limit per call)
+#   bash benchmarks/gpu_session.sh tests -k "illegal or profiler"   # extra arguments go to pytest
 #
 # With the device tool, carry [".data"]. It holds:
 #   .data/kernelbench/kernelbench.jsonl  (cp ../shared/data/kernelbench/kernelbench.jsonl .data/kernelbench/)
@@ -39,6 +43,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | t
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$OUT/gpu.csv"
 
 part=${1:-tests}
+shift || true  # the rest goes to pytest (tests, redteam), e.g. -k "illegal or profiler"
 case "$part" in
 tests|redteam)
     # One device call each: the whole GPU suite has taken close to the 10-minute limit of a call.
@@ -49,17 +54,22 @@ tests|redteam)
         python3 -m pytest -q -p no:cacheprovider --timeout 120 -rfs tests/sandbox 2>&1 | tee "$OUT/sandbox_tests.log" | tail -6
     fi
     CUDA_AGENT_GPU_REPORT=$OUT/gpu_records_$part.jsonl python3 -m pytest -m gpu -q -s -p no:cacheprovider \
-        --timeout 300 -rf "$where" 2>&1 | tee "$OUT/gpu_$part.log" | grep -E "^(PASSED|FAILED|ERROR)|passed|failed|status:|rule"
+        --timeout 300 -rf "$@" "$where" 2>&1 | tee "$OUT/gpu_$part.log" | grep -E "^(PASSED|FAILED|ERROR)|passed|failed|status:|rule"
     ;;
-bench)
+speed|bench)
     python3 benchmarks/eval_speed.py --device cuda --examples cuda_gelu cuda_row_softmax --repeats 5 \
         --out "$OUT/eval_speed.json" 2>&1 | tail -8
+    ;;&
+guard|bench)
     python3 benchmarks/guard_overhead.py --device cuda --examples cuda_gelu --repeats 3 \
         --out "$OUT/guard_overhead.json" 2>&1 | tail -3
+    ;;&
+precision|bench)
     python3 benchmarks/precision_calibration.py --device cuda --out "$OUT/precision_calibration.json" 2>&1 | tail -6
     ;;
+speed|guard) ;;
 *)
-    echo "usage: $0 tests|redteam|bench" >&2
+    echo "usage: $0 tests|redteam|speed|guard|precision|bench [pytest args]" >&2
     exit 2
     ;;
 esac
