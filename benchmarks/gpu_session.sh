@@ -57,12 +57,12 @@ tests|redteam)
         --timeout 300 -rf "$@" "$where" 2>&1 | tee "$OUT/gpu_$part.log" | grep -E "^(PASSED|FAILED|ERROR)|passed|failed|status:|rule"
     ;;
 speed|bench)
-    python3 benchmarks/eval_speed.py --device cuda --examples cuda_gelu cuda_row_softmax --repeats 5 \
-        --out "$OUT/eval_speed.json" 2>&1 | tail -8
+    python3 benchmarks/eval_speed.py --device cuda --examples ${SPEED_EXAMPLES:-cuda_gelu cuda_row_softmax} --repeats 5 \
+        --out "$OUT/eval_speed.json" 2>&1 | tee "$OUT/eval_speed.log" | tail -8
     ;;&
 guard|bench)
-    python3 benchmarks/guard_overhead.py --device cuda --examples cuda_gelu --repeats 3 \
-        --out "$OUT/guard_overhead.json" 2>&1 | tail -3
+    python3 benchmarks/guard_overhead.py --device cuda --examples cuda_gelu --repeats ${GUARD_REPEATS:-3} \
+        --out "$OUT/guard_overhead.json" 2>&1 | tee "$OUT/guard_overhead.log" | tail -3
     ;;&
 precision|bench)
     python3 benchmarks/precision_calibration.py --device cuda --out "$OUT/precision_calibration.json" 2>&1 | tail -6

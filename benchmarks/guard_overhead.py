@@ -100,7 +100,7 @@ def main() -> None:
             violations = check_candidate(candidate, guarded.policy.code_policy())
             row["static_checks_s"] = time.perf_counter() - start
             start = time.perf_counter()
-            violations += audit_symbols([Path(module)], guarded.policy.code_policy())
+            violations += audit_symbols([Path(module)], guarded.policy.code_policy(), guarded.toolchain_imports())
             row["symbol_audit_s"] = time.perf_counter() - start
             assert not violations, violations
             row |= watched_call_overhead(module, task, args.device)

@@ -104,8 +104,8 @@ def test_wrong_output_is_incorrect(example, evaluator, tmp_path):
         ("import", "return x", "raise ImportError('no such op')", "ImportError: no such op"),
         ("tensor-subclass", "class Sneaky(torch.Tensor):\n    pass\nreturn cuda_extension.scaled_swish(x, self.scale).as_subclass(Sneaky)",
          "", "outputs must be plain torch.Tensor"),
-        ("alter-inputs", "return cuda_extension.scaled_swish(x, self.scale)", "torch.manual_seed = lambda seed: None",
-         "torch.manual_seed was replaced"),
+        ("alter-inputs", "return cuda_extension.scaled_swish(x, self.scale)",
+         "torch.random.manual_seed = lambda seed: None", "torch.random.manual_seed was replaced"),
     ],
 )
 def test_failures_are_records_and_the_next_evaluation_works(example, evaluator, tmp_path, case, body, prelude, reason):

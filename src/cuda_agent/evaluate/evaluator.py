@@ -154,7 +154,7 @@ class Evaluator:
         if not built.ok:
             raise _Stop("failed", "build", built.error or "build failed")
         if self.policy.static_checks:
-            self._refuse(audit_symbols([Path(p) for p in built.modules.values()], code_policy, self._toolchain_imports()),
+            self._refuse(audit_symbols([Path(p) for p in built.modules.values()], code_policy, self.toolchain_imports()),
                          result, "built extension: ")
 
         with self._job(task) as job:
@@ -169,7 +169,7 @@ class Evaluator:
                 contender.close()
                 result.output = contender.output[-8000:]
 
-    def _toolchain_imports(self) -> frozenset[str]:
+    def toolchain_imports(self) -> frozenset[str]:
         """What a minimal extension built here imports (torch's headers, the toolchain): built
         once per cache (the build cache keys it by compiler, torch and CUDA), read once per evaluator."""
         if self._probe_imports is None:

@@ -37,7 +37,7 @@ def seed_everything(seed: int) -> None:
 
     random.seed(seed)
     np.random.seed(seed % (2**32))
-    torch.manual_seed(seed)
+    torch.random.manual_seed(seed)  # seeds CUDA too; unaffected by torch._dynamo's rebinding of torch.manual_seed
 
 
 def pin_precision(tf32: str) -> None:
@@ -361,7 +361,6 @@ def warm_up_runtime(device: str, profiler: bool = False) -> None:
     """Start the threads torch, the CUDA runtime and (if asked) the profiler start on
     first use, so that any thread that appears later belongs to the candidate."""
     import torch
-    import torch._dynamo  # noqa: F401 - replaces torch.manual_seed on import; before the guard's snapshot
 
     torch.randn(1 << 18).sum()
     if device == "cuda":
