@@ -181,7 +181,7 @@ def _harness_functions() -> dict[str, Callable[[], Any]]:
         "torch.no_grad": lambda: torch.no_grad,
         # Input generation: both processes must draw the same inputs from the same seeds.
         # torch.random's own function: importing torch._dynamo rebinds torch.manual_seed to a
-        # wrapper, and importing it before the snapshot would cost 4 s per candidate (H200).
+        # wrapper, and importing dynamo before the snapshot takes 4 s (H200, startup_profile.py).
         "torch.random.manual_seed": lambda: torch.random.manual_seed,
         "torch.randn": lambda: torch.randn,
         "torch.rand": lambda: torch.rand,
