@@ -24,6 +24,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cuda_agent.guard.symbols import SymbolAuditError, defined_symbols
+
 _STUB = re.compile(r"__device_stub__(Z\w+)")
 _TOOL_TIMEOUT_S = 120
 MAX_KERNEL_NAMES = 256  # distinct kernel names a profiled call may report
@@ -66,32 +68,36 @@ class Attribution:
 
 def extension_kernels(paths: Sequence[Path]) -> frozenset[str]:
     """Demangled names of the ``__global__`` functions defined in built objects."""
-    nm, cxxfilt = shutil.which("nm"), shutil.which("c++filt")
-    if nm is None or cxxfilt is None:
-        raise AttributionError("kernel attribution needs `nm` and `c++filt` from GNU binutils "
+    cxxfilt = shutil.which("c++filt")
+    if cxxfilt is None:
+        raise AttributionError("kernel attribution needs `c++filt` from GNU binutils "
                                "(Debian/Ubuntu: apt-get install binutils).")
     mangled: set[str] = set()
-    for path in paths:
-        # Demangled, the stub reads ``__device_stub__Z11gelu_kernelPKfPfi(float const*, ...)``: the
-        # kernel's own mangled name less its leading underscore (extern "C" kernels get one too).
-        for match in _STUB.finditer(_run([nm, "-C", "--defined-only", str(path)], None)):
-            mangled.add("_" + match.group(1))
+    try:
+        for path in paths:
+            # Demangled, the stub reads ``__device_stub__Z11gelu_kernelPKfPfi(float const*, ...)``: the
+            # kernel's own mangled name less its leading underscore (extern "C" kernels get one too).
+            for name in defined_symbols(Path(path)):
+                mangled.update("_" + match.group(1) for match in _STUB.finditer(name))
+    except SymbolAuditError as exc:
+        raise AttributionError(str(exc)) from None
     if not mangled:
         return frozenset()
     ordered = sorted(mangled)
-    demangled = _run([cxxfilt], "\n".join(ordered) + "\n").splitlines()
+    demangled = _demangle(cxxfilt, "\n".join(ordered) + "\n").splitlines()
     if len(demangled) != len(ordered):
         raise AttributionError("c++filt returned a different number of names than it was given")
     return frozenset(demangled)
 
 
-def _run(argv: list[str], stdin: str | None) -> str:
+def _demangle(cxxfilt: str, names: str) -> str:
     try:
-        proc = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=_TOOL_TIMEOUT_S, check=False)
+        proc = subprocess.run([cxxfilt], input=names, capture_output=True, text=True, timeout=_TOOL_TIMEOUT_S,
+                              check=False)
     except subprocess.TimeoutExpired:
-        raise AttributionError(f"{Path(argv[0]).name} timed out") from None
+        raise AttributionError("c++filt timed out") from None
     if proc.returncode != 0:
-        raise AttributionError(f"{Path(argv[0]).name} failed: {proc.stderr.strip()[:500]}")
+        raise AttributionError(f"c++filt failed: {proc.stderr.strip()[:500]}")
     return proc.stdout
 
 

@@ -65,6 +65,12 @@ def imported_symbols(paths: Sequence[Path]) -> frozenset[str]:
                      for _kind, name in _read_symbols(nm, path, _dynamic(path), undefined=True))
 
 
+def defined_symbols(path: Path) -> list[str]:
+    """Every symbol the object's full (static) symbol table defines, demangled: local
+    ones too, such as the host stubs nvcc writes for each kernel."""
+    return [name for _kind, name in _read_symbols(_nm(), Path(path), dynamic=False, undefined=False)]
+
+
 def audit_symbols(paths: Sequence[Path], policy: CodePolicy = CodePolicy(),
                   allowed: frozenset[str] = frozenset()) -> list[Violation]:
     """Policy violations visible in the symbol tables of built objects. Imports in
