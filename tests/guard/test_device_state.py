@@ -7,6 +7,13 @@ import pytest
 from cuda_agent.guard import device_state
 
 
+@pytest.fixture(autouse=True)
+def fresh_readers():
+    device_state._reader.cache_clear()
+    yield
+    device_state._reader.cache_clear()
+
+
 def test_busy_gpu_is_reported_with_its_utilization(monkeypatch):
     readings = iter([0, 37, 2])
     monkeypatch.setattr(device_state, "_nvml_reader", lambda index: lambda: next(readings))

@@ -449,7 +449,7 @@ class Evaluator:
         included) to end; the reason if it does not."""
         if self.device != "cuda" or not self.check_idle:
             return None
-        if not can_check_idle():
+        if not can_check_idle(self.gpu_index or 0):
             self.on_stage("baseline", "cannot tell whether the GPU is idle (no NVML, no nvidia-smi)")
             return None
         deadline = time.monotonic() + self.idle_wait_s

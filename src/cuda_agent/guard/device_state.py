@@ -60,7 +60,7 @@ def gpu_busy(index: int = 0, samples: int = 3, interval_s: float = 0.1, threshol
     ``threshold`` percent) in any of ``samples`` readings. None also when no
     reading is possible (no NVML and no nvidia-smi): the caller records that.
     """
-    read = _nvml_reader(index) or _smi_reader(index)
+    read = _reader(index)
     if read is None:
         return None
     peak = 0
@@ -71,8 +71,14 @@ def gpu_busy(index: int = 0, samples: int = 3, interval_s: float = 0.1, threshol
     return f"GPU {index} utilization was {peak}% (another process is running kernels)" if peak > threshold else None
 
 
-def can_check_idle() -> bool:
-    return _nvml_reader(0) is not None or shutil.which("nvidia-smi") is not None
+def can_check_idle(index: int = 0) -> bool:
+    return _reader(index) is not None
+
+
+@functools.cache
+def _reader(index: int):
+    """A utilization reader for GPU ``index``: NVML once initialised, else nvidia-smi, else None."""
+    return _nvml_reader(index) or _smi_reader(index)
 
 
 def _nvml_reader(index: int):
