@@ -24,7 +24,7 @@ from pathlib import Path
 
 from cuda_agent import load_task
 from cuda_agent.evaluate import Policy
-from cuda_agent.evaluate.compare import compare_outputs, error_ratio
+from cuda_agent.evaluate.compare import compare_outputs, error_ratio, precision_allowance
 from cuda_agent.evaluate.worker import init_inputs, make_inputs, pin_precision, seed_everything
 from cuda_agent.tasks.task import exec_task_module
 
@@ -41,7 +41,7 @@ def preset_ratio(expected, actual, own, policy: Policy) -> float:
     tolerance = {"atol": policy.atol, "rtol": policy.rtol, "scale": policy.scale_tolerance}
     ratio = error_ratio(compare_outputs(expected, actual, **tolerance))
     if policy.strict_expected and policy.tf32 != "off" and policy.precision_slack:
-        ratio /= max(1.0, policy.precision_slack * error_ratio(compare_outputs(expected, own, **tolerance)))
+        ratio /= precision_allowance(expected, own, **tolerance, slack=policy.precision_slack)
     return ratio
 
 

@@ -59,6 +59,13 @@ def error_ratio(reports: list[dict[str, Any]]) -> float:
     return worst
 
 
+def precision_allowance(expected: Any, own: Any, atol: float, rtol: float, scale: bool, slack: float) -> float:
+    """The factor the tolerance widens by: ``slack`` times the error ratio of ``own`` (the task's
+    Model under the baselines' precision flags) against the strict ``expected``, at least 1."""
+    ratio = error_ratio(compare_outputs(expected, own, atol, rtol, scale=scale))
+    return max(1.0, slack * ratio) if math.isfinite(ratio) else 1.0
+
+
 def _fail(path: str, reason: str) -> dict[str, Any]:
     return {"path": path, "ok": False, "reason": reason}
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import math
 import os
 import random
 import sys
@@ -23,7 +22,7 @@ import types
 from pathlib import Path
 from typing import Any
 
-from cuda_agent.evaluate.compare import compare_outputs, error_ratio
+from cuda_agent.evaluate.compare import compare_outputs, precision_allowance
 from cuda_agent.evaluate.policy import TimingConfig
 from cuda_agent.evaluate.timing import measure, profile_kernels, trial_seed
 from cuda_agent.evaluate.transfer import TransferError, manifest_devices, read_outputs, write_outputs
@@ -176,9 +175,7 @@ class ReferenceSide(_Side):
             return 1.0
         with torch.no_grad():
             own = self.model(*inputs)
-        ratio = error_ratio(compare_outputs(self.expected, own, msg["atol"], msg["rtol"], scale=msg.get("scale", False)))
-        del own
-        return max(1.0, slack * ratio) if math.isfinite(ratio) else 1.0
+        return precision_allowance(self.expected, own, msg["atol"], msg["rtol"], msg.get("scale", False), slack)
 
     def degenerate(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Which trivial candidates pass: the constant is fitted on the first draw
