@@ -201,6 +201,11 @@ class Evaluator:
     def _tolerance(self) -> dict[str, Any]:
         return {"atol": self.policy.atol, "rtol": self.policy.rtol, "scale": self.policy.scale_tolerance}
 
+    def _expect(self, seed: int) -> dict[str, Any]:
+        """The reference's request for the expected output of the inputs drawn from ``seed``."""
+        return {"op": "expect", "seed": seed, "strict": self.policy.strict_expected,
+                "slack": self.policy.precision_slack, **self._tolerance()}
+
     def _run_jobs(self, task: Task, built: BuildResult, result: EvalResult, job: Path,
                   reference: WorkerProcess, contender: WorkerProcess) -> None:
         common = self._task_message(task, job)
@@ -247,8 +252,7 @@ class Evaluator:
             seed = secrets.randbits(62)
             out_dir = job / "candidate" / f"output-{index}"
             # Both sides compute at once; only timing needs the device to itself.
-            self._send(reference, "reference", "verify", {"op": "expect", "seed": seed, "strict": self.policy.strict_expected,
-                                                              "slack": self.policy.precision_slack, **self._tolerance()})
+            self._send(reference, "reference", "verify", self._expect(seed))
             self._send(contender, "candidate", "verify", {"op": "run", "seed": seed, "dir": str(out_dir),
                                                           "profile": index == profiled})
             expected = self._receive(reference, "reference", "verify", self.timeouts.check_s)
@@ -289,10 +293,8 @@ class Evaluator:
             raise _Stop("failed", "profile", "the timing reply does not hold the calls asked for", rule="forged-reply")
         for number, call in enumerate(timed["checked"]):
             self.on_stage("verify", f"timed output {number + 1}/{len(returned)}")
-            expected = self._ask(reference, "reference", "verify", {
-                "op": "expect", "seed": trial_seed(base, call["index"]), "strict": self.policy.strict_expected,
-                "slack": self.policy.precision_slack, **self._tolerance(),
-            }, self.timeouts.check_s)
+            expected = self._ask(reference, "reference", "verify", self._expect(trial_seed(base, call["index"])),
+                                 self.timeouts.check_s)
             output_bytes = expected["output_bytes"]
             check = self._check(reference, self.policy.checks + number, call["fingerprint"], expected["fingerprint"],
                                 job / "candidate" / "timed" / f"timed-{call['index']}", call["manifest"])
