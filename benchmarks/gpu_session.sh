@@ -7,6 +7,8 @@
 #   bash benchmarks/gpu_session.sh guard     # guard overhead
 #   bash benchmarks/gpu_session.sh precision # precision calibration (~1 min)
 #   bash benchmarks/gpu_session.sh bench     # all three (over the device tool's 10-minute limit per call)
+#   bash benchmarks/gpu_session.sh synth     # task synthesis with the GPU window (SYNTH_N, SYNTH_WORKERS,
+#                                            # SYNTH_SECONDS); resumes from a carried .data/synth_h200
 #   bash benchmarks/gpu_session.sh tests -k "illegal or profiler"   # extra arguments go to pytest
 #
 # With the device tool, carry [".data"]. It holds:
@@ -68,8 +70,17 @@ precision|bench)
     python3 benchmarks/precision_calibration.py --device cuda --out "$OUT/precision_calibration.json" 2>&1 | tail -6
     ;;
 speed|guard) ;;
+synth)
+    # Resumable across device calls: carry .data/synth_h200 (the last call's $OUT/synth_h200, fetched).
+    mkdir -p .data/synth_h200
+    timeout "${SYNTH_SECONDS:-480}" python3 -m cuda_agent.cli synth --n "${SYNTH_N:-300}" --out .data/synth_h200 \
+        --device cuda --workers "${SYNTH_WORKERS:-8}" --kernelbench .data/kernelbench/kernelbench.jsonl --quiet \
+        2>&1 | tail -5 | tee "$OUT/synth.log"
+    python3 -c "from cuda_agent.synth.report import finish; print(finish('.data/synth_h200')['filters'])" | tee -a "$OUT/synth.log"
+    mkdir -p "$OUT/synth_h200" && find .data/synth_h200 -maxdepth 1 -type f -exec cp {} "$OUT/synth_h200/" \;
+    ;;
 *)
-    echo "usage: $0 tests|redteam|speed|guard|precision|bench [pytest args]" >&2
+    echo "usage: $0 tests|redteam|speed|guard|precision|bench|synth [pytest args]" >&2
     exit 2
     ;;
 esac

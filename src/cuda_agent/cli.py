@@ -106,6 +106,54 @@ def add_sandbox_option(p: argparse.ArgumentParser) -> None:
                    help="auto/bwrap: bubblewrap + seccomp (default); none: no isolation, for trusted code only")
 
 
+def _kernelbench_default() -> Path | None:
+    import os
+
+    for path in (os.environ.get("KERNELBENCH_DATA"), "../shared/data/kernelbench"):
+        if path and (Path(path) / "kernelbench.jsonl").exists():
+            return Path(path) / "kernelbench.jsonl"
+    return None
+
+
+def cmd_synth(args: argparse.Namespace) -> int:
+    from cuda_agent.evaluate.evaluator import resolve_device
+    from cuda_agent.synth.catalog import default_catalog
+    from cuda_agent.synth.pipeline import SynthConfig, synthesize
+
+    kernelbench = None if args.no_decontaminate else (args.kernelbench or _kernelbench_default())
+    if kernelbench is None and not args.no_decontaminate:
+        raise ValueError("decontamination needs the KernelBench programs: give --kernelbench PATH (a KernelBench "
+                         "checkout or kernelbench.jsonl, or set KERNELBENCH_DATA), or --no-decontaminate.")
+    llm = {}
+    if args.composer == "llm":
+        if not args.model or not args.base_url:
+            raise ValueError("--composer llm needs --model NAME and --base-url URL (an OpenAI-compatible endpoint).")
+        llm = {"model": args.model, "base_url": args.base_url, "api_key_env": args.api_key_env}
+    config = SynthConfig(n=args.n, out=args.out, device=resolve_device(args.device), composer=args.composer,
+                         seed=args.seed, workers=args.workers, window_ms=tuple(args.window_ms) if args.window_ms else None,
+                         max_candidates=args.max_candidates, kernelbench=kernelbench, sandbox=args.sandbox)
+    catalog = default_catalog(transformers=not args.no_transformers)
+    summary = synthesize(config, catalog, progress=not args.quiet, **llm)
+    print(f"{summary['accepted']} tasks accepted of {summary['candidates']} candidates -> {args.out}/tasks.jsonl "
+          f"(report: {args.out}/report.md)")
+    return 0 if summary["accepted"] >= args.n else 1
+
+
+def cmd_catalog(args: argparse.Namespace) -> int:
+    from cuda_agent.synth.catalog import build_catalog, default_catalog
+
+    catalog = build_catalog(transformers=not args.no_transformers) if args.out else \
+        default_catalog(transformers=not args.no_transformers, refresh=args.refresh)
+    if args.out:
+        catalog.save(args.out)
+    print(catalog.summary())
+    if args.verbose:
+        for op in catalog.operators:
+            state = f"ranks {op.ranks}" + (" stochastic" if op.stochastic else "") if op.usable else f"unusable: {op.reason}"
+            print(f"{op.name:<48} {op.family:<12} {state}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cuda-agent", description="Verified, timed, rewarded CUDA kernels for PyTorch programs.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -156,6 +204,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="one JSON record per task")
     add_sandbox_option(p)
     p.set_defaults(func=cmd_degenerate)
+
+    p = sub.add_parser("synth", help="synthesise a task set: compose operators, filter by execution, decontaminate")
+    p.add_argument("--n", type=int, required=True, help="accepted tasks wanted")
+    p.add_argument("--out", type=Path, required=True, help="output directory (a rerun resumes it)")
+    p.add_argument("--composer", default="program", choices=("program", "llm"))
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--workers", type=int, default=2, help="parallel screening processes")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--window-ms", type=float, nargs=2, metavar=("LOW", "HIGH"),
+                   help="eager runtime window (default: 1 100 on cuda, as the paper; 0.2 200 on cpu)")
+    p.add_argument("--max-candidates", type=int, default=None, help="stop after this many (default 50 x --n)")
+    p.add_argument("--kernelbench", type=Path, default=None, help="KernelBench programs to decontaminate against")
+    p.add_argument("--no-decontaminate", action="store_true")
+    p.add_argument("--no-transformers", action="store_true", help="leave transformers layers out of the catalog")
+    p.add_argument("--model", default=None, help="LLM composer: model name")
+    p.add_argument("--base-url", default=None, help="LLM composer: OpenAI-compatible endpoint")
+    p.add_argument("--api-key-env", default="OPENAI_API_KEY", help="LLM composer: variable holding the API key")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_sandbox_option(p)
+    p.set_defaults(func=cmd_synth)
+
+    p = sub.add_parser("catalog", help="the operator catalog the composers read (crawled from torch/transformers)")
+    p.add_argument("--out", type=Path, default=None, help="write it as JSON")
+    p.add_argument("--no-transformers", action="store_true")
+    p.add_argument("--refresh", action="store_true", help="rebuild the cached catalog")
+    p.add_argument("--verbose", action="store_true", help="one line per operator")
+    p.set_defaults(func=cmd_catalog)
     return parser
 
 

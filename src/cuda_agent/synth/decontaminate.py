@@ -80,6 +80,10 @@ class Decontaminator:
             except SyntaxError:
                 continue  # a reference that does not parse cannot be near anything
 
+    def add(self, name: str, code: str) -> None:
+        """Score later programs against ``code`` too (near-duplicates inside a synthesised set)."""
+        self._refs.append((name, structure_tokens(code)))
+
     def __len__(self) -> int:
         return len(self._refs)
 
