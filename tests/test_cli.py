@@ -42,3 +42,21 @@ def test_compile_only_cli_reports_file_and_line(tmp_path, capsys, cache_dir):
     assert main(["compile", str(root), "--cache-dir", str(cache_dir)]) == 1
     out = capsys.readouterr().out
     assert "kernels/k.cu:3: error:" in out or "kernels/k.cu:2: error:" in out
+
+
+def test_synth_refuses_without_kernelbench_or_llm_settings(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("KERNELBENCH_DATA", str(tmp_path / "nowhere"))
+    monkeypatch.chdir(tmp_path)
+    assert main(["synth", "--n", "1", "--out", str(tmp_path / "out")]) == 2
+    assert "--kernelbench PATH" in capsys.readouterr().err
+    assert main(["synth", "--n", "1", "--out", str(tmp_path / "out"), "--no-decontaminate", "--composer", "llm"]) == 2
+    assert "--model NAME and --base-url URL" in capsys.readouterr().err
+    assert main(["synth", "--n", "0", "--out", str(tmp_path / "out"), "--no-decontaminate", "--device", "cpu"]) == 2
+    assert "--n must be at least 1" in capsys.readouterr().err
+
+
+def test_catalog_command_writes_and_summarises(tmp_path, capsys):
+    assert main(["catalog", "--out", str(tmp_path / "catalog.json"), "--no-transformers", "--verbose"]) == 0
+    out = capsys.readouterr().out
+    assert "usable" in out and "nn.Conv2d" in out and "unusable: loss (needs targets)" in out
+    assert (tmp_path / "catalog.json").stat().st_size > 10_000

@@ -10,6 +10,7 @@ computation; the execution filters then run the program for real.
 from __future__ import annotations
 
 import random
+import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -187,7 +188,8 @@ class ProgramComposer:
             raise ComposeError(str(exc)) from None
         operand = operand_shape = None
         try:
-            with torch.device("meta"):
+            with torch.device("meta"), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
                 call, others = instantiate(op, kwargs, shape)
                 if others:
                     operand = "param" if rng.random() < 0.5 else "input"

@@ -121,7 +121,8 @@ def _import_aliases(tree: ast.AST) -> dict[str, str]:
     return found
 
 
-def _dotted(node: ast.AST) -> str | None:
+def dotted_name(node: ast.AST) -> str | None:
+    """``a.b.c`` for an attribute chain on a name, else None."""
     parts = []
     while isinstance(node, ast.Attribute):
         parts.append(node.attr)
@@ -133,7 +134,7 @@ def _dotted(node: ast.AST) -> str | None:
 
 
 def _api_name(node: ast.AST, aliases: dict[str, str]) -> str | None:
-    dotted = _dotted(node)
+    dotted = dotted_name(node)
     if dotted is None:
         return None
     head, _, rest = dotted.partition(".")

@@ -371,6 +371,8 @@ class Synthesis:
     def _rescaled(self, program: Program, eager_ms: float) -> Program | None:
         """The program with its batch scaled toward the window's low end (times grow about linearly
         with the batch), or None when the batch cannot move far enough."""
+        if not program.input_shapes:
+            return None  # an LLM's program: its sizes are its own
         low, high = self.config.window_ms  # type: ignore[misc]
         target = low * (high / low) ** 0.25
         lead = program.input_shapes[0][0]
@@ -464,7 +466,8 @@ def make_composer(config: SynthConfig, catalog: Catalog, **llm: Any) -> Composer
     if config.composer == "llm":
         from cuda_agent.synth.llm import LLMComposer
 
-        return LLMComposer(catalog, SizeProfile.for_device(config.device), seed=config.seed, **llm)
+        return LLMComposer(catalog, SizeProfile.for_device(config.device), seed=config.seed,
+                           window_ms=config.window_ms, **llm)
     raise ValueError(f"unknown composer {config.composer!r}; use program or llm.")
 
 

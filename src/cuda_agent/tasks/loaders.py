@@ -1,7 +1,8 @@
 """Loaders for every place tasks come from.
 
 ``load_tasks(source)`` dispatches on what ``source`` is: a ``.py`` file, a
-KernelBench checkout (or its ``levelN`` folders), a JSONL / parquet table in
+KernelBench checkout (or its ``levelN`` folders), a ``cuda-agent synth`` output
+directory, a JSONL / parquet table in
 the KernelBench or CUDA-Agent-Ops-6K shape, or a Hugging Face dataset name.
 Every task is checked statically before it is returned.
 """
@@ -46,6 +47,8 @@ def load_tasks(source: str | Path, levels: Iterable[int] | None = None) -> list[
     path = Path(source)
     if path.is_file() and path.suffix == ".py":
         tasks = [load_task_file(path)]
+    elif path.is_dir() and (path / "tasks.jsonl").is_file():
+        tasks = load_table(path / "tasks.jsonl")  # a `cuda-agent synth` output directory
     elif path.is_dir():
         tasks = load_kernelbench_dir(path)
     elif path.is_file() and path.suffix in (".jsonl", ".json", ".parquet"):
