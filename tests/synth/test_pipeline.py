@@ -144,3 +144,26 @@ def kernelbench_dir_or_none():
 
     path = KERNELBENCH / "kernelbench.jsonl"
     return path if path.exists() else None
+
+
+@pytest.mark.slow
+def test_llm_composer_run_through_a_local_openai_server(tmp_path, catalog):
+    pytest.importorskip("openai")
+    from tests.openai_server import OpenAIServer
+
+    answers = iter([GOOD_OTHER, "Sorry, no code today.", GOOD])
+
+    def model(request):
+        code = next(answers)
+        return f"```python\n{code}```" if "class Model" in code else code
+
+    config = SynthConfig(n=2, out=tmp_path, device="cpu", composer="llm", workers=1, window_ms=(0.01, 100.0),
+                         max_candidates=3, sandbox=SANDBOX)
+    with OpenAIServer(model) as server:
+        summary = synthesize(config, catalog, progress=False, model="m", base_url=server.url)
+    rows = _rows(tmp_path / CANDIDATES_FILE)
+    assert [row["accepted"] for row in rows] == [True, False, True]
+    assert "no ```python code block" in rows[1]["verdicts"][0]["reason"]
+    tasks = _rows(tmp_path / TASKS_FILE)
+    assert summary["accepted"] == 2 and [t["composer"] for t in tasks] == ["llm", "llm"]
+    assert tasks[0]["ops"] == ["nn.LayerNorm", "F.softplus"] and tasks[0]["code"] == GOOD_OTHER
