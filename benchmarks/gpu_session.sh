@@ -8,7 +8,8 @@
 #   bash benchmarks/gpu_session.sh precision # precision calibration (~1 min)
 #   bash benchmarks/gpu_session.sh bench     # all three (over the device tool's 10-minute limit per call)
 #   bash benchmarks/gpu_session.sh synth     # task synthesis with the GPU window (SYNTH_N, SYNTH_WORKERS,
-#                                            # SYNTH_SECONDS); resumes from a carried .data/synth_h200
+#                                            # SYNTH_SECONDS); resumes from a carried .data/synth_h200:
+#                                            # copy the fetched $OUT/synth_h200/* there before the next call
 #   bash benchmarks/gpu_session.sh tests -k "illegal or profiler"   # extra arguments go to pytest
 #
 # With the device tool, carry [".data"]. It holds:
@@ -77,7 +78,9 @@ synth)
         --device cuda --workers "${SYNTH_WORKERS:-8}" --kernelbench .data/kernelbench/kernelbench.jsonl --quiet \
         2>&1 | tail -5 | tee "$OUT/synth.log"
     python3 -c "from cuda_agent.synth.report import finish; print(finish('.data/synth_h200')['filters'])" | tee -a "$OUT/synth.log"
-    mkdir -p "$OUT/synth_h200" && find .data/synth_h200 -maxdepth 1 -type f -exec cp {} "$OUT/synth_h200/" \;
+    # The device tool returns at most 8 files: the state to resume from; report and plots are remade
+    # locally with `python -c "from cuda_agent.synth.report import finish; finish('DIR')"`.
+    mkdir -p "$OUT/synth_h200" && cp .data/synth_h200/{run.json,candidates.jsonl,tasks.jsonl} "$OUT/synth_h200/"
     ;;
 *)
     echo "usage: $0 tests|redteam|speed|guard|precision|bench|synth [pytest args]" >&2

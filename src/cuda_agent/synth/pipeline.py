@@ -147,8 +147,11 @@ class Screener:
         for name in ("HOME", "TMPDIR", "TRITON_CACHE_DIR", "CUDA_CACHE_PATH"):
             env[name] = str(self.home)
         env["TORCHINDUCTOR_CACHE_DIR"] = str(self.cache)
+        argv = [sys.executable, "-m", "cuda_agent.synth.screen", "--device", self.config.device]
+        if self.config.device == "cuda":
+            argv += ["--memory-fraction", f"{0.9 / self.config.workers:.4f}"]
         return WorkerProcess(
-            argv=[sys.executable, "-m", "cuda_agent.synth.screen", "--device", self.config.device],
+            argv=argv,
             cwd=self.home, env=env, limits=Limits(timeout_s=24 * 3600.0), gpu=self.config.device == "cuda",
             sandbox=self.sandbox, writable=[self.cache], readable=[Path(package_root)],
         )

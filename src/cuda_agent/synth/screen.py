@@ -155,11 +155,17 @@ def _fail(name: str, reason: str) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--memory-fraction", type=float, default=None,
+                        help="this process's share of GPU memory (workers share one GPU)")
     args = parser.parse_args(argv)
     import torch
 
     if args.device == "cuda":
         torch.cuda.init()
+        if args.memory_fraction:
+            # A fixed share per worker: a program that needs more fails the same way whatever the
+            # other workers hold at the moment, instead of taking memory from their programs.
+            torch.cuda.set_per_process_memory_fraction(args.memory_fraction)
     serve(ScreenSide(args.device))  # type: ignore[arg-type]
 
 
