@@ -81,7 +81,8 @@ def _reason_kind(reason: str) -> str:
     """A reason without its numbers, so that equal causes count together."""
     import re
 
-    return re.sub(r"\d+(\.\d+)?(e-?\d+)?", "N", reason)[:90]
+    first = (reason.strip().splitlines() or [""])[0]
+    return re.sub(r"\d+(\.\d+)?(e-?\d+)?", "N", first)[:90]
 
 
 def render_report(summary: dict[str, Any], run: dict[str, Any]) -> str:
