@@ -131,7 +131,8 @@ def cmd_synth(args: argparse.Namespace) -> int:
         llm = {"model": args.model, "base_url": args.base_url, "api_key_env": args.api_key_env}
     config = SynthConfig(n=args.n, out=args.out, device=resolve_device(args.device), composer=args.composer,
                          seed=args.seed, workers=args.workers, window_ms=tuple(args.window_ms) if args.window_ms else None,
-                         max_candidates=args.max_candidates, kernelbench=kernelbench, sandbox=args.sandbox)
+                         max_candidates=args.max_candidates, kernelbench=kernelbench, sandbox=args.sandbox,
+                         ray=args.ray)
     catalog = default_catalog(transformers=not args.no_transformers)
     summary = synthesize(config, catalog, progress=not args.quiet, **llm)
     print(f"{summary['accepted']} tasks accepted of {summary['candidates']} candidates -> {args.out}/tasks.jsonl "
@@ -211,6 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--composer", default="program", choices=("program", "llm"))
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--workers", type=int, default=2, help="parallel screening processes")
+    p.add_argument("--ray", default=None, metavar="ADDRESS",
+                   help="screen on a Ray cluster ('auto', ray://HOST:PORT, or 'local'); pip install 'cuda-agent[ray]'")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--window-ms", type=float, nargs=2, metavar=("LOW", "HIGH"),
                    help="eager runtime window (default: 1 100 on cuda, as the paper; 0.2 200 on cpu)")

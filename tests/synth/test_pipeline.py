@@ -167,3 +167,18 @@ def test_llm_composer_run_through_a_local_openai_server(tmp_path, catalog):
     tasks = _rows(tmp_path / TASKS_FILE)
     assert summary["accepted"] == 2 and [t["composer"] for t in tasks] == ["llm", "llm"]
     assert tasks[0]["ops"] == ["nn.LayerNorm", "F.softplus"] and tasks[0]["code"] == GOOD_OTHER
+
+
+@pytest.mark.slow
+def test_screening_on_a_ray_cluster_gives_the_same_verdicts(tmp_path, catalog):
+    ray = pytest.importorskip("ray")
+    names = ["good", "zeros", "other"]
+    config = SynthConfig(n=2, out=tmp_path, device="cpu", workers=2, window_ms=(0.01, 100.0),
+                         max_candidates=len(names), sandbox=SANDBOX, ray="local")
+    try:
+        Synthesis(config, PlantedComposer(names), catalog, progress=False).run()
+    finally:
+        ray.shutdown()
+    rows = _rows(tmp_path / CANDIDATES_FILE)
+    assert [(row["accepted"], row["rejected_by"]) for row in rows] == [(True, None), (False, "not_degenerate"), (True, None)]
+    assert all(row["compile_ms"] > 0 for row in rows if row["accepted"])

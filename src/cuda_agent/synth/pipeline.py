@@ -74,6 +74,7 @@ class SynthConfig:
     threshold: float = THRESHOLD
     timeout_s: float = 300.0
     policy: str = "fair"
+    ray: str | None = None  # a Ray cluster address ("local": start one here); None: local processes
 
     def __post_init__(self) -> None:
         self.out = Path(self.out)
@@ -156,7 +157,23 @@ class Screener:
             sandbox=self.sandbox, writable=[self.cache], readable=[Path(package_root)],
         )
 
-    def ask(self, message: dict[str, Any]) -> dict[str, Any]:
+    def check(self, code: str, name: str, stochastic_ops: list[str]) -> list[dict[str, Any]]:
+        """Filters runs, deterministic and not_degenerate; the process then holds the program."""
+        path = self.home / "program.py"
+        self.home.mkdir(parents=True, exist_ok=True)
+        path.write_text(code)
+        return self._ask({"op": "check", "path": str(path), "name": name, **self.tolerance,
+                          "seeds": [secrets.randbits(62) for _ in range(3)], "stochastic_ops": stochastic_ops})["verdicts"]
+
+    def time(self, compiled: bool = False) -> float:
+        """Median ms of the held program under the policy's precision flags."""
+        return self._ask({"op": "time", "compiled": compiled, "tf32": self.tf32})["median_ms"]
+
+    def compile(self) -> dict[str, Any]:
+        """Filter compiles: ``{"verdict": ..., "compile_seconds": ...}``."""
+        return self._ask({"op": "compile"})
+
+    def _ask(self, message: dict[str, Any]) -> dict[str, Any]:
         if self.worker is None:
             self.worker = self._spawn()
         try:
@@ -213,8 +230,14 @@ class Synthesis:
         cache.mkdir(exist_ok=True)
         scratch = Path(tempfile.mkdtemp(prefix="cuda-agent-synth-"))
         screeners: queue.Queue[Screener] = queue.Queue()
-        for slot in range(self.config.workers):
-            screeners.put(Screener(self.config, scratch / f"slot{slot}", cache / "inductor"))
+        if self.config.ray:
+            from cuda_agent.synth.ray_pool import ray_screeners
+
+            for remote in ray_screeners(self.config):
+                screeners.put(remote)  # type: ignore[arg-type]
+        else:
+            for slot in range(self.config.workers):
+                screeners.put(Screener(self.config, scratch / f"slot{slot}", cache / "inductor"))
         committed: list[Outcome] = []
         bar = _progress(self.config.n, accepted, self.progress)
         pending: dict[int, Future[Outcome]] = {}
@@ -340,7 +363,7 @@ class Synthesis:
                 outcome.verdicts += checked
                 return
             with self._timing_lock:
-                eager = screener.ask({"op": "time", "tf32": screener.tf32})["median_ms"]
+                eager = screener.time()
             outcome.eager_ms = round(eager, 4)
             if low <= eager <= high:
                 outcome.verdicts += checked
@@ -354,22 +377,16 @@ class Synthesis:
                 return
             outcome.rescaled_from = program.input_shapes[0][0]
             program = outcome.program = scaled
-        reply = screener.ask({"op": "compile"})
+        reply = screener.compile()
         outcome.verdicts.append(reply["verdict"])
         if not reply["verdict"]["ok"]:
             return
         outcome.compile_seconds = round(reply["compile_seconds"], 2)
         with self._timing_lock:
-            outcome.compile_ms = round(screener.ask({"op": "time", "compiled": True, "tf32": screener.tf32})["median_ms"], 4)
+            outcome.compile_ms = round(screener.time(compiled=True), 4)
 
     def _check(self, program: Program, screener: Screener) -> list[dict[str, Any]]:
-        path = screener.home / "program.py"
-        screener.home.mkdir(parents=True, exist_ok=True)
-        path.write_text(program.code)
-        stochastic = sorted(set(program.ops) & self._stochastic)
-        reply = screener.ask({"op": "check", "path": str(path), "name": program.id, **screener.tolerance,
-                              "seeds": [secrets.randbits(62) for _ in range(3)], "stochastic_ops": stochastic})
-        return reply["verdicts"]
+        return screener.check(program.code, program.id, sorted(set(program.ops) & self._stochastic))
 
     def _rescaled(self, program: Program, eager_ms: float) -> Program | None:
         """The program with its batch scaled toward the window's low end (times grow about linearly
