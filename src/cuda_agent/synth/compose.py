@@ -23,7 +23,7 @@ PAPER_OP_COUNTS = {"1": 3.40, "2": 83.77, "3": 7.62, "4": 2.80, "5": 1.23, "tran
 # functions and a handful of convolutions, and tasks worth a kernel mix both.
 FAMILY_WEIGHTS = {"conv": 4.0, "linear": 3.0, "norm": 2.0, "pool": 1.5, "softmax": 1.5, "elementwise": 2.0,
                   "other": 1.0, "attention": 1.0, "rotary": 1.0}
-# Operators a chain may not start with: they make nothing worth a kernel on their own.
+# Names of the input's dimensions by rank: the module-level constants of the generated program.
 _ROLE_NAMES = {1: ("n",), 2: ("batch_size", "features"), 3: ("batch_size", "channels", "length"),
                4: ("batch_size", "channels", "height", "width"), 5: ("batch_size", "channels", "depth", "height", "width")}
 # Constructor arguments passed through ``get_init_inputs`` (KernelBench style); the rest are literals.
@@ -116,7 +116,7 @@ class ProgramComposer:
         self.seed = seed
         self.max_tries = max_tries
         self._torch_ops = [op for op in catalog.usable("torch")]
-        self._transformers_ops = [op for op in catalog.usable("transformers") if 1 in op.keeps_shape or op.ranks]
+        self._transformers_ops = catalog.usable("transformers")
         if not self._torch_ops:
             raise ValueError("the operator catalog has no usable torch operator; rebuild it (`cuda-agent catalog`).")
         self._by_family: dict[str, list[Operator]] = {}
