@@ -10,10 +10,12 @@
 #   bash benchmarks/gpu_session.sh synth     # task synthesis with the GPU window (SYNTH_N, SYNTH_WORKERS,
 #                                            # SYNTH_SECONDS); resumes from a carried .data/synth_h200:
 #                                            # copy the fetched $OUT/synth_h200/* there before the next call
+#   bash benchmarks/gpu_session.sh baselines # KernelBench L1-3 eager/compile table (BASELINES_SECONDS);
+#                                            # resumes from a carried .data/baselines_h200/baselines.jsonl
 #   bash benchmarks/gpu_session.sh tests -k "illegal or profiler"   # extra arguments go to pytest
 #
 # With the device tool, carry [".data"]. It holds:
-#   .data/kernelbench/kernelbench.jsonl  (cp ../shared/data/kernelbench/kernelbench.jsonl .data/kernelbench/)
+#   .data/kernelbench/kernelbench.jsonl  (cp ../shared/data/kernelbench/{kernelbench.jsonl,h100_*.json} .data/kernelbench/)
 #   .data/wheels/pyseccomp-*.whl         (pip download pyseccomp --no-deps -d .data/wheels)
 #   .data/debs/bubblewrap_*.deb          (cd .data/debs && apt-get download bubblewrap)
 #   .data/lib/libseccomp.so.2            (cp /usr/lib/x86_64-linux-gnu/libseccomp.so.2 .data/lib/)
@@ -82,8 +84,15 @@ synth)
     # locally with `python -c "from cuda_agent.synth.report import finish; finish('DIR')"`.
     mkdir -p "$OUT/synth_h200" && cp .data/synth_h200/{run.json,candidates.jsonl,tasks.jsonl} "$OUT/synth_h200/"
     ;;
+baselines)
+    mkdir -p .data/baselines_h200
+    python3 -m cuda_agent.cli baselines .data/kernelbench/kernelbench.jsonl --level 1 --level 2 --level 3 \
+        --out .data/baselines_h200/baselines.jsonl --device cuda --deadline-s "${BASELINES_SECONDS:-480}" \
+        --published .data/kernelbench 2>&1 | tee "$OUT/baselines.log" | tail -40
+    mkdir -p "$OUT/baselines_h200" && cp .data/baselines_h200/baselines.{jsonl,md} "$OUT/baselines_h200/"
+    ;;
 *)
-    echo "usage: $0 tests|redteam|speed|guard|precision|bench|synth [pytest args]" >&2
+    echo "usage: $0 tests|redteam|speed|guard|precision|bench|synth|baselines [pytest args]" >&2
     exit 2
     ;;
 esac

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from cuda_agent.build import compile_only
 from cuda_agent.candidates import CandidateError, load_candidate
-from cuda_agent.evaluate import Evaluator, Policy, TimingConfig
+from cuda_agent.evaluate import Evaluator, Policy, TimingConfig, resolve_device
 from cuda_agent.evaluate.policy import PRESETS
 from cuda_agent.sandbox import SANDBOX_CHOICES, SandboxUnavailable
 from cuda_agent.tasks import TaskError, load_task, load_tasks
@@ -85,7 +85,6 @@ def cmd_degenerate(args: argparse.Namespace) -> int:
 
 def cmd_example(args: argparse.Namespace) -> int:
     """Evaluate a bundled example: the CUDA one when a GPU is visible, else the CPU one."""
-    from cuda_agent.evaluate import resolve_device
 
     device = resolve_device(args.device)
     name = args.name or ("cuda_gelu" if device == "cuda" else "cpu_swish")
@@ -116,7 +115,6 @@ def _kernelbench_default() -> Path | None:
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
-    from cuda_agent.evaluate.evaluator import resolve_device
     from cuda_agent.synth.catalog import default_catalog
     from cuda_agent.synth.pipeline import SynthConfig, synthesize
 
@@ -153,6 +151,37 @@ def cmd_catalog(args: argparse.Namespace) -> int:
             state = f"ranks {op.ranks}" + (" stochastic" if op.stochastic else "") if op.usable else f"unusable: {op.reason}"
             print(f"{op.name:<48} {op.family:<12} {state}")
     return 0
+
+
+def cmd_baselines(args: argparse.Namespace) -> int:
+    from cuda_agent.bench.baselines import measure_baselines, read_table, render_table_report
+
+    tasks = load_tasks(args.source, levels=args.level)
+    start = time.monotonic()
+
+    def show(done: int, total: int, row: dict) -> None:
+        if args.quiet:
+            return
+        if "error" in row:
+            state = f"ERROR {row['error'][:120]}"
+        else:
+            compiled = f"{row['compile_ms']:.4g} ms" if row.get("compile_ms") else "failed"
+            state = (f"eager {row['eager_ms']:.4g} ms, compile {compiled}"
+                     + (", DEGENERATE" if row.get("degenerate") else "") + (" (cached)" if row.get("cached") else ""))
+        print(f"[{time.monotonic() - start:7.0f}s {done}/{total}] {row['name']}: {state}", file=sys.stderr, flush=True)
+
+    options = {"policy": Policy.preset(args.policy), "sandbox": args.sandbox, "cache_dir": args.cache_dir}
+    measure_baselines(tasks, args.out, device=resolve_device(args.device), gpus=args.gpus,
+                      degenerate=not args.no_degenerate, evaluator_options=options, progress=show,
+                      deadline_s=args.deadline_s)
+    rows = read_table(args.out)
+    report = render_table_report(rows, args.published)
+    args.out.with_suffix(".md").write_text(report)
+    print(report)
+    missing = len({t.digest for t in tasks} - {r["digest"] for r in rows})
+    if missing:
+        print(f"{missing} tasks not timed yet: run the same command again to continue", file=sys.stderr)
+    return 0 if not missing else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -227,6 +256,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_sandbox_option(p)
     p.set_defaults(func=cmd_synth)
+
+    p = sub.add_parser("baselines", help="time eager and torch.compile for every task here (resumable table)")
+    p.add_argument("source", help=".py, KernelBench dir, .jsonl/.parquet table or HF dataset name")
+    p.add_argument("--out", type=Path, required=True, help="the table (JSONL; a rerun continues it; report beside it as .md)")
+    p.add_argument("--level", type=int, action="append")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--gpus", type=int, nargs="+", default=None, help="GPU indices to spread over (default: all)")
+    p.add_argument("--policy", default="fair", choices=sorted(PRESETS))
+    p.add_argument("--no-degenerate", action="store_true", help="skip the degenerate-task check")
+    p.add_argument("--deadline-s", type=float, default=None, help="take no new task after this many seconds")
+    p.add_argument("--published", type=Path, default=None,
+                   help="KernelBench data dir with the published H100 times to compare with")
+    p.add_argument("--cache-dir", type=Path, default=None)
+    p.add_argument("--quiet", action="store_true")
+    add_sandbox_option(p)
+    p.set_defaults(func=cmd_baselines)
 
     p = sub.add_parser("catalog", help="the operator catalog the composers read (crawled from torch/transformers)")
     p.add_argument("--out", type=Path, default=None, help="write it as JSON")

@@ -379,6 +379,29 @@ class Evaluator:
         if reason:
             raise _Stop("failed", "profile", reason, rule="implausible-speedup")
 
+    def baseline(self, task: Task, refresh: bool = False) -> dict[str, Any]:
+        """Eager (and torch.compile) timings of ``task`` on this evaluator's device: the cached record
+        evaluations use, measured now if there is none (or with ``refresh``). Adds ``cached``, ``key``,
+        ``environment`` and ``notes`` (a baseline timed on a busy GPU is returned, not cached)."""
+        environment = describe_environment(self.device, self.gpu_index)
+        key = baseline_key(task.digest, environment, self.policy.to_dict(), self.timing.to_dict(), self.device)
+        cached = None if refresh else self._cached_baseline(key)
+        if cached is not None:
+            return cached | {"cached": True, "environment": environment, "notes": []}
+        scratch = EvalResult(task=task.to_dict(), candidate={}, device=self.device, policy=self.policy.to_dict(),
+                             timing=self.timing.to_dict(), environment=environment)
+        with self._job(task) as job:
+            reference = self._spawn("reference", job / "reference", [job])
+            try:
+                self._ask(reference, "reference", "reference", {"op": "load", **self._task_message(task, job)},
+                          self.timeouts.load_s)
+                record = self._measure_baseline(key, reference, scratch)
+            except _Stop as stop:
+                raise TaskError(f"{task.source}: the baselines could not be timed: {stop.reason}") from None
+            finally:
+                reference.close()
+        return record | {"cached": False, "environment": environment, "notes": scratch.notes}
+
     def check_degenerate(self, task: Task, draws: int = 3) -> DegenerateReport:
         """Whether trivial candidates (zeros, a constant, an input, an input's mean)
         pass ``task`` under this evaluator's policy. Runs the reference process only."""

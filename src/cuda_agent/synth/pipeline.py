@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from cuda_agent.evaluate.policy import Policy
+from cuda_agent.jsonl import read_jsonl
 from cuda_agent.sandbox.factory import make_sandbox
 from cuda_agent.sandbox.process import Limits, WorkerCrashed, WorkerProcess, WorkerTimeout
 from cuda_agent.synth.catalog import Catalog
@@ -216,10 +217,10 @@ class Synthesis:
         out = self.config.out
         out.mkdir(parents=True, exist_ok=True)
         self._check_resume(out)
-        done = _read_jsonl(out / CANDIDATES_FILE)
+        done = read_jsonl(out / CANDIDATES_FILE)
         done_ids = {row["id"] for row in done}
         accepted = sum(row["accepted"] for row in done)
-        for row in _read_jsonl(out / TASKS_FILE):
+        for row in read_jsonl(out / TASKS_FILE):
             self.accepted.add(row["id"], row["code"])
         counts = {name: 0 for name in FILTERS}
         for row in done:
@@ -424,30 +425,6 @@ def _id_for(composer: Composer, index: int) -> str:
     from cuda_agent.synth.compose import program_id
 
     return program_id(composer.name, getattr(composer, "seed", 0), index)
-
-
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Rows of a JSONL file. A half-written last line (a run killed mid-write) is dropped from
-    the file, so the next append starts on a line of its own."""
-    if not path.exists():
-        return []
-    text = path.read_text()
-    lines = text.splitlines()
-    rows = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            if number != len(lines):
-                raise ValueError(f"{path}:{number}: not a JSON line; the file is damaged.") from None
-            path.write_text("".join(f"{kept}\n" for kept in lines[:-1]))
-            break
-    else:
-        if text and not text.endswith("\n"):
-            path.write_text(text + "\n")
-    return rows
 
 
 def _postfix(screened: int, counts: dict[str, int]) -> str:

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from cuda_agent.synth.compose import PAPER_OP_COUNTS
-from cuda_agent.synth.pipeline import CANDIDATES_FILE, FILTERS, RUN_FILE, TASKS_FILE, _read_jsonl
+from cuda_agent.jsonl import read_jsonl
+from cuda_agent.synth.pipeline import CANDIDATES_FILE, FILTERS, RUN_FILE, TASKS_FILE
 
 
 def environment(device: str) -> dict[str, Any]:
@@ -33,8 +34,8 @@ def environment(device: str) -> dict[str, Any]:
 def finish(out: Path) -> dict[str, Any]:
     """Write the exports, the card and the report; return the summary numbers."""
     out = Path(out)
-    candidates = _read_jsonl(out / CANDIDATES_FILE)
-    tasks = _read_jsonl(out / TASKS_FILE)
+    candidates = read_jsonl(out / CANDIDATES_FILE)
+    tasks = read_jsonl(out / TASKS_FILE)
     run = json.loads((out / RUN_FILE).read_text()) if (out / RUN_FILE).exists() else {}
     summary = summarize(candidates, tasks)
     summary["parquet"] = _write_parquet(tasks, out / "tasks.parquet")

@@ -1,0 +1,219 @@
+"""The baselines table: eager and torch.compile times of every task on this GPU and software stack.
+
+Published times differ from machine to machine (and from torch version to
+version) by up to 8.7x on some KernelBench problems, so speedups are only
+meaningful against baselines measured here. ``measure_baselines`` times each
+task once with the evaluation core (the same cache and timing method that
+evaluations use), checks whether it is degenerate, and appends one JSON line per
+task as it finishes; a rerun skips the tasks already in the file, so a table
+can be built over several device calls or sessions. With several GPUs, one
+evaluator per GPU works through a shared queue.
+
+``compare_published`` sets the table next to KernelBench's published H100 times:
+Spearman rank correlation and the tasks whose ratio to the H100 time is
+furthest from the typical ratio.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import queue
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from cuda_agent.jsonl import read_jsonl
+from cuda_agent.tasks.task import Task, TaskError
+
+TABLE_FORMAT = 1
+
+
+def task_key(task: Task) -> str:
+    return task.digest[:16]
+
+
+def read_table(path: Path) -> list[dict[str, Any]]:
+    """Rows of a baselines table; a half-written last line (a killed run) is dropped."""
+    return read_jsonl(Path(path))
+
+
+def measure_baselines(tasks: list[Task], out: Path, device: str = "cuda", gpus: list[int] | None = None,
+                      degenerate: bool = True, evaluator_options: dict[str, Any] | None = None,
+                      progress: Callable[[int, int, dict[str, Any]], None] | None = None,
+                      deadline_s: float | None = None) -> list[dict[str, Any]]:
+    """Time every task not yet in ``out`` (JSONL); the rows written now. ``gpus``: indices to
+    spread over (default: every visible GPU; ignored on the CPU). ``deadline_s``: stop taking new
+    tasks after this many seconds (a device call's time limit), leaving the rest for a rerun."""
+    from cuda_agent.build.toolchain import visible_gpus
+    from cuda_agent.evaluate.evaluator import Evaluator
+
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    done = {row["key"] for row in read_table(out)}
+    todo: queue.Queue[Task] = queue.Queue()
+    for task in tasks:
+        if task_key(task) not in done:
+            todo.put(task)
+    total = todo.qsize()
+    if device == "cuda":
+        slots: list[int | None] = list(gpus) if gpus else list(range(len(visible_gpus()) or 1))
+    else:
+        slots = [None]
+    started = time.monotonic()
+    lock = threading.Lock()
+    written: list[dict[str, Any]] = []
+
+    def work(gpu: int | None) -> None:
+        evaluator = Evaluator(device, gpu_index=gpu, **(evaluator_options or {}))
+        while True:
+            if deadline_s is not None and time.monotonic() - started > deadline_s:
+                return
+            try:
+                task = todo.get_nowait()
+            except queue.Empty:
+                return
+            row = _measure_one(evaluator, task, degenerate)
+            row["gpu_index"] = gpu
+            with lock:
+                with out.open("a") as handle:
+                    handle.write(json.dumps(row) + "\n")
+                written.append(row)
+                if progress:
+                    progress(len(written), total, row)
+
+    threads = [threading.Thread(target=work, args=(gpu,), daemon=True) for gpu in slots]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return written
+
+
+def _measure_one(evaluator: Any, task: Task, degenerate: bool) -> dict[str, Any]:
+    row: dict[str, Any] = {"format": TABLE_FORMAT, "key": task_key(task), "digest": task.digest, "name": task.name,
+                           "level": task.level, "problem_id": task.problem_id, "policy": evaluator.policy.name,
+                           "timing": evaluator.timing.to_dict()}
+    clock = time.monotonic()
+    try:
+        record = evaluator.baseline(task)
+    except TaskError as exc:
+        return row | {"error": str(exc)[:1000], "seconds": round(time.monotonic() - clock, 2)}
+    row.update(environment=record["environment"], eager=record.get("eager"), compile=record.get("compile"),
+               compile_error=record.get("compile_error"), compile_seconds=record.get("compile_seconds"),
+               notes=record.get("notes", []), cached=record["cached"])
+    row["eager_ms"] = (record.get("eager") or {}).get("median_ms")
+    row["compile_ms"] = (record.get("compile") or {}).get("median_ms")
+    if degenerate:
+        try:
+            report = evaluator.check_degenerate(task)
+            row["degenerate"] = report.degenerate
+            row["degenerate_by"] = report.passing
+        except TaskError as exc:
+            row["degenerate_error"] = str(exc)[:500]
+    row["seconds"] = round(time.monotonic() - clock, 2)
+    return row
+
+
+# -- comparison with published times --------------------------------------------------------------
+
+def load_published(path: Path) -> dict[tuple[int, str], float]:
+    """KernelBench's published times: {(level, problem file stem): mean ms}."""
+    data = json.loads(Path(path).read_text())
+    table = {}
+    for level_name, problems in data.items():
+        if not level_name.startswith("level"):
+            continue
+        level = int(level_name.removeprefix("level"))
+        for filename, stats in problems.items():
+            table[(level, filename.removesuffix(".py"))] = float(stats["mean"])
+    return table
+
+
+def _ranks(values: list[float]) -> list[float]:
+    order = sorted(range(len(values)), key=values.__getitem__)
+    ranks = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2 + 1  # ties share their mean rank
+        i = j + 1
+    return ranks
+
+
+def spearman(a: list[float], b: list[float]) -> float | None:
+    """Spearman's rank correlation (Pearson's r of the ranks, ties averaged)."""
+    if len(a) != len(b) or len(a) < 3:
+        return None
+    ra, rb = _ranks(a), _ranks(b)
+    ma, mb = sum(ra) / len(ra), sum(rb) / len(rb)
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
+    var = math.sqrt(sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb))
+    return cov / var if var else None
+
+
+def compare_published(rows: list[dict[str, Any]], published: dict[tuple[int, str], float], which: str = "eager_ms",
+                      top: int = 10) -> dict[str, Any]:
+    """Our times (``which``: eager_ms or compile_ms) next to published ones."""
+    pairs = []
+    for row in rows:
+        ours = row.get(which)
+        stem = str(row.get("name", "")).split("/")[-1]
+        theirs = published.get((row.get("level"), stem))
+        if ours and theirs and ours > 0 and theirs > 0:
+            pairs.append((row, ours, theirs))
+    if not pairs:
+        return {"matched": 0}
+    ratios = sorted(o / t for _, o, t in pairs)
+    median = ratios[len(ratios) // 2]
+    outliers = sorted(pairs, key=lambda p: -abs(math.log((p[1] / p[2]) / median)))[:top]
+    return {
+        "matched": len(pairs), "spearman": spearman([o for _, o, _ in pairs], [t for _, _, t in pairs]),
+        "median_ratio": median,
+        "disagreements": [{"name": r["name"], "ours_ms": o, "published_ms": t, "ratio": o / t,
+                           "vs_typical": (o / t) / median} for r, o, t in outliers],
+    }
+
+
+PUBLISHED_FILES = {"eager_ms": "h100_sxm_baseline_time_torch.json",
+                   "compile_ms": "h100_sxm_baseline_time_torch_compile_inductor_default.json"}
+
+
+def render_table_report(rows: list[dict[str, Any]], published_dir: Path | None = None) -> str:
+    """Markdown: what was measured where, per level, and the comparison with the published H100 times."""
+    measured = [r for r in rows if r.get("eager_ms")]
+    env = next((r["environment"] for r in measured if r.get("environment")), {})
+    lines = ["# Baselines", "",
+             f"{len(measured)} tasks timed ({sum('error' in r for r in rows)} errors) on {env.get('gpu') or env.get('cpu', '?')}"
+             f" (driver {env.get('driver', '-')}, torch {env.get('torch', '?')}, CUDA {env.get('torch_cuda', '-')}), "
+             f"policy `{rows[0].get('policy') if rows else '?'}`, timing `{(rows[0].get('timing') or {}).get('method') if rows else '?'}`.",
+             "", "| level | tasks | median eager ms | median compile ms | compile failed | degenerate |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for level in sorted({r.get("level") for r in measured if r.get("level") is not None}):
+        group = [r for r in measured if r.get("level") == level]
+        eager = sorted(r["eager_ms"] for r in group)
+        compiled = sorted(r["compile_ms"] for r in group if r.get("compile_ms"))
+        lines.append(f"| {level} | {len(group)} | {eager[len(eager) // 2]:.3g} | "
+                     f"{compiled[len(compiled) // 2]:.3g} | " if compiled else f"| {level} | {len(group)} | "
+                     f"{eager[len(eager) // 2]:.3g} | - | ")
+        lines[-1] += f"{sum(bool(r.get('compile_error')) for r in group)} | {sum(bool(r.get('degenerate')) for r in group)} |"
+    if published_dir is not None:
+        for which, filename in PUBLISHED_FILES.items():
+            path = Path(published_dir) / filename
+            if not path.exists():
+                continue
+            result = compare_published(measured, load_published(path), which)
+            if not result.get("matched"):
+                continue
+            lines += ["", f"## {which.removesuffix('_ms')} vs the published H100 times ({filename})", "",
+                      f"{result['matched']} tasks matched; Spearman rank correlation {result['spearman']:.3f}; "
+                      f"typical ratio ours/H100 {result['median_ratio']:.3f}.", "",
+                      "| task | ours ms | H100 ms | ratio | vs typical |", "|---|---:|---:|---:|---:|"]
+            for d in result["disagreements"]:
+                lines.append(f"| {d['name']} | {d['ours_ms']:.4g} | {d['published_ms']:.4g} | {d['ratio']:.3g} | "
+                             f"{d['vs_typical']:.3g}x |")
+    return "\n".join(lines) + "\n"
