@@ -13,3 +13,22 @@ def cache_root() -> Path:
         return Path(explicit)
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "cuda-agent"
+
+
+# The directory that holds the ``cuda_agent`` package (``src/`` in a checkout). Workers import the
+# package from here; it may lie under /tmp or /dev/shm, which are private in the sandbox, so
+# sandboxed workers are given it as a readable path.
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]
+
+
+def worker_env(home: Path, inductor_cache: Path | None = None) -> dict[str, str]:
+    """The environment of a sandboxed worker process running this package. The sandbox leaves only
+    ``home`` (and ``inductor_cache``, when given) writable, so every cache goes there."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(PACKAGE_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONUNBUFFERED"] = "1"
+    for name in ("HOME", "TMPDIR", "TRITON_CACHE_DIR", "CUDA_CACHE_PATH", "TORCH_EXTENSIONS_DIR"):
+        env[name] = str(home)
+    if inductor_cache is not None:
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(inductor_cache)
+    return env

@@ -97,7 +97,8 @@ def _measure_one(evaluator: Any, task: Task, degenerate: bool) -> dict[str, Any]
                            "timing": evaluator.timing.to_dict()}
     clock = time.monotonic()
     try:
-        record = evaluator.baseline(task)
+        # One reference process for both: the check costs no second start-up and task load.
+        record = evaluator.baseline(task, degenerate=degenerate)
     except TaskError as exc:
         return row | {"error": str(exc)[:1000], "seconds": round(time.monotonic() - clock, 2)}
     row.update(environment=record["environment"], eager=record.get("eager"), compile=record.get("compile"),
@@ -105,13 +106,11 @@ def _measure_one(evaluator: Any, task: Task, degenerate: bool) -> dict[str, Any]
                notes=record.get("notes", []), cached=record["cached"])
     row["eager_ms"] = (record.get("eager") or {}).get("median_ms")
     row["compile_ms"] = (record.get("compile") or {}).get("median_ms")
-    if degenerate:
-        try:
-            report = evaluator.check_degenerate(task)
-            row["degenerate"] = report.degenerate
-            row["degenerate_by"] = report.passing
-        except TaskError as exc:
-            row["degenerate_error"] = str(exc)[:500]
+    if "degenerate" in record:
+        row["degenerate"] = record["degenerate"].degenerate
+        row["degenerate_by"] = record["degenerate"].passing
+    elif "degenerate_error" in record:
+        row["degenerate_error"] = record["degenerate_error"][:500]
     row["seconds"] = round(time.monotonic() - clock, 2)
     return row
 
@@ -197,10 +196,9 @@ def render_table_report(rows: list[dict[str, Any]], published_dir: Path | None =
         group = [r for r in measured if r.get("level") == level]
         eager = sorted(r["eager_ms"] for r in group)
         compiled = sorted(r["compile_ms"] for r in group if r.get("compile_ms"))
-        lines.append(f"| {level} | {len(group)} | {eager[len(eager) // 2]:.3g} | "
-                     f"{compiled[len(compiled) // 2]:.3g} | " if compiled else f"| {level} | {len(group)} | "
-                     f"{eager[len(eager) // 2]:.3g} | - | ")
-        lines[-1] += f"{sum(bool(r.get('compile_error')) for r in group)} | {sum(bool(r.get('degenerate')) for r in group)} |"
+        compile_median = f"{compiled[len(compiled) // 2]:.3g}" if compiled else "-"
+        lines.append(f"| {level} | {len(group)} | {eager[len(eager) // 2]:.3g} | {compile_median} | "
+                     f"{sum(bool(r.get('compile_error')) for r in group)} | {sum(bool(r.get('degenerate')) for r in group)} |")
     if published_dir is not None:
         for which, filename in PUBLISHED_FILES.items():
             path = Path(published_dir) / filename

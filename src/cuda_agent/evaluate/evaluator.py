@@ -9,7 +9,6 @@ in one candidate cannot touch the next.
 from __future__ import annotations
 
 import contextlib
-import os
 import secrets
 import shutil
 import sys
@@ -36,7 +35,7 @@ from cuda_agent.guard.attribution import (
 from cuda_agent.guard.device_state import can_check_idle, gpu_busy
 from cuda_agent.guard.degenerate import DegenerateReport
 from cuda_agent.guard.plausibility import MemorySystem, below_speed_of_light, memory_system
-from cuda_agent.paths import cache_root
+from cuda_agent.paths import PACKAGE_ROOT, cache_root, worker_env
 from cuda_agent.sandbox import Limits, Sandbox, WorkerCrashed, WorkerForgedReply, WorkerProcess, WorkerTimeout, make_sandbox
 from cuda_agent.tasks import Task, TaskError
 
@@ -379,46 +378,56 @@ class Evaluator:
         if reason:
             raise _Stop("failed", "profile", reason, rule="implausible-speedup")
 
-    def baseline(self, task: Task, refresh: bool = False) -> dict[str, Any]:
+    def baseline(self, task: Task, refresh: bool = False, degenerate: bool = False) -> dict[str, Any]:
         """Eager (and torch.compile) timings of ``task`` on this evaluator's device: the cached record
         evaluations use, measured now if there is none (or with ``refresh``). Adds ``cached``, ``key``,
-        ``environment`` and ``notes`` (a baseline timed on a busy GPU is returned, not cached)."""
+        ``environment`` and ``notes`` (a baseline timed on a busy GPU is returned, not cached). With
+        ``degenerate``, the same reference process also runs ``check_degenerate``'s check: the record
+        gets ``degenerate`` (a ``DegenerateReport``), or ``degenerate_error`` if it could not run."""
         environment = describe_environment(self.device, self.gpu_index)
         key = baseline_key(task.digest, environment, self.policy.to_dict(), self.timing.to_dict(), self.device)
         cached = None if refresh else self._cached_baseline(key)
-        if cached is not None:
+        if cached is not None and not degenerate:
             return cached | {"cached": True, "environment": environment, "notes": []}
         scratch = EvalResult(task=task.to_dict(), candidate={}, device=self.device, policy=self.policy.to_dict(),
                              timing=self.timing.to_dict(), environment=environment)
-        with self._job(task) as job:
-            reference = self._spawn("reference", job / "reference", [job])
-            try:
-                self._ask(reference, "reference", "reference", {"op": "load", **self._task_message(task, job)},
-                          self.timeouts.load_s)
-                record = self._measure_baseline(key, reference, scratch)
-            except _Stop as stop:
-                raise TaskError(f"{task.source}: the baselines could not be timed: {stop.reason}") from None
-            finally:
-                reference.close()
-        return record | {"cached": False, "environment": environment, "notes": scratch.notes}
+        with self._loaded_reference(task, "the baselines could not be timed") as reference:
+            record = cached or self._measure_baseline(key, reference, scratch)
+            record = record | {"cached": cached is not None, "environment": environment, "notes": scratch.notes}
+            if degenerate:
+                try:
+                    record["degenerate"] = self._degenerate(task, reference, draws=3)
+                except _Stop as stop:
+                    record["degenerate_error"] = f"{task.source}: the degenerate-task check could not run: {stop.reason}"
+        return record
 
     def check_degenerate(self, task: Task, draws: int = 3) -> DegenerateReport:
         """Whether trivial candidates (zeros, a constant, an input, an input's mean)
         pass ``task`` under this evaluator's policy. Runs the reference process only."""
         if draws < 2:
             raise ValueError("check_degenerate needs at least 2 draws (one fits the constant).")
+        with self._loaded_reference(task, "the degenerate-task check could not run") as reference:
+            return self._degenerate(task, reference, draws)
+
+    @contextlib.contextmanager
+    def _loaded_reference(self, task: Task, failure: str) -> Iterator[WorkerProcess]:
+        """A reference process with ``task`` loaded; trouble in it becomes a ``TaskError`` that says
+        ``failure``."""
         with self._job(task) as job:
             reference = self._spawn("reference", job / "reference", [job])
             try:
                 self._ask(reference, "reference", "reference", {"op": "load", **self._task_message(task, job)},
                           self.timeouts.load_s)
-                reply = self._ask(reference, "reference", "degenerate", {
-                    "op": "degenerate", "seeds": [secrets.randbits(62) for _ in range(draws)], **self._tolerance(),
-                }, self.timeouts.check_s * draws)
+                yield reference
             except _Stop as stop:
-                raise TaskError(f"{task.source}: the degenerate-task check could not run: {stop.reason}") from None
+                raise TaskError(f"{task.source}: {failure}: {stop.reason}") from None
             finally:
                 reference.close()
+
+    def _degenerate(self, task: Task, reference: WorkerProcess, draws: int) -> DegenerateReport:
+        reply = self._ask(reference, "reference", "degenerate", {
+            "op": "degenerate", "seeds": [secrets.randbits(62) for _ in range(draws)], **self._tolerance(),
+        }, self.timeouts.check_s * draws)
         return DegenerateReport(task=task.name, policy=self.policy.name, passing=reply["passing"], details=reply["details"])
 
     def _task_message(self, task: Task, job: Path) -> dict[str, Any]:
@@ -487,19 +496,13 @@ class Evaluator:
 
     # -- processes ------------------------------------------------------------------
     def _spawn(self, role: str, home: Path, readable: list[Path]) -> WorkerProcess:
-        env = dict(os.environ)
-        package_root = str(Path(__file__).resolve().parents[2])
-        env["PYTHONPATH"] = package_root + os.pathsep + env.get("PYTHONPATH", "")
-        env["PYTHONUNBUFFERED"] = "1"
-        # The sandbox leaves only these directories writable, so every cache goes there.
         writable = [home]
-        for name in ("HOME", "TMPDIR", "TRITON_CACHE_DIR", "CUDA_CACHE_PATH", "TORCH_EXTENSIONS_DIR"):
-            env[name] = str(home)
+        inductor = None
         if role == "reference":
             inductor = self.cache_dir / "inductor"
             inductor.mkdir(parents=True, exist_ok=True)
-            env["TORCHINDUCTOR_CACHE_DIR"] = str(inductor)
             writable.append(inductor)
+        env = worker_env(home, inductor)
         if self.gpu_index is not None:
             env["CUDA_VISIBLE_DEVICES"] = str(self.gpu_index)
         limits = Limits(timeout_s=self.timeouts.baseline_s, output_bytes=self.output_limit, memory_bytes=self.memory_limit)
@@ -511,8 +514,7 @@ class Evaluator:
             gpu=self.device == "cuda",
             sandbox=self.sandbox,
             writable=writable,
-            # This package may live under /tmp or /dev/shm, which are private in the sandbox.
-            readable=[*readable, Path(package_root)],
+            readable=[*readable, PACKAGE_ROOT],
         )
 
     def _ask(self, worker: WorkerProcess, who: str, stage: str, message: dict[str, Any], timeout_s: float) -> dict[str, Any]:

@@ -83,6 +83,23 @@ def trivial_outputs(inputs: list[Any], expected: Any, constants: Any) -> dict[st
     return out
 
 
+def trivial_failures(inputs: list[Any], expected: Any, constants: Any, atol: float, rtol: float,
+                     scale: bool) -> dict[str, str | None]:
+    """Each trivial candidate (in ``TRIVIAL_CANDIDATES`` order) against ``expected`` under a
+    tolerance: None where it passes, else why it fails."""
+    from cuda_agent.evaluate.compare import compare_outputs  # evaluate imports guard: not at module level
+
+    outputs = trivial_outputs(inputs, expected, constants)
+    verdicts: dict[str, str | None] = {}
+    for name in TRIVIAL_CANDIDATES:
+        if name not in outputs:
+            verdicts[name] = "not applicable (no input matches the output)"
+            continue
+        bad = [r for r in compare_outputs(expected, outputs[name], atol, rtol, scale=scale) if not r["ok"]]
+        verdicts[name] = f"{bad[0]['path']}: {bad[0]['reason']}" if bad else None
+    return verdicts
+
+
 def leaf_means(expected: Any) -> list[float]:
     """The mean of each output leaf, in the order ``trivial_outputs`` visits them."""
     from cuda_agent.guard.runtime import tensors_in

@@ -25,7 +25,8 @@ class ArgumentError(ValueError):
 def resolve_arguments(op: Operator, shape: tuple[int, ...], rng: random.Random,
                       sizes: tuple[int, ...] = (32, 64, 128)) -> dict[str, Any]:
     """Keyword arguments for ``op`` applied to an input of ``shape``; ``sizes`` are output widths."""
-    rank = len(shape)
+    if not shape:
+        raise ArgumentError("a rank-0 input")
     tail = op.name.rsplit(".", 1)[-1].lower()
     kwargs: dict[str, Any] = {}
     for p in op.params:
@@ -36,7 +37,7 @@ def resolve_arguments(op: Operator, shape: tuple[int, ...], rng: random.Random,
         if name in ("device", "dtype", "out", "layout", "memory_format", "generator", "pin_memory",
                     "requires_grad", "_stacklevel", "return_indices", "ceil_mode", "count_include_pad"):
             continue
-        if p.required and ("Tensor" in p.annotation or name in ("other", "target", "x2", "input2")) and op.kind == "function":
+        if p.tensor_operand and op.kind == "function":
             continue  # a tensor operand: passed positionally by the composer
         value = _rule(op, tail, name, p.required, p.default, shape, rng, sizes)
         if value is _KEEP:
@@ -44,8 +45,6 @@ def resolve_arguments(op: Operator, shape: tuple[int, ...], rng: random.Random,
                 raise ArgumentError(f"no rule for required parameter {name!r} of {op.name}")
             continue
         kwargs[name] = value
-    if rank < 1:
-        raise ArgumentError("a rank-0 input")
     return kwargs
 
 

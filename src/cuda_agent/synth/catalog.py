@@ -72,6 +72,11 @@ class Param:
     default: Any = None  # JSON-able default; ``required`` says whether there is one
     required: bool = False
 
+    @property
+    def tensor_operand(self) -> bool:
+        """A required tensor argument after the input: a function's second (third, ...) operand."""
+        return self.required and ("Tensor" in self.annotation or self.name in ("other", "target", "x2", "input2"))
+
 
 @dataclass
 class Operator:
@@ -331,7 +336,7 @@ def _function_params(fn: Callable[..., Any], name: str) -> tuple[list[Param], in
     if not params:
         return [], 1
     rest = params[1:]
-    arity = 1 + sum(1 for p in rest if p.required and ("Tensor" in p.annotation or p.name in ("other", "target", "x2", "input2")))
+    arity = 1 + sum(1 for p in rest if p.tensor_operand)
     return rest, arity
 
 

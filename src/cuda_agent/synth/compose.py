@@ -10,6 +10,7 @@ computation; the execution filters then run the program for real.
 from __future__ import annotations
 
 import random
+import re
 import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -240,8 +241,6 @@ def _literal(value: Any) -> str:
 
 
 def _attr_name(op: str, taken: set[str]) -> str:
-    import re
-
     base = re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", op.rsplit(".", 1)[-1]).lower().strip("_")
     name, n = base or "op", 2
     while name in taken:
@@ -260,8 +259,6 @@ def _dims(shape: tuple[int, ...], lead: int, lead_name: str) -> str:
 
 def rescale(program: Program, lead: int) -> Program:
     """The same program with its leading input size (the batch) set to ``lead``."""
-    import re
-
     name = _ROLE_NAMES[len(program.input_shapes[0])][0]
     code, found = re.subn(rf"^{name} = \d+$", f"{name} = {lead}", program.code, count=1, flags=re.M)
     if not found:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import queue
 import secrets
 import shutil
@@ -40,6 +39,7 @@ from typing import Any, Protocol
 
 from cuda_agent.evaluate.policy import Policy
 from cuda_agent.jsonl import read_jsonl
+from cuda_agent.paths import PACKAGE_ROOT, worker_env
 from cuda_agent.sandbox.factory import make_sandbox
 from cuda_agent.sandbox.process import Limits, WorkerCrashed, WorkerProcess, WorkerTimeout
 from cuda_agent.synth.catalog import Catalog
@@ -142,20 +142,14 @@ class Screener:
     def _spawn(self) -> WorkerProcess:
         self.home.mkdir(parents=True, exist_ok=True)
         self.cache.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ)
-        package_root = str(Path(__file__).resolve().parents[2])
-        env["PYTHONPATH"] = package_root + os.pathsep + env.get("PYTHONPATH", "")
-        env["PYTHONUNBUFFERED"] = "1"
-        for name in ("HOME", "TMPDIR", "TRITON_CACHE_DIR", "CUDA_CACHE_PATH"):
-            env[name] = str(self.home)
-        env["TORCHINDUCTOR_CACHE_DIR"] = str(self.cache)
+        env = worker_env(self.home, self.cache)
         argv = [sys.executable, "-m", "cuda_agent.synth.screen", "--device", self.config.device]
         if self.config.device == "cuda":
             argv += ["--memory-fraction", f"{0.9 / self.config.workers:.4f}"]
         return WorkerProcess(
             argv=argv,
             cwd=self.home, env=env, limits=Limits(timeout_s=24 * 3600.0), gpu=self.config.device == "cuda",
-            sandbox=self.sandbox, writable=[self.cache], readable=[Path(package_root)],
+            sandbox=self.sandbox, writable=[self.cache], readable=[PACKAGE_ROOT],
         )
 
     def check(self, code: str, name: str, stochastic_ops: list[str]) -> list[dict[str, Any]]:

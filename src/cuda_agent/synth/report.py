@@ -39,7 +39,7 @@ def finish(out: Path) -> dict[str, Any]:
     run = json.loads((out / RUN_FILE).read_text()) if (out / RUN_FILE).exists() else {}
     summary = summarize(candidates, tasks)
     summary["parquet"] = _write_parquet(tasks, out / "tasks.parquet")
-    summary["plots"] = _plots(candidates, tasks, out)
+    summary["plots"] = _plots(candidates, tasks, summary["op_count_share"], out)
     (out / "report.md").write_text(render_report(summary, run))
     (out / "README.md").write_text(render_card(summary, run))
     return summary
@@ -161,7 +161,8 @@ def _write_parquet(tasks: list[dict[str, Any]], path: Path) -> str | None:
     return path.name
 
 
-def _plots(candidates: list[dict[str, Any]], tasks: list[dict[str, Any]], out: Path) -> list[str]:
+def _plots(candidates: list[dict[str, Any]], tasks: list[dict[str, Any]], shares: dict[str, float],
+           out: Path) -> list[str]:
     try:
         import matplotlib
 
@@ -185,11 +186,10 @@ def _plots(candidates: list[dict[str, Any]], tasks: list[dict[str, Any]], out: P
         plt.close(fig)
         written.append("similarity.png")
     if tasks:
-        summary = summarize(candidates, tasks)["op_count_share"]
         keys = list(PAPER_OP_COUNTS)
         fig, ax = plt.subplots(figsize=(6, 3.5))
         xs = range(len(keys))
-        ax.bar([x - 0.2 for x in xs], [summary[k] for k in keys], width=0.4, label="this run")
+        ax.bar([x - 0.2 for x in xs], [shares[k] for k in keys], width=0.4, label="this run")
         ax.bar([x + 0.2 for x in xs], [PAPER_OP_COUNTS[k] for k in keys], width=0.4, label="CUDA-Agent-Ops-6K")
         ax.set_xticks(list(xs), keys)
         ax.set_xlabel("operators per task")
