@@ -12,6 +12,8 @@
 #                                            # copy the fetched $OUT/synth_h200/* there before the next call
 #   bash benchmarks/gpu_session.sh baselines # KernelBench L1-3 eager/compile table (BASELINES_SECONDS);
 #                                            # resumes from a carried .data/baselines_h200/baselines.jsonl
+#   bash benchmarks/gpu_session.sh bench_own # cuda-agent bench over our KernelBench solutions, then the
+#                                            # baselines table's retries (into $OUT/baselines_h200)
 #   bash benchmarks/gpu_session.sh tests -k "illegal or profiler"   # extra arguments go to pytest
 #
 # With the device tool, carry [".data"]. It holds:
@@ -85,14 +87,33 @@ synth)
     mkdir -p "$OUT/synth_h200" && cp .data/synth_h200/{run.json,candidates.jsonl,tasks.jsonl} "$OUT/synth_h200/"
     ;;
 baselines)
-    mkdir -p .data/baselines_h200
+    # The table is written straight into $OUT, so that a call killed at its time limit still
+    # returns every finished row; it resumes from a carried .data/baselines_h200/baselines.jsonl.
+    mkdir -p "$OUT/baselines_h200"
+    [ -f .data/baselines_h200/baselines.jsonl ] && cp .data/baselines_h200/baselines.jsonl "$OUT/baselines_h200/"
     python3 -m cuda_agent.cli baselines .data/kernelbench/kernelbench.jsonl --level 1 --level 2 --level 3 \
-        --out .data/baselines_h200/baselines.jsonl --device cuda --deadline-s "${BASELINES_SECONDS:-480}" \
-        --published .data/kernelbench 2>&1 | tee "$OUT/baselines.log" | tail -40
-    mkdir -p "$OUT/baselines_h200" && cp .data/baselines_h200/baselines.{jsonl,md} "$OUT/baselines_h200/"
+        --out "$OUT/baselines_h200/baselines.jsonl" --device cuda --deadline-s "${BASELINES_SECONDS:-420}" \
+        --per-gpu "${BASELINES_PER_GPU:-3}" --published .data/kernelbench 2>&1 | tee "$OUT/baselines.log" | tail -40
+    ;;
+bench_own)
+    # `cuda-agent bench` over the project's own KernelBench solutions (tests/gpu/kernelbench_solutions),
+    # with the committed H200 baselines table; then the baselines table's retries (rows whose
+    # measurement could not finish), as in `baselines`. Only the run's state comes back (the device
+    # tool returns few files): remake the reports with `cuda-agent report DIR`.
+    mkdir -p "$OUT/bench_own" "$OUT/baselines_h200"
+    cp benchmarks/results/baselines_h200/baselines.jsonl "$OUT/baselines_h200/"
+    python3 -m cuda_agent.cli bench .data/kernelbench/kernelbench.jsonl --level 1 --level 2 --level 3 \
+        --solutions tests/gpu/kernelbench_solutions \
+        --out "$OUT/bench_own" --device cuda --baselines "$OUT/baselines_h200/baselines.jsonl" 2>&1 \
+        | tee "$OUT/bench.log" | tail -12
+    rm -f "$OUT"/bench_own/*.{png,csv,md} "$OUT/bench_own/metrics.json"
+    python3 -m cuda_agent.cli baselines .data/kernelbench/kernelbench.jsonl --level 1 --level 2 --level 3 \
+        --out "$OUT/baselines_h200/baselines.jsonl" --device cuda --deadline-s "${BASELINES_SECONDS:-300}" \
+        --per-gpu "${BASELINES_PER_GPU:-2}" --quiet 2>&1 | tee "$OUT/baselines.log" | grep -E "not timed|measure again" 
+    rm -f "$OUT/baselines_h200/baselines.md"
     ;;
 *)
-    echo "usage: $0 tests|redteam|speed|guard|precision|bench|synth|baselines [pytest args]" >&2
+    echo "usage: $0 tests|redteam|speed|guard|precision|bench|synth|baselines|bench_own [pytest args]" >&2
     exit 2
     ;;
 esac

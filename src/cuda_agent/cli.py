@@ -171,7 +171,7 @@ def cmd_baselines(args: argparse.Namespace) -> int:
         print(f"[{time.monotonic() - start:7.0f}s {done}/{total}] {row['name']}: {state}", file=sys.stderr, flush=True)
 
     options = {"policy": Policy.preset(args.policy), "sandbox": args.sandbox, "cache_dir": args.cache_dir}
-    measure_baselines(tasks, args.out, device=resolve_device(args.device), gpus=args.gpus,
+    measure_baselines(tasks, args.out, device=resolve_device(args.device), gpus=args.gpus, per_gpu=args.per_gpu,
                       degenerate=not args.no_degenerate, evaluator_options=options, progress=show,
                       deadline_s=args.deadline_s)
     rows = read_table(args.out)
@@ -182,6 +182,64 @@ def cmd_baselines(args: argparse.Namespace) -> int:
     if missing:
         print(f"{missing} tasks not timed yet: run the same command again to continue", file=sys.stderr)
     return 0 if not missing else 1
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from cuda_agent.bench.baselines import read_table
+    from cuda_agent.bench.report import write_report
+    from cuda_agent.bench.run import run_bench, seed_baselines
+    from cuda_agent.bench.solutions import find_solutions
+    from cuda_agent.paths import cache_root
+
+    tasks = load_tasks(args.source, levels=args.level)
+    solutions = find_solutions(tasks, args.solutions)
+    device = resolve_device(args.device)
+    policy = Policy.preset(args.policy)
+    print(f"{len(tasks)} tasks; {len(solutions.by_task)} with solutions ({len(solutions.entries())} entries); "
+          f"{len(solutions.unmatched)} entries name no task: "
+          + ", ".join(str(p.relative_to(solutions.root)) for p in solutions.unmatched[:10]), file=sys.stderr)
+    cache_dir = args.cache_dir or cache_root()
+    degenerate: list[str] = []
+    if args.baselines:
+        seeded = seed_baselines(args.baselines, cache_dir, policy, device)
+        degenerate = sorted(r["name"] for r in read_table(args.baselines) if r.get("degenerate"))
+        print(f"{seeded} baselines from {args.baselines} in the cache; {len(degenerate)} tasks flagged degenerate",
+              file=sys.stderr)
+    start = time.monotonic()
+
+    def show(done: int, total: int, row: dict) -> None:
+        if not args.quiet:
+            speed = f", {row['speedup_compile']:.2f}x vs compile" if row.get("speedup_compile") else ""
+            reason = f" ({row['reason'][:100]})" if row.get("reason") else ""
+            print(f"[{time.monotonic() - start:6.0f}s {done}/{total}] {row['task']['name']} {row['entry']}: "
+                  f"{row['status']}{speed}{reason}", file=sys.stderr, flush=True)
+
+    options = {"policy": policy, "sandbox": args.sandbox, "cache_dir": cache_dir}
+    settings = {"device": device, "policy": policy.name, "degenerate": degenerate}
+    run_bench(args.out, tasks, solutions, device, gpus=args.gpus, evaluator_options=options, settings=settings,
+              progress=show)
+    write_report(args.out, exclude_degenerate=args.exclude_degenerate)
+    print((args.out / "report.md").read_text().split("\n## ")[0])
+    print(f"reports in {args.out}: report.md, metrics.json, levels.csv, per_task.csv, *.png", file=sys.stderr)
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from cuda_agent.bench.report import write_report
+
+    write_report(args.run, exclude_degenerate=args.exclude_degenerate, levels=args.level)
+    print((args.run / "report.md").read_text())
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from cuda_agent.bench.report import compare_runs
+
+    text = compare_runs(args.a, args.b, exclude_degenerate=args.exclude_degenerate, levels=args.level)
+    if args.out:
+        args.out.write_text(text)
+    print(text)
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -263,6 +321,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--level", type=int, action="append")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--gpus", type=int, nargs="+", default=None, help="GPU indices to spread over (default: all)")
+    p.add_argument("--per-gpu", type=int, default=1,
+                   help="tasks in flight per GPU: they load and compile at once, time one at a time (default 1)")
     p.add_argument("--policy", default="fair", choices=sorted(PRESETS))
     p.add_argument("--no-degenerate", action="store_true", help="skip the degenerate-task check")
     p.add_argument("--deadline-s", type=float, default=None, help="take no new task after this many seconds")
@@ -272,6 +332,39 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true")
     add_sandbox_option(p)
     p.set_defaults(func=cmd_baselines)
+
+    p = sub.add_parser("bench", help="evaluate a solution set over KernelBench tasks; the paper's metrics, reports, plots")
+    p.add_argument("source", help="the tasks: KernelBench dir or .jsonl/.parquet table (or HF dataset name)")
+    p.add_argument("--solutions", type=Path, required=True,
+                   help="one entry per task: level1_19/ (model_new.py + kernels/), level_1_problem_19_sample_0_kernel.py, "
+                        "level1/19_ReLU.py; several entries of a task count with the best")
+    p.add_argument("--out", type=Path, required=True, help="run directory (a rerun continues it)")
+    p.add_argument("--level", type=int, action="append", help="only these levels (repeatable)")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--gpus", type=int, nargs="+", default=None, help="GPU indices, one evaluator each (default: all)")
+    p.add_argument("--policy", default="fair", choices=sorted(PRESETS))
+    p.add_argument("--baselines", type=Path, default=None,
+                   help="a table from `cuda-agent baselines` on this machine: its times are reused, its degenerate "
+                        "tasks flagged")
+    p.add_argument("--exclude-degenerate", action="store_true", help="leave degenerate tasks out of the metrics")
+    p.add_argument("--cache-dir", type=Path, default=None)
+    p.add_argument("--quiet", action="store_true")
+    add_sandbox_option(p)
+    p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("report", help="remake a benchmark run's reports and plots")
+    p.add_argument("run", type=Path)
+    p.add_argument("--level", type=int, action="append", help="only these levels (repeatable)")
+    p.add_argument("--exclude-degenerate", action="store_true")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("compare", help="two benchmark runs side by side: metrics and the tasks that changed")
+    p.add_argument("a", type=Path)
+    p.add_argument("b", type=Path)
+    p.add_argument("--out", type=Path, default=None, help="also write the markdown here")
+    p.add_argument("--level", type=int, action="append", help="only these levels (repeatable)")
+    p.add_argument("--exclude-degenerate", action="store_true")
+    p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("catalog", help="the operator catalog the composers read (crawled from torch/transformers)")
     p.add_argument("--out", type=Path, default=None, help="write it as JSON")
@@ -286,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (TaskError, CandidateError, SandboxUnavailable, ValueError) as exc:
+    except (TaskError, CandidateError, SandboxUnavailable, ValueError, FileNotFoundError) as exc:
         print(f"cuda-agent: error: {exc}", file=sys.stderr)
         return 2
 

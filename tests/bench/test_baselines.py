@@ -32,12 +32,26 @@ def test_table_is_measured_resumed_and_reported(tmp_path, examples, cache_dir):
     assert rows[0]["environment"]["torch"] and rows[0]["timing"]["method"] == "host"
     with out.open("a") as handle:
         handle.write('{"key": "half a li')  # a run killed mid-write
-    again = measure_baselines(tasks, out, device="cpu", evaluator_options=options)
-    assert [r["name"] for r in again] == [t.name for t in tasks[1:]]
+    third = tmp_path / "relu_max.py"
+    third.write_text(second.read_text().replace("torch.tanh(x).sum(dim=1)", "torch.relu(x).amax(dim=1)"))
+    tasks.append(load_task(third))
+    # Two tasks in flight on the one device: both land, once each.
+    again = measure_baselines(tasks, out, device="cpu", per_gpu=2, evaluator_options=options)
+    assert sorted(r["name"] for r in again) == sorted(t.name for t in tasks[1:])
+    assert all(r["per_gpu"] == 2 and r["durations"]["baseline"] > 0 for r in again)
     table = read_table(out)
     assert len(table) == len(tasks) and len({r["key"] for r in table}) == len(tasks)
     report = render_table_report(table)
-    assert "tasks timed" in report and "| level |" in report
+    assert "tasks timed" in report and "| level |" in report and "measure again" not in report
+    # A row whose degenerate check could not run (out of memory on a shared GPU) is measured again,
+    # and the new row replaces it.
+    with out.open("a") as handle:
+        handle.write(json.dumps(table[0] | {"degenerate_error": "CUDA out of memory"}) + "\n")
+    assert "1 tasks to measure again" in render_table_report(read_table(out))
+    retried = measure_baselines(tasks, out, device="cpu", evaluator_options=options)
+    assert [r["name"] for r in retried] == [table[0]["name"]] and "degenerate_error" not in retried[0]
+    final = read_table(out)
+    assert len(final) == len(tasks) and final[-1]["name"] == table[0]["name"]
 
 
 def test_spearman_and_published_comparison(tmp_path):
@@ -57,3 +71,31 @@ def test_spearman_and_published_comparison(tmp_path):
     assert result["disagreements"][0]["name"] == "level1/4_Op"
     assert result["disagreements"][0]["vs_typical"] == pytest.approx(10.0)
     assert compare_published([{"name": "x", "level": 9, "eager_ms": 1.0}], table) == {"matched": 0}
+
+
+class _RecordingLock:
+    def __init__(self):
+        self.entered = 0
+        self.held = False
+
+    def __enter__(self):
+        assert not self.held
+        self.entered += 1
+        self.held = True
+
+    def __exit__(self, *exc):
+        self.held = False
+
+
+@pytest.mark.slow
+def test_baseline_times_and_checks_under_the_timing_lock(examples, cache_dir):
+    from cuda_agent.evaluate.evaluator import Evaluator
+
+    lock = _RecordingLock()
+    evaluator = Evaluator("cpu", sandbox=SANDBOX, cache_dir=cache_dir, time_compile=False, timing_lock=lock)
+    record = evaluator.baseline(load_task(examples / "cpu_swish" / "model.py"), refresh=True, degenerate=True)
+    # Once for the timing, once for the degenerate check's model calls; never left held.
+    assert lock.entered == 2 and not lock.held
+    assert record["eager"]["median_ms"] > 0 and set(record["durations"]) == {"load", "baseline", "degenerate"}
+    with pytest.raises(ValueError, match="per_gpu"):
+        measure_baselines([], cache_dir / "t.jsonl", device="cpu", per_gpu=0)

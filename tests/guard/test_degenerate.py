@@ -40,11 +40,24 @@ def test_trivial_outputs_cover_zeros_constant_identity_and_input_mean():
 
     x = torch.randn(4, 5)
     expected = (x * 2, torch.ones(4, 5))
-    outs = trivial_outputs([x], expected, leaf_means(expected))
+    outs = dict(trivial_outputs([x], expected, leaf_means(expected)))
     assert torch.equal(outs["zeros"][0], torch.zeros(4, 5)) and torch.equal(outs["constant"][1], torch.ones(4, 5))
     assert torch.equal(outs["identity"][0], x) and outs["identity"][0].data_ptr() != x.data_ptr()
     assert float(outs["input-mean"][0][0, 0]) == pytest.approx(float(x.mean()), abs=1e-6)  # stored as float32
-    assert "identity" not in trivial_outputs([torch.randn(2)], expected, leaf_means(expected))
+    assert "identity" not in dict(trivial_outputs([torch.randn(2)], expected, leaf_means(expected)))
+
+
+def test_integer_outputs_get_a_rounded_constant():
+    import torch
+
+    # argmax-like tasks: an integer output leaf (once an UnboundLocalError on the H200 baselines).
+    x = torch.randn(4, 5)
+    expected = (x.argmax(dim=1), x.sum(dim=1))
+    means = leaf_means(expected)
+    outs = dict(trivial_outputs([x], expected, means))
+    assert outs["constant"][0].dtype == torch.int64 and int(outs["constant"][0][0]) == round(means[0])
+    # Never the expected output itself, which would make every argmax task look degenerate.
+    assert outs["input-mean"][0].dtype == torch.int64 and not torch.equal(outs["input-mean"][0], expected[0])
 
 
 @pytest.fixture(scope="module")

@@ -35,23 +35,37 @@ def task_key(task: Task) -> str:
 
 
 def read_table(path: Path) -> list[dict[str, Any]]:
-    """Rows of a baselines table; a half-written last line (a killed run) is dropped."""
-    return read_jsonl(Path(path))
+    """Rows of a baselines table, the latest per task (a retried task is appended again); a
+    half-written last line (a killed run) is dropped."""
+    latest: dict[str, dict[str, Any]] = {}
+    for row in read_jsonl(Path(path)):
+        latest.pop(row["key"], None)  # re-inserted: the order is that of the latest rows
+        latest[row["key"]] = row
+    return list(latest.values())
+
+
+def incomplete(row: dict[str, Any]) -> bool:
+    """A row to measure again: the task could not be timed, or the degenerate check could not run
+    (on a shared GPU, most often out of memory)."""
+    return "error" in row or "degenerate_error" in row
 
 
 def measure_baselines(tasks: list[Task], out: Path, device: str = "cuda", gpus: list[int] | None = None,
-                      degenerate: bool = True, evaluator_options: dict[str, Any] | None = None,
+                      per_gpu: int = 1, degenerate: bool = True, evaluator_options: dict[str, Any] | None = None,
                       progress: Callable[[int, int, dict[str, Any]], None] | None = None,
                       deadline_s: float | None = None) -> list[dict[str, Any]]:
-    """Time every task not yet in ``out`` (JSONL); the rows written now. ``gpus``: indices to
-    spread over (default: every visible GPU; ignored on the CPU). ``deadline_s``: stop taking new
-    tasks after this many seconds (a device call's time limit), leaving the rest for a rerun."""
+    """Time every task not yet in ``out`` (JSONL), and again those whose row is ``incomplete``;
+    the rows written now. ``gpus``: indices to
+    spread over (default: every visible GPU; ignored on the CPU). ``per_gpu``: tasks in flight
+    per GPU; they load and torch.compile at once but time one at a time (a lock per GPU), which
+    hides compile times of tens of seconds. ``deadline_s``: stop taking new tasks after this many
+    seconds (a device call's time limit), leaving the rest for a rerun."""
     from cuda_agent.build.toolchain import visible_gpus
     from cuda_agent.evaluate.evaluator import Evaluator
 
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    done = {row["key"] for row in read_table(out)}
+    done = {row["key"] for row in read_table(out) if not incomplete(row)}
     todo: queue.Queue[Task] = queue.Queue()
     for task in tasks:
         if task_key(task) not in done:
@@ -61,12 +75,15 @@ def measure_baselines(tasks: list[Task], out: Path, device: str = "cuda", gpus: 
         slots: list[int | None] = list(gpus) if gpus else list(range(len(visible_gpus()) or 1))
     else:
         slots = [None]
+    if per_gpu < 1:
+        raise ValueError(f"per_gpu must be at least 1, not {per_gpu}.")
     started = time.monotonic()
     lock = threading.Lock()
+    timing_locks = {gpu: threading.Lock() for gpu in slots}
     written: list[dict[str, Any]] = []
 
     def work(gpu: int | None) -> None:
-        evaluator = Evaluator(device, gpu_index=gpu, **(evaluator_options or {}))
+        evaluator = Evaluator(device, gpu_index=gpu, timing_lock=timing_locks[gpu], **(evaluator_options or {}))
         while True:
             if deadline_s is not None and time.monotonic() - started > deadline_s:
                 return
@@ -75,7 +92,7 @@ def measure_baselines(tasks: list[Task], out: Path, device: str = "cuda", gpus: 
             except queue.Empty:
                 return
             row = _measure_one(evaluator, task, degenerate)
-            row["gpu_index"] = gpu
+            row.update(gpu_index=gpu, per_gpu=per_gpu)
             with lock:
                 with out.open("a") as handle:
                     handle.write(json.dumps(row) + "\n")
@@ -83,7 +100,7 @@ def measure_baselines(tasks: list[Task], out: Path, device: str = "cuda", gpus: 
                 if progress:
                     progress(len(written), total, row)
 
-    threads = [threading.Thread(target=work, args=(gpu,), daemon=True) for gpu in slots]
+    threads = [threading.Thread(target=work, args=(gpu,), daemon=True) for gpu in slots for _ in range(per_gpu)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -103,7 +120,7 @@ def _measure_one(evaluator: Any, task: Task, degenerate: bool) -> dict[str, Any]
         return row | {"error": str(exc)[:1000], "seconds": round(time.monotonic() - clock, 2)}
     row.update(environment=record["environment"], eager=record.get("eager"), compile=record.get("compile"),
                compile_error=record.get("compile_error"), compile_seconds=record.get("compile_seconds"),
-               notes=record.get("notes", []), cached=record["cached"])
+               notes=record.get("notes", []), cached=record["cached"], durations=record.get("durations"))
     row["eager_ms"] = (record.get("eager") or {}).get("median_ms")
     row["compile_ms"] = (record.get("compile") or {}).get("median_ms")
     if "degenerate" in record:
@@ -199,6 +216,16 @@ def render_table_report(rows: list[dict[str, Any]], published_dir: Path | None =
         compile_median = f"{compiled[len(compiled) // 2]:.3g}" if compiled else "-"
         lines.append(f"| {level} | {len(group)} | {eager[len(eager) // 2]:.3g} | {compile_median} | "
                      f"{sum(bool(r.get('compile_error')) for r in group)} | {sum(bool(r.get('degenerate')) for r in group)} |")
+    degenerate = [r for r in measured if r.get("degenerate")]
+    if degenerate:
+        lines += ["", "## Degenerate tasks", "",
+                  "A trivial candidate passes these under the policy's tolerance: a solution's reward there says "
+                  "little about kernel work.", "", "| task | passed by |", "|---|---|"]
+        lines += [f"| {r['name']} | {', '.join(r.get('degenerate_by') or [])} |" for r in degenerate]
+    unchecked = [r for r in rows if incomplete(r)]
+    if unchecked:
+        lines += ["", f"{len(unchecked)} tasks to measure again (a rerun retries them): "
+                  + ", ".join(r["name"] for r in unchecked[:20])]
     if published_dir is not None:
         for which, filename in PUBLISHED_FILES.items():
             path = Path(published_dir) / filename

@@ -95,6 +95,14 @@ def geomean(values: list[float]) -> float | None:
     return math.exp(sum(math.log(v) for v in positive) / len(positive))
 
 
+def fast_p(outcomes: list[TaskOutcome], baseline: str, grid: Iterable[float]) -> list[float | None]:
+    """KernelBench's fast_p at each ``p`` of ``grid``: the share of all ``outcomes`` that are
+    correct with a speedup over ``baseline`` (eager or compile) above ``p``."""
+    speedups = [getattr(o, f"speedup_{baseline}") for o in outcomes if o.correct]
+    n = len(outcomes)
+    return [sum(s is not None and s > p for s in speedups) / n if n else None for p in grid]
+
+
 def summarize(outcomes: list[TaskOutcome], thresholds: tuple[float, ...] = THRESHOLDS,
               grid: tuple[float, ...] = FAST_P_GRID) -> dict[str, Any]:
     """The metrics of one group of tasks (each task once)."""
@@ -108,8 +116,7 @@ def summarize(outcomes: list[TaskOutcome], thresholds: tuple[float, ...] = THRES
         for t in thresholds:
             row[f"faster_{baseline}@{t:g}"] = sum(s is not None and s > t for s in speedups) / n if n else None
         row[f"geomean_{baseline}"] = geomean([s for s in speedups if s is not None])
-        row[f"fast_p_{baseline}"] = {f"{p:g}": (sum(s is not None and s > p for s in speedups) / n if n else None)
-                                     for p in grid}
+        row[f"fast_p_{baseline}"] = dict(zip((f"{p:g}" for p in grid), fast_p(outcomes, baseline, grid)))
     return row
 
 

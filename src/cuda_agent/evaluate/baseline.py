@@ -13,7 +13,10 @@ BASELINE_FORMAT = 1
 
 
 def baseline_key(task_digest: str, environment: dict[str, Any], policy: dict[str, Any], timing: dict[str, Any], device: str) -> str:
-    relevant_env = {k: environment.get(k) for k in ("gpu", "driver", "torch", "torch_cuda", "cpu", "torch_threads")}
+    # On a GPU the times are the GPU's and its software's: the same H200 and stack behind another
+    # host CPU (or another thread count) reuses them. On the CPU backend, the CPU is the device.
+    fields = ("gpu", "driver", "torch", "torch_cuda") if device == "cuda" else ("cpu", "torch", "torch_threads")
+    relevant_env = {k: environment.get(k) for k in fields}
     payload = {
         "format": BASELINE_FORMAT,
         "task": task_digest,

@@ -90,6 +90,7 @@ class Evaluator:
         time_compile: bool = True,
         check_idle: bool = True,
         idle_wait_s: float = 30.0,
+        timing_lock: contextlib.AbstractContextManager | None = None,
         on_stage: StageCallback | None = None,
     ):
         self.device = resolve_device(device)
@@ -106,6 +107,9 @@ class Evaluator:
         self.time_compile = time_compile
         self.check_idle = check_idle
         self.idle_wait_s = idle_wait_s
+        # Evaluators that share a GPU share one lock: each times only while it holds it, so
+        # timings never overlap while loading, compiling and checking do.
+        self.timing_lock = timing_lock or contextlib.nullcontext()
         self.on_stage = on_stage or (lambda stage, detail: None)
         self.baselines = BaselineCache(self.cache_dir / "baselines")
         self._probe_imports: frozenset[str] | None = None
@@ -277,10 +281,11 @@ class Evaluator:
         self.on_stage("profile", f"timing the candidate ({self.timing.method})")
         base = secrets.randbits(62)
         checked_calls = self._calls_to_check()
-        timed = self._ask(contender, "candidate", "profile", {
-            "op": "time", "seed": base, "check": checked_calls, "timing": self.timing.to_dict(),
-            "dir": str(job / "candidate" / "timed"),
-        }, self.timeouts.profile_s)
+        with self.timing_lock:
+            timed = self._ask(contender, "candidate", "profile", {
+                "op": "time", "seed": base, "check": checked_calls, "timing": self.timing.to_dict(),
+                "dir": str(job / "candidate" / "timed"),
+            }, self.timeouts.profile_s)
         result.durations["profile"] = round(time.monotonic() - clock, 3)
 
         # The outputs of timed calls are checked too: a candidate that is right
@@ -381,7 +386,8 @@ class Evaluator:
     def baseline(self, task: Task, refresh: bool = False, degenerate: bool = False) -> dict[str, Any]:
         """Eager (and torch.compile) timings of ``task`` on this evaluator's device: the cached record
         evaluations use, measured now if there is none (or with ``refresh``). Adds ``cached``, ``key``,
-        ``environment`` and ``notes`` (a baseline timed on a busy GPU is returned, not cached). With
+        ``environment``, ``durations`` (seconds per stage) and ``notes`` (a baseline timed on a busy
+        GPU is returned, not cached). With
         ``degenerate``, the same reference process also runs ``check_degenerate``'s check: the record
         gets ``degenerate`` (a ``DegenerateReport``), or ``degenerate_error`` if it could not run."""
         environment = describe_environment(self.device, self.gpu_index)
@@ -391,14 +397,23 @@ class Evaluator:
             return cached | {"cached": True, "environment": environment, "notes": []}
         scratch = EvalResult(task=task.to_dict(), candidate={}, device=self.device, policy=self.policy.to_dict(),
                              timing=self.timing.to_dict(), environment=environment)
+        clock = time.monotonic()
         with self._loaded_reference(task, "the baselines could not be timed") as reference:
+            durations = {"load": round(time.monotonic() - clock, 3)}
+            clock = time.monotonic()
             record = cached or self._measure_baseline(key, reference, scratch)
-            record = record | {"cached": cached is not None, "environment": environment, "notes": scratch.notes}
+            durations["baseline"] = round(time.monotonic() - clock, 3)
+            record = record | {"cached": cached is not None, "environment": environment, "notes": scratch.notes,
+                               "durations": durations}
             if degenerate:
+                clock = time.monotonic()
                 try:
-                    record["degenerate"] = self._degenerate(task, reference, draws=3)
+                    # Under the timing lock: its model calls would disturb another evaluator's timing.
+                    with self.timing_lock:
+                        record["degenerate"] = self._degenerate(task, reference, draws=3)
                 except _Stop as stop:
                     record["degenerate_error"] = f"{task.source}: the degenerate-task check could not run: {stop.reason}"
+                durations["degenerate"] = round(time.monotonic() - clock, 3)
         return record
 
     def check_degenerate(self, task: Task, draws: int = 3) -> DegenerateReport:
@@ -465,11 +480,16 @@ class Evaluator:
         return cached
 
     def _measure_baseline(self, key: str, reference: WorkerProcess, result: EvalResult) -> dict[str, Any]:
-        busy = self._wait_until_idle()
-        self.on_stage("baseline", "timing eager" + (" and torch.compile" if self.time_compile else ""))
-        measured = self._ask(reference, "reference", "baseline", {
-            "op": "baseline", "seed": BASELINE_SEED, "timing": self.timing.to_dict(), "compile": self.time_compile,
-        }, self.timeouts.baseline_s)
+        if self.time_compile:
+            self.on_stage("baseline", "torch.compile")
+            self._ask(reference, "reference", "baseline", {"op": "compile", "seed": BASELINE_SEED},
+                      self.timeouts.baseline_s)
+        with self.timing_lock:
+            busy = self._wait_until_idle()
+            self.on_stage("baseline", "timing eager" + (" and torch.compile" if self.time_compile else ""))
+            measured = self._ask(reference, "reference", "baseline", {
+                "op": "baseline", "seed": BASELINE_SEED, "timing": self.timing.to_dict(), "compile": self.time_compile,
+            }, self.timeouts.baseline_s)
         record = {k: v for k, v in measured.items() if k not in ("ok", "seconds")} | {"key": key}
         if busy:
             # Slow baselines would inflate every later speedup: such a baseline is used once, never cached.

@@ -11,7 +11,7 @@ process, against expected outputs that never leave it.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 TRIVIAL_CANDIDATES = ("zeros", "constant", "identity", "input-mean")
 
@@ -50,8 +50,10 @@ def _map_leaves(value: Any, fn: Callable[[Any], Any]) -> Any:
     return value
 
 
-def trivial_outputs(inputs: list[Any], expected: Any, constants: Any) -> dict[str, Any]:
-    """What each trivial candidate would return for these inputs.
+def trivial_outputs(inputs: list[Any], expected: Any, constants: Any) -> Iterator[tuple[str, Any]]:
+    """What each trivial candidate would return for these inputs, as ``(name, output)`` pairs
+    made one at a time: on tasks with GB-sized outputs, holding all four at once runs a shared
+    GPU out of memory.
 
     ``constants`` is a mean per output leaf taken from an earlier draw: the
     constant a hacker would hard-code after seeing one set of outputs.
@@ -60,11 +62,14 @@ def trivial_outputs(inputs: list[Any], expected: Any, constants: Any) -> dict[st
     import torch
 
     tensors = [t for t in inputs if isinstance(t, torch.Tensor)]
-    out: dict[str, Any] = {"zeros": _map_leaves(expected, torch.zeros_like)}
+    yield "zeros", _map_leaves(expected, torch.zeros_like)
     leaves = iter(constants)
-    out["constant"] = _map_leaves(
-        expected, lambda e: torch.full_like(e, (c := next(leaves)) if e.is_floating_point() else round(c))
-    )
+
+    def constant(e: Any) -> Any:
+        value = next(leaves)
+        return torch.full_like(e, value if e.is_floating_point() else round(value))
+
+    yield "constant", _map_leaves(expected, constant)
 
     def same_as_input(e: Any) -> Any:
         match = next((t for t in tensors if t.shape == e.shape and t.dtype == e.dtype), None)
@@ -73,14 +78,16 @@ def trivial_outputs(inputs: list[Any], expected: Any, constants: Any) -> dict[st
         return match.clone()
 
     try:
-        out["identity"] = _map_leaves(expected, same_as_input)
+        identity = _map_leaves(expected, same_as_input)
     except LookupError:
         pass
+    else:
+        yield "identity", identity
+        del identity
     floats = [t for t in tensors if t.is_floating_point()]
     if floats:
-        mean = float(floats[0].double().mean())
-        out["input-mean"] = _map_leaves(expected, lambda e: torch.full_like(e, mean) if e.is_floating_point() else e)
-    return out
+        mean = float(floats[0].mean(dtype=torch.float64))
+        yield "input-mean", _map_leaves(expected, lambda e: torch.full_like(e, mean if e.is_floating_point() else round(mean)))
 
 
 def trivial_failures(inputs: list[Any], expected: Any, constants: Any, atol: float, rtol: float,
@@ -89,14 +96,11 @@ def trivial_failures(inputs: list[Any], expected: Any, constants: Any, atol: flo
     tolerance: None where it passes, else why it fails."""
     from cuda_agent.evaluate.compare import compare_outputs  # evaluate imports guard: not at module level
 
-    outputs = trivial_outputs(inputs, expected, constants)
-    verdicts: dict[str, str | None] = {}
-    for name in TRIVIAL_CANDIDATES:
-        if name not in outputs:
-            verdicts[name] = "not applicable (no input matches the output)"
-            continue
-        bad = [r for r in compare_outputs(expected, outputs[name], atol, rtol, scale=scale) if not r["ok"]]
+    verdicts: dict[str, str | None] = {name: "not applicable (no input matches the output)" for name in TRIVIAL_CANDIDATES}
+    for name, output in trivial_outputs(inputs, expected, constants):
+        bad = [r for r in compare_outputs(expected, output, atol, rtol, scale=scale) if not r["ok"]]
         verdicts[name] = f"{bad[0]['path']}: {bad[0]['reason']}" if bad else None
+        del output
     return verdicts
 
 
@@ -104,4 +108,7 @@ def leaf_means(expected: Any) -> list[float]:
     """The mean of each output leaf, in the order ``trivial_outputs`` visits them."""
     from cuda_agent.guard.runtime import tensors_in
 
-    return [float(e.double().mean()) if e.numel() else 0.0 for e in tensors_in(expected)]
+    import torch
+
+    # mean(dtype=float64) accumulates in float64 without a float64 copy of the output.
+    return [float(e.mean(dtype=torch.float64)) if e.numel() else 0.0 for e in tensors_in(expected)]

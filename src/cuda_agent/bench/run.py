@@ -1,0 +1,126 @@
+"""A benchmark run: every solution of a set evaluated against its task, persisted as it goes.
+
+A run directory holds ``run.json`` (what was asked: tasks, solutions, device,
+policy) and ``results.jsonl``, one line per evaluated entry: the task, the
+entry's path relative to the solution set and the evaluation core's full
+record. A rerun with the same directory evaluates only the entries not yet in
+``results.jsonl``; a rerun asking for something else is refused, naming the
+difference. Reports are made from the directory (``bench.report``).
+
+Baselines come from the evaluation core's cache. A baselines table measured
+on this machine (``cuda-agent baselines``) seeds that cache, so a run over
+all of KernelBench times no eager or torch.compile baseline again; a table
+from another GPU or software stack seeds keys that are never looked up.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any, Callable
+
+from cuda_agent.bench.baselines import read_table
+from cuda_agent.bench.solutions import SolutionSet
+from cuda_agent.evaluate.baseline import BaselineCache, baseline_key
+from cuda_agent.evaluate.policy import Policy
+from cuda_agent.jsonl import read_jsonl
+from cuda_agent.tasks.task import Task
+
+RUN_FORMAT = 1
+
+
+def results_path(run_dir: Path) -> Path:
+    return Path(run_dir) / "results.jsonl"
+
+
+def read_results(run_dir: Path) -> list[dict[str, Any]]:
+    """The run's rows; a half-written last line (a killed run) is dropped."""
+    return read_jsonl(results_path(run_dir))
+
+
+def read_run(run_dir: Path) -> dict[str, Any]:
+    path = Path(run_dir) / "run.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{run_dir}: not a benchmark run (no run.json); make one with `cuda-agent bench`.")
+    return json.loads(path.read_text())
+
+
+def seed_baselines(table: Path, cache_dir: Path, policy: Policy, device: str) -> int:
+    """Put each row of a baselines table into the evaluation core's baseline cache under the key
+    an evaluation would look up; the number of rows put. Rows of another policy are skipped."""
+    cache = BaselineCache(Path(cache_dir) / "baselines")
+    policy_dict = policy.to_dict()
+    put = 0
+    for row in read_table(table):
+        if row.get("policy") != policy.name or not row.get("eager") or not row.get("environment"):
+            continue
+        key = baseline_key(row["digest"], row["environment"], policy_dict, row["timing"], device)
+        record = {k: row[k] for k in ("eager", "compile", "compile_error", "compile_seconds") if row.get(k) is not None}
+        cache.put(key, record | {"key": key})
+        put += 1
+    return put
+
+
+def start_run(run_dir: Path, tasks: list[Task], solutions: SolutionSet, settings: dict[str, Any]) -> dict[str, Any]:
+    """Write ``run.json``, or check that the one there asks for the same run."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    spec = {"format": RUN_FORMAT, "solutions": str(solutions.root),
+            "tasks": [{"name": t.name, "level": t.level, "problem_id": t.problem_id, "digest": t.digest} for t in tasks],
+            **settings}
+    path = run_dir / "run.json"
+    if path.is_file():
+        before = json.loads(path.read_text())
+        changed = sorted(k for k in set(spec) | set(before) if spec.get(k) != before.get(k))
+        if changed:
+            raise ValueError(f"{run_dir} holds a run with other settings ({', '.join(changed)}); "
+                             "continue it with the same ones, or give another --out.")
+    else:
+        path.write_text(json.dumps(spec, indent=1) + "\n")
+    return spec
+
+
+def run_bench(run_dir: Path, tasks: list[Task], solutions: SolutionSet, device: str, *,
+              gpus: list[int] | None = None, evaluator_options: dict[str, Any] | None = None,
+              settings: dict[str, Any] | None = None,
+              progress: Callable[[int, int, dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+    """Evaluate every entry of ``solutions`` not yet in the run; the rows written now."""
+    from cuda_agent.candidates import CandidateError, load_candidate
+    from cuda_agent.evaluate.pool import evaluate_many
+    from cuda_agent.evaluate.result import EvalResult
+
+    start_run(run_dir, tasks, solutions, settings or {})
+    by_name = {t.name: t for t in tasks}
+    done = {(r["task"]["name"], r["entry"]) for r in read_results(run_dir)}
+    todo = [(name, path) for name, path in solutions.entries()
+            if (name, str(path.relative_to(solutions.root))) not in done]
+    lock = threading.Lock()
+    written: list[dict[str, Any]] = []
+
+    def write(row: dict[str, Any]) -> None:
+        with lock:
+            with results_path(run_dir).open("a") as handle:
+                handle.write(json.dumps(row) + "\n")
+            written.append(row)
+            if progress:
+                progress(len(written), len(todo), row)
+
+    pairs, entries = [], []
+    for name, path in todo:
+        entry = str(path.relative_to(solutions.root))
+        task = by_name[name]
+        try:
+            pairs.append((task, load_candidate(path)))
+            entries.append(entry)
+        except CandidateError as exc:
+            # A candidate that does not even load is the solution's failure, recorded like any other.
+            policy = (evaluator_options or {}).get("policy") or Policy()
+            record = EvalResult(task=task.to_dict(), candidate={"origin": str(path)}, device=device,
+                                policy=policy.to_dict(), timing={}, status="failed", stage="candidate", reason=str(exc),
+                                reward=-1.0)
+            write({"entry": entry} | record.to_dict())
+    if pairs:
+        evaluate_many(pairs, device, gpus=gpus, on_result=lambda i, result: write({"entry": entries[i]} | result.to_dict()),
+                      **(evaluator_options or {}))
+    return written

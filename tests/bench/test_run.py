@@ -1,0 +1,138 @@
+"""A benchmark run end to end on the CPU backend: solutions matched to tasks, evaluated with the
+real evaluation core, persisted and resumed, reported and compared."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from cuda_agent.bench.baselines import measure_baselines
+from cuda_agent.bench.report import compare_runs, paper_table, write_report
+from cuda_agent.bench.run import read_results, run_bench, seed_baselines
+from cuda_agent.bench.solutions import find_solutions, task_of
+from cuda_agent.cli import main
+from cuda_agent.evaluate.policy import Policy
+from cuda_agent.tasks import load_tasks
+
+SANDBOX = "auto" if shutil.which("bwrap") else "none"
+
+
+def test_paths_name_their_task():
+    assert task_of(Path("level_1_problem_19_sample_0_kernel.py")) == (1, 19)
+    assert task_of(Path("level2_40/step_3")) == (2, 40)
+    assert task_of(Path("level3/7_GoogleNet.py")) == (3, 7)
+    assert task_of(Path("runs/level1/19_ReLU")) == (1, 19)
+    assert task_of(Path("wrong_level1_19")) is None  # only a part that starts with the level counts
+    assert task_of(Path("level1")) is None
+
+
+def test_paper_table_ships_with_the_package():
+    rows = paper_table()
+    ours = next(r for r in rows if r["split"] == "overall" and r["model"] == "CUDA Agent")
+    assert ours["faster_compile"] == pytest.approx(0.968) and ours["geomean_compile"] == pytest.approx(2.11)
+    assert {r["split"] for r in rows} == {"overall", "1", "2", "3"}
+
+
+def kernelbench_like(tmp_path: Path, examples: Path) -> tuple[Path, Path]:
+    """Three level-1 tasks (the CPU swish example, renamed) and a solution set for them: a correct
+    workspace, a wrong one, one that does not load, and an entry that names no task."""
+    tasks = tmp_path / "KernelBench" / "level1"
+    tasks.mkdir(parents=True)
+    code = (examples / "cpu_swish" / "model.py").read_text()
+    for i, name in enumerate(("Swish", "SwishAgain", "SwishThird"), start=1):
+        # A comment keeps the digests (and so the baselines' keys) apart.
+        (tasks / f"{i}_{name}.py").write_text(f"# task {i}\n" + code)
+    solution = examples / "cpu_swish" / "solution"
+    sols = tmp_path / "solutions"
+    shutil.copytree(solution, sols / "level1_1")
+    shutil.copytree(solution, sols / "level1_2" / "sample_0")
+    wrong = sols / "level1_2" / "sample_1"
+    shutil.copytree(solution, wrong)
+    model_new = wrong / "model_new.py"
+    model_new.write_text(model_new.read_text().replace("scaled_swish(x, self.scale)", "scaled_swish(x, self.scale * 2.0)"))
+    (sols / "level1_3").mkdir()
+    (sols / "level1_3" / "model_new.py").write_text("import torch\n\nclass NotModelNew:\n    pass\n")
+    shutil.copytree(solution, sols / "notes_level1_1")
+    return tmp_path / "KernelBench", sols
+
+
+@pytest.mark.slow
+def test_run_resumes_reports_and_compares(tmp_path, examples, cache_dir):
+    source, sols = kernelbench_like(tmp_path, examples)
+    tasks = load_tasks(source)
+    found = find_solutions(tasks, sols)
+    assert {n: len(p) for n, p in found.by_task.items()} == {"level1/1_Swish": 1, "level1/2_SwishAgain": 2,
+                                                              "level1/3_SwishThird": 1}
+    assert [p.name for p in found.unmatched] == ["notes_level1_1"]
+
+    # The baselines table measured here seeds the evaluation core's cache: the run times none.
+    table = tmp_path / "baselines.jsonl"
+    options = {"sandbox": SANDBOX, "cache_dir": tmp_path / "cache", "time_compile": False}
+    measure_baselines(tasks, table, device="cpu", evaluator_options=options)
+    shutil.rmtree(tmp_path / "cache" / "baselines")
+    assert seed_baselines(table, tmp_path / "cache", Policy(), "cpu") == 3
+    assert seed_baselines(table, tmp_path / "cache", Policy.preset("strict"), "cpu") == 0
+
+    run = tmp_path / "run"
+    part = find_solutions(tasks, sols)
+    part.by_task = {"level1/1_Swish": part.by_task["level1/1_Swish"]}  # an interrupted run: one entry done
+    first = run_bench(run, tasks, part, "cpu", evaluator_options=options, settings={"device": "cpu"})
+    assert [r["status"] for r in first] == ["correct"] and first[0]["baseline_cached"]
+    # The build cache is shared, so the run also checks that results are keyed by entry, not by build.
+    seen = []
+    rest = run_bench(run, tasks, found, "cpu", evaluator_options=options, settings={"device": "cpu"},
+                     progress=lambda done, total, row: seen.append(total))
+    assert sorted((r["task"]["name"], r["entry"], r["status"]) for r in rest) == [
+        ("level1/2_SwishAgain", "level1_2/sample_0", "correct"),
+        ("level1/2_SwishAgain", "level1_2/sample_1", "incorrect"),
+        ("level1/3_SwishThird", "level1_3", "failed"),
+    ]
+    assert seen == [3, 3, 3] and all(r["baseline_cached"] for r in rest if r["status"] != "failed")
+    assert run_bench(run, tasks, found, "cpu", evaluator_options=options, settings={"device": "cpu"}) == []
+    assert len(read_results(run)) == 4
+    with pytest.raises(ValueError, match="other settings"):
+        run_bench(run, tasks, found, "cpu", evaluator_options=options, settings={"device": "cuda"})
+
+    report = write_report(run)
+    level = report["levels"]["1"]
+    assert (level["tasks"], level["correct"], level["status"]["failed"]) == (3, 2, 1)
+    assert report["overall"]["pass_rate"] == pytest.approx(2 / 3)  # the wrong sample does not count against task 2
+    for name in ("metrics.json", "levels.csv", "per_task.csv", "report.md", "speedups.png", "fast_p.png", "vs_paper.png"):
+        assert (run / name).stat().st_size > 0, name
+    per_task = {r["name"]: r for r in csv.DictReader((run / "per_task.csv").open())}
+    assert per_task["level1/2_SwishAgain"]["best_entry"] == "level1_2/sample_0"
+    assert per_task["level1/2_SwishAgain"]["samples"] == "2"
+    assert "ModelNew" in per_task["level1/3_SwishThird"]["reason"]
+    text = (run / "report.md").read_text()
+    assert "| L1 | 3 | 66.7% |" in text and "CUDA Agent" in text and "level1/3_SwishThird | failed" in text
+
+    # A second run without task 2's correct sample: compare names the change.
+    other = tmp_path / "run2"
+    shutil.copytree(run, other)
+    rows = [r for r in read_results(other) if r["entry"] != "level1_2/sample_0"]
+    (other / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    text = compare_runs(run, other)
+    assert "| overall | pass | 66.7% | 33.3% | -33.3 pt |" in text
+    assert "| level1/2_SwishAgain | correct | incorrect |" in text
+
+    assert main(["compare", str(run), str(other), "--out", str(tmp_path / "cmp.md")]) == 0
+    assert (tmp_path / "cmp.md").read_text() == text
+    assert main(["report", str(tmp_path / "nowhere")]) == 2
+
+
+@pytest.mark.slow
+def test_bench_command_runs_and_continues(tmp_path, examples, cache_dir, capsys):
+    source, sols = kernelbench_like(tmp_path, examples)
+    args = ["bench", str(source), "--solutions", str(sols / "level1_1"), "--out", str(tmp_path / "run"),
+            "--device", "cpu", "--cache-dir", str(cache_dir), "--quiet"]
+    assert main(args) == 2  # one candidate is not a solution set: the error says what to give
+    assert "not a solution set" in capsys.readouterr().err
+    args[args.index(str(sols / "level1_1"))] = str(sols)
+    assert main(args + ["--level", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "| L1 | 3 | 66.7% |" in out
+    assert main(args + ["--level", "1"]) == 0 and len(read_results(tmp_path / "run")) == 4
