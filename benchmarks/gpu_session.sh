@@ -21,6 +21,10 @@
 #   .data/wheels/pyseccomp-*.whl         (pip download pyseccomp --no-deps -d .data/wheels)
 #   .data/debs/bubblewrap_*.deb          (cd .data/debs && apt-get download bubblewrap)
 #   .data/lib/libseccomp.so.2            (cp /usr/lib/x86_64-linux-gnu/libseccomp.so.2 .data/lib/)
+# and, for the agent's GPU test, carry [".data", ".whl"] with the openai SDK and its dependencies:
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_17_x86_64 -d .whl \
+#       openai pydantic pydantic-core jiter distro sniffio annotated-types typing-inspection httpx2 httpcore2 \
+#       anyio truststore idna h11 typing-extensions   (the versions installed here)
 # The device machine has no network: pyseccomp is installed from that wheel, and torch
 # and the rest are what the machine has.
 set -uo pipefail
@@ -30,6 +34,11 @@ mkdir -p "$OUT"
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 KERNELBENCH_DATA=$PWD/.data/kernelbench
 export CUDA_AGENT_TEST_CACHE=/dev/shm/cuda-agent-cache CUDA_AGENT_CACHE=/dev/shm/cuda-agent-cache TMPDIR=/dev/shm
 python3 -c "import pyseccomp" 2>/dev/null || python3 -m pip install --no-index --no-deps -q .data/wheels/pyseccomp-*.whl
+if ! python3 -c "import openai" 2>/dev/null && ls .whl/openai-*.whl >/dev/null 2>&1; then
+    # The agent's model backend (the [llm] extra): carried wheels, see the comment at the top.
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
+        && export PYTHONPATH=$PYTHONPATH:/tmp/site
+fi
 if ! command -v bwrap >/dev/null; then
     # The device image has no bubblewrap and no network: unpack the carried Debian package.
     deb=$(ls .data/debs/bubblewrap_*.deb 2>/dev/null | head -1)

@@ -9,14 +9,16 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
-Reply = Callable[[dict[str, Any]], "str | tuple[int, dict[str, Any]]"]
+Reply = Callable[[dict[str, Any]], "str | dict[str, Any] | tuple[int, dict[str, Any]]"]
 
 
 class OpenAIServer:
     """``with OpenAIServer(reply) as server: OpenAI(base_url=server.url, ...)``.
 
-    ``reply(request)`` returns the assistant's text, or ``(status, body)`` to answer with an
-    HTTP error. Every request body is kept in ``requests``.
+    ``reply(request)`` returns the assistant's text, or the assistant message as a dict (e.g.
+    ``{"content": None, "tool_calls": [...]}``, answered with finish_reason "tool_calls" when it
+    has any), or ``(status, body)`` to answer with an HTTP error. Every request body is kept in
+    ``requests``.
     """
 
     def __init__(self, reply: Reply):
@@ -36,14 +38,17 @@ class OpenAIServer:
                 answer = server.reply(body)
                 if isinstance(answer, tuple):
                     return self._send(*answer)
+                message = {"role": "assistant"} | (answer if isinstance(answer, dict) else {"content": answer})
                 prompt_tokens = sum(len(str(m.get("content", "")).split()) for m in body.get("messages", []))
+                completion_tokens = len(str(message.get("content") or "").split()) + sum(
+                    len(json.dumps(call).split()) for call in message.get("tool_calls") or [])
                 self._send(200, {
                     "id": f"chatcmpl-{len(server.requests)}", "object": "chat.completion", "created": int(time.time()),
                     "model": body.get("model", "test"),
-                    "choices": [{"index": 0, "finish_reason": "stop",
-                                 "message": {"role": "assistant", "content": answer}}],
-                    "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": len(answer.split()),
-                              "total_tokens": prompt_tokens + len(answer.split())},
+                    "choices": [{"index": 0, "finish_reason": "tool_calls" if message.get("tool_calls") else "stop",
+                                 "message": message}],
+                    "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                              "total_tokens": prompt_tokens + completion_tokens},
                 })
 
             def _send(self, status: int, payload: dict[str, Any]) -> None:
@@ -52,7 +57,10 @@ class OpenAIServer:
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
-                self.wfile.write(data)
+                try:
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up (a timeout test): nothing to answer
 
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}/v1"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -242,6 +243,56 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_optimize(args: argparse.Namespace) -> int:
+    from cuda_agent.agent.llm import BackendError, OpenAIChat
+    from cuda_agent.agent.loop import AgentConfig
+    from cuda_agent.agent.optimize import optimize
+
+    task = load_task(args.task)
+    device = resolve_device(args.device)
+    evaluator = Evaluator(device, policy=Policy.preset(args.policy), sandbox=args.sandbox,
+                          timing_lock=threading.Lock())
+    config = AgentConfig(max_turns=args.max_turns, context_tokens=args.context_tokens,
+                         wall_clock_s=args.wall_clock_s)
+
+    def backend() -> OpenAIChat:
+        return OpenAIChat(args.model, base_url=args.base_url, api_key_env=args.api_key_env,
+                          tool_format=args.tool_format, temperature=args.temperature)
+
+    try:
+        backend()  # a missing API key or a bad setting fails here, before any episode starts
+    except BackendError as exc:
+        print(f"cuda-agent: error: {exc}", file=sys.stderr)
+        return 2
+    start = time.monotonic()
+
+    def show(episode: int, entry: dict) -> None:
+        if not args.quiet:
+            calls = ", ".join(c["name"] + ("!" if c["error"] else "") for c in entry["tool_calls"]) or "(no tool call)"
+            print(f"[{time.monotonic() - start:6.0f}s] episode {episode} turn {entry['turn']}: {calls}",
+                  file=sys.stderr, flush=True)
+
+    optimize(task, backend, args.out, evaluator, episodes=args.episodes, config=config, model=args.model,
+             sandbox=args.sandbox, on_turn=show)
+    print((args.out / "report.md").read_text())
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from cuda_agent.agent.trajectory import read_trajectories, render_html, render_text
+
+    records = read_trajectories(args.trajectory)
+    if not 0 <= args.episode < len(records):
+        raise ValueError(f"{args.trajectory} holds {len(records)} episode(s); --episode is 0..{len(records) - 1}.")
+    record = records[args.episode]
+    if args.html:
+        args.html.write_text(render_html(record))
+        print(f"wrote {args.html}", file=sys.stderr)
+    else:
+        print(render_text(record, width=args.width))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cuda-agent", description="Verified, timed, rewarded CUDA kernels for PyTorch programs.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -366,6 +417,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--exclude-degenerate", action="store_true")
     p.set_defaults(func=cmd_compare)
 
+    p = sub.add_parser("optimize", help="run the agent on a PyTorch model: a verified, faster CUDA extension")
+    p.add_argument("task", help="model.py in KernelBench format (Model, get_inputs, get_init_inputs), or TABLE#ID")
+    p.add_argument("--model", required=True, help="the served model's name")
+    p.add_argument("--base-url", default=None, help="OpenAI-compatible endpoint, e.g. http://localhost:8000/v1 "
+                                                   "(vLLM, SGLang); default: the OpenAI API")
+    p.add_argument("--api-key-env", default="OPENAI_API_KEY", help="variable holding the API key")
+    p.add_argument("--tool-format", default="native", choices=("native", "hermes"),
+                   help="native tool calls, or <tool_call> text for servers without a tool parser")
+    p.add_argument("--temperature", type=float, default=None)
+    p.add_argument("--out", type=Path, default=Path("optimized"), help="output directory (default: optimized/)")
+    p.add_argument("--episodes", type=int, default=1, help="episodes run at once; the best solution is kept")
+    p.add_argument("--max-turns", type=int, default=150)
+    p.add_argument("--context-tokens", type=int, default=128_000)
+    p.add_argument("--wall-clock-s", type=float, default=None)
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--policy", default="fair", choices=sorted(PRESETS))
+    p.add_argument("--quiet", action="store_true")
+    add_sandbox_option(p)
+    p.set_defaults(func=cmd_optimize)
+
+    p = sub.add_parser("show", help="render an agent trajectory (terminal, or --html)")
+    p.add_argument("trajectory", type=Path, help="trajectories.jsonl or an optimize output directory")
+    p.add_argument("--episode", type=int, default=0)
+    p.add_argument("--html", type=Path, default=None, help="write a self-contained HTML page here")
+    p.add_argument("--width", type=int, default=2000, help="cut messages longer than this")
+    p.set_defaults(func=cmd_show)
+
     p = sub.add_parser("catalog", help="the operator catalog the composers read (crawled from torch/transformers)")
     p.add_argument("--out", type=Path, default=None, help="write it as JSON")
     p.add_argument("--no-transformers", action="store_true")
@@ -379,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (TaskError, CandidateError, SandboxUnavailable, ValueError, FileNotFoundError) as exc:
+    except (TaskError, CandidateError, SandboxUnavailable, ValueError, OSError) as exc:
         print(f"cuda-agent: error: {exc}", file=sys.stderr)
         return 2
 

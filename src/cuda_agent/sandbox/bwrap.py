@@ -7,7 +7,8 @@ process group; bwrap then runs the job with
   ``/proc`` (own pid namespace: no host process is visible), private tmpfs on
   ``/tmp``, ``/dev/shm`` and ``/run`` (the latter hides host unix sockets such as
   the D-Bus system bus), and read-write binds of ``cwd`` and of each
-  ``writable`` directory only;
+  ``writable`` directory only, with the ``read_only`` paths inside them bound
+  read-only again on top;
 * every namespace unshared (``--unshare-all``: no network at all), no further
   user namespaces (``--disable-userns``), ``--cap-drop ALL``, ``--new-session``
   (no TIOCSTI into a terminal) and ``--die-with-parent``;
@@ -386,7 +387,7 @@ class BwrapSandbox:
 
     def bwrap_argv(
         self, argv: Sequence[str], *, cwd: Path, gpu: bool, writable: Sequence[Path] = (), seccomp_fd: int | None = None,
-        readable: Sequence[Path] = (),
+        readable: Sequence[Path] = (), read_only: Sequence[Path] = (),
     ) -> list[str]:
         """The full command line for one job."""
         args = [self.bwrap, *_COMMON_FLAGS, "--ro-bind", "/", "/", "--dev", "/dev"]
@@ -407,6 +408,9 @@ class BwrapSandbox:
             args += ["--ro-bind", path, path]
         for path in (cwd, *writable):
             args += ["--bind", str(path), str(path)]
+        # After the writable binds, so these read-only binds cover the paths inside them.
+        for path in read_only:
+            args += ["--ro-bind", str(path), str(path)]
         args += ["--chdir", str(cwd)]
         if seccomp_fd is not None:
             args += ["--seccomp", str(seccomp_fd)]
@@ -423,13 +427,18 @@ class BwrapSandbox:
         pass_fds: Sequence[int] = (),
         writable: Sequence[Path] = (),
         readable: Sequence[Path] = (),
+        read_only: Sequence[Path] = (),
     ) -> subprocess.Popen:
         cwd = Path(os.path.realpath(cwd))
         dirs = [Path(os.path.realpath(p)) for p in writable]
         shown = [Path(os.path.realpath(p)) for p in readable]
+        fixed = [Path(os.path.realpath(p)) for p in read_only]
         for path in (cwd, *dirs):
             if not path.is_dir():
                 raise FileNotFoundError(f"sandbox: {path} must be an existing directory")
+        for path in fixed:
+            if not path.exists():
+                raise FileNotFoundError(f"sandbox: read-only path {path} does not exist")
         self.cleanup()
 
         procs_file, job = None, None
@@ -468,7 +477,8 @@ class BwrapSandbox:
                 os.write(seccomp_fd, self._seccomp)
                 os.lseek(seccomp_fd, 0, os.SEEK_SET)
                 return _BwrapPopen(
-                    self.bwrap_argv(argv, cwd=cwd, gpu=gpu, writable=dirs, seccomp_fd=seccomp_fd, readable=shown),
+                    self.bwrap_argv(argv, cwd=cwd, gpu=gpu, writable=dirs, seccomp_fd=seccomp_fd, readable=shown,
+                                    read_only=fixed),
                     cwd=cwd,
                     env=env,
                     stdin=subprocess.DEVNULL,

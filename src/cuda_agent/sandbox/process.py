@@ -68,7 +68,10 @@ class Sandbox(Protocol):
     The job may write to ``cwd`` and to the directories in ``writable``; a
     sandbox that confines the file system makes everything else read-only and
     may hide private places such as /tmp, so directories the job must read
-    from there are named in ``readable``.
+    from there are named in ``readable``. ``read_only`` names existing files or
+    directories inside ``cwd`` or ``writable`` that the job may read but not
+    change (the agent's protected workspace files); only a confining sandbox
+    can enforce it.
     """
 
     def spawn(
@@ -82,6 +85,7 @@ class Sandbox(Protocol):
         pass_fds: Sequence[int] = (),
         writable: Sequence[Path] = (),
         readable: Sequence[Path] = (),
+        read_only: Sequence[Path] = (),
     ) -> subprocess.Popen: ...
 
 
@@ -101,8 +105,10 @@ class LocalSandbox:
         pass_fds: Sequence[int] = (),
         writable: Sequence[Path] = (),
         readable: Sequence[Path] = (),
+        read_only: Sequence[Path] = (),
     ) -> subprocess.Popen:
-        del writable, readable  # no file-system confinement: the job may write wherever this user may
+        # No file-system confinement: the job may write wherever this user may, read_only included.
+        del writable, readable, read_only
         memory = None if gpu else limits.memory_bytes
 
         def preexec() -> None:

@@ -1,0 +1,1 @@
+"""The agent: workspace, tools, loop, model backends, trajectories."""
