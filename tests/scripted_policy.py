@@ -38,3 +38,17 @@ COMMANDS = [
     [("bash", {"command": "python utils/verify.py"})],
     [("bash", {"command": "python utils/profile.py"})],
 ]
+
+
+def by_turn(steps: list):
+    """Like ``scripted``, but stateless: the turn is the number of assistant messages in the request,
+    so episodes running at once against one server each follow ``steps``."""
+
+    def reply(request: dict) -> dict | str:
+        turn = sum(m["role"] == "assistant" for m in request["messages"])
+        step = steps[turn] if turn < len(steps) else "done"
+        if isinstance(step, str):
+            return step
+        return {"content": None, "tool_calls": [call(name, args, 100 * turn + i) for i, (name, args) in enumerate(step)]}
+
+    return reply

@@ -188,17 +188,20 @@ def cmd_baselines(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from cuda_agent.bench.baselines import read_table
     from cuda_agent.bench.report import write_report
-    from cuda_agent.bench.run import run_bench, seed_baselines
+    from cuda_agent.bench.run import run_agent_bench, run_bench, seed_baselines
     from cuda_agent.bench.solutions import find_solutions
     from cuda_agent.paths import cache_root
 
+    if (args.solutions is None) == (args.model is None):
+        raise ValueError("give --solutions DIR (evaluate a solution set) or --model NAME (run the agent live).")
     tasks = load_tasks(args.source, levels=args.level)
-    solutions = find_solutions(tasks, args.solutions)
     device = resolve_device(args.device)
     policy = Policy.preset(args.policy)
-    print(f"{len(tasks)} tasks; {len(solutions.by_task)} with solutions ({len(solutions.entries())} entries); "
-          f"{len(solutions.unmatched)} entries name no task: "
-          + ", ".join(str(p.relative_to(solutions.root)) for p in solutions.unmatched[:10]), file=sys.stderr)
+    if args.solutions is not None:
+        solutions = find_solutions(tasks, args.solutions)
+        print(f"{len(tasks)} tasks; {len(solutions.by_task)} with solutions ({len(solutions.entries())} entries); "
+              f"{len(solutions.unmatched)} entries name no task: "
+              + ", ".join(str(p.relative_to(solutions.root)) for p in solutions.unmatched[:10]), file=sys.stderr)
     cache_dir = args.cache_dir or cache_root()
     degenerate: list[str] = []
     if args.baselines:
@@ -217,8 +220,22 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     options = {"policy": policy, "sandbox": args.sandbox, "cache_dir": cache_dir}
     settings = {"device": device, "policy": policy.name, "degenerate": degenerate}
-    run_bench(args.out, tasks, solutions, device, gpus=args.gpus, evaluator_options=options, settings=settings,
-              progress=show)
+    if args.model is None:
+        run_bench(args.out, tasks, solutions, device, gpus=args.gpus, evaluator_options=options, settings=settings,
+                  progress=show)
+    else:
+        from cuda_agent.agent.llm import OpenAIChat
+        from cuda_agent.agent.loop import AgentConfig
+
+        def backend() -> OpenAIChat:
+            return OpenAIChat(args.model, base_url=args.base_url, api_key_env=args.api_key_env,
+                              tool_format=args.tool_format)
+
+        backend()  # a missing key fails now, not in every episode
+        config = AgentConfig(max_turns=args.max_turns)
+        run_agent_bench(args.out, tasks, backend, device, model=args.model, gpus=args.gpus, evaluator_options=options,
+                        config=config, sandbox=args.sandbox, settings=settings | {"max_turns": args.max_turns},
+                        progress=show)
     write_report(args.out, exclude_degenerate=args.exclude_degenerate)
     print((args.out / "report.md").read_text().split("\n## ")[0])
     print(f"reports in {args.out}: report.md, metrics.json, levels.csv, per_task.csv, *.png", file=sys.stderr)
@@ -386,9 +403,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="evaluate a solution set over KernelBench tasks; the paper's metrics, reports, plots")
     p.add_argument("source", help="the tasks: KernelBench dir or .jsonl/.parquet table (or HF dataset name)")
-    p.add_argument("--solutions", type=Path, required=True,
+    p.add_argument("--solutions", type=Path, default=None,
                    help="one entry per task: level1_19/ (model_new.py + kernels/), level_1_problem_19_sample_0_kernel.py, "
                         "level1/19_ReLU.py; several entries of a task count with the best")
+    p.add_argument("--model", default=None, help="run the agent live on each task with this model instead "
+                                                 "(best evaluation of each trajectory)")
+    p.add_argument("--base-url", default=None, help="live: the OpenAI-compatible endpoint")
+    p.add_argument("--api-key-env", default="OPENAI_API_KEY", help="live: variable holding the API key")
+    p.add_argument("--tool-format", default="native", choices=("native", "hermes"))
+    p.add_argument("--max-turns", type=int, default=200, help="live: turns per episode (the paper evaluates with 200)")
     p.add_argument("--out", type=Path, required=True, help="run directory (a rerun continues it)")
     p.add_argument("--level", type=int, action="append", help="only these levels (repeatable)")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))

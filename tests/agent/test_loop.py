@@ -21,7 +21,7 @@ from cuda_agent.tasks import load_task
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from openai_server import OpenAIServer  # noqa: E402
-from scripted_policy import COMMANDS, call, scripted, write_solution  # noqa: E402
+from scripted_policy import COMMANDS, by_turn, call, scripted, write_solution  # noqa: E402
 
 SANDBOX = "auto" if shutil.which("bwrap") else "none"
 
@@ -137,18 +137,20 @@ def test_workspace_layout_and_skill(tmp_path, examples):
 def test_optimize_command_writes_solution_report_and_trajectory(tmp_path, examples, cache_dir, monkeypatch, capsys):
     monkeypatch.setenv("CUDA_AGENT_CACHE", str(cache_dir))
     out = tmp_path / "out"
-    with OpenAIServer(scripted(solution_steps(examples))) as server:
+    with OpenAIServer(by_turn(solution_steps(examples))) as server:
         code = main(["optimize", str(examples / "cpu_swish" / "model.py"), "--model", "scripted",
-                     "--base-url", server.url, "--out", str(out), "--device", "cpu", "--quiet"])
-    assert code == 0
+                     "--base-url", server.url, "--out", str(out), "--device", "cpu", "--episodes", "2", "--quiet"])
+    assert code == 0 and len(server.requests) == 2 * 8  # two episodes at once, eight turns each
     assert (out / "solution" / "model_new.py").is_file() and (out / "solution" / "kernels" / "scaled_swish.cpp").is_file()
     assert (out / "solution" / "binding.cpp").is_file()
     report = (out / "report.md").read_text()
-    assert "Best solution: episode 0" in report and json.loads((out / "result.json").read_text())["status"] == "correct"
-    assert len(read_trajectories(out)) == 1
-    assert main(["show", str(out), "--html", str(tmp_path / "t.html")]) == 0
+    assert "Best solution: episode" in report and json.loads((out / "result.json").read_text())["status"] == "correct"
+    episodes = read_trajectories(out)
+    assert sorted(e["episode"] for e in episodes) == [0, 1] and all(e["reward"] >= 1 for e in episodes)
+    assert "| 1 |" in report  # a row per episode
+    assert main(["show", str(out), "--episode", "1", "--html", str(tmp_path / "t.html")]) == 0
     assert (tmp_path / "t.html").read_text().startswith("<!doctype html>")
     assert main(["show", str(out), "--episode", "3"]) == 2
-    assert "1 episode" in capsys.readouterr().err
+    assert "2 episode" in capsys.readouterr().err
     # The solution it wrote evaluates as a candidate on its own.
     assert main(["eval", str(examples / "cpu_swish" / "model.py"), str(out / "solution"), "--device", "cpu", "--json"]) == 0

@@ -131,8 +131,45 @@ def test_bench_command_runs_and_continues(tmp_path, examples, cache_dir, capsys)
             "--device", "cpu", "--cache-dir", str(cache_dir), "--quiet"]
     assert main(args) == 2  # one candidate is not a solution set: the error says what to give
     assert "not a solution set" in capsys.readouterr().err
+    assert main(["bench", str(source), "--out", str(tmp_path / "run")]) == 2
+    assert "--solutions DIR" in capsys.readouterr().err and not (tmp_path / "run").exists()
     args[args.index(str(sols / "level1_1"))] = str(sols)
     assert main(args + ["--level", "1"]) == 0
     out = capsys.readouterr().out
     assert "| L1 | 3 | 66.7% |" in out
     assert main(args + ["--level", "1"]) == 0 and len(read_results(tmp_path / "run")) == 4
+
+
+@pytest.mark.slow
+def test_live_agent_run_takes_the_best_of_each_trajectory_and_resumes(tmp_path, examples, cache_dir):
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from openai_server import OpenAIServer
+    from scripted_policy import by_turn, write_solution
+
+    from cuda_agent.agent.llm import OpenAIChat
+    from cuda_agent.bench.run import run_agent_bench
+
+    source, _ = kernelbench_like(tmp_path, examples)
+    tasks = load_tasks(source)[:2]
+    policy = by_turn([write_solution(examples / "cpu_swish" / "solution"),
+                      [("bash", {"command": "python utils/profile.py"})]])
+
+    run = tmp_path / "live"
+    options = {"sandbox": SANDBOX, "cache_dir": cache_dir, "time_compile": False}
+    with OpenAIServer(policy) as server:
+        rows = run_agent_bench(run, tasks, lambda: OpenAIChat("scripted", base_url=server.url), "cpu",
+                               model="scripted", evaluator_options=options, sandbox=SANDBOX)
+        assert sorted({r["entry"] for r in rows}) == ["agent/final", "agent/turn-1-profile"]
+        assert all(r["status"] == "correct" for r in rows) and len(read_results(run)) == 4
+        # An interrupted run: the second task's rows never landed. Only it runs again.
+        kept = [r for r in read_results(run) if r["task"]["name"] == tasks[0].name]
+        (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))
+        before = len(server.requests)
+        again = run_agent_bench(run, tasks, lambda: OpenAIChat("scripted", base_url=server.url), "cpu",
+                                model="scripted", evaluator_options=options, sandbox=SANDBOX)
+        assert {r["task"]["name"] for r in again} == {tasks[1].name} and len(server.requests) - before == 3
+    report = write_report(run, plots=False)
+    assert report["overall"]["pass_rate"] == 1.0 and report["overall"]["tasks"] == 2
+    assert len((run / "trajectories.jsonl").read_text().splitlines()) == 3  # the cut-off episode's trajectory too

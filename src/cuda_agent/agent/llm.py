@@ -47,6 +47,8 @@ class Reply:
     usage: Usage = field(default_factory=Usage)
     finish_reason: str | None = None
     seconds: float = 0.0  # wall time of the request, retries included
+    # Token-level backends: {"prompt_ids", "ids", "logprobs"} of this turn, for training.
+    tokens: dict[str, list] | None = None
 
 
 class ChatBackend(Protocol):

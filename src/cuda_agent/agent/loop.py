@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 from cuda_agent.agent.commands import CommandServer, Evaluation, better, candidate_files
 from cuda_agent.agent.llm import BackendError, ChatBackend, Usage, assistant_message, tool_message
+from cuda_agent.agent.tokens import token_trace
 from cuda_agent.agent.tools import Toolbox
 from cuda_agent.agent.workspace import SOCKET_ENV, create_workspace
 from cuda_agent.candidates import CandidateError, load_workspace
@@ -112,6 +113,7 @@ def run_episode(task: Task, backend: ChatBackend, evaluator: Evaluator, workdir:
                                     f"The workspace is your current directory: {workspace.root}"},
     ]
     usage = Usage()
+    token_turns: list[dict[str, list]] = []  # token-level backends only
     chars_per_token = CHARS_PER_TOKEN
     end_reason = "max_turns"
 
@@ -140,6 +142,8 @@ def run_episode(task: Task, backend: ChatBackend, evaluator: Evaluator, workdir:
                     end_reason = f"backend_error: {exc}"
                     break
                 usage.add(reply.usage)
+                if reply.tokens is not None:
+                    token_turns.append(reply.tokens)
                 if reply.usage.prompt_tokens:
                     chars_per_token = sum(len(json.dumps(m)) for m in request) / reply.usage.prompt_tokens
                 messages.append(assistant_message(reply))
@@ -170,6 +174,9 @@ def run_episode(task: Task, backend: ChatBackend, evaluator: Evaluator, workdir:
                   best=_evaluation_record(best, files=True) if best else None,
                   reward=final.get("reward"), best_reward=best.result.get("reward") if best else None,
                   seconds=round(time.monotonic() - clock, 3))
+    if token_turns:
+        # Token ids, logprobs and a mask (1: sampled by the model), what training needs.
+        record["tokens"] = token_trace(token_turns)
     return Episode(record, final, best, end_reason)
 
 

@@ -62,11 +62,12 @@ def seed_baselines(table: Path, cache_dir: Path, policy: Policy, device: str) ->
     return put
 
 
-def start_run(run_dir: Path, tasks: list[Task], solutions: SolutionSet, settings: dict[str, Any]) -> dict[str, Any]:
-    """Write ``run.json``, or check that the one there asks for the same run."""
+def start_run(run_dir: Path, tasks: list[Task], solutions: str, settings: dict[str, Any]) -> dict[str, Any]:
+    """Write ``run.json``, or check that the one there asks for the same run. ``solutions`` says
+    where they come from: a directory, or ``agent:MODEL``."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    spec = {"format": RUN_FORMAT, "solutions": str(solutions.root),
+    spec = {"format": RUN_FORMAT, "solutions": solutions,
             "tasks": [{"name": t.name, "level": t.level, "problem_id": t.problem_id, "digest": t.digest} for t in tasks],
             **settings}
     path = run_dir / "run.json"
@@ -90,7 +91,7 @@ def run_bench(run_dir: Path, tasks: list[Task], solutions: SolutionSet, device: 
     from cuda_agent.evaluate.pool import evaluate_many
     from cuda_agent.evaluate.result import EvalResult
 
-    start_run(run_dir, tasks, solutions, settings or {})
+    start_run(run_dir, tasks, str(solutions.root), settings or {})
     by_name = {t.name: t for t in tasks}
     done = {(r["task"]["name"], r["entry"]) for r in read_results(run_dir)}
     todo = [(name, path) for name, path in solutions.entries()
@@ -100,8 +101,7 @@ def run_bench(run_dir: Path, tasks: list[Task], solutions: SolutionSet, device: 
 
     def write(row: dict[str, Any]) -> None:
         with lock:
-            with results_path(run_dir).open("a") as handle:
-                handle.write(json.dumps(row) + "\n")
+            _append(results_path(run_dir), [row])
             written.append(row)
             if progress:
                 progress(len(written), len(todo), row)
@@ -124,3 +124,75 @@ def run_bench(run_dir: Path, tasks: list[Task], solutions: SolutionSet, device: 
         evaluate_many(pairs, device, gpus=gpus, on_result=lambda i, result: write({"entry": entries[i]} | result.to_dict()),
                       **(evaluator_options or {}))
     return written
+
+
+def _append(path: Path, rows: list[dict[str, Any]]) -> None:
+    with Path(path).open("a") as handle:
+        handle.write("".join(json.dumps(row) + "\n" for row in rows))
+
+
+AGENT_FINAL = "agent/final"
+
+
+def run_agent_bench(run_dir: Path, tasks: list[Task], make_backend: Callable[[], Any], device: str, *,
+                    model: str, gpus: list[int] | None = None, evaluator_options: dict[str, Any] | None = None,
+                    config: Any = None, sandbox: Any = "auto", settings: dict[str, Any] | None = None,
+                    progress: Callable[[int, int, dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+    """Live: one agent episode per task not yet in the run, one evaluator (and episode) per GPU at a
+    time. Each evaluation the agent asked for is a sample of the task (``agent/turn-N-verify``), the
+    final fresh evaluation too (``agent/final``): the report takes the best, as the paper does. A
+    task's rows are written together when its episode ends; its trajectory goes to
+    ``trajectories.jsonl``. An episode cut off by an interruption is run again from the start."""
+    import queue
+    import shutil
+
+    from cuda_agent.agent.loop import run_episode
+    from cuda_agent.build.toolchain import visible_gpus
+    from cuda_agent.evaluate.evaluator import Evaluator
+
+    start_run(run_dir, tasks, f"agent:{model}", settings or {})
+    done = {r["task"]["name"] for r in read_results(run_dir) if r["entry"] == AGENT_FINAL}
+    todo: queue.Queue[Task] = queue.Queue()
+    for task in tasks:
+        if task.name not in done:
+            todo.put(task)
+    total = todo.qsize()
+    slots: list[int | None] = (list(gpus) if gpus else list(range(len(visible_gpus()) or 1))) if device == "cuda" else [None]
+    lock = threading.Lock()
+    written: list[dict[str, Any]] = []
+    failures: list[BaseException] = []
+
+    def work(gpu: int | None) -> None:
+        try:
+            episodes(gpu)
+        except BaseException as exc:  # re-raised below: a thread's error must not vanish
+            failures.append(exc)
+
+    def episodes(gpu: int | None) -> None:
+        evaluator = Evaluator(device, gpu_index=gpu, **(evaluator_options or {}))
+        while True:
+            try:
+                task = todo.get_nowait()
+            except queue.Empty:
+                return
+            workdir = Path(run_dir) / "episodes" / task.name.replace("/", "_")
+            shutil.rmtree(workdir, ignore_errors=True)
+            episode = run_episode(task, make_backend(), evaluator, workdir, config=config, model=model, sandbox=sandbox)
+            rows = [{"entry": f"agent/turn-{e['turn']}-{e['command']}"} | e["result"] for e in episode.record["evaluations"]]
+            rows.append({"entry": AGENT_FINAL} | episode.final)
+            with lock:
+                _append(Path(run_dir) / "trajectories.jsonl", [episode.record])
+                _append(results_path(run_dir), rows)  # the final row last: it marks the task done
+                written.extend(rows)
+                if progress:
+                    progress(len({r["task"]["name"] for r in written}), total, rows[-1])
+
+    threads = [threading.Thread(target=work, args=(gpu,), daemon=True) for gpu in slots]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if failures:
+        raise failures[0]
+    return written
+
