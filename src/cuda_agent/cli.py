@@ -9,6 +9,7 @@ import threading
 import time
 from pathlib import Path
 
+from cuda_agent.agent.llm import BackendError
 from cuda_agent.build import compile_only
 from cuda_agent.candidates import CandidateError, load_candidate
 from cuda_agent.evaluate import Evaluator, Policy, TimingConfig, resolve_device
@@ -224,16 +225,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         run_bench(args.out, tasks, solutions, device, gpus=args.gpus, evaluator_options=options, settings=settings,
                   progress=show)
     else:
-        from cuda_agent.agent.llm import OpenAIChat
         from cuda_agent.agent.loop import AgentConfig
 
-        def backend() -> OpenAIChat:
-            return OpenAIChat(args.model, base_url=args.base_url, api_key_env=args.api_key_env,
-                              tool_format=args.tool_format)
-
-        backend()  # a missing key fails now, not in every episode
         config = AgentConfig(max_turns=args.max_turns)
-        run_agent_bench(args.out, tasks, backend, device, model=args.model, gpus=args.gpus, evaluator_options=options,
+        run_agent_bench(args.out, tasks, _chat_backend(args), device, model=args.model, gpus=args.gpus, evaluator_options=options,
                         config=config, sandbox=args.sandbox, settings=settings | {"max_turns": args.max_turns},
                         progress=show)
     write_report(args.out, exclude_degenerate=args.exclude_degenerate)
@@ -260,8 +255,20 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _chat_backend(args: argparse.Namespace):
+    """A factory of the model backend the arguments describe, tried once now: a missing API key or
+    a bad setting fails before any episode starts, not in every one."""
+    from cuda_agent.agent.llm import OpenAIChat
+
+    def backend() -> OpenAIChat:
+        return OpenAIChat(args.model, base_url=args.base_url, api_key_env=args.api_key_env,
+                          tool_format=args.tool_format, temperature=getattr(args, "temperature", None))
+
+    backend()
+    return backend
+
+
 def cmd_optimize(args: argparse.Namespace) -> int:
-    from cuda_agent.agent.llm import BackendError, OpenAIChat
     from cuda_agent.agent.loop import AgentConfig
     from cuda_agent.agent.optimize import optimize
 
@@ -272,15 +279,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     config = AgentConfig(max_turns=args.max_turns, context_tokens=args.context_tokens,
                          wall_clock_s=args.wall_clock_s)
 
-    def backend() -> OpenAIChat:
-        return OpenAIChat(args.model, base_url=args.base_url, api_key_env=args.api_key_env,
-                          tool_format=args.tool_format, temperature=args.temperature)
-
-    try:
-        backend()  # a missing API key or a bad setting fails here, before any episode starts
-    except BackendError as exc:
-        print(f"cuda-agent: error: {exc}", file=sys.stderr)
-        return 2
+    backend = _chat_backend(args)
     start = time.monotonic()
 
     def show(episode: int, entry: dict) -> None:
@@ -480,7 +479,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (TaskError, CandidateError, SandboxUnavailable, ValueError, OSError) as exc:
+    except (TaskError, CandidateError, SandboxUnavailable, BackendError, ValueError, OSError) as exc:
         print(f"cuda-agent: error: {exc}", file=sys.stderr)
         return 2
 

@@ -185,9 +185,8 @@ def _final_evaluation(task: Task, evaluator: Evaluator, root: Path) -> tuple[dic
     try:
         candidate = load_workspace(root)
     except CandidateError as exc:
-        result = EvalResult(task=task.to_dict(), candidate={"origin": str(root)}, device=evaluator.device,
-                            policy=evaluator.policy.to_dict(), timing=evaluator.timing.to_dict(), status="failed",
-                            stage="candidate", reason=str(exc), reward=-1.0)
+        result = EvalResult.unloadable(task.to_dict(), str(root), evaluator.device, evaluator.policy.to_dict(),
+                                       evaluator.timing.to_dict(), str(exc))
         return result.to_dict(), None
     return evaluator.evaluate(task, candidate).to_dict(), candidate_files(candidate)
 

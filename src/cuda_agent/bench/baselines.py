@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import math
-import queue
 import threading
 import time
 from pathlib import Path
@@ -60,51 +59,34 @@ def measure_baselines(tasks: list[Task], out: Path, device: str = "cuda", gpus: 
     per GPU; they load and torch.compile at once but time one at a time (a lock per GPU), which
     hides compile times of tens of seconds. ``deadline_s``: stop taking new tasks after this many
     seconds (a device call's time limit), leaving the rest for a rerun."""
-    from cuda_agent.build.toolchain import visible_gpus
     from cuda_agent.evaluate.evaluator import Evaluator
+    from cuda_agent.evaluate.pool import device_slots, drain
 
+    if per_gpu < 1:
+        raise ValueError(f"per_gpu must be at least 1, not {per_gpu}.")
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     done = {row["key"] for row in read_table(out) if not incomplete(row)}
-    todo: queue.Queue[Task] = queue.Queue()
-    for task in tasks:
-        if task_key(task) not in done:
-            todo.put(task)
-    total = todo.qsize()
-    if device == "cuda":
-        slots: list[int | None] = list(gpus) if gpus else list(range(len(visible_gpus()) or 1))
-    else:
-        slots = [None]
-    if per_gpu < 1:
-        raise ValueError(f"per_gpu must be at least 1, not {per_gpu}.")
-    started = time.monotonic()
+    todo = [task for task in tasks if task_key(task) not in done]
+    slots = device_slots(device, gpus)
     lock = threading.Lock()
     timing_locks = {gpu: threading.Lock() for gpu in slots}
     written: list[dict[str, Any]] = []
 
-    def work(gpu: int | None) -> None:
-        evaluator = Evaluator(device, gpu_index=gpu, timing_lock=timing_locks[gpu], **(evaluator_options or {}))
-        while True:
-            if deadline_s is not None and time.monotonic() - started > deadline_s:
-                return
-            try:
-                task = todo.get_nowait()
-            except queue.Empty:
-                return
-            row = _measure_one(evaluator, task, degenerate)
-            row.update(gpu_index=gpu, per_gpu=per_gpu)
-            with lock:
-                with out.open("a") as handle:
-                    handle.write(json.dumps(row) + "\n")
-                written.append(row)
-                if progress:
-                    progress(len(written), total, row)
+    def setup(gpu: int | None) -> Evaluator:
+        return Evaluator(device, gpu_index=gpu, timing_lock=timing_locks[gpu], **(evaluator_options or {}))
 
-    threads = [threading.Thread(target=work, args=(gpu,), daemon=True) for gpu in slots for _ in range(per_gpu)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    def measure(evaluator: Evaluator, gpu: int | None, task: Task) -> None:
+        row = _measure_one(evaluator, task, degenerate)
+        row.update(gpu_index=gpu, per_gpu=per_gpu)
+        with lock:
+            with out.open("a") as handle:
+                handle.write(json.dumps(row) + "\n")
+            written.append(row)
+            if progress:
+                progress(len(written), len(todo), row)
+
+    drain(todo, [gpu for gpu in slots for _ in range(per_gpu)], setup, measure, deadline_s)
     return written
 
 

@@ -114,11 +114,8 @@ def run_bench(run_dir: Path, tasks: list[Task], solutions: SolutionSet, device: 
             pairs.append((task, load_candidate(path)))
             entries.append(entry)
         except CandidateError as exc:
-            # A candidate that does not even load is the solution's failure, recorded like any other.
             policy = (evaluator_options or {}).get("policy") or Policy()
-            record = EvalResult(task=task.to_dict(), candidate={"origin": str(path)}, device=device,
-                                policy=policy.to_dict(), timing={}, status="failed", stage="candidate", reason=str(exc),
-                                reward=-1.0)
+            record = EvalResult.unloadable(task.to_dict(), str(path), device, policy.to_dict(), {}, str(exc))
             write({"entry": entry} | record.to_dict())
     if pairs:
         evaluate_many(pairs, device, gpus=gpus, on_result=lambda i, result: write({"entry": entries[i]} | result.to_dict()),
@@ -143,56 +140,33 @@ def run_agent_bench(run_dir: Path, tasks: list[Task], make_backend: Callable[[],
     final fresh evaluation too (``agent/final``): the report takes the best, as the paper does. A
     task's rows are written together when its episode ends; its trajectory goes to
     ``trajectories.jsonl``. An episode cut off by an interruption is run again from the start."""
-    import queue
     import shutil
 
     from cuda_agent.agent.loop import run_episode
-    from cuda_agent.build.toolchain import visible_gpus
     from cuda_agent.evaluate.evaluator import Evaluator
+    from cuda_agent.evaluate.pool import device_slots, drain
 
     start_run(run_dir, tasks, f"agent:{model}", settings or {})
     done = {r["task"]["name"] for r in read_results(run_dir) if r["entry"] == AGENT_FINAL}
-    todo: queue.Queue[Task] = queue.Queue()
-    for task in tasks:
-        if task.name not in done:
-            todo.put(task)
-    total = todo.qsize()
-    slots: list[int | None] = (list(gpus) if gpus else list(range(len(visible_gpus()) or 1))) if device == "cuda" else [None]
+    todo = [task for task in tasks if task.name not in done]
     lock = threading.Lock()
     written: list[dict[str, Any]] = []
-    failures: list[BaseException] = []
 
-    def work(gpu: int | None) -> None:
-        try:
-            episodes(gpu)
-        except BaseException as exc:  # re-raised below: a thread's error must not vanish
-            failures.append(exc)
+    def setup(gpu: int | None) -> Evaluator:
+        return Evaluator(device, gpu_index=gpu, **(evaluator_options or {}))
 
-    def episodes(gpu: int | None) -> None:
-        evaluator = Evaluator(device, gpu_index=gpu, **(evaluator_options or {}))
-        while True:
-            try:
-                task = todo.get_nowait()
-            except queue.Empty:
-                return
-            workdir = Path(run_dir) / "episodes" / task.name.replace("/", "_")
-            shutil.rmtree(workdir, ignore_errors=True)
-            episode = run_episode(task, make_backend(), evaluator, workdir, config=config, model=model, sandbox=sandbox)
-            rows = [{"entry": f"agent/turn-{e['turn']}-{e['command']}"} | e["result"] for e in episode.record["evaluations"]]
-            rows.append({"entry": AGENT_FINAL} | episode.final)
-            with lock:
-                _append(Path(run_dir) / "trajectories.jsonl", [episode.record])
-                _append(results_path(run_dir), rows)  # the final row last: it marks the task done
-                written.extend(rows)
-                if progress:
-                    progress(len({r["task"]["name"] for r in written}), total, rows[-1])
+    def episode_of(evaluator: Evaluator, gpu: int | None, task: Task) -> None:
+        workdir = Path(run_dir) / "episodes" / task.name.replace("/", "_")
+        shutil.rmtree(workdir, ignore_errors=True)
+        episode = run_episode(task, make_backend(), evaluator, workdir, config=config, model=model, sandbox=sandbox)
+        rows = [{"entry": f"agent/turn-{e['turn']}-{e['command']}"} | e["result"] for e in episode.record["evaluations"]]
+        rows.append({"entry": AGENT_FINAL} | episode.final)
+        with lock:
+            _append(Path(run_dir) / "trajectories.jsonl", [episode.record])
+            _append(results_path(run_dir), rows)  # the final row last: it marks the task done
+            written.extend(rows)
+            if progress:
+                progress(len({r["task"]["name"] for r in written}), len(todo), rows[-1])
 
-    threads = [threading.Thread(target=work, args=(gpu,), daemon=True) for gpu in slots]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if failures:
-        raise failures[0]
+    drain(todo, device_slots(device, gpus), setup, episode_of)
     return written
-

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import os
 import queue
+import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence, TypeVar
 
 from cuda_agent.build import BuildResult
 from cuda_agent.build.toolchain import visible_gpus
@@ -17,6 +19,50 @@ from cuda_agent.candidates import Candidate
 from cuda_agent.evaluate.evaluator import Evaluator, resolve_device
 from cuda_agent.evaluate.result import EvalResult
 from cuda_agent.tasks import Task
+
+T = TypeVar("T")
+S = TypeVar("S")
+
+
+def device_slots(device: str, gpus: Sequence[int] | None = None) -> list[int | None]:
+    """The GPU indices to spread work over (``gpus``, default every visible GPU), or ``[None]``
+    (the one CPU) off the GPU."""
+    if device != "cuda":
+        return [None]
+    return list(gpus) if gpus else [int(g["index"]) for g in visible_gpus()] or [0]
+
+
+def drain(items: Iterable[T], slots: Sequence[int | None], setup: Callable[[int | None], S],
+          handle: Callable[[S, int | None, T], None], deadline_s: float | None = None) -> None:
+    """Work through ``items`` with one thread per entry of ``slots`` (a slot may repeat): each thread
+    calls ``setup(slot)`` once, then ``handle(state, slot, item)`` for every item it takes, until
+    none is left or ``deadline_s`` has passed (items left then are not taken). An exception in a
+    thread is raised here once every thread has ended."""
+    todo: "queue.Queue[T]" = queue.Queue()
+    for item in items:
+        todo.put(item)
+    started = time.monotonic()
+    failures: list[BaseException] = []
+
+    def work(slot: int | None) -> None:
+        try:
+            state = setup(slot)
+            while deadline_s is None or time.monotonic() - started <= deadline_s:
+                try:
+                    item = todo.get_nowait()
+                except queue.Empty:
+                    return
+                handle(state, slot, item)
+        except BaseException as exc:  # raised below: a thread's error must not vanish
+            failures.append(exc)
+
+    threads = [threading.Thread(target=work, args=(slot,), daemon=True) for slot in slots]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if failures:
+        raise failures[0]
 
 
 def evaluate_many(
@@ -36,10 +82,7 @@ def evaluate_many(
     called as each one finishes (for progress and persistence).
     """
     device = resolve_device(device)
-    if device == "cuda":
-        indices = list(gpus) if gpus is not None else [int(g["index"]) for g in visible_gpus()] or [0]
-    else:
-        indices = [None] * max(1, slots)  # type: ignore[list-item]
+    indices = device_slots(device, gpus) if device == "cuda" else [None] * max(1, slots)
     free: "queue.Queue[int | None]" = queue.Queue()
     for index in indices:
         free.put(index)

@@ -48,6 +48,14 @@ class EvalResult:
         return json.dumps(self.to_dict(), indent=indent)
 
     @classmethod
+    def unloadable(cls, task: dict[str, Any], origin: str, device: str, policy: dict[str, Any],
+                   timing: dict[str, Any], reason: str) -> "EvalResult":
+        """The record of a candidate that could not even be loaded (no ModelNew, say): the
+        solution's failure, reward -1, like any other."""
+        return cls(task=task, candidate={"origin": origin}, device=device, policy=policy, timing=timing,
+                   status="failed", stage="candidate", reason=reason, reward=-1.0)
+
+    @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "EvalResult":
         return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
