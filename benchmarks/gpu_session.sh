@@ -5,6 +5,7 @@
 #   bash benchmarks/gpu_session.sh redteam   # the GPU red-team cases
 #   bash benchmarks/gpu_session.sh speed     # eval speed and repeatability (~9 min)
 #   bash benchmarks/gpu_session.sh guard     # guard overhead
+#   bash benchmarks/gpu_session.sh drift     # candidate timing over successive evaluations, with the clocks
 #   bash benchmarks/gpu_session.sh precision # precision calibration (~1 min)
 #   bash benchmarks/gpu_session.sh bench     # all three (over the device tool's 10-minute limit per call)
 #   bash benchmarks/gpu_session.sh synth     # task synthesis with the GPU window (SYNTH_N, SYNTH_WORKERS,
@@ -73,7 +74,7 @@ tests|redteam)
         --timeout 300 -rf "$@" "$where" 2>&1 | tee "$OUT/gpu_$part.log" | grep -E "^(PASSED|FAILED|ERROR)|passed|failed|status:|rule"
     ;;
 speed|bench)
-    python3 benchmarks/eval_speed.py --device cuda --examples ${SPEED_EXAMPLES:-cuda_gelu cuda_row_softmax} --repeats 5 \
+    python3 benchmarks/eval_speed.py --device cuda --examples ${SPEED_EXAMPLES:-cuda_gelu cuda_row_softmax} --repeats 5 --remeasured ${SPEED_REMEASURED:-5} \
         --out "$OUT/eval_speed.json" 2>&1 | tee "$OUT/eval_speed.log" | tail -8
     ;;&
 guard|bench)
@@ -84,6 +85,10 @@ precision|bench)
     python3 benchmarks/precision_calibration.py --device cuda --out "$OUT/precision_calibration.json" 2>&1 | tail -6
     ;;
 speed|guard) ;;
+drift)
+    python3 benchmarks/timing_drift.py --examples ${SPEED_EXAMPLES:-cuda_gelu cuda_row_softmax} \
+        --evaluations ${DRIFT_EVALUATIONS:-6} --out "$OUT/drift" 2>&1 | tee "$OUT/drift.log" | tail -4
+    ;;
 synth)
     # Resumable across device calls: carry .data/synth_h200 (the last call's $OUT/synth_h200, fetched).
     mkdir -p .data/synth_h200
@@ -122,7 +127,7 @@ bench_own)
     rm -f "$OUT/baselines_h200/baselines.md"
     ;;
 *)
-    echo "usage: $0 tests|redteam|speed|guard|precision|bench|synth|baselines|bench_own [pytest args]" >&2
+    echo "usage: $0 tests|redteam|speed|guard|drift|precision|bench|synth|baselines|bench_own [pytest args]" >&2
     exit 2
     ;;
 esac

@@ -73,12 +73,26 @@ def test_end_to_end_correct(example, evaluator):
     assert result.speedup_eager == pytest.approx(result.times["eager"]["median_ms"] / result.times["candidate"]["median_ms"])
     assert result.reward in (1.0, 2.0, 3.0)
     assert result.policy["name"] == "fair" and result.policy["tf32"] == "on" and result.environment["torch"]
+    assert not [n for n in result.notes if "through files" in n]  # outputs came through shared memory
     restored = EvalResult.from_dict(json.loads(result.to_json()))
     assert restored.reward == result.reward and restored.times == result.times
 
     again = evaluator.evaluate(task, load_candidate(solution))
     assert again.status == "correct" and again.build["cached"] and again.baseline_cached
     assert again.times["eager"] == result.times["eager"]
+
+
+def test_prestarted_processes_serve_the_next_evaluation_and_stop_on_close(example, cache_dir):
+    task, solution = example
+    with Evaluator("cpu", cache_dir=cache_dir, prestart=True, timeouts=Timeouts(check_s=20, load_s=120)) as evaluator:
+        assert evaluator.evaluate(task, load_candidate(solution)).status == "correct"
+        [spare] = evaluator._spare
+        assert spare.alive() and (spare.job / "reference").is_dir() and not (spare.job / "task.py").exists()
+        assert evaluator.evaluate(task, load_candidate(solution)).status == "correct"
+        assert not spare.job.exists() and not spare.alive()  # used once, then gone
+        [fresh] = evaluator._spare
+        assert fresh is not spare and fresh.alive()
+    assert not evaluator._spare and not fresh.alive() and not fresh.job.exists()
 
 
 def test_wrong_output_is_incorrect(example, evaluator, tmp_path):

@@ -40,7 +40,9 @@ def record(result):
 
 @pytest.fixture(scope="module")
 def evaluator(cache_dir):
-    return Evaluator("cuda", cache_dir=cache_dir)
+    # Long-lived, as in the agent and bench: each evaluation starts the next one's processes.
+    with Evaluator("cuda", cache_dir=cache_dir, prestart=True) as evaluator:
+        yield evaluator
 
 
 def kernelbench_task(jsonl, folder):
@@ -56,6 +58,7 @@ def test_kernelbench_solution(folder, kernelbench_jsonl, evaluator):
     assert result.status == "correct", result.summary() + (result.traceback or "") + result.output
     assert result.reward >= 1.0
     assert result.times["candidate"]["method"] == "events"
+    assert not [n for n in result.notes if "through files" in n]  # outputs came through shared, pinned memory
     assert result.environment.get("gpu")
 
 

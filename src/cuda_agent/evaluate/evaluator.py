@@ -9,11 +9,13 @@ in one candidate cannot touch the next.
 from __future__ import annotations
 
 import contextlib
+import os
 import secrets
 import shutil
 import sys
 import tempfile
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -24,6 +26,7 @@ from cuda_agent.evaluate.baseline import BaselineCache, baseline_key
 from cuda_agent.evaluate.environment import describe_environment
 from cuda_agent.evaluate.policy import Policy, TimingConfig
 from cuda_agent.evaluate.result import EvalResult
+from cuda_agent.evaluate.shared import SharedError
 from cuda_agent.evaluate.reward import compute_reward
 from cuda_agent.evaluate.timing import trial_seed
 from cuda_agent.build.probe import probe_candidate
@@ -71,6 +74,28 @@ def resolve_device(device: str) -> str:
     return device
 
 
+@dataclass
+class _Workers:
+    """The job directory and the two processes of one evaluation."""
+
+    job: Path
+    reference: WorkerProcess
+    candidate: WorkerProcess
+
+    def alive(self) -> bool:
+        return self.reference.proc.poll() is None and self.candidate.proc.poll() is None
+
+    def close(self) -> None:
+        self.reference.close()
+        self.candidate.close()
+        shutil.rmtree(self.job, ignore_errors=True)
+
+
+def _close_all(spare: list[_Workers]) -> None:
+    while spare:
+        spare.pop().close()
+
+
 class Evaluator:
     """Evaluates candidates against tasks on one device (one GPU, or the CPU)."""
 
@@ -91,6 +116,7 @@ class Evaluator:
         check_idle: bool = True,
         idle_wait_s: float = 30.0,
         timing_lock: contextlib.AbstractContextManager | None = None,
+        prestart: bool = False,
         on_stage: StageCallback | None = None,
     ):
         self.device = resolve_device(device)
@@ -113,6 +139,11 @@ class Evaluator:
         self.on_stage = on_stage or (lambda stage, detail: None)
         self.baselines = BaselineCache(self.cache_dir / "baselines")
         self._probe_imports: frozenset[str] | None = None
+        # With ``prestart``, each evaluation ends by starting the next one's processes (torch imported,
+        # CUDA up: seconds saved per evaluation for a long-lived evaluator); close() stops them.
+        self.prestart = prestart
+        self._spare: list[_Workers] = []
+        weakref.finalize(self, _close_all, self._spare)
 
     @property
     def backend(self) -> str:
@@ -160,17 +191,57 @@ class Evaluator:
             self._refuse(audit_symbols([Path(p) for p in built.modules.values()], code_policy, self.toolchain_imports()),
                          result, "built extension: ")
 
-        with self._job(task) as job:
+        workers = self._take_workers()
+        try:
+            job = workers.job
+            (job / "task.py").write_text(task.code)
             (job / "model_new.py").write_text(candidate.model_new)
-            (job / "candidate").mkdir()
-            reference = self._spawn("reference", job / "reference", [job])
-            contender = self._spawn("candidate", job / "candidate", [job, *{Path(p).parent for p in built.modules.values()}])
-            try:
-                self._run_jobs(task, built, result, job, reference, contender)
-            finally:
-                reference.close()
-                contender.close()
-                result.output = contender.output[-8000:]
+            self._run_jobs(task, built, self._copy_modules(built, job), result, job, workers.reference,
+                           workers.candidate)
+        finally:
+            workers.close()
+            result.output = workers.candidate.output[-8000:]
+            if self.prestart:
+                # Started now, so they are ready when the next evaluation comes.
+                self._spare.append(self._start_workers())
+
+    def _take_workers(self) -> "_Workers":
+        """The started spare processes if they are still alive, else new ones."""
+        while self._spare:
+            workers = self._spare.pop()
+            if workers.alive():
+                return workers
+            workers.close()
+        return self._start_workers()
+
+    def _start_workers(self) -> "_Workers":
+        """A job directory and both processes of one evaluation, started before they know the task
+        or the candidate (importing torch and starting CUDA take seconds)."""
+        job = self._new_job()
+        (job / "candidate").mkdir()
+        reference = self._spawn("reference", job / "reference", [job])
+        return _Workers(job, reference, self._spawn("candidate", job / "candidate", [job]))
+
+    @staticmethod
+    def _copy_modules(built: BuildResult, job: Path) -> dict[str, str]:
+        """The built extensions, copied into the job: the candidate process sees its own build and
+        nothing else of the build cache."""
+        modules = {}
+        for number, (name, path) in enumerate(sorted(built.modules.items())):
+            home = job / "extensions" / str(number)
+            home.mkdir(parents=True)
+            modules[name] = str(shutil.copy2(path, home / Path(path).name))
+        return modules
+
+    def close(self) -> None:
+        """Stop the started spare processes (``prestart``); the evaluator can still be used."""
+        _close_all(self._spare)
+
+    def __enter__(self) -> "Evaluator":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def toolchain_imports(self) -> frozenset[str]:
         """What a minimal extension built here imports (torch's headers, the toolchain): built
@@ -188,18 +259,13 @@ class Evaluator:
             result.violations = [v.to_dict() for v in violations]
             raise _Stop("failed", "policy", prefix + violations[0].describe(), rule=violations[0].rule)
 
-    @contextlib.contextmanager
-    def _job(self, task: Task) -> Iterator[Path]:
-        """A job directory holding the task and the reference's own directory. Each process
-        writes only its own directory: the candidate cannot touch the task file or the
-        state dict the reference reads."""
+    def _new_job(self) -> Path:
+        """A job directory for the task and each process's own directory. Each process writes only
+        its own directory: the candidate cannot touch the task file or the state dict the
+        reference reads."""
         job = Path(tempfile.mkdtemp(prefix="cuda-agent-job-", dir=self.work_dir))
-        try:
-            (job / "task.py").write_text(task.code)
-            (job / "reference").mkdir()
-            yield job
-        finally:
-            shutil.rmtree(job, ignore_errors=True)
+        (job / "reference").mkdir()
+        return job
 
     def _tolerance(self) -> dict[str, Any]:
         return {"atol": self.policy.atol, "rtol": self.policy.rtol, "scale": self.policy.scale_tolerance}
@@ -209,12 +275,12 @@ class Evaluator:
         return {"op": "expect", "seed": seed, "strict": self.policy.strict_expected,
                 "slack": self.policy.precision_slack, **self._tolerance()}
 
-    def _run_jobs(self, task: Task, built: BuildResult, result: EvalResult, job: Path,
+    def _run_jobs(self, task: Task, built: BuildResult, modules: dict[str, str], result: EvalResult, job: Path,
                   reference: WorkerProcess, contender: WorkerProcess) -> None:
         common = self._task_message(task, job)
 
         own_kernels = self._own_kernels(built, result)
-        load_candidate = {"op": "load", **common, "model_new_file": str(job / "model_new.py"), "modules": built.modules,
+        load_candidate = {"op": "load", **common, "model_new_file": str(job / "model_new.py"), "modules": modules,
                           "profile_kernels": own_kernels is not None}
         key = baseline_key(task.digest, result.environment, result.policy, result.timing, self.device)
         baseline = self._cached_baseline(key)
@@ -254,11 +320,17 @@ class Evaluator:
             self.on_stage("verify", f"check {index + 1}/{self.policy.checks}")
             seed = secrets.randbits(62)
             out_dir = job / "candidate" / f"output-{index}"
-            # Both sides compute at once; only timing needs the device to itself.
+            run = {"op": "run", "seed": seed, "dir": str(out_dir), "profile": index == profiled}
+            # Both sides compute at once; only timing needs the device to itself. The first
+            # expected output sizes the memory the outputs are handed over in.
             self._send(reference, "reference", "verify", self._expect(seed))
-            self._send(contender, "candidate", "verify", {"op": "run", "seed": seed, "dir": str(out_dir),
-                                                          "profile": index == profiled})
-            expected = self._receive(reference, "reference", "verify", self.timeouts.check_s)
+            if index == 0:
+                expected = self._receive(reference, "reference", "verify", self.timeouts.check_s)
+                self._share(reference, contender, result)
+                self._send(contender, "candidate", "verify", run)
+            else:
+                self._send(contender, "candidate", "verify", run)
+                expected = self._receive(reference, "reference", "verify", self.timeouts.check_s)
             ran = self._receive(contender, "candidate", "verify", self.timeouts.check_s)
             if index == profiled:
                 attribution = self._attribute(ran, own_kernels, result)
@@ -297,11 +369,14 @@ class Evaluator:
             raise _Stop("failed", "profile", "the timing reply does not hold the calls asked for", rule="forged-reply")
         for number, call in enumerate(timed["checked"]):
             self.on_stage("verify", f"timed output {number + 1}/{len(returned)}")
-            expected = self._ask(reference, "reference", "verify", self._expect(trial_seed(base, call["index"])),
-                                 self.timeouts.check_s)
+            out_dir = job / "candidate" / "timed" / f"timed-{call['index']}"
+            self._send(reference, "reference", "verify", self._expect(trial_seed(base, call["index"])))
+            self._send(contender, "candidate", "verify", {"op": "output", "index": call["index"], "dir": str(out_dir)})
+            expected = self._receive(reference, "reference", "verify", self.timeouts.check_s)
+            handed = self._receive(contender, "candidate", "verify", self.timeouts.check_s)
             output_bytes = expected["output_bytes"]
             check = self._check(reference, self.policy.checks + number, call["fingerprint"], expected["fingerprint"],
-                                job / "candidate" / "timed" / f"timed-{call['index']}", call["manifest"])
+                                out_dir, handed["manifest"])
             check.update(timed=True, call=call["index"], allowance=expected.get("allowance", 1.0))
             result.checks.append(check)
             if not check["ok"]:
@@ -318,6 +393,28 @@ class Evaluator:
         self._check_plausible(t, t_eager, output_bytes, result)
         result.reward = compute_reward(self.policy, True, t, t_eager, t_compile)
         result.status = "correct"
+
+    def _share(self, reference: WorkerProcess, contender: WorkerProcess, result: EvalResult) -> None:
+        """Hand the reference's shared memory to the candidate (the descriptor passes through this
+        process, which never maps it). Where that cannot be done, outputs travel through files."""
+        shared = self._ask(reference, "reference", "verify", {"op": "share"}, self.timeouts.check_s)
+        if not shared.get("shared"):
+            result.notes.append(f"outputs handed over through files: {shared.get('reason')}")
+            return
+        try:
+            fd = reference.receive_fd(self.timeouts.check_s)
+        except (OSError, SharedError) as exc:
+            raise _Stop("error", "verify", f"reference process: the shared memory did not arrive: {exc}") from None
+        try:
+            contender.send_fd(fd)
+        except OSError as exc:
+            raise _Stop("failed", "verify", f"candidate process: cannot take the shared memory: {exc}") from None
+        finally:
+            os.close(fd)
+        attached = self._ask(contender, "candidate", "verify", {"op": "attach", "bytes": shared["bytes"]},
+                             self.timeouts.check_s)
+        if not attached.get("attached"):
+            result.notes.append(f"outputs handed over through files: {attached.get('reason')}")
 
     def _own_kernels(self, built: BuildResult, result: EvalResult) -> frozenset[str] | None:
         """The kernels the built extension defines, or None where attribution is off or impossible."""
@@ -428,16 +525,18 @@ class Evaluator:
     def _loaded_reference(self, task: Task, failure: str) -> Iterator[WorkerProcess]:
         """A reference process with ``task`` loaded; trouble in it becomes a ``TaskError`` that says
         ``failure``."""
-        with self._job(task) as job:
-            reference = self._spawn("reference", job / "reference", [job])
-            try:
-                self._ask(reference, "reference", "reference", {"op": "load", **self._task_message(task, job)},
-                          self.timeouts.load_s)
-                yield reference
-            except _Stop as stop:
-                raise TaskError(f"{task.source}: {failure}: {stop.reason}") from None
-            finally:
-                reference.close()
+        job = self._new_job()
+        (job / "task.py").write_text(task.code)
+        reference = self._spawn("reference", job / "reference", [job])
+        try:
+            self._ask(reference, "reference", "reference", {"op": "load", **self._task_message(task, job)},
+                      self.timeouts.load_s)
+            yield reference
+        except _Stop as stop:
+            raise TaskError(f"{task.source}: {failure}: {stop.reason}") from None
+        finally:
+            reference.close()
+            shutil.rmtree(job, ignore_errors=True)
 
     def _degenerate(self, task: Task, reference: WorkerProcess, draws: int) -> DegenerateReport:
         reply = self._ask(reference, "reference", "degenerate", {
@@ -535,6 +634,7 @@ class Evaluator:
             sandbox=self.sandbox,
             writable=writable,
             readable=[*readable, PACKAGE_ROOT],
+            fd_channel=True,
         )
 
     def _ask(self, worker: WorkerProcess, who: str, stage: str, message: dict[str, Any], timeout_s: float) -> dict[str, Any]:

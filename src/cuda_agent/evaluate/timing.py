@@ -29,6 +29,9 @@ class TimingStats:
     p20_ms: float
     p80_ms: float
     trials: int
+    # Median of the last quarter of the trials over that of the first, minus 1: how far the
+    # timing moved while it ran (clocks still ramping after warm-up show as a negative drift).
+    drift: float = 0.0
 
     @property
     def cv(self) -> float:
@@ -43,7 +46,11 @@ class TimingStats:
 
     @classmethod
     def from_samples(cls, method: str, samples: list[float]) -> "TimingStats":
+        """``samples`` in the order they were taken."""
         ordered = sorted(samples)
+        quarter = len(samples) // 4
+        drift = (statistics.median(samples[-quarter:]) / statistics.median(samples[:quarter]) - 1
+                 if quarter and statistics.median(samples[:quarter]) > 0 else 0.0)
 
         def quantile(q: float) -> float:
             return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
@@ -58,6 +65,7 @@ class TimingStats:
             p20_ms=quantile(0.2),
             p80_ms=quantile(0.8),
             trials=len(ordered),
+            drift=drift,
         )
 
 

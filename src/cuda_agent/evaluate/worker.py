@@ -15,6 +15,7 @@ import importlib.util
 import json
 import os
 import random
+import socket
 import sys
 import time
 import traceback
@@ -24,8 +25,10 @@ from typing import Any
 
 from cuda_agent.evaluate.compare import compare_outputs, precision_allowance
 from cuda_agent.evaluate.policy import TimingConfig
+from cuda_agent.evaluate.shared import SharedBuffer, SharedError, packed_size
 from cuda_agent.evaluate.timing import measure, profile_kernels, trial_seed
 from cuda_agent.evaluate.transfer import TransferError, manifest_devices, read_outputs, write_outputs
+from cuda_agent.sandbox.process import receive_fd, send_fd
 from cuda_agent.guard.runtime import CallGuard, RuleBroken, find_overlap, tensors_in
 from cuda_agent.tasks.task import Task, TaskError, describe_inputs, exec_task_module
 
@@ -105,6 +108,8 @@ class _Side:
     task_module: types.ModuleType
     model: Any
     source = "task"
+    fd_socket: socket.socket | None = None  # descriptors to and from the evaluator
+    shared: SharedBuffer | None = None  # where outputs are handed over, once shared
 
     def load_task(self, msg: dict[str, Any]) -> None:
         self.device = msg["device"]
@@ -156,6 +161,8 @@ class ReferenceSide(_Side):
             self.allowance = self.precision_allowance(inputs, msg) if msg.get("strict") else 1.0
             output_bytes = sum(t.numel() * t.element_size() for t in tensors_in(self.expected))
             return {"fingerprint": fingerprint(inputs), "output_bytes": output_bytes, "allowance": self.allowance}
+        if op == "share":
+            return self.share()
         if op == "release":
             # Stay alive for the checks of timed outputs, holding as little as possible.
             self.expected = None
@@ -167,6 +174,21 @@ class ReferenceSide(_Side):
         if op == "degenerate":
             return self.degenerate(msg)
         raise ValueError(f"unknown request {op!r}")
+
+    def share(self) -> dict[str, Any]:
+        """Memory for the candidate's outputs, sized from the expected output held now, sent to
+        the evaluator as a descriptor; the reason instead where it cannot be (files are used then)."""
+        if self.fd_socket is None or self.expected is None:
+            return {"shared": False, "reason": "no descriptor channel" if self.fd_socket is None else "no expected output yet"}
+        nbytes = packed_size([t.numel() * t.element_size() for t in tensors_in(self.expected)])
+        if nbytes == 0:
+            return {"shared": False, "reason": "the output holds no tensor data"}
+        try:
+            self.shared = SharedBuffer.create(nbytes, self.device)
+        except (OSError, SharedError) as exc:
+            return {"shared": False, "reason": f"{type(exc).__name__}: {exc}"}
+        send_fd(self.fd_socket, self.shared.fd)
+        return {"shared": True, "bytes": nbytes, "pinned": self.shared.pinned}
 
     def precision_allowance(self, inputs: list[Any], msg: dict[str, Any]) -> float:
         """How far the baselines' own arithmetic (this Model under the pinned flags) is from
@@ -210,7 +232,7 @@ class ReferenceSide(_Side):
         if claimed != wanted:
             return [{"path": "output", "ok": False, "reason": f"output devices {claimed} != expected {wanted}"}]
         try:
-            actual = read_outputs(msg["manifest"], Path(msg["dir"]), self.device)
+            actual = read_outputs(msg["manifest"], Path(msg["dir"]), self.device, self.shared)
         except TransferError as exc:
             return [{"path": "output", "ok": False, "reason": f"unreadable output: {exc}"}]
         k = self.allowance
@@ -259,6 +281,9 @@ class ReferenceSide(_Side):
 class CandidateSide(_Side):
     guard: CallGuard
 
+    def __init__(self) -> None:
+        self.kept: dict[int, dict[str, Any]] = {}  # the timed calls whose outputs are checked, until handed over
+
     def handle(self, op: str, msg: dict[str, Any]) -> dict[str, Any]:
         import torch
 
@@ -266,7 +291,6 @@ class CandidateSide(_Side):
             # The task program runs first, before any candidate code can touch torch;
             # the guard's snapshot of the harness is taken before candidate code too.
             self.load_task(msg)
-            warm_up_runtime(self.device, profiler=bool(msg.get("profile_kernels")))
             self.guard = CallGuard(msg.get("allowed_aten", ()))
             self.guard.watch_quiet(lambda: self._load_candidate(msg), "while model_new.py was imported")
             self.guard.verify_harness("while model_new.py was imported")
@@ -302,6 +326,13 @@ class CandidateSide(_Side):
             return reply | ({"kernels": kernels} if kernels is not None else {})
         if op == "time":
             return self.time(msg)
+        if op == "output":
+            entry = self.kept.pop(msg["index"], None)
+            if entry is None:
+                raise RuleBroken("harness", f"timed call {msg['index']} was not kept")
+            return {"manifest": self._write(entry["output"], Path(msg["dir"]))}
+        if op == "attach":
+            return self.attach(msg)
         raise ValueError(f"unknown request {op!r}")
 
     def _load_candidate(self, msg: dict[str, Any]) -> None:
@@ -358,14 +389,24 @@ class CandidateSide(_Side):
             if hit:
                 raise RuleBroken("output-reuse", f"a timed output shares memory with {hit}")
             self.guard.check_output_memory(entry["output"], entry["inputs"], self.model)
-            manifest = self._write(entry["output"], Path(msg["dir"]) / f"timed-{index}")
-            checked.append({"index": index, "fingerprint": entry["fingerprint"], "manifest": manifest})
+            checked.append({"index": index, "fingerprint": entry["fingerprint"]})
+        self.kept = kept  # handed over one at a time ("output"): the shared memory holds one output
         return {"candidate": stats.to_dict(), "checked": checked}
 
-    @staticmethod
-    def _write(output: Any, directory: Path) -> dict[str, Any]:
+    def attach(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Map the memory the reference shared; without it, outputs go through files."""
+        if self.fd_socket is None:
+            return {"attached": False, "reason": "no descriptor channel"}
         try:
-            return write_outputs(output, directory)
+            fd = receive_fd(self.fd_socket, 30)
+            self.shared = SharedBuffer.attach(fd, int(msg["bytes"]), self.device)
+        except (OSError, SharedError) as exc:
+            return {"attached": False, "reason": f"{type(exc).__name__}: {exc}"}
+        return {"attached": True, "pinned": self.shared.pinned}
+
+    def _write(self, output: Any, directory: Path) -> dict[str, Any]:
+        try:
+            return write_outputs(output, directory, self.shared)
         except TransferError as exc:
             raise RuleBroken("output-type", str(exc)) from None
 
@@ -434,6 +475,8 @@ def serve(side: _Side) -> None:
     # be found in /proc/self/fd: the reply nonce is what stops forged replies).
     requests = os.fdopen(int(os.environ.pop("CUDA_AGENT_REQUEST_FD")), "rb", buffering=0)
     replies = os.fdopen(int(os.environ.pop("CUDA_AGENT_RESPONSE_FD")), "wb", buffering=0)
+    if "CUDA_AGENT_FD_SOCKET" in os.environ:
+        side.fd_socket = socket.socket(fileno=int(os.environ.pop("CUDA_AGENT_FD_SOCKET")))
     buffer = b""
     while True:
         while b"\n" not in buffer:
@@ -475,6 +518,10 @@ def main(argv: list[str] | None = None) -> None:
 
     if args.device == "cuda":
         torch.cuda.init()
+    if args.role == "candidate":
+        # The threads torch, CUDA and the profiler start on first use, started now: the guard counts
+        # them as the harness's when the candidate loads, and a started worker is ready sooner.
+        warm_up_runtime(args.device, profiler=args.device == "cuda")
     serve(ReferenceSide() if args.role == "reference" else CandidateSide())
 
 

@@ -8,6 +8,7 @@ import json
 import secrets
 import os
 import selectors
+import socket
 import signal
 import subprocess
 import threading
@@ -216,6 +217,25 @@ def run_command(
     )
 
 
+def send_fd(sock: socket.socket, fd: int) -> None:
+    """Send a copy of ``fd`` over a Unix socket (SCM_RIGHTS)."""
+    socket.send_fds(sock, [b"F"], [fd])
+
+
+def receive_fd(sock: socket.socket, timeout_s: float) -> int:
+    """The one descriptor sent over ``sock``; OSError (TimeoutError) if none arrives in time."""
+    sock.settimeout(timeout_s)
+    try:
+        data, fds, _flags, _addr = socket.recv_fds(sock, 1, 4)
+    finally:
+        sock.settimeout(None)
+    if len(fds) != 1:
+        for extra in fds:
+            os.close(extra)
+        raise OSError(f"expected one descriptor, got {len(fds)}" + ("" if data else " (the channel is closed)"))
+    return fds[0]
+
+
 class WorkerTimeout(RuntimeError):
     pass
 
@@ -246,6 +266,8 @@ class WorkerProcess:
     # Directories the worker may write besides cwd (see Sandbox.spawn).
     writable: Sequence[Path] = ()
     readable: Sequence[Path] = ()
+    # A Unix socket for handing file descriptors to and from the worker (CUDA_AGENT_FD_SOCKET).
+    fd_channel: bool = False
 
     def __post_init__(self) -> None:
         req_r, self._req_w = os.pipe()
@@ -253,18 +275,25 @@ class WorkerProcess:
         child_env = dict(self.env)
         child_env["CUDA_AGENT_REQUEST_FD"] = str(req_r)
         child_env["CUDA_AGENT_RESPONSE_FD"] = str(resp_w)
+        self.fds: socket.socket | None = None
+        child_fds = None
+        if self.fd_channel:
+            self.fds, child_fds = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            child_env["CUDA_AGENT_FD_SOCKET"] = str(child_fds.fileno())
         self.proc = self.sandbox.spawn(
             self.argv,
             cwd=self.cwd,
             env=child_env,
             limits=self.limits,
             gpu=self.gpu,
-            pass_fds=(req_r, resp_w),
+            pass_fds=(req_r, resp_w) + ((child_fds.fileno(),) if child_fds else ()),
             writable=tuple(self.writable),
             readable=tuple(self.readable),
         )
         os.close(req_r)
         os.close(resp_w)
+        if child_fds:
+            child_fds.close()
         self._capture = _OutputCapture(self.proc, self.limits.output_bytes)
         self._capture.start()
         self._buffer = b""
@@ -329,6 +358,18 @@ class WorkerProcess:
             raise WorkerForgedReply("sent a reply that does not answer its request (written by code under test?)")
         return reply
 
+    def send_fd(self, fd: int) -> None:
+        """Hand ``fd`` to the worker over its descriptor channel (``fd_channel``)."""
+        if self.fds is None:
+            raise OSError("this worker has no descriptor channel")
+        send_fd(self.fds, fd)
+
+    def receive_fd(self, timeout_s: float) -> int:
+        """A descriptor the worker sent over its descriptor channel."""
+        if self.fds is None:
+            raise OSError("this worker has no descriptor channel")
+        return receive_fd(self.fds, timeout_s)
+
     def _death_reason(self) -> str:
         try:
             self.proc.wait(timeout=10)
@@ -352,6 +393,8 @@ class WorkerProcess:
                 os.close(fd)
             except OSError:
                 pass
+        if self.fds is not None:
+            self.fds.close()
         if self.proc.poll() is None:
             try:
                 self.proc.wait(timeout=5)
