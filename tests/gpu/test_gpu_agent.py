@@ -17,6 +17,7 @@ from openai_server import OpenAIServer  # noqa: E402
 from scripted_policy import COMMANDS, scripted, write_solution  # noqa: E402
 
 torch = pytest.importorskip("torch")
+pytest.importorskip("openai", reason="the agent's model backend is the [llm] extra")
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),

@@ -26,7 +26,6 @@ from cuda_agent.evaluate.baseline import BaselineCache, baseline_key
 from cuda_agent.evaluate.environment import describe_environment
 from cuda_agent.evaluate.policy import Policy, TimingConfig
 from cuda_agent.evaluate.result import EvalResult
-from cuda_agent.evaluate.shared import SharedError
 from cuda_agent.evaluate.reward import compute_reward
 from cuda_agent.evaluate.timing import trial_seed
 from cuda_agent.build.probe import probe_candidate
@@ -86,8 +85,11 @@ class _Workers:
         return self.reference.proc.poll() is None and self.candidate.proc.poll() is None
 
     def close(self) -> None:
-        self.reference.close()
-        self.candidate.close()
+        # Killed, not asked to exit: nothing is left to say, and an orderly exit of torch and CUDA
+        # takes about a second.
+        for worker in (self.reference, self.candidate):
+            worker.kill()
+            worker.close()
         shutil.rmtree(self.job, ignore_errors=True)
 
 
@@ -286,11 +288,11 @@ class Evaluator:
         baseline = self._cached_baseline(key)
         clock = time.monotonic()
         self.on_stage("reference", "loading the task")
-        self._send(reference, "reference", "reference", {"op": "load", **common})
+        self._send(reference, "reference", "reference", {"op": "load", **common, "warm": self._expect(secrets.randbits(62))})
         if baseline is not None:
             # No baseline to time, so candidate code may load while the reference works.
             self._send(contender, "candidate", "load", load_candidate)
-        self._receive(reference, "reference", "reference", self.timeouts.load_s)
+        loaded = self._receive(reference, "reference", "reference", self.timeouts.load_s)
         result.durations["reference"] = round(time.monotonic() - clock, 3)
 
         clock = time.monotonic()
@@ -311,6 +313,7 @@ class Evaluator:
         self.on_stage("load", "importing the candidate")
         self._receive(contender, "candidate", "load", self.timeouts.load_s)
         self._ask(contender, "candidate", "load", {"op": "weights", "state_dict_path": common["state_dict_path"]}, self.timeouts.load_s)
+        self._share(loaded.get("share") or {}, reference, contender, result)
         result.durations["load"] = round(time.monotonic() - clock, 3)
 
         clock = time.monotonic()
@@ -320,17 +323,11 @@ class Evaluator:
             self.on_stage("verify", f"check {index + 1}/{self.policy.checks}")
             seed = secrets.randbits(62)
             out_dir = job / "candidate" / f"output-{index}"
-            run = {"op": "run", "seed": seed, "dir": str(out_dir), "profile": index == profiled}
-            # Both sides compute at once; only timing needs the device to itself. The first
-            # expected output sizes the memory the outputs are handed over in.
+            # Both sides compute at once; only timing needs the device to itself.
             self._send(reference, "reference", "verify", self._expect(seed))
-            if index == 0:
-                expected = self._receive(reference, "reference", "verify", self.timeouts.check_s)
-                self._share(reference, contender, result)
-                self._send(contender, "candidate", "verify", run)
-            else:
-                self._send(contender, "candidate", "verify", run)
-                expected = self._receive(reference, "reference", "verify", self.timeouts.check_s)
+            self._send(contender, "candidate", "verify", {"op": "run", "seed": seed, "dir": str(out_dir),
+                                                          "profile": index == profiled})
+            expected = self._receive(reference, "reference", "verify", self.timeouts.check_s)
             ran = self._receive(contender, "candidate", "verify", self.timeouts.check_s)
             if index == profiled:
                 attribution = self._attribute(ran, own_kernels, result)
@@ -394,24 +391,25 @@ class Evaluator:
         result.reward = compute_reward(self.policy, True, t, t_eager, t_compile)
         result.status = "correct"
 
-    def _share(self, reference: WorkerProcess, contender: WorkerProcess, result: EvalResult) -> None:
-        """Hand the reference's shared memory to the candidate (the descriptor passes through this
-        process, which never maps it). Where that cannot be done, outputs travel through files."""
-        shared = self._ask(reference, "reference", "verify", {"op": "share"}, self.timeouts.check_s)
+    def _share(self, shared: dict[str, Any], reference: WorkerProcess, contender: WorkerProcess,
+               result: EvalResult) -> None:
+        """Hand the memory the reference shared when it loaded (``shared``: its answer) to the candidate;
+        the descriptor passes through this process, which never maps it. Where that cannot be done,
+        outputs travel through files."""
         if not shared.get("shared"):
             result.notes.append(f"outputs handed over through files: {shared.get('reason')}")
             return
         try:
             fd = reference.receive_fd(self.timeouts.check_s)
-        except (OSError, SharedError) as exc:
-            raise _Stop("error", "verify", f"reference process: the shared memory did not arrive: {exc}") from None
+        except OSError as exc:
+            raise _Stop("error", "load", f"reference process: the shared memory did not arrive: {exc}") from None
         try:
             contender.send_fd(fd)
         except OSError as exc:
-            raise _Stop("failed", "verify", f"candidate process: cannot take the shared memory: {exc}") from None
+            raise _Stop("failed", "load", f"candidate process: cannot take the shared memory: {exc}") from None
         finally:
             os.close(fd)
-        attached = self._ask(contender, "candidate", "verify", {"op": "attach", "bytes": shared["bytes"]},
+        attached = self._ask(contender, "candidate", "load", {"op": "attach", "bytes": shared["bytes"]},
                              self.timeouts.check_s)
         if not attached.get("attached"):
             result.notes.append(f"outputs handed over through files: {attached.get('reason')}")

@@ -86,7 +86,8 @@ def evaluate_many(
     free: "queue.Queue[int | None]" = queue.Queue()
     for index in indices:
         free.put(index)
-    evaluators = {index: Evaluator(device, gpu_index=index, **options) for index in set(indices)}
+    # Prestarted processes: each evaluation's processes start while the one before it finishes.
+    evaluators = {index: Evaluator(device, gpu_index=index, **({"prestart": True} | options)) for index in set(indices)}
     builder = next(iter(evaluators.values()))
     results: list[EvalResult | None] = [None] * len(pairs)
 
@@ -102,9 +103,13 @@ def evaluate_many(
             on_result(position, result)
 
     workers = build_workers or max(1, (os.cpu_count() or 2) // 2)
-    with ThreadPoolExecutor(max_workers=workers) as build_pool, ThreadPoolExecutor(max_workers=len(indices)) as run_pool:
-        builds: dict[Future, int] = {build_pool.submit(builder.build, c): i for i, (_t, c) in enumerate(pairs)}
-        runs = [run_pool.submit(run, builds[f], f.result()) for f in as_completed(builds)]
-        for future in runs:
-            future.result()
+    try:
+        with ThreadPoolExecutor(max_workers=workers) as build_pool, ThreadPoolExecutor(max_workers=len(indices)) as run_pool:
+            builds: dict[Future, int] = {build_pool.submit(builder.build, c): i for i, (_t, c) in enumerate(pairs)}
+            runs = [run_pool.submit(run, builds[f], f.result()) for f in as_completed(builds)]
+            for future in runs:
+                future.result()
+    finally:
+        for evaluator in evaluators.values():
+            evaluator.close()
     return [r for r in results if r is not None]

@@ -143,6 +143,13 @@ class ReferenceSide(_Side):
             info = {}
             if self.device == "cuda":
                 info["gpu"] = torch.cuda.get_device_name()
+            if "warm" in msg:
+                # One expected output, computed and dropped: the first forward in a process (kernels
+                # loaded, libraries started) costs seconds, here at once with the candidate's load.
+                # Its size is the size of the memory the outputs are handed over in.
+                self.handle("expect", dict(msg["warm"]))
+                info["share"] = self.share()
+                self.expected = None
             return {"parameters": sum(p.numel() for p in model.parameters())} | info
         if op == "compile":
             return self.compile(msg)
@@ -161,8 +168,6 @@ class ReferenceSide(_Side):
             self.allowance = self.precision_allowance(inputs, msg) if msg.get("strict") else 1.0
             output_bytes = sum(t.numel() * t.element_size() for t in tensors_in(self.expected))
             return {"fingerprint": fingerprint(inputs), "output_bytes": output_bytes, "allowance": self.allowance}
-        if op == "share":
-            return self.share()
         if op == "release":
             # Stay alive for the checks of timed outputs, holding as little as possible.
             self.expected = None
@@ -412,13 +417,16 @@ class CandidateSide(_Side):
 
 
 def warm_up_runtime(device: str, profiler: bool = False) -> None:
-    """Start the threads torch, the CUDA runtime and (if asked) the profiler start on
-    first use, so that any thread that appears later belongs to the candidate."""
+    """Start the threads torch, the CUDA runtime and (if asked) the profiler start on first use, so
+    that any thread that appears later belongs to the candidate; run the harness's own operations
+    (input draws, fingerprints, comparison) once, so their first use costs no check anything."""
     import torch
 
-    torch.randn(1 << 18).sum()
+    for where in dict.fromkeys(("cpu", device)):
+        sample = torch.randn(1 << 18, device=where)
+        fingerprint([sample, torch.rand(64, device=where), torch.randint(0, 9, (64,), device=where)])
+        compare_outputs(sample, sample * (1 + 1e-6), 1e-3, 1e-3, scale=True)
     if device == "cuda":
-        torch.randn(1 << 18, device="cuda").sum()
         torch.cuda.synchronize()
         if profiler:
             profile_kernels(lambda: torch.randn(1 << 10, device="cuda").sum())
@@ -518,10 +526,10 @@ def main(argv: list[str] | None = None) -> None:
 
     if args.device == "cuda":
         torch.cuda.init()
-    if args.role == "candidate":
-        # The threads torch, CUDA and the profiler start on first use, started now: the guard counts
-        # them as the harness's when the candidate loads, and a started worker is ready sooner.
-        warm_up_runtime(args.device, profiler=args.device == "cuda")
+    # What every evaluation needs first (threads torch, CUDA and the profiler start on first use,
+    # kernels loaded on first use), done before the first request: a started worker is ready sooner,
+    # and the candidate's guard counts these threads as the harness's.
+    warm_up_runtime(args.device, profiler=args.device == "cuda" and args.role == "candidate")
     serve(ReferenceSide() if args.role == "reference" else CandidateSide())
 
 
