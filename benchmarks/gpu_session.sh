@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/gpu_session.sh tests     # the GPU test suite (KernelBench solutions, examples, faults)
 #   bash benchmarks/gpu_session.sh redteam   # the GPU red-team cases
-#   bash benchmarks/gpu_session.sh speed     # eval speed and repeatability (~9 min)
+#   bash benchmarks/gpu_session.sh speed     # eval speed and repeatability (~7 min)
 #   bash benchmarks/gpu_session.sh guard     # guard overhead
 #   bash benchmarks/gpu_session.sh drift     # candidate timing over successive evaluations, with the clocks
 #   bash benchmarks/gpu_session.sh precision # precision calibration (~1 min)
