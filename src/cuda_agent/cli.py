@@ -274,9 +274,9 @@ def cmd_optimize(args: argparse.Namespace) -> int:
 
     task = load_task(args.task)
     device = resolve_device(args.device)
-    # Prestarted: the processes of the agent's next evaluation start while it thinks.
+    # On a GPU machine, the processes of the agent's next evaluation start while it thinks.
     evaluator = Evaluator(device, policy=Policy.preset(args.policy), sandbox=args.sandbox,
-                          timing_lock=threading.Lock(), prestart=True)
+                          timing_lock=threading.Lock(), prestart=device == "cuda")
     config = AgentConfig(max_turns=args.max_turns, context_tokens=args.context_tokens,
                          wall_clock_s=args.wall_clock_s)
 

@@ -153,8 +153,8 @@ def run_agent_bench(run_dir: Path, tasks: list[Task], make_backend: Callable[[],
     written: list[dict[str, Any]] = []
 
     def setup(gpu: int | None) -> Evaluator:
-        # Prestarted: the processes of the agent's next evaluation start while it thinks.
-        return Evaluator(device, gpu_index=gpu, **({"prestart": True} | (evaluator_options or {})))
+        # On a GPU machine, the processes of the agent's next evaluation start while it thinks.
+        return Evaluator(device, gpu_index=gpu, **({"prestart": device == "cuda"} | (evaluator_options or {})))
 
     def episode_of(evaluator: Evaluator, gpu: int | None, task: Task) -> None:
         workdir = Path(run_dir) / "episodes" / task.name.replace("/", "_")

@@ -86,8 +86,10 @@ def evaluate_many(
     free: "queue.Queue[int | None]" = queue.Queue()
     for index in indices:
         free.put(index)
-    # Prestarted processes: each evaluation's processes start while the one before it finishes.
-    evaluators = {index: Evaluator(device, gpu_index=index, **({"prestart": True} | options)) for index in set(indices)}
+    # On a GPU machine each evaluation's processes start while the one before it finishes; on the CPU
+    # backend they would compete with it for the same few cores.
+    evaluators = {index: Evaluator(device, gpu_index=index, **({"prestart": device == "cuda"} | options))
+                  for index in set(indices)}
     builder = next(iter(evaluators.values()))
     results: list[EvalResult | None] = [None] * len(pairs)
 
