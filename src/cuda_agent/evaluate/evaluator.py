@@ -282,8 +282,7 @@ class Evaluator:
         common = self._task_message(task, job)
 
         own_kernels = self._own_kernels(built, result)
-        load_candidate = {"op": "load", **common, "model_new_file": str(job / "model_new.py"), "modules": modules,
-                          "profile_kernels": own_kernels is not None}
+        load_candidate = {"op": "load", **common, "model_new_file": str(job / "model_new.py"), "modules": modules}
         key = baseline_key(task.digest, result.environment, result.policy, result.timing, self.device)
         baseline = self._cached_baseline(key)
         clock = time.monotonic()

@@ -14,7 +14,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from cuda_agent.evaluate.shared import SharedBuffer, SharedError, aligned
+from cuda_agent.evaluate.shared import SharedBuffer, SharedError, aligned, packed_size
+from cuda_agent.guard.runtime import tensors_in
 
 _LEAF = re.compile(r"^leaf-\d+\.bin$")
 
@@ -30,23 +31,15 @@ def write_outputs(value: Any, directory: Path, shared: SharedBuffer | None = Non
     Anything else, a tensor subclass included, raises :class:`TransferError`
     naming where in the output it was found.
     """
-    sizes = _tensor_bytes(value)
-    if shared is None or sum(aligned(n) for n in sizes) > shared.nbytes:
+    if shared is None or packed_bytes(value) > shared.nbytes:
         shared = None
         directory.mkdir(parents=True, exist_ok=True)
     return _write(value, directory, [0, 0], "output", shared)
 
 
-def _tensor_bytes(value: Any) -> list[int]:
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return [value.numel() * value.element_size()]
-    if isinstance(value, (list, tuple)):
-        return [n for v in value for n in _tensor_bytes(v)]
-    if isinstance(value, dict):
-        return [n for v in value.values() for n in _tensor_bytes(v)]
-    return []
+def packed_bytes(value: Any) -> int:
+    """Bytes the tensors of ``value`` take in shared memory, laid out as ``write_outputs`` does."""
+    return packed_size([t.numel() * t.element_size() for t in tensors_in(value)])
 
 
 def _write(value: Any, directory: Path, counter: list[int], path: str, shared: SharedBuffer | None) -> dict[str, Any]:

@@ -25,9 +25,9 @@ from typing import Any
 
 from cuda_agent.evaluate.compare import compare_outputs, precision_allowance
 from cuda_agent.evaluate.policy import TimingConfig
-from cuda_agent.evaluate.shared import SharedBuffer, SharedError, packed_size
+from cuda_agent.evaluate.shared import SharedBuffer, SharedError
 from cuda_agent.evaluate.timing import measure, profile_kernels, trial_seed
-from cuda_agent.evaluate.transfer import TransferError, manifest_devices, read_outputs, write_outputs
+from cuda_agent.evaluate.transfer import TransferError, manifest_devices, packed_bytes, read_outputs, write_outputs
 from cuda_agent.sandbox.process import receive_fd, send_fd
 from cuda_agent.guard.runtime import CallGuard, RuleBroken, find_overlap, tensors_in
 from cuda_agent.tasks.task import Task, TaskError, describe_inputs, exec_task_module
@@ -183,9 +183,9 @@ class ReferenceSide(_Side):
     def share(self) -> dict[str, Any]:
         """Memory for the candidate's outputs, sized from the expected output held now, sent to
         the evaluator as a descriptor; the reason instead where it cannot be (files are used then)."""
-        if self.fd_socket is None or self.expected is None:
-            return {"shared": False, "reason": "no descriptor channel" if self.fd_socket is None else "no expected output yet"}
-        nbytes = packed_size([t.numel() * t.element_size() for t in tensors_in(self.expected)])
+        if self.fd_socket is None:
+            return {"shared": False, "reason": "no descriptor channel"}
+        nbytes = packed_bytes(self.expected)
         if nbytes == 0:
             return {"shared": False, "reason": "the output holds no tensor data"}
         try:
