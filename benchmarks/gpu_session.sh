@@ -4,6 +4,8 @@
 #   bash benchmarks/gpu_session.sh tests     # the GPU test suite (KernelBench solutions, examples, faults)
 #   bash benchmarks/gpu_session.sh redteam   # the GPU red-team cases
 #   bash benchmarks/gpu_session.sh speed     # eval speed and repeatability (~7 min)
+#   bash benchmarks/gpu_session.sh vs_release  # speed and reward stability beside the CUDA Agent release's
+#                                            # scripts (carry .data; extra arguments go to vs_release.py)
 #   bash benchmarks/gpu_session.sh guard     # guard overhead
 #   bash benchmarks/gpu_session.sh drift     # candidate timing over successive evaluations, with the clocks
 #   bash benchmarks/gpu_session.sh precision # precision calibration (~1 min)
@@ -62,6 +64,12 @@ python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.versio
 part=${1:-tests}
 shift || true  # the rest goes to pytest (tests, redteam), e.g. -k "illegal or profiler"
 case "$part" in
+vs_release)
+    # Side by side with the CUDA Agent release's scripts (carry .data/ca_release/agent_workdir: a copy of
+    # the release's agent_workdir/, e.g. `git archive HEAD agent_workdir` of its repository).
+    python3 benchmarks/vs_release.py --release .data/ca_release/agent_workdir --repeats ${VS_REPEATS:-10} \
+        --out "$OUT/vs_release.jsonl" "$@" 2>&1 | tee "$OUT/vs_release.log" | tail -12
+    ;;
 tests|redteam)
     # One device call each: the whole GPU suite has taken close to the 10-minute limit of a call.
     where=tests/gpu

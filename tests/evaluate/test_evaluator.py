@@ -65,12 +65,23 @@ def test_end_to_end_correct(example, evaluator):
     # two timed calls chosen in secret and the last one are checked too
     assert [c.get("timed", False) for c in result.checks] == [False] * 5 + [True] * 3
     timed_calls = [c["call"] for c in result.checks if c.get("timed")]
-    assert timed_calls == sorted(set(timed_calls)) and timed_calls[-1] >= 5 + 20 - 1
+    timing = result.timing
+    plan = timing["plans"]["candidate"]
+    # The secretly checked calls are drawn from the timed calls (not warm-up); the last is the last timed.
+    last = result.decision["rounds"] * plan["trials"] * plan["calls"] - 1
+    assert timed_calls == sorted(set(timed_calls)) and timed_calls[-1] == last
     assert all(r["max_abs_error"] < 1e-3 for c in result.checks for r in c["reports"])
     for which in ("candidate", "eager", "compile"):
         stats = result.times[which]
-        assert stats["trials"] >= 20 and stats["min_ms"] <= stats["median_ms"] <= stats["max_ms"]
-    assert result.speedup_eager == pytest.approx(result.times["eager"]["median_ms"] / result.times["candidate"]["median_ms"])
+        rounds = result.decision["rounds"]
+        assert stats["trials"] == rounds * timing["plans"][which]["trials"] >= timing["rounds_min"] * timing["round_trials"][0]
+        assert stats["min_ms"] <= stats["median_ms"] <= stats["max_ms"]
+    # Interleaved rounds: each speedup is the geometric mean of the rounds' speedups, inside its interval.
+    for which, speedup in (("eager", result.speedup_eager), ("compile", result.speedup_compile)):
+        decided = result.decision["speedups"][which]
+        assert decided["estimate"] == speedup and decided["low"] <= speedup <= decided["high"]
+        assert decided["rounds"] == result.decision["rounds"] >= timing["rounds_min"]
+        assert 0.5 < speedup / (result.times[which]["median_ms"] / result.times["candidate"]["median_ms"]) < 2
     assert result.reward in (1.0, 2.0, 3.0)
     assert result.policy["name"] == "fair" and result.policy["tf32"] == "on" and result.environment["torch"]
     assert not [n for n in result.notes if "through files" in n]  # outputs came through shared memory
@@ -78,20 +89,53 @@ def test_end_to_end_correct(example, evaluator):
     assert restored.reward == result.reward and restored.times == result.times
 
     again = evaluator.evaluate(task, load_candidate(solution))
-    assert again.status == "correct" and again.build["cached"] and again.baseline_cached
-    assert again.times["eager"] == result.times["eager"]
+    # Baselines are timed again, interleaved with the candidate: never a stale cached time.
+    assert again.status == "correct" and again.build["cached"] and not again.baseline_cached
+    assert again.times["eager"] != result.times["eager"]
+
+
+def test_verify_only_checks_and_neither_times_nor_rewards(example, evaluator, tmp_path):
+    task, solution = example
+    result = evaluator.verify(task, load_candidate(solution))
+    assert result.status == "correct" and result.correct and result.reward is None
+    assert len(result.checks) == 5 and not result.times and result.decision is None
+    assert "profile" not in result.durations
+    wrong = variant(tmp_path, solution, "return cuda_extension.scaled_swish(x, self.scale * 1.1)")
+    failed = evaluator.verify(task, wrong)
+    assert failed.status == "incorrect" and failed.reward == -1.0 and failed.rule == "wrong-output"
+
+
+def test_a_kept_reference_serves_the_next_evaluations_and_one_with_trouble_is_replaced(example, cache_dir, tmp_path):
+    task, solution = example
+    with Evaluator("cpu", cache_dir=cache_dir, references=1, timeouts=Timeouts(check_s=20, load_s=120)) as evaluator:
+        first = evaluator.evaluate(task, load_candidate(solution))
+        assert first.status == "correct" and "reference process started (0 earlier evaluation(s))" in first.notes
+        [kept] = evaluator.references._idle.values()
+        # A candidate that fails in the middle of the checks leaves the reference with nothing unanswered.
+        wrong = variant(tmp_path, solution, "return cuda_extension.scaled_swish(x, self.scale * 1.1)")
+        assert evaluator.evaluate(task, wrong).status == "incorrect"
+        again = evaluator.evaluate(task, load_candidate(solution))
+        assert again.status == "correct" and "reference process kept (2 earlier evaluation(s))" in again.notes
+        assert again.durations["reference"] < first.durations["reference"]
+        assert list(evaluator.references._idle.values()) == [kept] and kept.alive()
+        kept.channel.worker.kill()  # a reference that died while idle is replaced, not used
+        replaced = evaluator.evaluate(task, load_candidate(solution))
+        assert replaced.status == "correct" and "reference process started (0 earlier evaluation(s))" in replaced.notes
+    assert not evaluator.references._idle and not kept.home.exists()
 
 
 def test_prestarted_processes_serve_the_next_evaluation_and_stop_on_close(example, cache_dir):
     task, solution = example
-    with Evaluator("cpu", cache_dir=cache_dir, prestart=True, timeouts=Timeouts(check_s=20, load_s=120)) as evaluator:
+    with Evaluator("cpu", cache_dir=cache_dir, prestart=2, timeouts=Timeouts(check_s=20, load_s=120)) as evaluator:
         assert evaluator.evaluate(task, load_candidate(solution)).status == "correct"
-        [spare] = evaluator._spare
-        assert spare.alive() and (spare.job / "reference").is_dir() and not (spare.job / "task.py").exists()
+        spares = list(evaluator._spare)
+        assert len(spares) == 2 and all(s.alive() and not (s.job / "task.py").exists() for s in spares)
         assert evaluator.evaluate(task, load_candidate(solution)).status == "correct"
-        assert not spare.job.exists() and not spare.alive()  # used once, then gone
-        [fresh] = evaluator._spare
-        assert fresh is not spare and fresh.alive()
+        oldest = spares[0]
+        assert not oldest.job.exists() and not oldest.alive()  # the oldest served, once, then gone
+        assert evaluator._spare[:1] == spares[1:] and len(evaluator._spare) == 2
+        fresh = evaluator._spare[-1]
+        assert fresh not in spares and fresh.alive()
     assert not evaluator._spare and not fresh.alive() and not fresh.job.exists()
 
 

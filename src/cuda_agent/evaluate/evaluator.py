@@ -1,14 +1,18 @@
-"""Orchestrates one evaluation: build -> reference -> baselines -> verify -> profile -> reward.
+"""Orchestrates one evaluation: build -> reference -> verify -> timing rounds -> reward.
 
 This process never imports candidate code and never holds expected outputs:
 the reference process computes and compares them; the candidate process runs
-the candidate. Each evaluation gets fresh processes, so a crash, hang or flood
-in one candidate cannot touch the next.
+the candidate. Each evaluation gets a fresh candidate process, so a crash, hang
+or flood in one candidate cannot touch the next. Reference processes run only
+the pristine task program, so a long-lived evaluator keeps them across
+evaluations (``evaluate.references``). Candidate and baselines are timed in
+interleaved rounds until each reward decision is confident (``evaluate.decide``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import secrets
 import shutil
@@ -23,8 +27,11 @@ from typing import Any, Callable, Iterator
 from cuda_agent.build import BuildResult, build
 from cuda_agent.candidates import Candidate
 from cuda_agent.evaluate.baseline import BaselineCache, baseline_key
+from cuda_agent.evaluate.channel import Channel, Stop
+from cuda_agent.evaluate.decide import Plan, Rounds, Speedup, run_rounds, speedup
 from cuda_agent.evaluate.environment import describe_environment
 from cuda_agent.evaluate.policy import Policy, TimingConfig
+from cuda_agent.evaluate.references import LiveReference, ReferencePool
 from cuda_agent.evaluate.result import EvalResult
 from cuda_agent.evaluate.reward import compute_reward
 from cuda_agent.evaluate.timing import trial_seed
@@ -38,11 +45,12 @@ from cuda_agent.guard.device_state import can_check_idle, gpu_busy
 from cuda_agent.guard.degenerate import DegenerateReport
 from cuda_agent.guard.plausibility import MemorySystem, below_speed_of_light, memory_system
 from cuda_agent.paths import PACKAGE_ROOT, cache_root, worker_env
-from cuda_agent.sandbox import Limits, Sandbox, WorkerCrashed, WorkerForgedReply, WorkerProcess, WorkerTimeout, make_sandbox
+from cuda_agent.sandbox import Limits, Sandbox, WorkerProcess, make_sandbox
 from cuda_agent.tasks import Task, TaskError
 
-BASELINE_SEED = 0  # baselines are cached, so they are timed on one fixed input draw
+SPARE_CANDIDATES = 3  # candidate processes started ahead by a prestarted evaluator
 TIMED_CHECKS = 2  # timing calls chosen in secret whose outputs are checked, besides the last call
+BASELINES = ("eager", "compile")
 StageCallback = Callable[[str, str], None]
 
 
@@ -53,14 +61,6 @@ class Timeouts:
     check_s: float = 300.0
     baseline_s: float = 1200.0
     profile_s: float = 600.0
-
-
-class _Stop(Exception):
-    """Ends an evaluation early with a status and a reason."""
-
-    def __init__(self, status: str, stage: str, reason: str, traceback: str | None = None, rule: str | None = None):
-        super().__init__(reason)
-        self.status, self.stage, self.reason, self.traceback, self.rule = status, stage, reason, traceback, rule
 
 
 def resolve_device(device: str) -> str:
@@ -75,27 +75,25 @@ def resolve_device(device: str) -> str:
 
 @dataclass
 class _Workers:
-    """The job directory and the two processes of one evaluation."""
+    """The job directory and the candidate process of one evaluation."""
 
     job: Path
-    reference: WorkerProcess
     candidate: WorkerProcess
 
     def alive(self) -> bool:
-        return self.reference.proc.poll() is None and self.candidate.proc.poll() is None
+        return self.candidate.proc.poll() is None
 
     def close(self) -> None:
-        # Killed, not asked to exit: nothing is left to say, and an orderly exit of torch and CUDA
-        # takes about a second.
-        for worker in (self.reference, self.candidate):
-            worker.kill()
-            worker.close()
+        # Killed, not asked to exit: nothing is left to say.
+        self.candidate.kill()
+        self.candidate.close()
         shutil.rmtree(self.job, ignore_errors=True)
 
 
-def _close_all(spare: list[_Workers]) -> None:
+def _close_all(spare: list[_Workers], references: ReferencePool) -> None:
     while spare:
         spare.pop().close()
+    references.close()
 
 
 class Evaluator:
@@ -118,7 +116,8 @@ class Evaluator:
         check_idle: bool = True,
         idle_wait_s: float = 30.0,
         timing_lock: contextlib.AbstractContextManager | None = None,
-        prestart: bool = False,
+        prestart: bool | int = False,
+        references: int | None = None,
         on_stage: StageCallback | None = None,
     ):
         self.device = resolve_device(device)
@@ -141,11 +140,16 @@ class Evaluator:
         self.on_stage = on_stage or (lambda stage, detail: None)
         self.baselines = BaselineCache(self.cache_dir / "baselines")
         self._probe_imports: frozenset[str] | None = None
-        # With ``prestart``, each evaluation ends by starting the next one's processes (torch imported,
-        # CUDA up: seconds saved per evaluation for a long-lived evaluator); close() stops them.
-        self.prestart = prestart
+        # With ``prestart``, each evaluation ends by topping up the candidate processes started ahead
+        # (torch imported, CUDA up: a process takes 6-8 s to start on the H200, longer than a warm
+        # evaluation, so back-to-back evaluations need several in flight); close() stops them.
+        # ``prestart=True`` keeps SPARE_CANDIDATES; an int keeps that many.
+        self.prestart = SPARE_CANDIDATES if prestart is True else int(prestart)
         self._spare: list[_Workers] = []
-        weakref.finalize(self, _close_all, self._spare)
+        # Reference processes kept between evaluations (least recently used evicted): by default 4 for
+        # a long-lived (prestarted) evaluator, none for a one-shot one, which leaves nothing behind.
+        self.references = ReferencePool(references if references is not None else (4 if self.prestart else 0))
+        weakref.finalize(self, _close_all, self._spare, self.references)
 
     @property
     def backend(self) -> str:
@@ -155,7 +159,10 @@ class Evaluator:
         return build(candidate, self.backend, cache_dir=self.cache_dir, sandbox=self.sandbox, timeout_s=self.timeouts.build_s)
 
     # -- one evaluation -----------------------------------------------------------
-    def evaluate(self, task: Task, candidate: Candidate, build_result: BuildResult | None = None) -> EvalResult:
+    def evaluate(self, task: Task, candidate: Candidate, build_result: BuildResult | None = None, *,
+                 timed: bool = True) -> EvalResult:
+        """Build, verify and (``timed``) time ``candidate`` on ``task``: the rewarded record. With
+        ``timed=False`` (``verify``) the record says whether it is correct, with no times and no reward."""
         started = time.monotonic()
         result = EvalResult(
             task=task.to_dict(),
@@ -167,8 +174,8 @@ class Evaluator:
             notes=list(candidate.notes),
         )
         try:
-            self._evaluate(task, candidate, build_result, result)
-        except _Stop as stop:
+            self._evaluate(task, candidate, build_result, result, timed)
+        except Stop as stop:
             result.status, result.stage, result.reason = stop.status, stop.stage, stop.reason
             result.traceback = stop.traceback
             result.rule = stop.rule
@@ -177,7 +184,13 @@ class Evaluator:
         self.on_stage("done", f"{result.status}, reward {result.reward}")
         return result
 
-    def _evaluate(self, task: Task, candidate: Candidate, build_result: BuildResult | None, result: EvalResult) -> None:
+    def verify(self, task: Task, candidate: Candidate, build_result: BuildResult | None = None) -> EvalResult:
+        """Correctness only (the checks, the runtime guards, attribution), no timing: what an agent's
+        "is it correct?" needs, at a fraction of an evaluation's cost. ``reward`` is None when correct."""
+        return self.evaluate(task, candidate, build_result, timed=False)
+
+    def _evaluate(self, task: Task, candidate: Candidate, build_result: BuildResult | None, result: EvalResult,
+                  timed: bool) -> None:
         code_policy = self.policy.code_policy()
         if self.policy.static_checks:
             self._refuse(check_candidate(candidate, code_policy), result)
@@ -188,41 +201,51 @@ class Evaluator:
         result.compiled = built.ok
         result.durations["build"] = round(time.monotonic() - clock, 3)
         if not built.ok:
-            raise _Stop("failed", "build", built.error or "build failed")
+            raise Stop("failed", "build", built.error or "build failed")
         if self.policy.static_checks:
             self._refuse(audit_symbols([Path(p) for p in built.modules.values()], code_policy, self.toolchain_imports()),
                          result, "built extension: ")
 
         workers = self._take_workers()
+        reference = self.references.take(self._reference_key(task))
+        fresh = reference is None
         try:
+            if reference is None:
+                reference = self._launch_reference(task)
             job = workers.job
             (job / "task.py").write_text(task.code)
             (job / "model_new.py").write_text(candidate.model_new)
-            self._run_jobs(task, built, self._copy_modules(built, job), result, job, workers.reference,
-                           workers.candidate)
+            self._run(task, built, self._copy_modules(built, job), result, job, reference, fresh,
+                      Channel(workers.candidate, "candidate"), timed)
         finally:
             workers.close()
             result.output = workers.candidate.output[-8000:]
-            if self.prestart:
-                # Started now, so they are ready when the next evaluation comes.
+            if reference is not None:
+                # Kept only if it is loaded and answers nothing still (an evaluation that stopped early
+                # may have left a request unanswered).
+                healthy = reference.loaded is not None and reference.channel.drain(self.timeouts.check_s)
+                reference.evaluations += 1
+                self.references.give_back(reference, healthy)
+            while len(self._spare) < self.prestart:
+                # Started now, so they are ready when the next evaluations come.
                 self._spare.append(self._start_workers())
 
     def _take_workers(self) -> "_Workers":
-        """The started spare processes if they are still alive, else new ones."""
+        """The oldest started spare candidate process (the likeliest to have finished starting) if it
+        is still alive, else a new one."""
         while self._spare:
-            workers = self._spare.pop()
+            workers = self._spare.pop(0)
             if workers.alive():
                 return workers
             workers.close()
         return self._start_workers()
 
     def _start_workers(self) -> "_Workers":
-        """A job directory and both processes of one evaluation, started before they know the task
-        or the candidate (importing torch and starting CUDA take seconds)."""
+        """A job directory and the candidate process of one evaluation, started before it knows the
+        task or the candidate (importing torch and starting CUDA take seconds)."""
         job = self._new_job()
         (job / "candidate").mkdir()
-        reference = self._spawn("reference", job / "reference", [job])
-        return _Workers(job, reference, self._spawn("candidate", job / "candidate", [job]))
+        return _Workers(job, self._spawn("candidate", job / "candidate", [job]))
 
     @staticmethod
     def _copy_modules(built: BuildResult, job: Path) -> dict[str, str]:
@@ -236,8 +259,9 @@ class Evaluator:
         return modules
 
     def close(self) -> None:
-        """Stop the started spare processes (``prestart``); the evaluator can still be used."""
-        _close_all(self._spare)
+        """Stop the started spare processes and the kept reference processes; the evaluator can
+        still be used."""
+        _close_all(self._spare, self.references)
 
     def __enter__(self) -> "Evaluator":
         return self
@@ -251,7 +275,7 @@ class Evaluator:
         if self._probe_imports is None:
             probe = self.build(probe_candidate(self.backend))
             if not probe.ok:
-                raise _Stop("error", "build", f"the toolchain probe extension does not build: {probe.error}")
+                raise Stop("error", "build", f"the toolchain probe extension does not build: {probe.error}")
             self._probe_imports = imported_symbols([Path(p) for p in probe.modules.values()])
         return self._probe_imports
 
@@ -259,13 +283,13 @@ class Evaluator:
     def _refuse(violations: list[Violation], result: EvalResult, prefix: str = "") -> None:
         if violations:
             result.violations = [v.to_dict() for v in violations]
-            raise _Stop("failed", "policy", prefix + violations[0].describe(), rule=violations[0].rule)
+            raise Stop("failed", "policy", prefix + violations[0].describe(), rule=violations[0].rule)
 
-    def _new_job(self) -> Path:
+    def _new_job(self, prefix: str = "cuda-agent-job-") -> Path:
         """A job directory for the task and each process's own directory. Each process writes only
         its own directory: the candidate cannot touch the task file or the state dict the
         reference reads."""
-        job = Path(tempfile.mkdtemp(prefix="cuda-agent-job-", dir=self.work_dir))
+        job = Path(tempfile.mkdtemp(prefix=prefix, dir=self.work_dir))
         (job / "reference").mkdir()
         return job
 
@@ -277,44 +301,126 @@ class Evaluator:
         return {"op": "expect", "seed": seed, "strict": self.policy.strict_expected,
                 "slack": self.policy.precision_slack, **self._tolerance()}
 
-    def _run_jobs(self, task: Task, built: BuildResult, modules: dict[str, str], result: EvalResult, job: Path,
-                  reference: WorkerProcess, contender: WorkerProcess) -> None:
-        common = self._task_message(task, job)
+    # -- reference processes --------------------------------------------------------
+    def _reference_key(self, task: Task) -> str:
+        return f"{task.digest}:{task.name}:{self.policy.tf32}"
 
-        own_kernels = self._own_kernels(built, result)
-        load_candidate = {"op": "load", **common, "model_new_file": str(job / "model_new.py"), "modules": modules}
-        key = baseline_key(task.digest, result.environment, result.policy, result.timing, self.device)
-        baseline = self._cached_baseline(key)
-        clock = time.monotonic()
-        self.on_stage("reference", "loading the task")
-        self._send(reference, "reference", "reference", {"op": "load", **common, "warm": self._expect(secrets.randbits(62))})
-        if baseline is not None:
-            # No baseline to time, so candidate code may load while the reference works.
-            self._send(contender, "candidate", "load", load_candidate)
-        loaded = self._receive(reference, "reference", "reference", self.timeouts.load_s)
-        result.durations["reference"] = round(time.monotonic() - clock, 3)
+    def _launch_reference(self, task: Task) -> LiveReference:
+        """Start a reference process for ``task`` and ask it to load (without waiting: the candidate
+        loads meanwhile); ``_await_reference`` takes the answer."""
+        home = self._new_job("cuda-agent-ref-")
+        (home / "task.py").write_text(task.code)
+        init_seed = secrets.randbits(62)
+        channel = Channel(self._spawn("reference", home / "reference", [home]), "reference")
+        reference = LiveReference(self._reference_key(task), home, channel, init_seed)
+        try:
+            channel.send("reference", {"op": "load", **self._task_message(task, home, init_seed),
+                                       "warm": self._expect(secrets.randbits(62))})
+        except Stop:
+            reference.close()
+            raise
+        return reference
 
-        clock = time.monotonic()
-        if baseline is None:
-            # Timed while the candidate process is idle and has imported no candidate code.
-            baseline = self._measure_baseline(key, reference, result)
-            self._send(contender, "candidate", "load", load_candidate)
+    def _await_reference(self, reference: LiveReference) -> None:
+        """The reference's load answer, and the memory it shares for outputs (its descriptor is kept
+        here, unmapped, and relayed to every candidate process)."""
+        loaded = reference.channel.receive("reference", self.timeouts.load_s)
+        shared = loaded.get("share") or {}
+        if shared.get("shared"):
+            try:
+                reference.share_fd = reference.channel.worker.receive_fd(self.timeouts.check_s)
+                reference.share_bytes = int(shared["bytes"])
+            except OSError as exc:
+                raise Stop("error", "load", f"reference process: the shared memory did not arrive: {exc}") from None
         else:
-            result.baseline_cached = True
-        result.times["eager"] = baseline["eager"]
-        if "compile" in baseline:
-            result.times["compile"] = baseline["compile"]
-        elif "compile_error" in baseline:
-            result.notes.append(f"torch.compile baseline unavailable: {baseline['compile_error']}")
-        result.durations["baseline"] = round(time.monotonic() - clock, 3)
+            reference.share_note = str(shared.get("reason"))
+        reference.loaded = loaded
+
+    @contextlib.contextmanager
+    def _loaded_reference(self, task: Task, failure: str) -> Iterator[LiveReference]:
+        """A reference process with ``task`` loaded (a kept one where there is one); trouble in it
+        becomes a ``TaskError`` that says ``failure``."""
+        reference = self.references.take(self._reference_key(task))
+        healthy = False
+        try:
+            if reference is None:
+                reference = self._launch_reference(task)
+                self._await_reference(reference)
+            yield reference
+            healthy = True
+        except Stop as stop:
+            raise TaskError(f"{task.source}: {failure}: {stop.reason}") from None
+        finally:
+            if reference is not None:
+                self.references.give_back(reference, healthy and reference.loaded is not None)
+
+    def _task_message(self, task: Task, home: Path, init_seed: int) -> dict[str, Any]:
+        return {
+            "task_file": str(home / "task.py"),
+            "task_name": task.name,
+            "task_source": task.source,
+            "device": self.device,
+            "tf32": self.policy.tf32,
+            "allowed_aten": list(self.policy.allowed_aten),
+            "init_seed": init_seed,
+            "state_dict_path": str(home / "reference" / "state_dict.pt"),
+        }
+
+    # -- the stages -------------------------------------------------------------------
+    def _run(self, task: Task, built: BuildResult, modules: dict[str, str], result: EvalResult, job: Path,
+             reference: LiveReference, fresh: bool, candidate: Channel, timed: bool) -> None:
+        own_kernels = self._own_kernels(built, result)
+        clock = time.monotonic()
+        self.on_stage("reference", "starting the task's reference process" if fresh else "kept from earlier")
+        # The candidate imports its code while the reference loads; baselines are timed later, in
+        # rounds interleaved with the candidate's.
+        candidate.send("load", {"op": "load", **self._task_message(task, job, reference.init_seed),
+                                "model_new_file": str(job / "model_new.py"), "modules": modules})
+        if fresh:
+            self._await_reference(reference)
+        result.durations["reference"] = round(time.monotonic() - clock, 3)
+        result.notes.append(f"reference process {'started' if fresh else 'kept'} "
+                            f"({reference.evaluations} earlier evaluation(s))")
 
         clock = time.monotonic()
         self.on_stage("load", "importing the candidate")
-        self._receive(contender, "candidate", "load", self.timeouts.load_s)
-        self._ask(contender, "candidate", "load", {"op": "weights", "state_dict_path": common["state_dict_path"]}, self.timeouts.load_s)
-        self._share(loaded.get("share") or {}, reference, contender, result)
+        weights = job / "state_dict.pt"  # readable by the candidate, in its job, not the reference's home
+        try:
+            os.link(reference.state_dict, weights)
+        except OSError:
+            shutil.copy2(reference.state_dict, weights)
+        candidate.receive("load", self.timeouts.load_s)
+        candidate.ask("load", {"op": "weights", "state_dict_path": str(weights)}, self.timeouts.load_s)
+        self._share(reference, candidate, result)
         result.durations["load"] = round(time.monotonic() - clock, 3)
 
+        self._verify(reference.channel, candidate, job, own_kernels, result)
+        if not timed:
+            result.correct = True
+            result.status = "correct"
+            result.notes.append("verified only (no timing, no reward)")
+            return
+        reference.channel.ask("verify", {"op": "release"}, 60)  # hold little memory while timing
+
+        clock = time.monotonic()
+        baseline, key = self._baselines_for(task, reference, result)
+        result.durations["baseline"] = round(time.monotonic() - clock, 3)
+
+        clock = time.monotonic()
+        base = secrets.randbits(62)
+        rounds, watched = self._time_rounds(reference.channel, candidate, base, baseline, result)
+        result.durations["profile"] = round(time.monotonic() - clock, 3)
+
+        clock = time.monotonic()
+        output_bytes = self._check_timed_outputs(reference.channel, candidate, base, watched, job, result)
+        result.durations["verify"] += round(time.monotonic() - clock, 3)
+        result.correct = True
+        self._decide(rounds, baseline, key, output_bytes, result)
+
+    def _verify(self, reference: Channel, candidate: Channel, job: Path, own_kernels: frozenset[str] | None,
+                result: EvalResult) -> None:
+        """The checks: fresh inputs from secret seeds, both sides computing at once; one of them,
+        chosen in secret, profiled for attribution."""
         clock = time.monotonic()
         profiled = secrets.randbelow(self.policy.checks) if own_kernels is not None else -1
         attribution = None
@@ -323,11 +429,10 @@ class Evaluator:
             seed = secrets.randbits(62)
             out_dir = job / "candidate" / f"output-{index}"
             # Both sides compute at once; only timing needs the device to itself.
-            self._send(reference, "reference", "verify", self._expect(seed))
-            self._send(contender, "candidate", "verify", {"op": "run", "seed": seed, "dir": str(out_dir),
-                                                          "profile": index == profiled})
-            expected = self._receive(reference, "reference", "verify", self.timeouts.check_s)
-            ran = self._receive(contender, "candidate", "verify", self.timeouts.check_s)
+            reference.send("verify", self._expect(seed))
+            candidate.send("verify", {"op": "run", "seed": seed, "dir": str(out_dir), "profile": index == profiled})
+            expected = reference.receive("verify", self.timeouts.check_s)
+            ran = candidate.receive("verify", self.timeouts.check_s)
             if index == profiled:
                 attribution = self._attribute(ran, own_kernels, result)
             check = self._check(reference, index, ran["fingerprint"], expected["fingerprint"], out_dir, ran["manifest"])
@@ -335,7 +440,7 @@ class Evaluator:
             result.checks.append(check)
             if not check["ok"]:
                 result.durations["verify"] = round(time.monotonic() - clock, 3)
-                raise _Stop("incorrect", "verify", f"check {index + 1}: {check['reason']}", rule="wrong-output")
+                raise Stop("incorrect", "verify", f"check {index + 1}: {check['reason']}", rule="wrong-output")
         result.durations["verify"] = round(time.monotonic() - clock, 3)
         widest = max(c["allowance"] for c in result.checks)
         if widest > 1:
@@ -343,73 +448,193 @@ class Evaluator:
                                 f"precision flags errs by that much over {self.policy.precision_slack:g} (policy "
                                 "precision_slack)")
         self._judge_attribution(attribution)
-        self._ask(reference, "reference", "verify", {"op": "release"}, 60)  # hold little memory while the candidate is timed
 
-        clock = time.monotonic()
-        self.on_stage("profile", f"timing the candidate ({self.timing.method})")
-        base = secrets.randbits(62)
-        checked_calls = self._calls_to_check()
+    def _baselines_for(self, task: Task, reference: LiveReference, result: EvalResult) -> tuple[dict[str, Any], str]:
+        """What the baselines are timed from: ``{"fixed": {side: stats}}`` for cached baselines
+        (``TimingConfig.baselines == "cached"`` and a record in the cache), else the sides to time
+        in the rounds. torch.compile happens here, once per reference process."""
+        key = baseline_key(task.digest, result.environment, result.policy, result.timing, self.device)
+        if self.timing.baselines == "cached":
+            cached = self._cached_baseline(key)
+            if cached is not None:
+                result.baseline_cached = True
+                return {"fixed": {side: cached[side] for side in BASELINES if side in cached}, "record": cached}, key
+        sides = self._baseline_sides(reference)
+        return {"fixed": {}, "sides": sides, "compile_error": (reference.compiled or {}).get("compile_error")}, key
+
+    def _baseline_sides(self, reference: LiveReference) -> list[str]:
+        """The baselines the reference can time now (torch.compile asked for once per process)."""
+        if not self.time_compile:
+            return ["eager"]
+        if reference.compiled is None:
+            self.on_stage("baseline", "torch.compile (once per task's reference process)")
+            reference.compiled = reference.channel.ask("baseline", {"op": "compile", "seed": secrets.randbits(62)},
+                                                       self.timeouts.baseline_s)
+        return ["eager", "compile"] if "compile_error" not in reference.compiled else ["eager"]
+
+    def _time_rounds(self, reference: Channel, candidate: Channel | None, base: int, baseline: dict[str, Any],
+                     result: EvalResult, undecided: Callable[[Rounds], bool] | None = None) -> tuple[Rounds, list[int]]:
+        """Time the candidate (if any) and the baselines in interleaved rounds until every decision is
+        confident. Returns the rounds and the candidate's calls whose outputs are checked."""
+        config = self.timing
+        fixed = {side: stats["median_ms"] for side, stats in baseline["fixed"].items()}
+        sides: dict[str, Callable[[int, int, int], list[float]]] = {}
+        plans: dict[str, Plan] = {}
+        watched: list[int] = []
+        message = {"timing": config.to_dict()}
         with self.timing_lock:
-            timed = self._ask(contender, "candidate", "profile", {
-                "op": "time", "seed": base, "check": checked_calls, "timing": self.timing.to_dict(),
-                "dir": str(job / "candidate" / "timed"),
-            }, self.timeouts.profile_s)
-        result.durations["profile"] = round(time.monotonic() - clock, 3)
+            if baseline.get("sides"):
+                result.notes.extend(f"baselines timed on a busy GPU and not cached: {busy}"
+                                    for busy in [self._wait_until_idle()] if busy)
+            if candidate is not None:
+                self.on_stage("profile", "warming the candidate up")
+                estimate = candidate.ask("profile", {"op": "calibrate", "seed": secrets.randbits(62), **message},
+                                         self.timeouts.profile_s)["estimate_ms"]
+                plans["candidate"] = plan = Plan.for_call(self._positive(estimate, "warm-up time"), config)
+                # Checked calls drawn uniformly from the timed calls every run makes (the minimum rounds).
+                pool = config.rounds_min * plan.trials * plan.calls
+                watched = sorted(set(secrets.randbelow(pool) for _ in range(TIMED_CHECKS)))
+                sides["candidate"] = self._candidate_side(candidate, base, watched)
+            for side in baseline.get("sides", []):
+                self.on_stage("baseline", f"warming {side} up")
+                estimate = reference.ask("baseline", {"op": "calibrate", "side": side, "seed": secrets.randbits(62),
+                                                      **message}, self.timeouts.profile_s)["estimate_ms"]
+                plans[side] = Plan.for_call(estimate, config)
+                sides[side] = self._baseline_side(reference, side, secrets.randbits(62))
+            rounds = Rounds(fixed=fixed)
+            if undecided is None:
+                undecided = lambda r: not all(s.confident for s in self._speedups(r).values())  # noqa: E731
+            run_rounds(sides, plans, config, undecided, rounds, on_round=self._report_round)
+        result.timing = result.timing | {"plans": {side: vars(plan) for side, plan in plans.items()}}
+        return rounds, watched
 
-        # The outputs of timed calls are checked too: a candidate that is right
-        # only when checked (or replays a stored result) fails here.
-        clock = time.monotonic()
-        output_bytes = 0
+    def _candidate_side(self, candidate: Channel, base: int, watched: list[int]) -> Callable[[int, int, int], list[float]]:
+        def time_candidate(first: int, trials: int, calls: int) -> list[float]:
+            reply = candidate.ask("profile", {"op": "time", "seed": base, "first": first, "trials": trials,
+                                              "calls": calls, "watch": watched, "timing": self.timing.to_dict()},
+                                  self.timeouts.profile_s)
+            samples = reply.get("samples")
+            if not isinstance(samples, list) or len(samples) != trials or not all(
+                    isinstance(x, (int, float)) and math.isfinite(x) and x > 0 for x in samples):
+                raise Stop("failed", "profile", "the timing reply is not one positive time per trial", rule="forged-reply")
+            return [float(x) for x in samples]
+        return time_candidate
+
+    def _baseline_side(self, reference: Channel, side: str, seed: int) -> Callable[[int, int, int], list[float]]:
+        def time_baseline(first: int, trials: int, calls: int) -> list[float]:
+            return reference.ask("baseline", {"op": "time", "side": side, "seed": seed, "first": first,
+                                              "trials": trials, "calls": calls, "timing": self.timing.to_dict()},
+                                 self.timeouts.baseline_s)["samples"]
+        return time_baseline
+
+    @staticmethod
+    def _positive(value: Any, what: str) -> float:
+        if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise Stop("failed", "profile", f"the candidate process reported an invalid {what}", rule="forged-reply")
+        return float(value)
+
+    def _speedups(self, rounds: Rounds) -> dict[str, Speedup]:
+        line = 1 / self.policy.beat_factor if self.policy.reward == "milestone" else None
+        return {side: speedup(side, rounds.ratios(side), line, self.timing.confidence)
+                for side in BASELINES if (rounds.count(side) or side in rounds.fixed) and rounds.count("candidate")}
+
+    def _report_round(self, number: int, rounds: Rounds) -> None:
+        if rounds.count("candidate"):
+            text = ", ".join(f"{s.estimate:.3f}x vs {side} [{s.low:.3f}, {s.high:.3f}]"
+                             for side, s in self._speedups(rounds).items())
+        else:
+            text = ", ".join(f"{side} spread {rounds.spread(side):.1%}" for side in rounds.samples)
+        self.on_stage("profile", f"round {number}: {text}")
+
+    def _check_timed_outputs(self, reference: Channel, candidate: Channel, base: int, watched: list[int], job: Path,
+                             result: EvalResult) -> int:
+        """The outputs of timed calls are checked too: a candidate that is right only when checked
+        (or replays a stored result) fails here. Returns the output's size in bytes."""
+        timed = candidate.ask("profile", {"op": "timed"}, self.timeouts.profile_s)
         returned = [c["index"] for c in timed["checked"]]
-        if not set(checked_calls) <= set(returned) or len(returned) > len(checked_calls) + 1:
-            raise _Stop("failed", "profile", "the timing reply does not hold the calls asked for", rule="forged-reply")
+        if not set(watched) <= set(returned) or len(returned) > len(watched) + 1:
+            raise Stop("failed", "profile", "the timing reply does not hold the calls asked for", rule="forged-reply")
+        output_bytes = 0
         for number, call in enumerate(timed["checked"]):
             self.on_stage("verify", f"timed output {number + 1}/{len(returned)}")
             out_dir = job / "candidate" / "timed" / f"timed-{call['index']}"
-            self._send(reference, "reference", "verify", self._expect(trial_seed(base, call["index"])))
-            self._send(contender, "candidate", "verify", {"op": "output", "index": call["index"], "dir": str(out_dir)})
-            expected = self._receive(reference, "reference", "verify", self.timeouts.check_s)
-            handed = self._receive(contender, "candidate", "verify", self.timeouts.check_s)
+            reference.send("verify", self._expect(trial_seed(base, call["index"])))
+            candidate.send("verify", {"op": "output", "index": call["index"], "dir": str(out_dir)})
+            expected = reference.receive("verify", self.timeouts.check_s)
+            handed = candidate.receive("verify", self.timeouts.check_s)
             output_bytes = expected["output_bytes"]
             check = self._check(reference, self.policy.checks + number, call["fingerprint"], expected["fingerprint"],
                                 out_dir, handed["manifest"])
             check.update(timed=True, call=call["index"], allowance=expected.get("allowance", 1.0))
             result.checks.append(check)
             if not check["ok"]:
-                raise _Stop("incorrect", "verify", f"timed call {call['index']}: {check['reason']}", rule="timed-output")
-        result.durations["verify"] += round(time.monotonic() - clock, 3)
-        result.correct = True
-        result.times["candidate"] = timed["candidate"]
+                raise Stop("incorrect", "verify", f"timed call {call['index']}: {check['reason']}", rule="timed-output")
+        return output_bytes
 
-        t = timed["candidate"]["median_ms"]
-        t_eager = baseline["eager"]["median_ms"]
-        t_compile = baseline["compile"]["median_ms"] if "compile" in baseline else None
-        result.speedup_eager = t_eager / t if t > 0 else None
-        result.speedup_compile = t_compile / t if t_compile and t > 0 else None
-        self._check_plausible(t, t_eager, output_bytes, result)
-        result.reward = compute_reward(self.policy, True, t, t_eager, t_compile)
+    def _decide(self, rounds: Rounds, baseline: dict[str, Any], key: str, output_bytes: int,
+                result: EvalResult) -> None:
+        """Times, speedups with their intervals, the reward: each decision from the rounds."""
+        method = self.timing.method
+        result.times["candidate"] = rounds.stats("candidate", method).to_dict()
+        for side in BASELINES:
+            if side in baseline["fixed"]:
+                result.times[side] = baseline["fixed"][side]
+            elif rounds.count(side):
+                result.times[side] = rounds.stats(side, method).to_dict()
+        speedups = self._speedups(rounds)
+        if baseline.get("sides"):
+            self._keep_baseline(key, rounds, baseline, result)
+        compile_error = baseline.get("compile_error") or (baseline.get("record") or {}).get("compile_error")
+        if "compile" not in speedups and compile_error:
+            result.notes.append(f"torch.compile baseline unavailable: {compile_error}")
+        result.decision = {
+            "rounds": rounds.count("candidate"),
+            "confident": all(s.confident for s in speedups.values()),
+            "speedups": {side: s.to_dict() for side, s in speedups.items()},
+            "spread": {side: round(rounds.spread(side), 5) for side in rounds.samples},
+        }
+        if not result.decision["confident"]:
+            result.notes.append("a reward decision is not confident: its speedup's interval still straddles the "
+                                "line after the timing budget (TimingConfig.rounds_max / budget_s)")
+        eager, compiled = speedups.get("eager"), speedups.get("compile")
+        result.speedup_eager = eager.estimate if eager else None
+        result.speedup_compile = compiled.estimate if compiled else None
+        self._check_plausible(result.times["candidate"]["median_ms"], result.speedup_eager, output_bytes, result)
+        # Speedups in place of times: "t < beat * t0" is "t0 / t > 1 / beat".
+        result.reward = compute_reward(self.policy, True, 1.0, result.speedup_eager, result.speedup_compile)
         result.status = "correct"
 
-    def _share(self, shared: dict[str, Any], reference: WorkerProcess, contender: WorkerProcess,
-               result: EvalResult) -> None:
-        """Hand the memory the reference shared when it loaded (``shared``: its answer) to the candidate;
-        the descriptor passes through this process, which never maps it. Where that cannot be done,
-        outputs travel through files."""
-        if not shared.get("shared"):
-            result.notes.append(f"outputs handed over through files: {shared.get('reason')}")
+    def _keep_baseline(self, key: str, rounds: Rounds, baseline: dict[str, Any], result: EvalResult) -> dict[str, Any]:
+        """Cache the baselines timed in these rounds, unless their own spread is too wide or the GPU
+        was busy: a noisy baseline is re-measured next time, never reused."""
+        record: dict[str, Any] = {side: rounds.stats(side, self.timing.method).to_dict()
+                                  for side in baseline["sides"] if rounds.count(side)}
+        record["spread"] = {side: round(rounds.spread(side), 5) for side in baseline["sides"] if rounds.count(side)}
+        record["rounds"] = max(rounds.count(side) for side in baseline["sides"])
+        record["key"] = key
+        if baseline.get("compile_error"):
+            record["compile_error"] = baseline["compile_error"]
+        wide = {side: spread for side, spread in record["spread"].items() if spread > self.timing.baseline_spread}
+        busy = any(note.startswith("baselines timed on a busy GPU") for note in result.notes)
+        if wide:
+            result.notes.append("baselines not cached: their per-round times vary by " + ", ".join(
+                f"{side} {spread:.1%}" for side, spread in wide.items()) + f" (over {self.timing.baseline_spread:.0%})")
+        elif not busy:
+            self.baselines.put(key, record)
+        return record
+
+    def _share(self, reference: LiveReference, candidate: Channel, result: EvalResult) -> None:
+        """Hand the memory the reference shared when it loaded to the candidate; the descriptor
+        passes through this process, which never maps it. Where that cannot be done, outputs
+        travel through files."""
+        if reference.share_fd is None:
+            result.notes.append(f"outputs handed over through files: {reference.share_note}")
             return
         try:
-            fd = reference.receive_fd(self.timeouts.check_s)
+            candidate.worker.send_fd(reference.share_fd)
         except OSError as exc:
-            raise _Stop("error", "load", f"reference process: the shared memory did not arrive: {exc}") from None
-        try:
-            contender.send_fd(fd)
-        except OSError as exc:
-            raise _Stop("failed", "load", f"candidate process: cannot take the shared memory: {exc}") from None
-        finally:
-            os.close(fd)
-        attached = self._ask(contender, "candidate", "load", {"op": "attach", "bytes": shared["bytes"]},
-                             self.timeouts.check_s)
+            raise Stop("failed", "load", f"candidate process: cannot take the shared memory: {exc}") from None
+        attached = candidate.ask("load", {"op": "attach", "bytes": reference.share_bytes}, self.timeouts.check_s)
         if not attached.get("attached"):
             result.notes.append(f"outputs handed over through files: {attached.get('reason')}")
 
@@ -428,7 +653,7 @@ class Evaluator:
         try:
             kernels = parse_kernel_report(ran.get("kernels"))
         except ValueError as exc:
-            raise _Stop("failed", "verify", f"the profiled call's kernel report is invalid: {exc}",
+            raise Stop("failed", "verify", f"the profiled call's kernel report is invalid: {exc}",
                         rule="forged-reply") from None
         attribution = attribute(kernels, own)
         result.attribution = attribution.to_dict()
@@ -440,33 +665,19 @@ class Evaluator:
             return
         reason = decoy_reason(attribution)
         if reason:
-            raise _Stop("failed", "verify", reason, rule="decoy")
+            raise Stop("failed", "verify", reason, rule="decoy")
         reason = coverage_reason(attribution, self.policy.min_coverage)
         if reason:
-            raise _Stop("failed", "verify", reason, rule="coverage")
+            raise Stop("failed", "verify", reason, rule="coverage")
 
-    def _calls_to_check(self) -> list[int]:
-        """Calls of the timing run, chosen in secret, whose outputs are checked besides
-        the last call's: among the calls every run makes (after the fixed warm-up count,
-        up to the minimum number of trials; for the profiler method, its profiled calls)."""
-        if self.timing.method == "profiler":
-            first, count = self.timing.profiler_warmup, self.timing.profiler_iters
-        else:
-            first, count = self.timing.warmup, self.timing.min_trials
-        pool = list(range(first, first + count))
-        chosen = set()
-        while len(chosen) < min(TIMED_CHECKS, len(pool)):
-            chosen.add(pool[secrets.randbelow(len(pool))])
-        return sorted(chosen)
-
-    def _check_plausible(self, t: float, t_eager: float, output_bytes: int, result: EvalResult) -> None:
+    def _check_plausible(self, t: float, speedup_eager: float | None, output_bytes: int, result: EvalResult) -> None:
         """Fail results no honest kernel can reach: beyond the policy's speedup ceiling,
-        or faster than writing the outputs to memory allows."""
+        or faster than writing the outputs to memory allows (``t``: the candidate's median ms)."""
         ceiling = self.policy.max_speedup
-        if t <= 0 or (ceiling is not None and t_eager / t > ceiling):
-            raise _Stop("failed", "profile", f"implausible speedup: {t_eager / max(t, 1e-12):.1f}x over eager exceeds the "
-                        f"policy's ceiling of {ceiling:g}x; such results need review before they are rewarded",
-                        rule="implausible-speedup")
+        if t <= 0 or (ceiling is not None and speedup_eager is not None and speedup_eager > ceiling):
+            raise Stop("failed", "profile", f"implausible speedup: {speedup_eager or math.inf:.1f}x over eager exceeds the "
+                       f"policy's ceiling of {ceiling:g}x; such results need review before they are rewarded",
+                       rule="implausible-speedup")
         if not self.policy.speed_of_light:
             return
         if self.policy.memory_system is not None:
@@ -475,15 +686,16 @@ class Evaluator:
             memory = memory_system(result.environment.get("gpu")) if self.device == "cuda" else None
         reason = below_speed_of_light(t, output_bytes, memory)
         if reason:
-            raise _Stop("failed", "profile", reason, rule="implausible-speedup")
+            raise Stop("failed", "profile", reason, rule="implausible-speedup")
 
     def baseline(self, task: Task, refresh: bool = False, degenerate: bool = False) -> dict[str, Any]:
-        """Eager (and torch.compile) timings of ``task`` on this evaluator's device: the cached record
-        evaluations use, measured now if there is none (or with ``refresh``). Adds ``cached``, ``key``,
-        ``environment``, ``durations`` (seconds per stage) and ``notes`` (a baseline timed on a busy
-        GPU is returned, not cached). With
-        ``degenerate``, the same reference process also runs ``check_degenerate``'s check: the record
-        gets ``degenerate`` (a ``DegenerateReport``), or ``degenerate_error`` if it could not run."""
+        """Eager (and torch.compile) timings of ``task`` on this evaluator's device: the cached record,
+        measured now if there is none (or with ``refresh``) in rounds until each baseline's per-round
+        spread is within ``TimingConfig.baseline_spread`` (a baseline still too noisy, or timed on a
+        busy GPU, is returned with a note and not cached). Adds ``cached``, ``key``, ``environment``,
+        ``durations`` (seconds per stage) and ``notes``. With ``degenerate``, the same reference
+        process also runs ``check_degenerate``'s check: the record gets ``degenerate`` (a
+        ``DegenerateReport``), or ``degenerate_error`` if it could not run."""
         environment = describe_environment(self.device, self.gpu_index)
         key = baseline_key(task.digest, environment, self.policy.to_dict(), self.timing.to_dict(), self.device)
         cached = None if refresh else self._cached_baseline(key)
@@ -495,7 +707,7 @@ class Evaluator:
         with self._loaded_reference(task, "the baselines could not be timed") as reference:
             durations = {"load": round(time.monotonic() - clock, 3)}
             clock = time.monotonic()
-            record = cached or self._measure_baseline(key, reference, scratch)
+            record = cached or self._measure_baselines(key, reference, scratch)
             durations["baseline"] = round(time.monotonic() - clock, 3)
             record = record | {"cached": cached is not None, "environment": environment, "notes": scratch.notes,
                                "durations": durations}
@@ -504,11 +716,19 @@ class Evaluator:
                 try:
                     # Under the timing lock: its model calls would disturb another evaluator's timing.
                     with self.timing_lock:
-                        record["degenerate"] = self._degenerate(task, reference, draws=3)
-                except _Stop as stop:
+                        record["degenerate"] = self._degenerate(task, reference.channel, draws=3)
+                except Stop as stop:
                     record["degenerate_error"] = f"{task.source}: the degenerate-task check could not run: {stop.reason}"
                 durations["degenerate"] = round(time.monotonic() - clock, 3)
         return record
+
+    def _measure_baselines(self, key: str, reference: LiveReference, result: EvalResult) -> dict[str, Any]:
+        """The baselines alone, in rounds, until each one's per-round spread is small enough."""
+        baseline = {"fixed": {}, "sides": self._baseline_sides(reference),
+                    "compile_error": (reference.compiled or {}).get("compile_error")}
+        wide = lambda r: any(r.spread(side) > self.timing.baseline_spread for side in baseline["sides"])  # noqa: E731
+        rounds, _ = self._time_rounds(reference.channel, None, 0, baseline, result, undecided=wide)
+        return self._keep_baseline(key, rounds, baseline, result)
 
     def check_degenerate(self, task: Task, draws: int = 3) -> DegenerateReport:
         """Whether trivial candidates (zeros, a constant, an input, an input's mean)
@@ -516,50 +736,21 @@ class Evaluator:
         if draws < 2:
             raise ValueError("check_degenerate needs at least 2 draws (one fits the constant).")
         with self._loaded_reference(task, "the degenerate-task check could not run") as reference:
-            return self._degenerate(task, reference, draws)
+            return self._degenerate(task, reference.channel, draws)
 
-    @contextlib.contextmanager
-    def _loaded_reference(self, task: Task, failure: str) -> Iterator[WorkerProcess]:
-        """A reference process with ``task`` loaded; trouble in it becomes a ``TaskError`` that says
-        ``failure``."""
-        job = self._new_job()
-        (job / "task.py").write_text(task.code)
-        reference = self._spawn("reference", job / "reference", [job])
-        try:
-            self._ask(reference, "reference", "reference", {"op": "load", **self._task_message(task, job)},
-                      self.timeouts.load_s)
-            yield reference
-        except _Stop as stop:
-            raise TaskError(f"{task.source}: {failure}: {stop.reason}") from None
-        finally:
-            reference.close()
-            shutil.rmtree(job, ignore_errors=True)
-
-    def _degenerate(self, task: Task, reference: WorkerProcess, draws: int) -> DegenerateReport:
-        reply = self._ask(reference, "reference", "degenerate", {
+    def _degenerate(self, task: Task, reference: Channel, draws: int) -> DegenerateReport:
+        reply = reference.ask("degenerate", {
             "op": "degenerate", "seeds": [secrets.randbits(62) for _ in range(draws)], **self._tolerance(),
         }, self.timeouts.check_s * draws)
         return DegenerateReport(task=task.name, policy=self.policy.name, passing=reply["passing"], details=reply["details"])
 
-    def _task_message(self, task: Task, job: Path) -> dict[str, Any]:
-        return {
-            "task_file": str(job / "task.py"),
-            "task_name": task.name,
-            "task_source": task.source,
-            "device": self.device,
-            "tf32": self.policy.tf32,
-            "allowed_aten": list(self.policy.allowed_aten),
-            "init_seed": secrets.randbits(62),
-            "state_dict_path": str(job / "reference" / "state_dict.pt"),
-        }
-
-    def _check(self, reference: WorkerProcess, index: int, seen: Any, expected_fingerprint: Any, out_dir: Path,
+    def _check(self, reference: Channel, index: int, seen: Any, expected_fingerprint: Any, out_dir: Path,
                manifest: dict[str, Any]) -> dict[str, Any]:
         if seen != expected_fingerprint:
-            raise _Stop("failed", "verify", "the inputs seen by the candidate differ from the reference's "
-                        "(input generation was altered in the candidate process, or forward changed its inputs)",
-                        rule="input-generation")
-        compared = self._ask(reference, "reference", "verify", {
+            raise Stop("failed", "verify", "the inputs seen by the candidate differ from the reference's "
+                       "(input generation was altered in the candidate process, or forward changed its inputs)",
+                       rule="input-generation")
+        compared = reference.ask("verify", {
             "op": "compare", "dir": str(out_dir), "manifest": manifest, **self._tolerance(),
         }, self.timeouts.check_s)
         shutil.rmtree(out_dir, ignore_errors=True)  # the reference may not write there
@@ -574,25 +765,6 @@ class Evaluator:
         if cached is None or (self.time_compile and "compile" not in cached and "compile_error" not in cached):
             return None
         return cached
-
-    def _measure_baseline(self, key: str, reference: WorkerProcess, result: EvalResult) -> dict[str, Any]:
-        if self.time_compile:
-            self.on_stage("baseline", "torch.compile")
-            self._ask(reference, "reference", "baseline", {"op": "compile", "seed": BASELINE_SEED},
-                      self.timeouts.baseline_s)
-        with self.timing_lock:
-            busy = self._wait_until_idle()
-            self.on_stage("baseline", "timing eager" + (" and torch.compile" if self.time_compile else ""))
-            measured = self._ask(reference, "reference", "baseline", {
-                "op": "baseline", "seed": BASELINE_SEED, "timing": self.timing.to_dict(), "compile": self.time_compile,
-            }, self.timeouts.baseline_s)
-        record = {k: v for k, v in measured.items() if k not in ("ok", "seconds")} | {"key": key}
-        if busy:
-            # Slow baselines would inflate every later speedup: such a baseline is used once, never cached.
-            result.notes.append(f"baselines timed on a busy GPU and not cached: {busy}")
-        else:
-            self.baselines.put(key, record)
-        return record
 
     def _wait_until_idle(self) -> str | None:
         """Wait up to ``idle_wait_s`` for other work on the GPU (the reference's own loading
@@ -633,35 +805,6 @@ class Evaluator:
             readable=[*readable, PACKAGE_ROOT],
             fd_channel=True,
         )
-
-    def _ask(self, worker: WorkerProcess, who: str, stage: str, message: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-        self._send(worker, who, stage, message)
-        return self._receive(worker, who, stage, timeout_s)
-
-    def _send(self, worker: WorkerProcess, who: str, stage: str, message: dict[str, Any]) -> None:
-        try:
-            worker.send(message)
-        except WorkerCrashed as exc:
-            raise _Stop("error" if who == "reference" else "failed", stage, f"{who} process {exc}") from None
-
-    def _receive(self, worker: WorkerProcess, who: str, stage: str, timeout_s: float) -> dict[str, Any]:
-        # Harness or task trouble in the reference process is an "error" (no
-        # reward); anything that goes wrong in the candidate's process is its failure.
-        status = "error" if who == "reference" else "failed"
-        try:
-            reply = worker.receive(timeout_s)
-        except WorkerTimeout as exc:
-            raise _Stop(status, stage, f"{who} process: {exc}") from None
-        except WorkerCrashed as exc:
-            rule = "forged-reply" if isinstance(exc, WorkerForgedReply) and who == "candidate" else None
-            raise _Stop(status, stage, f"{who} process {exc}", rule=rule) from None
-        if not reply.get("ok"):
-            kind = reply.get("kind", "exception")
-            prefix = {"out_of_memory": "out of memory", "rule": "rule broken", "task": "task error"}.get(kind, "exception")
-            rule = reply.get("rule") if who == "candidate" else None
-            raise _Stop(status if kind != "task" else "error", stage, f"{who}: {prefix}: {reply.get('error')}",
-                        reply.get("traceback"), rule=rule)
-        return reply
 
 
 def evaluate(task: Task, candidate: Candidate, device: str = "auto", **options: Any) -> EvalResult:

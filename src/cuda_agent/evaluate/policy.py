@@ -107,10 +107,22 @@ PRESETS = {
 class TimingConfig:
     """One timing method for candidate and baselines alike.
 
-    ``events``: device events around each call, a device-wide synchronise before
+    ``events``: device events around each trial, a device-wide synchronise before
     the end event, L2 flushed before each trial. ``profiler``: the paper's
-    method (sum of CUDA kernel time in torch.profiler over ``profiler_iters``).
-    ``host``: the same protocol as ``events`` with a host clock (CPU backend).
+    measure (CUDA kernel device time in torch.profiler). ``host``: the same
+    protocol as ``events`` with a host clock (CPU backend).
+
+    An evaluation times the candidate and both baselines in interleaved rounds
+    (``baselines="interleaved"``): each round times every side for about
+    ``round_ms`` in a rotating order, so a slow spell of the machine falls on
+    all of them, and each round gives one speedup. After ``rounds_min`` rounds,
+    while a speedup's ``confidence`` interval straddles a reward line, more
+    rounds run, up to ``rounds_max`` and ``budget_s``. A call shorter than
+    ``region_ms`` is timed as several calls (fresh inputs each) per timed
+    region, so launch jitter averages out. ``baselines="cached"`` takes the
+    baselines from the cache when they are there (the benchmark tables) and
+    times the candidate alone. A baseline whose per-round medians vary by more
+    than ``baseline_spread`` (CV) is measured again, and never cached.
     """
 
     method: str = "auto"  # auto -> events on cuda, host on cpu
@@ -118,18 +130,36 @@ class TimingConfig:
     warmup_ms: float = 50.0
     min_trials: int = 20
     max_trials: int = 200
-    target_ms: float = 1000.0
+    target_ms: float = 1000.0  # measure()'s one-shot run (the synth screen)
     flush_l2: bool = True
     flush_bytes: int = 256 * 1024 * 1024
     profiler_warmup: int = 5
     profiler_iters: int = 10
+    baselines: str = "interleaved"  # "interleaved" | "cached"
+    rounds_min: int = 5
+    rounds_max: int = 40
+    round_ms: float = 50.0
+    round_trials: tuple[int, int] = (4, 100)
+    region_ms: float = 1.0
+    max_calls: int = 100
+    confidence: float = 0.95
+    budget_s: float = 15.0
+    baseline_spread: float = 0.05
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.method not in ("auto", "events", "host", "profiler"):
             raise ValueError(f"unknown timing method {self.method!r}; use events, host or profiler.")
+        if self.baselines not in ("interleaved", "cached"):
+            raise ValueError(f"unknown baselines mode {self.baselines!r}; use interleaved or cached.")
         if self.min_trials < 20:
             raise ValueError("TimingConfig.min_trials must be at least 20.")
+        if not 3 <= self.rounds_min <= self.rounds_max:
+            raise ValueError("TimingConfig needs 3 <= rounds_min <= rounds_max (a speedup's interval needs rounds).")
+        if not 2 <= self.round_trials[0] <= self.round_trials[1]:
+            raise ValueError("TimingConfig.round_trials is (min, max) trials per round, min at least 2.")
+        if not 0.5 <= self.confidence < 1:
+            raise ValueError("TimingConfig.confidence is a probability between 0.5 and 1.")
 
     def resolved(self, device: str) -> "TimingConfig":
         if self.method != "auto":
@@ -140,3 +170,10 @@ class TimingConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "TimingConfig":
+        data = dict(data)
+        if "round_trials" in data:
+            data["round_trials"] = tuple(data["round_trials"])
+        return cls(**data)

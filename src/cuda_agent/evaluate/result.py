@@ -31,8 +31,11 @@ class EvalResult:
     attribution: dict[str, Any] | None = None
     build: dict[str, Any] | None = None
     times: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Geometric means of the timing rounds' speedups; ``decision`` has their intervals and whether
+    # each reward decision was confident (the interval clear of the reward line).
     speedup_eager: float | None = None
     speedup_compile: float | None = None
+    decision: dict[str, Any] | None = None
     reward: float | None = None
     baseline_cached: bool = False
     environment: dict[str, Any] = field(default_factory=dict)
@@ -94,6 +97,11 @@ class EvalResult:
             lines.append(f"speedup: {self.speedup_eager:.2f}x vs eager, " + (
                 f"{self.speedup_compile:.2f}x vs torch.compile" if self.speedup_compile is not None else "torch.compile n/a"
             ))
+        if self.decision:
+            parts = [f"{side} [{s['low']:.3f}, {s['high']:.3f}]" + ("" if s["confident"] else " (not confident)")
+                     for side, s in self.decision["speedups"].items()]
+            lines.append(f"decision: {self.decision['rounds']} rounds; {int(100 * self.timing.get('confidence', 0.95))}% "
+                         "intervals " + ", ".join(parts))
         if self.attribution and self.attribution.get("coverage") is not None:
             a = self.attribution
             lines.append(f"coverage: {a['coverage']:.1%} of forward's GPU time in the candidate's own kernels "

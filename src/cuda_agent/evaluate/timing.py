@@ -1,9 +1,11 @@
 """One timing method for candidate and baselines (runs inside worker processes).
 
-Warm-up, then at least ``min_trials`` timed calls; before each, the L2 cache is
-flushed by writing a buffer larger than it; device events surround each call
-with a device-wide synchronise before the end event, so work left on side
-streams is counted.
+Warm-up, then timed trials; before each, the L2 cache is flushed by writing a
+buffer larger than it; device events surround each trial with a device-wide
+synchronise before the end event, so work left on side streams is counted. An
+evaluation times candidate and baselines in interleaved rounds (``time_round``,
+driven by the evaluator) so that the machine's slow spells fall on both sides
+of every speedup; ``evaluate.decide`` turns the rounds into a decision.
 """
 
 from __future__ import annotations
@@ -77,18 +79,30 @@ def trial_seed(base: int, index: int) -> int:
 
 def measure(fn: Callable[[], Any], device: str, config: TimingConfig,
             setup: Callable[[], None] | None = None) -> TimingStats:
-    """Time ``fn`` with the configured method. ``setup``, if given, runs before every
-    call outside the timed region (before the L2 flush): fresh inputs for each call."""
-    import torch
-
+    """Time ``fn`` with the configured method in one run: warm-up, then enough trials to fill
+    ``target_ms`` (at least ``min_trials``). ``setup``, if given, runs before every call outside the
+    timed region (before the L2 flush): fresh inputs for each call. Evaluations time in interleaved
+    rounds instead (``calibrate`` then ``time_round``); this one-shot form is the synth screen's."""
     config = config.resolved(device)
     setup = setup or (lambda: None)
     if config.method == "profiler":
         return _measure_profiler(fn, config, setup)
-    cuda = device == "cuda"
-    flush = _flush_buffer(device, config)
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    estimate_ms = calibrate(fn, device, config, setup)
+    trials = int(min(config.max_trials, max(config.min_trials, math.ceil(config.target_ms / estimate_ms))))
 
+    def prepare() -> Callable[[], Any]:
+        setup()
+        return fn
+
+    return TimingStats.from_samples(config.method, time_round(prepare, device, config, trials))
+
+
+def calibrate(fn: Callable[[], Any], device: str, config: TimingConfig,
+              setup: Callable[[], None] | None = None) -> float:
+    """Warm ``fn`` up (at least ``warmup`` calls and ``warmup_ms``); return its wall time per call
+    in ms (synchronised, ``setup`` included: an upper bound used to size the trials)."""
+    setup = setup or (lambda: None)
+    sync = _synchronizer(device)
     warm_start = time.perf_counter()
     calls = 0
     while calls < config.warmup or (time.perf_counter() - warm_start) * 1e3 < config.warmup_ms:
@@ -98,34 +112,68 @@ def measure(fn: Callable[[], Any], device: str, config: TimingConfig,
         calls += 1
         if calls >= 1000:
             break
-    estimate_ms = max((time.perf_counter() - warm_start) * 1e3 / calls, 1e-3)
-    trials = int(min(config.max_trials, max(config.min_trials, math.ceil(config.target_ms / estimate_ms))))
+    return max((time.perf_counter() - warm_start) * 1e3 / calls, 1e-3)
 
+
+def time_round(prepare: Callable[[], Callable[[], Any]], device: str, config: TimingConfig, trials: int,
+               calls: int = 1) -> list[float]:
+    """One round of ``trials`` timed regions; each region runs ``calls`` calls back to back and
+    gives one sample, its time per call in ms. ``prepare()`` runs outside the timed region (before
+    the L2 flush) and returns the next call, inputs drawn: every call gets fresh inputs, and a
+    launch-bound call (microseconds) is timed over many calls so that launch jitter averages out."""
+    import torch
+
+    config = config.resolved(device)
+    if config.method == "profiler":
+        return [_profiled_region([prepare() for _ in range(calls)]) / calls for _ in range(trials)]
+    cuda = device == "cuda"
+    flush = _flush_buffer(device, config)
     samples: list[float] = []
     if cuda:
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(trials)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(trials)]
         for start, end in zip(starts, ends):
-            setup()
+            ready = [prepare() for _ in range(calls)]
             reset_persisting_l2()  # persisting lines would survive the flush
             if flush is not None:
                 flush.zero_()
             torch.cuda.synchronize()
             start.record()
-            fn()
+            for call in ready:
+                call()
             torch.cuda.synchronize()
             end.record()
         torch.cuda.synchronize()
-        samples = [s.elapsed_time(e) for s, e in zip(starts, ends)]
+        samples = [s.elapsed_time(e) / calls for s, e in zip(starts, ends)]
     else:
         for _ in range(trials):
-            setup()
+            ready = [prepare() for _ in range(calls)]
             if flush is not None:
                 flush.zero_()
             begin = time.perf_counter_ns()
-            fn()
-            samples.append((time.perf_counter_ns() - begin) / 1e6)
-    return TimingStats.from_samples(config.method, samples)
+            for call in ready:
+                call()
+            samples.append((time.perf_counter_ns() - begin) / 1e6 / calls)
+    return samples
+
+
+def _profiled_region(ready: list[Callable[[], Any]]) -> float:
+    """The paper's measure of one region: device time of every kernel it ran, in ms."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for call in ready:
+            call()
+        torch.cuda.synchronize()
+    return sum(us for _name, us in _device_events(prof)) / 1e3
+
+
+def _synchronizer(device: str) -> Callable[[], None]:
+    import torch
+
+    return torch.cuda.synchronize if device == "cuda" else (lambda: None)
 
 
 def _flush_buffer(device: str, config: TimingConfig):
@@ -138,25 +186,20 @@ def _flush_buffer(device: str, config: TimingConfig):
 
 
 def _measure_profiler(fn: Callable[[], Any], config: TimingConfig, setup: Callable[[], None]) -> TimingStats:
-    """The paper's method: CUDA kernel device time summed over iterations, per iteration.
-    Each iteration is profiled on its own so that ``setup`` (input generation) is not counted."""
+    """The paper's method: CUDA kernel device time per iteration, each iteration profiled on its
+    own so that ``setup`` (input generation) is not counted."""
     import torch
-    from torch.profiler import ProfilerActivity, profile
 
     for _ in range(config.profiler_warmup):
         setup()
         fn()
     torch.cuda.synchronize()
-    total_us = 0.0
-    for _ in range(config.profiler_iters):
+
+    def prepare() -> Callable[[], Any]:
         setup()
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            fn()
-            torch.cuda.synchronize()
-        total_us += sum(us for _name, us in _device_events(prof))
-    per_iter = total_us / 1e3 / config.profiler_iters
-    return TimingStats.from_samples("profiler", [per_iter])
+        return fn
+
+    return TimingStats.from_samples("profiler", time_round(prepare, "cuda", config, config.profiler_iters))
 
 
 def profile_kernels(fn: Callable[[], Any], on_start: Callable[[], None] = lambda: None,

@@ -26,7 +26,7 @@ from typing import Any
 from cuda_agent.evaluate.compare import compare_outputs, precision_allowance
 from cuda_agent.evaluate.policy import TimingConfig
 from cuda_agent.evaluate.shared import SharedBuffer, SharedError
-from cuda_agent.evaluate.timing import measure, profile_kernels, trial_seed
+from cuda_agent.evaluate.timing import calibrate, profile_kernels, time_round, trial_seed
 from cuda_agent.evaluate.transfer import TransferError, manifest_devices, packed_bytes, read_outputs, write_outputs
 from cuda_agent.sandbox.process import receive_fd, send_fd
 from cuda_agent.guard.runtime import CallGuard, RuleBroken, find_overlap, tensors_in
@@ -123,6 +123,35 @@ class _Side:
     def inputs(self, seed: int) -> list[Any]:
         return make_inputs(self.task_module, seed, self.device, self.source)
 
+    def calibrate(self, fn: Any, msg: dict[str, Any]) -> float:
+        """Warm ``fn`` up on fresh inputs from ``msg["seed"]``; its wall time per call (ms)."""
+        import torch
+
+        drawn: list[Any] = [None, 0]  # the inputs of the next call, and how many calls were drawn
+
+        def setup() -> None:
+            drawn[0] = None  # the previous draw's memory may be reused, as between real calls
+            drawn[0] = self.inputs(trial_seed(msg["seed"], drawn[1]))
+            drawn[1] += 1
+
+        with torch.no_grad():
+            return calibrate(lambda: fn(*drawn[0]), self.device, TimingConfig.from_dict(msg["timing"]), setup)
+
+    def time_calls(self, fn: Any, msg: dict[str, Any], on_call: Any = None) -> list[float]:
+        """One round: ``msg["trials"]`` regions of ``msg["calls"]`` calls of ``fn``, call ``first + i``
+        on the inputs of ``trial_seed(seed, first + i)``. ``on_call(index, inputs)`` may wrap a call."""
+        import torch
+
+        count = iter(range(msg["first"], msg["first"] + msg["trials"] * msg["calls"]))
+
+        def prepare() -> Any:
+            index = next(count)
+            inputs = self.inputs(trial_seed(msg["seed"], index))
+            return on_call(index, inputs) if on_call else (lambda: fn(*inputs))
+
+        with torch.no_grad():
+            return time_round(prepare, self.device, TimingConfig.from_dict(msg["timing"]), msg["trials"], msg["calls"])
+
 
 class ReferenceSide(_Side):
     expected: Any = None
@@ -153,8 +182,10 @@ class ReferenceSide(_Side):
             return {"parameters": sum(p.numel() for p in model.parameters())} | info
         if op == "compile":
             return self.compile(msg)
-        if op == "baseline":
-            return self.baseline(msg)
+        if op == "calibrate":
+            return {"estimate_ms": self.calibrate(self._baseline(msg["side"]), msg)}
+        if op == "time":
+            return {"samples": self.time_calls(self._baseline(msg["side"]), msg)}
         if op == "expect":
             inputs = self.inputs(msg["seed"])
             if msg.get("strict"):
@@ -261,26 +292,16 @@ class ReferenceSide(_Side):
             self.compiled = {"model": compiled, "compile_seconds": time.perf_counter() - start}
         return {k: v for k, v in self.compiled.items() if k != "model"}
 
-    def baseline(self, msg: dict[str, Any]) -> dict[str, Any]:
-        import torch
-
-        config = TimingConfig(**msg["timing"])
-        inputs = self.inputs(msg["seed"])
-        reply: dict[str, Any] = {}
-        with torch.no_grad():
-            reply["eager"] = measure(lambda: self.model(*inputs), self.device, config).to_dict()
-        if msg.get("compile", True):
-            if self.compiled is None:
-                self.compile(msg)
-            reply.update((k, v) for k, v in self.compiled.items() if k != "model")
-            if "model" in self.compiled:
-                compiled = self.compiled["model"]
-                try:
-                    with torch.no_grad():
-                        reply["compile"] = measure(lambda: compiled(*inputs), self.device, config).to_dict()
-                except Exception as exc:
-                    reply["compile_error"] = f"{type(exc).__name__}: {str(exc)[:500]}"
-        return reply
+    def _baseline(self, side: str) -> Any:
+        """The function a baseline side times: eager Model, or torch.compile(Model)."""
+        if side == "eager":
+            return self.model
+        if side != "compile":
+            raise ValueError(f"unknown baseline {side!r}")
+        if self.compiled is None or "model" not in self.compiled:
+            raise TaskError(f"{self.source}: torch.compile baseline unavailable: "
+                            f"{(self.compiled or {}).get('compile_error', 'not compiled')}")
+        return self.compiled["model"]
 
 
 class CandidateSide(_Side):
@@ -288,6 +309,7 @@ class CandidateSide(_Side):
 
     def __init__(self) -> None:
         self.kept: dict[int, dict[str, Any]] = {}  # the timed calls whose outputs are checked, until handed over
+        self.latest: int | None = None  # the latest timed call: it may turn out to be the last
 
     def handle(self, op: str, msg: dict[str, Any]) -> dict[str, Any]:
         import torch
@@ -329,8 +351,14 @@ class CandidateSide(_Side):
             self.guard.verify_harness("during forward")
             reply = {"fingerprint": prints, "manifest": self._write(output, Path(msg["dir"]))}
             return reply | ({"kernels": kernels} if kernels is not None else {})
+        if op == "calibrate":
+            estimate = self.calibrate(self.model, msg)
+            self.guard.verify_harness("during warm-up")
+            return {"estimate_ms": estimate}
         if op == "time":
-            return self.time(msg)
+            return {"samples": self.time(msg)}
+        if op == "timed":
+            return {"checked": self.timed()}
         if op == "output":
             entry = self.kept.pop(msg["index"], None)
             if entry is None:
@@ -349,54 +377,48 @@ class CandidateSide(_Side):
         seed_everything(msg["init_seed"])
         self.model = namespace.ModelNew(*self.init_args)
 
-    def time(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """Time forward with fresh inputs for every call (drawn outside the timed region),
-        keeping the outputs of the calls the evaluator chose in secret and of the last
-        call: a candidate cannot tell which calls are checked, so every call must be right."""
-        import torch
+    def time(self, msg: dict[str, Any]) -> list[float]:
+        """One round of timed calls, fresh inputs for every call (drawn outside the timed region),
+        keeping the outputs of the calls the evaluator chose in secret and of the latest call: a
+        candidate cannot tell which calls are checked, so every call must be right."""
+        watched = set(msg["watch"])
+        kept = self.kept
 
-        config = TimingConfig(**msg["timing"])
-        watched = set(msg["check"])
-        kept: dict[int, dict[str, Any]] = {}
-        state: dict[str, Any] = {"index": -1, "inputs": None}
-
-        def setup() -> None:
-            index = state["index"] = state["index"] + 1
-            last = max(kept, default=None)
-            if last is not None and last not in watched:
-                del kept[last]  # only the latest unwatched call is kept: it may turn out to be the last
-            state["inputs"] = None  # the previous draw's memory may be reused, as between real calls
-            state["inputs"] = self.inputs(trial_seed(msg["seed"], index))
+        def on_call(index: int, inputs: list[Any]) -> Any:
+            if self.latest is not None and self.latest not in watched:
+                kept.pop(self.latest, None)  # only the latest unwatched call is kept
+            self.latest = index
             # Fingerprints before the call only where the call is known to be checked; the
             # last call's is taken afterwards, and the reference's comparison covers both.
-            before = fingerprint(state["inputs"]) if index in watched else None
-            kept[index] = {"fingerprint": before, "inputs": state["inputs"]}
+            entry = kept[index] = {"fingerprint": fingerprint(inputs) if index in watched else None, "inputs": inputs}
 
-        def call() -> None:
-            kept[state["index"]]["output"] = self.model(*state["inputs"])
+            def call() -> None:
+                entry["output"] = self.model(*inputs)
+            return call
 
-        with torch.no_grad():
-            stats = measure(call, self.device, config, setup)
+        samples = self.time_calls(self.model, msg, on_call)
         synchronize(self.device)
         self.guard.verify_harness("during timing")
-        missing = watched - kept.keys()
-        if missing:
-            raise RuleBroken("harness", f"timing ran fewer calls than the protocol guarantees (no call {min(missing)})")
+        return samples
+
+    def timed(self) -> list[dict[str, Any]]:
+        """After the last round: the kept calls' inputs unchanged, their outputs their own memory."""
         checked = []
-        for index, entry in sorted(kept.items()):
+        for index, entry in sorted(self.kept.items()):
+            if "output" not in entry:
+                raise RuleBroken("harness", f"timed call {index} did not run")
             after = fingerprint(entry["inputs"])
             if entry["fingerprint"] is not None and after != entry["fingerprint"]:
                 raise RuleBroken("input-mutation", "forward changed the values of its inputs during timing")
             entry["fingerprint"] = after
-            others = {f"the output of timed call {j}": t for j, other in kept.items() if j != index
+            others = {f"the output of timed call {j}": t for j, other in self.kept.items() if j != index
                       for t in tensors_in(other["output"])}
             hit = find_overlap(entry["output"], others)
             if hit:
                 raise RuleBroken("output-reuse", f"a timed output shares memory with {hit}")
             self.guard.check_output_memory(entry["output"], entry["inputs"], self.model)
             checked.append({"index": index, "fingerprint": entry["fingerprint"]})
-        self.kept = kept  # handed over one at a time ("output"): the shared memory holds one output
-        return {"candidate": stats.to_dict(), "checked": checked}
+        return checked
 
     def attach(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Map the memory the reference shared; without it, outputs go through files."""

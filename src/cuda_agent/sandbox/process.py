@@ -305,6 +305,11 @@ class WorkerProcess:
         """What the worker printed so far; complete only once the worker is closed."""
         return self._capture.text()
 
+    @property
+    def pending(self) -> int:
+        """Requests sent and not yet answered."""
+        return len(self._nonces)
+
     def request(self, message: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         self.send(message)
         return self.receive(timeout_s)

@@ -1,0 +1,72 @@
+"""One channel to a worker process: requests out, replies in, worker trouble mapped to a ``Stop``.
+
+Harness or task trouble in the reference process is an ``error`` (no reward); anything that goes
+wrong in the candidate's process is its ``failure`` (reward -1). Both ends of an evaluation, and the
+persistent reference processes, speak through this one class.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from cuda_agent.sandbox import WorkerCrashed, WorkerForgedReply, WorkerProcess, WorkerTimeout
+
+_PREFIX = {"out_of_memory": "out of memory", "rule": "rule broken", "task": "task error"}
+
+
+class Stop(Exception):
+    """Ends an evaluation early with a status, the stage it reached and a reason."""
+
+    def __init__(self, status: str, stage: str, reason: str, traceback: str | None = None, rule: str | None = None,
+                 answered: bool = False):
+        super().__init__(reason)
+        self.status, self.stage, self.reason, self.traceback, self.rule = status, stage, reason, traceback, rule
+        self.answered = answered  # the worker itself replied with the error: it still serves requests
+
+
+@dataclass
+class Channel:
+    worker: WorkerProcess
+    who: str  # "reference" or "candidate"
+
+    @property
+    def status(self) -> str:
+        return "error" if self.who == "reference" else "failed"
+
+    def ask(self, stage: str, message: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        self.send(stage, message)
+        return self.receive(stage, timeout_s)
+
+    def send(self, stage: str, message: dict[str, Any]) -> None:
+        try:
+            self.worker.send(message)
+        except WorkerCrashed as exc:
+            raise Stop(self.status, stage, f"{self.who} process {exc}") from None
+
+    def receive(self, stage: str, timeout_s: float) -> dict[str, Any]:
+        try:
+            reply = self.worker.receive(timeout_s)
+        except WorkerTimeout as exc:
+            raise Stop(self.status, stage, f"{self.who} process: {exc}") from None
+        except WorkerCrashed as exc:
+            rule = "forged-reply" if isinstance(exc, WorkerForgedReply) and self.who == "candidate" else None
+            raise Stop(self.status, stage, f"{self.who} process {exc}", rule=rule) from None
+        if not reply.get("ok"):
+            kind = reply.get("kind", "exception")
+            rule = reply.get("rule") if self.who == "candidate" else None
+            raise Stop(self.status if kind != "task" else "error", stage,
+                       f"{self.who}: {_PREFIX.get(kind, 'exception')}: {reply.get('error')}", reply.get("traceback"),
+                       rule=rule, answered=True)
+        return reply
+
+    def drain(self, timeout_s: float) -> bool:
+        """Read the replies of requests still unanswered (an evaluation that stopped early leaves
+        some); whether the worker is left answering nothing, ready for the next request."""
+        while self.worker.pending and self.worker.proc.poll() is None:
+            try:
+                self.receive("drain", timeout_s)
+            except Stop as stop:
+                if not stop.answered:
+                    return False  # timed out, crashed or forged: not a process to keep
+        return self.worker.proc.poll() is None

@@ -1,0 +1,180 @@
+"""Interleaved timing rounds and the noise-aware reward decision (runs in the evaluator).
+
+A speedup is a ratio of two times measured in two processes. Timing one side
+after the other lets a slow spell of the machine (clocks, another tenant, the
+host) fall on one side only: the same candidate then earned rewards 1 and 3 in
+turn. Here every round times every side (candidate, eager, torch.compile) for a
+short while, in a rotating order, and gives one speedup per round; the rounds'
+log-speedups give an estimate (their geometric mean) and a Student-t interval.
+While an interval straddles a reward line (1/0.95 for the milestone reward),
+more rounds run, within a budget; the result records the interval and whether
+the decision was confident.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+from cuda_agent.evaluate.policy import TimingConfig
+from cuda_agent.evaluate.timing import TimingStats
+
+# A side times ``trials`` regions of ``calls`` calls each, its call indices starting at ``first``,
+# and returns one sample (ms per call) per region.
+Side = Callable[[int, int, int], list[float]]
+
+
+def t_quantile(p: float, df: int) -> float:
+    """The ``p`` quantile of Student's t with ``df`` degrees of freedom (bisection on its CDF)."""
+    if df < 1:
+        raise ValueError("t_quantile needs at least 1 degree of freedom.")
+    low, high = 0.0, 1e3
+    for _ in range(200):
+        mid = (low + high) / 2
+        if _t_cdf(mid, df) < p:
+            low = mid
+        else:
+            high = mid
+    return (low + high) / 2 if p >= 0.5 else -t_quantile(1 - p, df)
+
+
+def _t_cdf(t: float, df: int) -> float:
+    x = df / (df + t * t)
+    tail = 0.5 * _betainc(df / 2, 0.5, x)
+    return 1 - tail if t >= 0 else tail
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    """Regularised incomplete beta I_x(a, b) (continued fraction, modified Lentz)."""
+    if x <= 0:
+        return 0.0
+    if x >= 1:
+        return 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x > (a + 1) / (a + b + 2):
+        return 1 - _betainc(b, a, 1 - x)
+    tiny = 1e-300
+    f, c, d = 1.0, 1.0, 0.0
+    for i in range(400):
+        m = i // 2
+        if i == 0:
+            numerator = 1.0
+        elif i % 2 == 0:
+            numerator = m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m))
+        else:
+            numerator = -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))
+        d = 1 + numerator * d
+        d = 1 / (d if abs(d) > tiny else tiny)
+        c = 1 + numerator / c
+        c = c if abs(c) > tiny else tiny
+        f *= c * d
+        if abs(1 - c * d) < 1e-12:
+            break
+    return front * (f - 1) / a
+
+
+@dataclass(frozen=True)
+class Speedup:
+    """One speedup (baseline time over candidate time) with its interval and its reward line."""
+
+    baseline: str
+    estimate: float  # geometric mean of the rounds' speedups
+    low: float
+    high: float
+    rounds: int
+    line: float | None  # the speedup the reward asks for (1 / beat_factor); None: no line
+    confidence: float
+
+    @property
+    def beats(self) -> bool:
+        return self.line is not None and self.estimate > self.line
+
+    @property
+    def confident(self) -> bool:
+        """The whole interval lies on one side of the line: more rounds would not change the decision
+        (at the stated confidence)."""
+        return self.line is None or self.low > self.line or self.high < self.line
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self) | {"beats": self.beats, "confident": self.confident}
+
+
+def speedup(baseline: str, ratios: list[float], line: float | None, confidence: float) -> Speedup:
+    logs = [math.log(r) for r in ratios]
+    mean = statistics.fmean(logs)
+    half = 0.0
+    if len(logs) > 1:
+        half = t_quantile((1 + confidence) / 2, len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
+    return Speedup(baseline, math.exp(mean), math.exp(mean - half), math.exp(mean + half), len(logs), line, confidence)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How one side is timed in every round: ``trials`` regions of ``calls`` calls each."""
+
+    trials: int
+    calls: int
+
+    @classmethod
+    def for_call(cls, estimate_ms: float, config: TimingConfig) -> "Plan":
+        """From a call's warm-up wall time (input draw and a synchronise included): calls shorter than
+        ``region_ms`` are grouped, and a round lasts about ``round_ms`` per side."""
+        calls = 1 if estimate_ms >= config.region_ms else min(config.max_calls, math.ceil(config.region_ms / estimate_ms))
+        low, high = config.round_trials
+        trials = max(low, min(high, round(config.round_ms / (estimate_ms * calls))))
+        return cls(trials, calls)
+
+
+@dataclass
+class Rounds:
+    """Samples per side and round; speedups are taken per round and pooled over rounds."""
+
+    samples: dict[str, list[list[float]]] = field(default_factory=dict)
+    fixed: dict[str, float] = field(default_factory=dict)  # baselines taken from the cache: median ms
+
+    def add(self, side: str, samples: list[float]) -> None:
+        self.samples.setdefault(side, []).append(samples)
+
+    def count(self, side: str) -> int:
+        return len(self.samples.get(side, []))
+
+    def medians(self, side: str) -> list[float]:
+        return [statistics.median(r) for r in self.samples.get(side, [])]
+
+    def stats(self, side: str, method: str) -> TimingStats:
+        return TimingStats.from_samples(method, [s for r in self.samples[side] for s in r])
+
+    def spread(self, side: str) -> float:
+        """The CV of a side's per-round medians: how much its time moved between rounds."""
+        medians = self.medians(side)
+        return statistics.pstdev(medians) / statistics.fmean(medians) if len(medians) > 1 else 0.0
+
+    def ratios(self, baseline: str, candidate: str = "candidate") -> list[float]:
+        own = self.medians(candidate)
+        base = self.medians(baseline) if baseline not in self.fixed else [self.fixed[baseline]] * len(own)
+        return [b / c for b, c in zip(base, own) if b > 0 and c > 0]
+
+
+def run_rounds(sides: dict[str, Side], plans: dict[str, Plan], config: TimingConfig,
+               undecided: Callable[[Rounds], bool], rounds: Rounds | None = None,
+               on_round: Callable[[int, Rounds], None] | None = None) -> Rounds:
+    """Time every side once per round, in a rotating order, for at least ``rounds_min`` rounds and
+    while ``undecided(rounds)`` holds, up to ``rounds_max`` rounds and ``budget_s`` seconds."""
+    rounds = rounds or Rounds()
+    started = time.monotonic()
+    names = list(sides)
+    next_call = {name: 0 for name in names}
+    for number in range(config.rounds_max):
+        if number >= config.rounds_min and (not undecided(rounds) or time.monotonic() - started > config.budget_s):
+            break
+        shift = number % len(names)
+        for name in names[shift:] + names[:shift]:
+            plan = plans[name]
+            rounds.add(name, sides[name](next_call[name], plan.trials, plan.calls))
+            next_call[name] += plan.trials * plan.calls
+        if on_round:
+            on_round(number + 1, rounds)
+    return rounds

@@ -1,0 +1,95 @@
+"""Reference processes that outlive an evaluation: one per (task, precision, device), least recently
+used evicted.
+
+A reference process never runs candidate code: it runs the pristine task program, computes expected
+outputs for seeds it learns at call time and times the baselines. So it can serve evaluation after
+evaluation of one task, and the seconds it costs to start (torch imported, CUDA up, the task loaded,
+its first forward, torch.compile) are paid once per task instead of once per evaluation. The
+candidate side keeps a fresh process per evaluation.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import shutil
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cuda_agent.evaluate.channel import Channel
+
+
+@dataclass
+class LiveReference:
+    key: str
+    home: Path  # holds task.py; its reference/ directory is the process's own (state dict, caches)
+    channel: Channel
+    init_seed: int  # the weights' and init inputs' seed: fixed for the process's life
+    loaded: dict[str, Any] | None = None  # the load reply, once it came
+    share_fd: int | None = None  # the output memory's descriptor, relayed to each candidate, never mapped here
+    share_bytes: int = 0
+    share_note: str | None = None  # why outputs go through files, where they do
+    compiled: dict[str, Any] | None = None  # torch.compile's reply (compile_seconds or compile_error), once asked
+    evaluations: int = 0
+
+    @property
+    def state_dict(self) -> Path:
+        return self.home / "reference" / "state_dict.pt"
+
+    def alive(self) -> bool:
+        return self.channel.worker.proc.poll() is None
+
+    def close(self) -> None:
+        # Killed, not asked to exit: nothing is left to say, and an orderly exit of torch and CUDA
+        # takes about a second.
+        self.channel.worker.kill()
+        self.channel.worker.close()
+        if self.share_fd is not None:
+            os.close(self.share_fd)
+            self.share_fd = None
+        shutil.rmtree(self.home, ignore_errors=True)
+
+
+class ReferencePool:
+    """Up to ``capacity`` idle reference processes. ``take`` hands one out for the exclusive use of an
+    evaluation; ``give_back`` keeps it for the next one (or closes it, if it is not in a state to be
+    trusted again)."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self._idle: collections.OrderedDict[str, LiveReference] = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def take(self, key: str) -> LiveReference | None:
+        with self._lock:
+            reference = self._idle.pop(key, None)
+        if reference is not None and not reference.alive():
+            reference.close()
+            return None
+        return reference
+
+    def give_back(self, reference: LiveReference, healthy: bool) -> None:
+        if not healthy or self.capacity <= 0:
+            reference.close()
+            return
+        evicted = []
+        with self._lock:
+            older = self._idle.pop(reference.key, None)
+            if older is not None:
+                evicted.append(older)
+            self._idle[reference.key] = reference
+            while len(self._idle) > self.capacity:
+                evicted.append(self._idle.popitem(last=False)[1])
+        for old in evicted:
+            old.close()
+
+    def __len__(self) -> int:
+        return len(self._idle)
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = list(self._idle.values()), collections.OrderedDict()
+        for reference in idle:
+            reference.close()
