@@ -60,3 +60,25 @@ def test_catalog_command_writes_and_summarises(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "usable" in out and "nn.Conv2d" in out and "unusable: loss (needs targets)" in out
     assert (tmp_path / "catalog.json").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("command", [
+    ["eval", "{model}", "{solution}"],
+    ["degenerate", "{model}"],
+    ["baselines", "{model}", "--out", "{tmp}/b.jsonl"],
+    ["bench", "{model}", "--solutions", "{tmp}", "--out", "{tmp}/run"],
+    ["synth", "--n", "1", "--out", "{tmp}/synth", "--no-decontaminate"],
+    ["optimize", "{model}", "--model", "m", "--base-url", "http://127.0.0.1:9/v1", "--out", "{tmp}/opt"],
+])
+def test_device_cuda_without_a_gpu_fails_at_once(command, tmp_path, capsys, examples, monkeypatch):
+    import time
+
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    fill = {"model": examples / "cpu_swish" / "model.py", "solution": examples / "cpu_swish" / "solution", "tmp": tmp_path}
+    started = time.monotonic()
+    assert main([part.format(**fill) for part in command] + ["--device", "cuda"]) == 2
+    err = capsys.readouterr().err
+    assert "no CUDA GPU" in err and "--device cpu" in err, err
+    assert time.monotonic() - started < 20  # no nvcc, no toolchain probe

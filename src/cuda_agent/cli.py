@@ -120,6 +120,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
     from cuda_agent.synth.catalog import default_catalog
     from cuda_agent.synth.pipeline import SynthConfig, synthesize
 
+    device = resolve_device(args.device)
     kernelbench = None if args.no_decontaminate else (args.kernelbench or _kernelbench_default())
     if kernelbench is None and not args.no_decontaminate:
         raise ValueError("decontamination needs the KernelBench programs: give --kernelbench PATH (a KernelBench "
@@ -129,7 +130,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
         if not args.model or not args.base_url:
             raise ValueError("--composer llm needs --model NAME and --base-url URL (an OpenAI-compatible endpoint).")
         llm = {"model": args.model, "base_url": args.base_url, "api_key_env": args.api_key_env}
-    config = SynthConfig(n=args.n, out=args.out, device=resolve_device(args.device), composer=args.composer,
+    config = SynthConfig(n=args.n, out=args.out, device=device, composer=args.composer,
                          seed=args.seed, workers=args.workers, window_ms=tuple(args.window_ms) if args.window_ms else None,
                          max_candidates=args.max_candidates, kernelbench=kernelbench, sandbox=args.sandbox,
                          ray=args.ray)

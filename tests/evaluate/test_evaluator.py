@@ -184,3 +184,21 @@ def test_pool_evaluates_many(example, cache_dir, tmp_path):
     )
     assert [r.status for r in results] == ["correct", "incorrect"]
     assert sorted(seen) == [0, 1]
+
+
+def test_cuda_without_a_gpu_fails_at_once_naming_the_fix(monkeypatch):
+    import torch
+
+    from cuda_agent.evaluate import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match=r"no CUDA GPU.*torch.cuda.is_available\(\) is False.*--device cpu"):
+        resolve_device("cuda")
+    with pytest.raises(ValueError, match="no CUDA GPU"):
+        Evaluator("cuda")  # before any build: the constructor resolves the device
+    assert resolve_device("auto") == "cpu" and resolve_device("cpu") == "cpu"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_device("cuda") == "cuda" and resolve_device("auto") == "cuda"
+    with pytest.raises(ValueError, match="unknown device 'gpu'"):
+        resolve_device("gpu")
+

@@ -64,13 +64,24 @@ class _Stop(Exception):
 
 
 def resolve_device(device: str) -> str:
-    if device == "auto":
-        import torch
-
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device not in ("cpu", "cuda"):
+    """The device to run on: "auto" is the one this machine has; "cuda" only where torch sees a GPU."""
+    if device not in ("auto", "cpu", "cuda"):
         raise ValueError(f"unknown device {device!r}; use cpu, cuda or auto.")
-    return device
+    if device == "cpu":
+        return device
+    import torch
+
+    if torch.cuda.is_available():
+        return "cuda"
+    if device == "auto":
+        return "cpu"
+    # Checked here, not left to the evaluation: without a GPU it would first spend a minute in nvcc
+    # building the toolchain probe and then fail on that, naming the wrong problem.
+    build = f"torch {torch.__version__} is built for CUDA {torch.version.cuda}" if torch.version.cuda \
+        else f"torch {torch.__version__} is a CPU-only build"
+    raise ValueError(f"device 'cuda': no CUDA GPU is visible here (torch.cuda.is_available() is False; {build}); "
+                     "use device 'cpu' (`--device cpu`, or `--device auto`), or run on a machine with a GPU. "
+                     "Compiling needs no GPU: `cuda-agent compile CANDIDATE --backend cuda`.")
 
 
 @dataclass
