@@ -260,7 +260,13 @@ class Evaluator:
         """What a minimal extension built here imports (torch's headers, the toolchain): built
         once per cache (the build cache keys it by compiler, torch and CUDA), read once per evaluator."""
         if self._probe_imports is None:
+            # Said aloud: on a fresh cache this build is a silent pause of ~30 s after the candidate's.
+            self.on_stage("build", "one-time toolchain probe: a minimal extension, built once per cache, "
+                                   "tells the symbol audit what the toolchain itself imports")
+            clock = time.monotonic()
             probe = self.build(probe_candidate(self.backend))
+            if probe.ok and not probe.cached:
+                self.on_stage("build", f"toolchain probe built in {time.monotonic() - clock:.0f} s (cached from now on)")
             if not probe.ok:
                 raise _Stop("error", "build", f"the toolchain probe extension does not build: {probe.error}")
             self._probe_imports = imported_symbols([Path(p) for p in probe.modules.values()])
