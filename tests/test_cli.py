@@ -82,3 +82,25 @@ def test_device_cuda_without_a_gpu_fails_at_once(command, tmp_path, capsys, exam
     err = capsys.readouterr().err
     assert "no CUDA GPU" in err and "--device cpu" in err, err
     assert time.monotonic() - started < 20  # no nvcc, no toolchain probe
+
+
+def test_compile_backend_auto_picks_what_this_machine_and_candidate_need(capsys, examples, monkeypatch):
+    import torch
+
+    from cuda_agent import cli
+    from cuda_agent.build import BuildResult
+
+    used = []
+    # The choice and what is said about it are tested here; the compilers in tests/build.
+    monkeypatch.setattr(cli, "compile_only", lambda candidate, backend, **_: used.append(backend) or BuildResult(True, backend, "k"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    cpu_solution, cuda_solution = examples / "cpu_swish" / "solution", examples / "cuda_gelu" / "solution"
+    assert main(["compile", str(cpu_solution)]) == 0
+    assert "ok [backend cpu: auto, no CUDA GPU" in capsys.readouterr().out
+    # CUDA sources need nvcc, not a GPU: auto compiles them for cuda anywhere, and so does --backend cuda.
+    assert main(["compile", str(cuda_solution)]) == 0 and main(["compile", str(cpu_solution), "--backend", "cuda"]) == 0
+    assert "[backend cuda: auto, the candidate has .cu sources]" in capsys.readouterr().out
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert main(["compile", str(cpu_solution)]) == 0
+    assert "[backend cuda: auto, a CUDA GPU is visible]" in capsys.readouterr().out
+    assert used == ["cpu", "cuda", "cuda", "cuda"]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from cuda_agent.agent.llm import BackendError
 from cuda_agent.build import compile_only
-from cuda_agent.candidates import CandidateError, load_candidate
+from cuda_agent.candidates import Candidate, CandidateError, load_candidate
 from cuda_agent.evaluate import Evaluator, Policy, TimingConfig, resolve_device
 from cuda_agent.evaluate.policy import PRESETS
 from cuda_agent.sandbox import SANDBOX_CHOICES, SandboxUnavailable
@@ -52,14 +52,28 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def cmd_compile(args: argparse.Namespace) -> int:
     candidate = load_candidate(args.candidate)
-    result = compile_only(candidate, args.backend, cache_dir=args.cache_dir)
+    backend, why = _compile_backend(args.backend, candidate)
+    result = compile_only(candidate, backend, cache_dir=args.cache_dir)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
     else:
         for diag in result.diagnostics:
             print(diag)
-        print(("ok" if result.ok else f"FAILED: {result.error}") + (" (cached)" if result.cached else ""))
+        print(("ok" if result.ok else f"FAILED: {result.error}") + (" (cached)" if result.cached else "")
+              + f" [backend {backend}{': ' + why if why else ''}]")
     return 0 if result.ok else 1
+
+
+def _compile_backend(backend: str, candidate: Candidate) -> tuple[str, str]:
+    """The backend ``--backend auto`` means for this candidate, and why (empty when it was given).
+    CUDA sources need nvcc but no GPU, so they pick cuda anywhere; C++ sources pick it only on a GPU."""
+    if backend != "auto":
+        return backend, ""
+    if any(unit.endswith(".cu") for ext in candidate.extensions for unit in ext.compile_units):
+        return "cuda", "auto, the candidate has .cu sources"
+    if resolve_device("auto") == "cuda":
+        return "cuda", "auto, a CUDA GPU is visible"
+    return "cpu", "auto, no CUDA GPU (--backend cuda compiles with nvcc anyway)"
 
 
 def cmd_tasks(args: argparse.Namespace) -> int:
@@ -334,7 +348,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("compile", help="compile-only check of a candidate's sources (no GPU needed)")
     p.add_argument("candidate")
-    p.add_argument("--backend", default="cuda", choices=("cpu", "cuda"))
+    p.add_argument("--backend", default="auto", choices=("auto", "cpu", "cuda"),
+                   help="auto (default): cuda where a CUDA GPU is visible, else cpu; cuda compiles with nvcc "
+                        "without a GPU")
     p.add_argument("--cache-dir", type=Path, default=None)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_compile)
