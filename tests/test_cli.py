@@ -104,3 +104,15 @@ def test_compile_backend_auto_picks_what_this_machine_and_candidate_need(capsys,
     assert main(["compile", str(cpu_solution)]) == 0
     assert "[backend cuda: auto, a CUDA GPU is visible]" in capsys.readouterr().out
     assert used == ["cpu", "cuda", "cuda", "cuda"]
+
+
+def test_task_commands_take_a_table_selector(tmp_path, capsys, examples):
+    code = (examples / "cpu_swish" / "model.py").read_text()
+    table = tmp_path / "kb.jsonl"
+    table.write_text("".join(json.dumps({"level": 1, "problem_id": pid, "name": f"{pid}_Swish", "code": code}) + "\n"
+                             for pid in (19, 20)))
+    assert main(["tasks", f"{table}#1/19"]) == 0
+    out = capsys.readouterr().out
+    assert "level1/19_Swish" in out and "20_Swish" not in out
+    assert main(["tasks", f"{table}#1/7"]) == 2
+    assert "'1/7' matched 0 tasks" in capsys.readouterr().err

@@ -356,7 +356,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_compile)
 
     p = sub.add_parser("tasks", help="list the tasks of a source")
-    p.add_argument("source", help=".py, KernelBench dir, .jsonl/.parquet table or HF dataset name")
+    p.add_argument("source", help=".py, KernelBench dir, .jsonl/.parquet table or HF dataset name; SOURCE#LEVEL/ID or SOURCE#NAME picks tasks")
     p.add_argument("--level", type=int, action="append")
     p.set_defaults(func=cmd_tasks)
 
@@ -369,7 +369,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_example)
 
     p = sub.add_parser("degenerate", help="flag tasks that zeros, a constant or an input passes")
-    p.add_argument("source", help=".py, KernelBench dir, .jsonl/.parquet table or HF dataset name")
+    p.add_argument("source", help=".py, KernelBench dir, .jsonl/.parquet table or HF dataset name; SOURCE#LEVEL/ID or SOURCE#NAME picks tasks")
     p.add_argument("--level", type=int, action="append")
     p.add_argument("--policy", default="fair", choices=sorted(PRESETS))
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
@@ -401,7 +401,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_synth)
 
     p = sub.add_parser("baselines", help="time eager and torch.compile for every task here (resumable table)")
-    p.add_argument("source", help=".py, KernelBench dir, .jsonl/.parquet table or HF dataset name")
+    p.add_argument("source", help=".py, KernelBench dir, .jsonl/.parquet table or HF dataset name; SOURCE#LEVEL/ID or SOURCE#NAME picks tasks")
     p.add_argument("--out", type=Path, required=True, help="the table (JSONL; a rerun continues it; report beside it as .md)")
     p.add_argument("--level", type=int, action="append")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))

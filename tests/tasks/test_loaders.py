@@ -93,6 +93,13 @@ def test_jsonl_table_and_selectors(tmp_path):
         load_task(f"{table}#9/9")
     with pytest.raises(TaskError, match="holds 2 tasks"):
         load_task(table)
+    # Every task source takes a selector, not only load_task: `tasks`, `degenerate`, `bench`, ...
+    assert [t.name for t in load_tasks(f"{table}#1/19")] == ["level1/19_ReLU"]
+    assert [t.name for t in load_tasks(f"{table}#3_Fused", levels=[2])] == ["level2/3_Fused"]
+    with pytest.raises(TaskError, match="'3_Fused' matched 0 tasks"):
+        load_tasks(f"{table}#3_Fused", levels=[1])
+    with pytest.raises(TaskError, match="matched 2 tasks"):
+        load_task(f"{write(tmp_path / 'twice.jsonl', table.read_text() * 2)}#1/19")
 
 
 def test_parquet_table(tmp_path):

@@ -24,17 +24,12 @@ _PROBLEM_FILE = re.compile(r"^(\d+)_.*\.py$")
 
 def load_task(source: str | Path) -> Task:
     """Load exactly one task (a file, or a ``table.jsonl#name`` / ``#level/id`` selector)."""
-    text = str(source)
-    if "#" in text and not Path(text).exists():
-        table, selector = text.rsplit("#", 1)
-        matches = [t for t in load_tasks(table) if _matches(t, selector)]
-        if len(matches) != 1:
-            raise TaskError(
-                f"{source}: selector {selector!r} matched {len(matches)} tasks; use a task name "
-                "or LEVEL/PROBLEM_ID (for example `kernelbench.jsonl#1/19`)."
-            )
-        return matches[0]
     tasks = load_tasks(source)
+    if _split_selector(source) is not None and len(tasks) != 1:
+        raise TaskError(
+            f"{source}: selector {_split_selector(source)[1]!r} matched {len(tasks)} tasks; use a task name "
+            "or LEVEL/PROBLEM_ID (for example `kernelbench.jsonl#1/19`)."
+        )
     if len(tasks) != 1:
         raise TaskError(
             f"{source}: holds {len(tasks)} tasks; pick one with `PATH#NAME` or `PATH#LEVEL/PROBLEM_ID`."
@@ -43,7 +38,18 @@ def load_task(source: str | Path) -> Task:
 
 
 def load_tasks(source: str | Path, levels: Iterable[int] | None = None) -> list[Task]:
-    """Load every task from ``source`` (optionally only the given KernelBench levels)."""
+    """Load every task from ``source`` (optionally only the given KernelBench levels); ``SOURCE#NAME``
+    or ``SOURCE#LEVEL/PROBLEM_ID`` keeps the tasks the selector names."""
+    selected = _split_selector(source)
+    if selected is not None:
+        table, selector = selected
+        tasks = [t for t in load_tasks(table, levels) if _matches(t, selector)]
+        if not tasks:
+            raise TaskError(
+                f"{source}: selector {selector!r} matched 0 tasks; use a task name or LEVEL/PROBLEM_ID "
+                "(for example `kernelbench.jsonl#1/19`); `cuda-agent tasks TABLE` lists them."
+            )
+        return tasks
     path = Path(source)
     if path.is_file() and path.suffix == ".py":
         tasks = [load_task_file(path)]
@@ -218,6 +224,15 @@ def _read_rows(path: Path) -> Iterator[dict[str, Any]]:
             if not isinstance(row, dict):
                 raise TaskError(f"{path}:{number}: each line must be a JSON object.")
             yield row
+
+
+def _split_selector(source: str | Path) -> tuple[str, str] | None:
+    """``(table, selector)`` for ``TABLE#SELECTOR``; None for a plain source (a path holding ``#`` is a path)."""
+    text = str(source)
+    if "#" in text and not Path(text).exists():
+        table, selector = text.rsplit("#", 1)
+        return table, selector
+    return None
 
 
 def _matches(task: Task, selector: str) -> bool:
