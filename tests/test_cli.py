@@ -116,3 +116,11 @@ def test_task_commands_take_a_table_selector(tmp_path, capsys, examples):
     assert "level1/19_Swish" in out and "20_Swish" not in out
     assert main(["tasks", f"{table}#1/7"]) == 2
     assert "'1/7' matched 0 tasks" in capsys.readouterr().err
+
+
+def test_binary_task_is_named_in_the_error(tmp_path, capsys):
+    binary = tmp_path / "task.py"
+    binary.write_bytes(b"\x00\x01\xfe binary")
+    assert main(["tasks", str(binary)]) == 2
+    err = capsys.readouterr().err
+    assert f"{binary}: not UTF-8 text" in err and "UnicodeDecodeError" not in err

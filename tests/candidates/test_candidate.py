@@ -79,3 +79,13 @@ def test_python_only_candidate(tmp_path):
     path.write_text("class ModelNew:\n    pass\n")
     candidate = load_candidate(path)
     assert candidate.kind == "python" and candidate.extensions == ()
+
+
+def test_binary_model_new_names_the_file(tmp_path):
+    (tmp_path / "ws" / "kernels").mkdir(parents=True)
+    (tmp_path / "ws" / "model_new.py").write_bytes(b"\xff\xfeclass ModelNew: pass\n")
+    with pytest.raises(CandidateError, match=r"ws/model_new.py: not UTF-8 text"):
+        load_candidate(tmp_path / "ws")
+    (tmp_path / "gen.py").write_bytes(b"class ModelNew: pass\n\xc3")
+    with pytest.raises(CandidateError, match=r"gen.py: not UTF-8 text"):
+        load_candidate(tmp_path / "gen.py")

@@ -178,3 +178,14 @@ def test_missing_path():
 def test_task_is_plain_data():
     task = Task(name="a", code=GOOD, source="a.py")
     assert task.to_dict()["digest"] == task.digest
+
+
+def test_binary_file_names_the_file(tmp_path):
+    binary = tmp_path / "model.py"
+    binary.write_bytes(b"import torch\n\x89PNG\r\n\x1a\n\xff\xfe")
+    with pytest.raises(TaskError, match=rf"{binary}: not UTF-8 text \(byte 0x89 at offset 13\)"):
+        load_task(binary)
+    table = tmp_path / "kb.jsonl"
+    table.write_bytes(b'{"level": 1}\n\xff\n')
+    with pytest.raises(TaskError, match=rf"{table}: not UTF-8 text"):
+        load_tasks(table)

@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+from cuda_agent.paths import read_text
 from cuda_agent.tasks.task import Task, TaskError, check_task_source
 
 KERNELBENCH_COLUMNS = ("level", "problem_id", "name", "code")
@@ -76,7 +77,7 @@ def load_tasks(source: str | Path, levels: Iterable[int] | None = None) -> list[
 
 def load_task_file(path: str | Path) -> Task:
     path = Path(path)
-    code = path.read_text()
+    code = read_text(path, TaskError)
     check_task_source(code, str(path))
     level = None
     match = _LEVEL_DIR.match(path.parent.name)
@@ -213,17 +214,17 @@ def _read_rows(path: Path) -> Iterator[dict[str, Any]]:
             ) from None
         yield from pq.read_table(path).to_pylist()
         return
-    with path.open() as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise TaskError(f"{path}:{number}: invalid JSON ({exc.msg}).") from None
-            if not isinstance(row, dict):
-                raise TaskError(f"{path}:{number}: each line must be a JSON object.")
-            yield row
+    # Split on newlines only: str.splitlines would also cut at U+2028 inside a JSON string
+    for number, line in enumerate(read_text(path, TaskError).split("\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise TaskError(f"{path}:{number}: invalid JSON ({exc.msg}).") from None
+        if not isinstance(row, dict):
+            raise TaskError(f"{path}:{number}: each line must be a JSON object.")
+        yield row
 
 
 def _split_selector(source: str | Path) -> tuple[str, str] | None:
