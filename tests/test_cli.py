@@ -124,3 +124,20 @@ def test_binary_task_is_named_in_the_error(tmp_path, capsys):
     assert main(["tasks", str(binary)]) == 2
     err = capsys.readouterr().err
     assert f"{binary}: not UTF-8 text" in err and "UnicodeDecodeError" not in err
+
+
+@pytest.mark.parametrize("task, candidate, reason", [
+    ("{model}", "{tmp}/nope", "no such file or directory"),
+    ("{tmp}/nope.py", "{solution}", "no such file or directory"),
+    ("{tmp}/bad.py", "{solution}", "missing Model, get_inputs, get_init_inputs"),
+])
+def test_eval_json_prints_a_record_for_input_errors(task, candidate, reason, tmp_path, capsys, examples):
+    (tmp_path / "bad.py").write_text("import torch\n")
+    fill = {"model": examples / "cpu_swish" / "model.py", "solution": examples / "cpu_swish" / "solution", "tmp": tmp_path}
+    task, candidate = task.format(**fill), candidate.format(**fill)
+    assert main(["eval", task, candidate, "--device", "cpu", "--json"]) == 2
+    captured = capsys.readouterr()
+    record = json.loads(captured.out)
+    assert record["status"] == "error" and record["stage"] == "input" and reason in record["reason"]
+    assert record["task"]["source"] == task and record["candidate"]["origin"] == candidate and record["reward"] is None
+    assert reason in captured.err  # and the usual line on stderr

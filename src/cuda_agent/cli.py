@@ -14,10 +14,13 @@ from cuda_agent.build import compile_only
 from cuda_agent.candidates import Candidate, CandidateError, load_candidate
 from cuda_agent.evaluate import Evaluator, Policy, TimingConfig, resolve_device
 from cuda_agent.evaluate.policy import PRESETS
+from cuda_agent.evaluate.result import EvalResult
 from cuda_agent.sandbox import SANDBOX_CHOICES, SandboxUnavailable
 from cuda_agent.tasks import TaskError, load_task, load_tasks
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+# Errors in what the user gave (files, settings, the machine): one line and exit status 2, no traceback.
+USER_ERRORS = (TaskError, CandidateError, SandboxUnavailable, BackendError, ValueError, OSError)
 
 
 def _status_line(quiet: bool):
@@ -31,20 +34,28 @@ def _status_line(quiet: bool):
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    task = load_task(args.task)
-    candidate = load_candidate(args.candidate)
-    overrides = {k: getattr(args, k) for k in ("checks", "atol", "rtol", "reward") if getattr(args, k) is not None}
-    policy = Policy.preset(args.policy, **overrides)
-    timing = TimingConfig(method=args.timing)
-    evaluator = Evaluator(
-        args.device,
-        policy=policy,
-        timing=timing,
-        cache_dir=args.cache_dir,
-        sandbox=args.sandbox,
-        time_compile=not args.no_compile,
-        on_stage=_status_line(args.json),
-    )
+    try:
+        task = load_task(args.task)
+        candidate = load_candidate(args.candidate)
+        overrides = {k: getattr(args, k) for k in ("checks", "atol", "rtol", "reward") if getattr(args, k) is not None}
+        policy = Policy.preset(args.policy, **overrides)
+        timing = TimingConfig(method=args.timing)
+        evaluator = Evaluator(
+            args.device,
+            policy=policy,
+            timing=timing,
+            cache_dir=args.cache_dir,
+            sandbox=args.sandbox,
+            time_compile=not args.no_compile,
+            on_stage=_status_line(args.json),
+        )
+    except USER_ERRORS as exc:
+        if args.json:
+            # Scripts reading --json get a record for every run, one that never started included.
+            print(EvalResult(task={"source": str(args.task)}, candidate={"origin": str(args.candidate)},
+                             device=args.device, policy={"name": args.policy}, timing={"method": args.timing},
+                             status="error", stage="input", reason=str(exc)).to_json())
+        raise
     result = evaluator.evaluate(task, candidate)
     print(result.to_json() if args.json else result.summary())
     return 0 if result.status == "correct" else 1
@@ -497,7 +508,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (TaskError, CandidateError, SandboxUnavailable, BackendError, ValueError, OSError) as exc:
+    except USER_ERRORS as exc:
         print(f"cuda-agent: error: {exc}", file=sys.stderr)
         return 2
 
