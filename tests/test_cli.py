@@ -152,3 +152,35 @@ def test_synth_on_the_cpu_without_kernelbench_runs_with_a_note(tmp_path, capsys,
     assert code == 0 and "1 tasks accepted" in captured.out, captured.out + captured.err
     run = json.loads((tmp_path / "out" / "run.json").read_text())
     assert run["identity"]["kernelbench"] is None
+
+
+def test_optimize_fails_fast_when_the_model_server_is_down(tmp_path, capsys, examples):
+    import socket
+    import time
+
+    pytest.importorskip("openai")
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    started = time.monotonic()
+    code = main(["optimize", str(examples / "cpu_swish" / "model.py"), "--model", "m", "--device", "cpu",
+                 "--base-url", f"http://127.0.0.1:{port}/v1", "--out", str(tmp_path / "out")])
+    assert code == 2 and time.monotonic() - started < 10
+    err = capsys.readouterr().err
+    assert f"127.0.0.1:{port}" in err and "cannot connect" in err and "is the server up" in err, err
+    assert not (tmp_path / "out").exists()  # no episode started
+
+
+@pytest.mark.slow
+def test_optimize_exits_non_zero_when_every_episode_ends_on_a_backend_error(tmp_path, capsys, examples, cache_dir,
+                                                                           monkeypatch):
+    pytest.importorskip("openai")
+    from tests.openai_server import OpenAIServer
+
+    monkeypatch.setenv("CUDA_AGENT_CACHE", str(cache_dir))
+    with OpenAIServer(lambda request: (400, {"error": {"message": "model 'm' does not exist"}})) as server:
+        code = main(["optimize", str(examples / "cpu_swish" / "model.py"), "--model", "m", "--device", "cpu",
+                     "--base-url", server.url, "--out", str(tmp_path / "out"), "--quiet"])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "every episode ended on a model backend error" in err and "model 'm' does not exist" in err, err

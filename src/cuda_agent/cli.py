@@ -226,6 +226,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise ValueError("give --solutions DIR (evaluate a solution set) or --model NAME (run the agent live).")
     tasks = load_tasks(args.source, levels=args.level)
     device = resolve_device(args.device)
+    backend = _chat_backend(args) if args.model is not None else None  # before any baseline or evaluation
     policy = Policy.preset(args.policy)
     if args.solutions is not None:
         solutions = find_solutions(tasks, args.solutions)
@@ -257,7 +258,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from cuda_agent.agent.loop import AgentConfig
 
         config = AgentConfig(max_turns=args.max_turns)
-        run_agent_bench(args.out, tasks, _chat_backend(args), device, model=args.model, gpus=args.gpus, evaluator_options=options,
+        run_agent_bench(args.out, tasks, backend, device, model=args.model, gpus=args.gpus, evaluator_options=options,
                         config=config, sandbox=args.sandbox, settings=settings | {"max_turns": args.max_turns},
                         progress=show)
     write_report(args.out, exclude_degenerate=args.exclude_degenerate)
@@ -285,15 +286,16 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _chat_backend(args: argparse.Namespace):
-    """A factory of the model backend the arguments describe, tried once now: a missing API key or
-    a bad setting fails before any episode starts, not in every one."""
+    """A factory of the model backend the arguments describe, tried once now: a missing API key, a
+    bad setting or an endpoint that cannot be reached fails before any episode starts, not in every one
+    (an unreachable server cost a minute of retries and then an episode that just ended)."""
     from cuda_agent.agent.llm import OpenAIChat
 
     def backend() -> OpenAIChat:
         return OpenAIChat(args.model, base_url=args.base_url, api_key_env=args.api_key_env,
                           tool_format=args.tool_format, temperature=getattr(args, "temperature", None))
 
-    backend()
+    backend().check_reachable()
     return backend
 
 
@@ -303,13 +305,12 @@ def cmd_optimize(args: argparse.Namespace) -> int:
 
     task = load_task(args.task)
     device = resolve_device(args.device)
+    backend = _chat_backend(args)
     # On a GPU machine, the processes of the agent's next evaluation start while it thinks.
     evaluator = Evaluator(device, policy=Policy.preset(args.policy), sandbox=args.sandbox,
                           timing_lock=threading.Lock(), prestart=device == "cuda")
     config = AgentConfig(max_turns=args.max_turns, context_tokens=args.context_tokens,
                          wall_clock_s=args.wall_clock_s)
-
-    backend = _chat_backend(args)
     start = time.monotonic()
 
     def show(episode: int, entry: dict) -> None:
@@ -318,9 +319,14 @@ def cmd_optimize(args: argparse.Namespace) -> int:
             print(f"[{time.monotonic() - start:6.0f}s] episode {episode} turn {entry['turn']}: {calls}",
                   file=sys.stderr, flush=True)
 
-    optimize(task, backend, args.out, evaluator, episodes=args.episodes, config=config, model=args.model,
-             sandbox=args.sandbox, on_turn=show)
+    episodes = optimize(task, backend, args.out, evaluator, episodes=args.episodes, config=config, model=args.model,
+                        sandbox=args.sandbox, on_turn=show)
     print((args.out / "report.md").read_text())
+    failed = [e.end_reason for e in episodes if e.end_reason.startswith("backend_error")]
+    if len(failed) == len(episodes):
+        print(f"cuda-agent: error: every episode ended on a model backend error; the first: "
+              f"{failed[0].removeprefix('backend_error: ')}", file=sys.stderr)
+        return 1
     return 0
 
 
