@@ -3,6 +3,7 @@ import shutil
 
 import pytest
 
+from cuda_agent import Evaluator, load_candidate
 from cuda_agent.cli import main
 
 
@@ -184,3 +185,38 @@ def test_optimize_exits_non_zero_when_every_episode_ends_on_a_backend_error(tmp_
     assert code == 1
     err = capsys.readouterr().err
     assert "every episode ended on a model backend error" in err and "model 'm' does not exist" in err, err
+
+
+def test_timeout_bounds_the_stages_a_candidate_runs_in():
+    from cuda_agent.cli import _timeouts, build_parser
+    from cuda_agent.evaluate import Timeouts
+
+    for command in (["eval", "t.py", "c/"], ["bench", "kb.jsonl", "--out", "r", "--solutions", "s"],
+                    ["optimize", "t.py", "--model", "m"]):
+        args = build_parser().parse_args(command + ["--timeout", "7"])
+        assert _timeouts(args) == Timeouts(build_s=7, load_s=7, check_s=7, profile_s=7, baseline_s=Timeouts().baseline_s)
+        assert _timeouts(build_parser().parse_args(command)) == Timeouts()
+    assert _timeouts(build_parser().parse_args(["eval", "t.py", "c/", "--timeout", "900"])).check_s == Timeouts().check_s
+
+
+@pytest.mark.slow
+def test_eval_timeout_stops_a_hung_candidate(tmp_path, capsys, examples, cache_dir):
+    import time
+
+    root = tmp_path / "hang"
+    shutil.copytree(examples / "cpu_swish" / "solution", root)
+    forward = "    def forward(self, x: torch.Tensor) -> torch.Tensor:\n"
+    code = (root / "model_new.py").read_text()
+    assert forward in code
+    (root / "model_new.py").write_text(code.replace(forward, forward + "        while True:\n            pass\n"))
+    # --timeout bounds the builds too: built beforehand (the probe as well), so the check is what times out.
+    warm = Evaluator("cpu", cache_dir=cache_dir)
+    assert warm.build(load_candidate(root)).ok and warm.toolchain_imports()
+    started = time.monotonic()
+    code = main(["eval", str(examples / "cpu_swish" / "model.py"), str(root), "--device", "cpu", "--no-compile",
+                 "--timeout", "15", "--cache-dir", str(cache_dir)])
+    captured = capsys.readouterr()
+    assert code == 1 and "no answer within 15 s" in captured.out, captured.out
+    # The stages are shown as they go (the build, the reference, the checks), not only the verdict.
+    assert " build " in captured.err and " reference " in captured.err and " verify " in captured.err, captured.err
+    assert time.monotonic() - started < 240

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import threading
@@ -12,7 +13,7 @@ from pathlib import Path
 from cuda_agent.agent.llm import BackendError
 from cuda_agent.build import compile_only
 from cuda_agent.candidates import Candidate, CandidateError, load_candidate
-from cuda_agent.evaluate import Evaluator, Policy, TimingConfig, resolve_device
+from cuda_agent.evaluate import Evaluator, Policy, TimingConfig, Timeouts, resolve_device
 from cuda_agent.evaluate.policy import PRESETS
 from cuda_agent.evaluate.result import EvalResult
 from cuda_agent.sandbox import SANDBOX_CHOICES, SandboxUnavailable
@@ -47,6 +48,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             cache_dir=args.cache_dir,
             sandbox=args.sandbox,
             time_compile=not args.no_compile,
+            timeouts=_timeouts(args),
             on_stage=_status_line(args.json),
         )
     except USER_ERRORS as exc:
@@ -122,9 +124,28 @@ def cmd_example(args: argparse.Namespace) -> int:
     ns = argparse.Namespace(
         task=str(root / "model.py"), candidate=str(root / "solution"), device=device, policy="fair",
         checks=None, atol=None, rtol=None, reward=None, timing="auto", cache_dir=args.cache_dir,
-        no_compile=False, json=args.json, sandbox=args.sandbox,
+        no_compile=False, json=args.json, sandbox=args.sandbox, timeout=None,
     )
     return cmd_eval(ns)
+
+
+def add_timeout_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                   help="bound each stage of a candidate's evaluation (build, load, each check, profile) to this "
+                        f"many seconds (default: {Timeouts().build_s:g} s each)")
+
+
+def _timeouts(args: argparse.Namespace) -> Timeouts:
+    """The evaluator's timeouts with ``--timeout`` as the ceiling of every stage the candidate's code
+    runs in; the baselines keep theirs (the reference's time, and cached per task)."""
+    defaults = Timeouts()
+    limit = getattr(args, "timeout", None)
+    if limit is None:
+        return defaults
+    if limit <= 0:
+        raise ValueError(f"--timeout must be a positive number of seconds, not {limit:g}.")
+    return dataclasses.replace(defaults, **{name: min(getattr(defaults, name), limit)
+                                            for name in ("build_s", "load_s", "check_s", "profile_s")})
 
 
 def add_sandbox_option(p: argparse.ArgumentParser) -> None:
@@ -249,7 +270,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             print(f"[{time.monotonic() - start:6.0f}s {done}/{total}] {row['task']['name']} {row['entry']}: "
                   f"{row['status']}{speed}{reason}", file=sys.stderr, flush=True)
 
-    options = {"policy": policy, "sandbox": args.sandbox, "cache_dir": cache_dir}
+    options = {"policy": policy, "sandbox": args.sandbox, "cache_dir": cache_dir, "timeouts": _timeouts(args)}
     settings = {"device": device, "policy": policy.name, "degenerate": degenerate}
     if args.model is None:
         run_bench(args.out, tasks, solutions, device, gpus=args.gpus, evaluator_options=options, settings=settings,
@@ -307,7 +328,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     backend = _chat_backend(args)
     # On a GPU machine, the processes of the agent's next evaluation start while it thinks.
-    evaluator = Evaluator(device, policy=Policy.preset(args.policy), sandbox=args.sandbox,
+    evaluator = Evaluator(device, policy=Policy.preset(args.policy), sandbox=args.sandbox, timeouts=_timeouts(args),
                           timing_lock=threading.Lock(), prestart=device == "cuda")
     config = AgentConfig(max_turns=args.max_turns, context_tokens=args.context_tokens,
                          wall_clock_s=args.wall_clock_s)
@@ -363,6 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
     p.add_argument("--cache-dir", type=Path, default=None)
     p.add_argument("--json", action="store_true", help="print the JSON record instead of the summary")
+    add_timeout_option(p)
     add_sandbox_option(p)
     p.set_defaults(func=cmd_eval)
 
@@ -460,6 +482,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--exclude-degenerate", action="store_true", help="leave degenerate tasks out of the metrics")
     p.add_argument("--cache-dir", type=Path, default=None)
     p.add_argument("--quiet", action="store_true")
+    add_timeout_option(p)
     add_sandbox_option(p)
     p.set_defaults(func=cmd_bench)
 
@@ -494,6 +517,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--policy", default="fair", choices=sorted(PRESETS))
     p.add_argument("--quiet", action="store_true")
+    add_timeout_option(p)
     add_sandbox_option(p)
     p.set_defaults(func=cmd_optimize)
 
