@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import threading
@@ -11,13 +12,16 @@ from pathlib import Path
 
 from cuda_agent.agent.llm import BackendError
 from cuda_agent.build import compile_only
-from cuda_agent.candidates import CandidateError, load_candidate
-from cuda_agent.evaluate import Evaluator, Policy, TimingConfig, resolve_device
+from cuda_agent.candidates import Candidate, CandidateError, load_candidate
+from cuda_agent.evaluate import Evaluator, Policy, TimingConfig, Timeouts, resolve_device
 from cuda_agent.evaluate.policy import PRESETS
+from cuda_agent.evaluate.result import EvalResult
 from cuda_agent.sandbox import SANDBOX_CHOICES, SandboxUnavailable
 from cuda_agent.tasks import TaskError, load_task, load_tasks
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+# Errors in what the user gave (files, settings, the machine): one line and exit status 2, no traceback.
+USER_ERRORS = (TaskError, CandidateError, SandboxUnavailable, BackendError, ValueError, OSError)
 
 
 def _status_line(quiet: bool):
@@ -31,20 +35,29 @@ def _status_line(quiet: bool):
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    task = load_task(args.task)
-    candidate = load_candidate(args.candidate)
-    overrides = {k: getattr(args, k) for k in ("checks", "atol", "rtol", "reward") if getattr(args, k) is not None}
-    policy = Policy.preset(args.policy, **overrides)
-    timing = TimingConfig(method=args.timing)
-    evaluator = Evaluator(
-        args.device,
-        policy=policy,
-        timing=timing,
-        cache_dir=args.cache_dir,
-        sandbox=args.sandbox,
-        time_compile=not args.no_compile,
-        on_stage=_status_line(args.json),
-    )
+    try:
+        task = load_task(args.task)
+        candidate = load_candidate(args.candidate)
+        overrides = {k: getattr(args, k) for k in ("checks", "atol", "rtol", "reward") if getattr(args, k) is not None}
+        policy = Policy.preset(args.policy, **overrides)
+        timing = TimingConfig(method=args.timing)
+        evaluator = Evaluator(
+            args.device,
+            policy=policy,
+            timing=timing,
+            cache_dir=args.cache_dir,
+            sandbox=args.sandbox,
+            time_compile=not args.no_compile,
+            timeouts=_timeouts(args),
+            on_stage=_status_line(args.json),
+        )
+    except USER_ERRORS as exc:
+        if args.json:
+            # Scripts reading --json get a record for every run, one that never started included.
+            print(EvalResult(task={"source": str(args.task)}, candidate={"origin": str(args.candidate)},
+                             device=args.device, policy={"name": args.policy}, timing={"method": args.timing},
+                             status="error", stage="input", reason=str(exc)).to_json())
+        raise
     result = evaluator.evaluate(task, candidate)
     print(result.to_json() if args.json else result.summary())
     return 0 if result.status == "correct" else 1
@@ -52,14 +65,28 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def cmd_compile(args: argparse.Namespace) -> int:
     candidate = load_candidate(args.candidate)
-    result = compile_only(candidate, args.backend, cache_dir=args.cache_dir)
+    backend, why = _compile_backend(args.backend, candidate)
+    result = compile_only(candidate, backend, cache_dir=args.cache_dir)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
     else:
         for diag in result.diagnostics:
             print(diag)
-        print(("ok" if result.ok else f"FAILED: {result.error}") + (" (cached)" if result.cached else ""))
+        print(("ok" if result.ok else f"FAILED: {result.error}") + (" (cached)" if result.cached else "")
+              + f" [backend {backend}{': ' + why if why else ''}]")
     return 0 if result.ok else 1
+
+
+def _compile_backend(backend: str, candidate: Candidate) -> tuple[str, str]:
+    """The backend ``--backend auto`` means for this candidate, and why (empty when it was given).
+    CUDA sources need nvcc but no GPU, so they pick cuda anywhere; C++ sources pick it only on a GPU."""
+    if backend != "auto":
+        return backend, ""
+    if any(unit.endswith(".cu") for ext in candidate.extensions for unit in ext.compile_units):
+        return "cuda", "auto, the candidate has .cu sources"
+    if resolve_device("auto") == "cuda":
+        return "cuda", "auto, a CUDA GPU is visible"
+    return "cpu", "auto, no CUDA GPU (--backend cuda compiles with nvcc anyway)"
 
 
 def cmd_tasks(args: argparse.Namespace) -> int:
@@ -97,9 +124,28 @@ def cmd_example(args: argparse.Namespace) -> int:
     ns = argparse.Namespace(
         task=str(root / "model.py"), candidate=str(root / "solution"), device=device, policy="fair",
         checks=None, atol=None, rtol=None, reward=None, timing="auto", cache_dir=args.cache_dir,
-        no_compile=False, json=args.json, sandbox=args.sandbox,
+        no_compile=False, json=args.json, sandbox=args.sandbox, timeout=None,
     )
     return cmd_eval(ns)
+
+
+def add_timeout_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                   help="bound each stage of a candidate's evaluation (build, load, each check, profile) to this "
+                        f"many seconds (default: {Timeouts().build_s:g} s each)")
+
+
+def _timeouts(args: argparse.Namespace) -> Timeouts:
+    """The evaluator's timeouts with ``--timeout`` as the ceiling of every stage the candidate's code
+    runs in; the baselines keep theirs (the reference's time, and cached per task)."""
+    defaults = Timeouts()
+    limit = getattr(args, "timeout", None)
+    if limit is None:
+        return defaults
+    if limit <= 0:
+        raise ValueError(f"--timeout must be a positive number of seconds, not {limit:g}.")
+    return dataclasses.replace(defaults, **{name: min(getattr(defaults, name), limit)
+                                            for name in ("build_s", "load_s", "check_s", "profile_s")})
 
 
 def add_sandbox_option(p: argparse.ArgumentParser) -> None:
@@ -120,16 +166,20 @@ def cmd_synth(args: argparse.Namespace) -> int:
     from cuda_agent.synth.catalog import default_catalog
     from cuda_agent.synth.pipeline import SynthConfig, synthesize
 
+    device = resolve_device(args.device)
     kernelbench = None if args.no_decontaminate else (args.kernelbench or _kernelbench_default())
     if kernelbench is None and not args.no_decontaminate:
-        raise ValueError("decontamination needs the KernelBench programs: give --kernelbench PATH (a KernelBench "
-                         "checkout or kernelbench.jsonl, or set KERNELBENCH_DATA), or --no-decontaminate.")
+        # A note, not an error: a first CPU run should work as the README shows; the similarity filter
+        # within the set still runs.
+        print("synth: note: no KernelBench programs given (--kernelbench PATH) or found ($KERNELBENCH_DATA, "
+              "../shared/data/kernelbench/kernelbench.jsonl): the tasks are NOT decontaminated against KernelBench; "
+              "give --kernelbench before training on them for a KernelBench evaluation.", file=sys.stderr)
     llm = {}
     if args.composer == "llm":
         if not args.model or not args.base_url:
             raise ValueError("--composer llm needs --model NAME and --base-url URL (an OpenAI-compatible endpoint).")
         llm = {"model": args.model, "base_url": args.base_url, "api_key_env": args.api_key_env}
-    config = SynthConfig(n=args.n, out=args.out, device=resolve_device(args.device), composer=args.composer,
+    config = SynthConfig(n=args.n, out=args.out, device=device, composer=args.composer,
                          seed=args.seed, workers=args.workers, window_ms=tuple(args.window_ms) if args.window_ms else None,
                          max_candidates=args.max_candidates, kernelbench=kernelbench, sandbox=args.sandbox,
                          ray=args.ray)
@@ -197,6 +247,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise ValueError("give --solutions DIR (evaluate a solution set) or --model NAME (run the agent live).")
     tasks = load_tasks(args.source, levels=args.level)
     device = resolve_device(args.device)
+    backend = _chat_backend(args) if args.model is not None else None  # before any baseline or evaluation
     policy = Policy.preset(args.policy)
     if args.solutions is not None:
         solutions = find_solutions(tasks, args.solutions)
@@ -219,7 +270,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             print(f"[{time.monotonic() - start:6.0f}s {done}/{total}] {row['task']['name']} {row['entry']}: "
                   f"{row['status']}{speed}{reason}", file=sys.stderr, flush=True)
 
-    options = {"policy": policy, "sandbox": args.sandbox, "cache_dir": cache_dir}
+    options = {"policy": policy, "sandbox": args.sandbox, "cache_dir": cache_dir, "timeouts": _timeouts(args)}
     settings = {"device": device, "policy": policy.name, "degenerate": degenerate}
     if args.model is None:
         run_bench(args.out, tasks, solutions, device, gpus=args.gpus, evaluator_options=options, settings=settings,
@@ -228,7 +279,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from cuda_agent.agent.loop import AgentConfig
 
         config = AgentConfig(max_turns=args.max_turns)
-        run_agent_bench(args.out, tasks, _chat_backend(args), device, model=args.model, gpus=args.gpus, evaluator_options=options,
+        run_agent_bench(args.out, tasks, backend, device, model=args.model, gpus=args.gpus, evaluator_options=options,
                         config=config, sandbox=args.sandbox, settings=settings | {"max_turns": args.max_turns},
                         progress=show)
     write_report(args.out, exclude_degenerate=args.exclude_degenerate)
@@ -256,15 +307,16 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _chat_backend(args: argparse.Namespace):
-    """A factory of the model backend the arguments describe, tried once now: a missing API key or
-    a bad setting fails before any episode starts, not in every one."""
+    """A factory of the model backend the arguments describe, tried once now: a missing API key, a
+    bad setting or an endpoint that cannot be reached fails before any episode starts, not in every one
+    (an unreachable server cost a minute of retries and then an episode that just ended)."""
     from cuda_agent.agent.llm import OpenAIChat
 
     def backend() -> OpenAIChat:
         return OpenAIChat(args.model, base_url=args.base_url, api_key_env=args.api_key_env,
                           tool_format=args.tool_format, temperature=getattr(args, "temperature", None))
 
-    backend()
+    backend().check_reachable()
     return backend
 
 
@@ -274,13 +326,12 @@ def cmd_optimize(args: argparse.Namespace) -> int:
 
     task = load_task(args.task)
     device = resolve_device(args.device)
+    backend = _chat_backend(args)
     # On a GPU machine, the processes of the agent's next evaluation start while it thinks.
-    evaluator = Evaluator(device, policy=Policy.preset(args.policy), sandbox=args.sandbox,
+    evaluator = Evaluator(device, policy=Policy.preset(args.policy), sandbox=args.sandbox, timeouts=_timeouts(args),
                           timing_lock=threading.Lock(), prestart=device == "cuda")
     config = AgentConfig(max_turns=args.max_turns, context_tokens=args.context_tokens,
                          wall_clock_s=args.wall_clock_s)
-
-    backend = _chat_backend(args)
     start = time.monotonic()
 
     def show(episode: int, entry: dict) -> None:
@@ -289,9 +340,14 @@ def cmd_optimize(args: argparse.Namespace) -> int:
             print(f"[{time.monotonic() - start:6.0f}s] episode {episode} turn {entry['turn']}: {calls}",
                   file=sys.stderr, flush=True)
 
-    optimize(task, backend, args.out, evaluator, episodes=args.episodes, config=config, model=args.model,
-             sandbox=args.sandbox, on_turn=show)
+    episodes = optimize(task, backend, args.out, evaluator, episodes=args.episodes, config=config, model=args.model,
+                        sandbox=args.sandbox, on_turn=show)
     print((args.out / "report.md").read_text())
+    failed = [e.end_reason for e in episodes if e.end_reason.startswith("backend_error")]
+    if len(failed) == len(episodes):
+        print(f"cuda-agent: error: every episode ended on a model backend error; the first: "
+              f"{failed[0].removeprefix('backend_error: ')}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -328,18 +384,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
     p.add_argument("--cache-dir", type=Path, default=None)
     p.add_argument("--json", action="store_true", help="print the JSON record instead of the summary")
+    add_timeout_option(p)
     add_sandbox_option(p)
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("compile", help="compile-only check of a candidate's sources (no GPU needed)")
     p.add_argument("candidate")
-    p.add_argument("--backend", default="cuda", choices=("cpu", "cuda"))
+    p.add_argument("--backend", default="auto", choices=("auto", "cpu", "cuda"),
+                   help="auto (default): cuda where a CUDA GPU is visible, else cpu; cuda compiles with nvcc "
+                        "without a GPU")
     p.add_argument("--cache-dir", type=Path, default=None)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_compile)
 
     p = sub.add_parser("tasks", help="list the tasks of a source")
-    p.add_argument("source", help=".py, KernelBench dir, .jsonl/.parquet table or HF dataset name")
+    p.add_argument("source", help=".py, KernelBench dir, .jsonl/.parquet table or HF dataset name; SOURCE#LEVEL/ID or SOURCE#NAME picks tasks")
     p.add_argument("--level", type=int, action="append")
     p.set_defaults(func=cmd_tasks)
 
@@ -352,7 +411,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_example)
 
     p = sub.add_parser("degenerate", help="flag tasks that zeros, a constant or an input passes")
-    p.add_argument("source", help=".py, KernelBench dir, .jsonl/.parquet table or HF dataset name")
+    p.add_argument("source", help=".py, KernelBench dir, .jsonl/.parquet table or HF dataset name; SOURCE#LEVEL/ID or SOURCE#NAME picks tasks")
     p.add_argument("--level", type=int, action="append")
     p.add_argument("--policy", default="fair", choices=sorted(PRESETS))
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
@@ -384,7 +443,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_synth)
 
     p = sub.add_parser("baselines", help="time eager and torch.compile for every task here (resumable table)")
-    p.add_argument("source", help=".py, KernelBench dir, .jsonl/.parquet table or HF dataset name")
+    p.add_argument("source", help=".py, KernelBench dir, .jsonl/.parquet table or HF dataset name; SOURCE#LEVEL/ID or SOURCE#NAME picks tasks")
     p.add_argument("--out", type=Path, required=True, help="the table (JSONL; a rerun continues it; report beside it as .md)")
     p.add_argument("--level", type=int, action="append")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
@@ -423,6 +482,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--exclude-degenerate", action="store_true", help="leave degenerate tasks out of the metrics")
     p.add_argument("--cache-dir", type=Path, default=None)
     p.add_argument("--quiet", action="store_true")
+    add_timeout_option(p)
     add_sandbox_option(p)
     p.set_defaults(func=cmd_bench)
 
@@ -457,6 +517,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--policy", default="fair", choices=sorted(PRESETS))
     p.add_argument("--quiet", action="store_true")
+    add_timeout_option(p)
     add_sandbox_option(p)
     p.set_defaults(func=cmd_optimize)
 
@@ -480,7 +541,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (TaskError, CandidateError, SandboxUnavailable, BackendError, ValueError, OSError) as exc:
+    except USER_ERRORS as exc:
         print(f"cuda-agent: error: {exc}", file=sys.stderr)
         return 2
 

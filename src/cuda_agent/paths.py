@@ -1,4 +1,4 @@
-"""Where cuda-agent keeps its caches (builds, baselines, inductor)."""
+"""Where cuda-agent keeps its caches (builds, baselines, inductor), and reading the files users give it."""
 
 from __future__ import annotations
 
@@ -32,3 +32,13 @@ def worker_env(home: Path, inductor_cache: Path | None = None) -> dict[str, str]
     if inductor_cache is not None:
         env["TORCHINDUCTOR_CACHE_DIR"] = str(inductor_cache)
     return env
+
+
+def read_text(path: Path | str, error: type[Exception] = ValueError) -> str:
+    """A text file the user gave (a task, a candidate's source). One that is not UTF-8 raises
+    ``error`` naming the file: Python's own UnicodeDecodeError names only the byte."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise error(f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); "
+                    "give a Python/C++ source file saved as UTF-8.") from None

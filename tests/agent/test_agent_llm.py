@@ -174,3 +174,27 @@ def test_auth_header_carries_the_named_key(monkeypatch):
     with OpenAIServer(lambda request: "ok") as server:
         OpenAIChat("m", base_url=server.url, api_key_env="AGENT_TEST_KEY").complete(HISTORY, [])
     assert server.requests[0]["_auth"] == "Bearer sk-agent"
+
+
+def test_unreachable_endpoint_fails_the_check_at_once():
+    import socket
+
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    backend = OpenAIChat("m", base_url=f"http://127.0.0.1:{port}/v1", max_retries=5)
+    started = time.monotonic()
+    with pytest.raises(BackendError, match=rf"m at http://127.0.0.1:{port}/v1/: cannot connect \(checked before starting\)"):
+        backend.check_reachable()
+    assert time.monotonic() - started < 5  # no retries with backoff
+
+
+def test_reachable_endpoint_passes_the_check_even_without_a_model_list(monkeypatch):
+    # The test server answers no GET (501): a server is there, so the episode may start.
+    with OpenAIServer(lambda request: "ok") as server:
+        OpenAIChat("m", base_url=server.url).check_reachable()
+    monkeypatch.setenv("AGENT_TEST_KEY", "sk-wrong")
+    with OpenAIServer(lambda request: "ok") as server:
+        server._httpd.RequestHandlerClass.do_GET = lambda handler: handler._send(401, {"error": {"message": "bad key"}})
+        with pytest.raises(BackendError, match="HTTP 401.*check the API key in AGENT_TEST_KEY"):
+            OpenAIChat("m", base_url=server.url, api_key_env="AGENT_TEST_KEY").check_reachable()

@@ -79,3 +79,77 @@ def test_python_only_candidate(tmp_path):
     path.write_text("class ModelNew:\n    pass\n")
     candidate = load_candidate(path)
     assert candidate.kind == "python" and candidate.extensions == ()
+
+
+def test_binary_model_new_names_the_file(tmp_path):
+    (tmp_path / "ws" / "kernels").mkdir(parents=True)
+    (tmp_path / "ws" / "model_new.py").write_bytes(b"\xff\xfeclass ModelNew: pass\n")
+    with pytest.raises(CandidateError, match=r"ws/model_new.py: not UTF-8 text"):
+        load_candidate(tmp_path / "ws")
+    (tmp_path / "gen.py").write_bytes(b"class ModelNew: pass\n\xc3")
+    with pytest.raises(CandidateError, match=r"gen.py: not UTF-8 text"):
+        load_candidate(tmp_path / "gen.py")
+
+
+# What the CUDA Agent release's binding_registry.h provides (pybind11 and a REGISTER_BINDING macro,
+# no torch): a binding file must bring in torch::Tensor and its casters itself to build against it.
+RELEASE_LIKE_REGISTRY = """#pragma once
+#include <functional>
+#include <string>
+#include <vector>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+inline std::vector<std::function<void(pybind11::module&)>>& registry() {
+  static std::vector<std::function<void(pybind11::module&)>> fns;
+  return fns;
+}
+struct Registrar {
+  Registrar(const char*, std::function<void(pybind11::module&)> fn) { registry().push_back(fn); }
+};
+#define REGISTER_BINDING(name, func) static Registrar registrar_##name(#name, [](pybind11::module& m) { func(m); });
+"""
+
+
+def _binding_files():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    return sorted((root / "examples").glob("*/solution/**/*_binding.cpp"))
+
+
+def test_binding_files_include_the_torch_headers_they_use():
+    from cuda_agent.agent.workspace import render_skill
+    from cuda_agent.build.probe import probe_candidate
+    from cuda_agent.evaluate.policy import Policy
+
+    texts = {str(p): p.read_text() for p in _binding_files()}
+    assert len(texts) >= 4
+    for backend in ("cpu", "cuda"):
+        for name, text in probe_candidate(backend).extensions[0].sources.items():
+            if name.endswith("_binding.cpp"):
+                texts[f"probe {backend} {name}"] = text
+    texts["SKILL.md"] = render_skill(Policy(), "cuda")
+    for name, text in texts.items():
+        registry = text.index('#include "../binding_registry.h"')
+        assert "#include <torch/types.h>" in text[:registry] or "#include <torch/extension.h>" in text[:registry], name
+        assert "#include <torch/csrc/utils/pybind.h>" in text or "#include <torch/extension.h>" in text, name
+
+
+@pytest.mark.slow
+def test_example_binding_builds_against_a_registry_without_torch(tmp_path):
+    import shutil
+    import subprocess
+    import sysconfig
+
+    from torch.utils.cpp_extension import include_paths
+
+    if shutil.which("g++") is None:
+        pytest.skip("g++ not installed")
+    source = next(p for p in _binding_files() if p.parent.parent.parent.name == "cpu_swish")
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / "binding_registry.h").write_text(RELEASE_LIKE_REGISTRY)
+    shutil.copy(source, tmp_path / "kernels" / source.name)
+    includes = [f"-I{path}" for path in include_paths()] + [f"-I{sysconfig.get_paths()['include']}"]
+    run = subprocess.run(["g++", "-std=c++17", "-fsyntax-only", *includes, str(tmp_path / "kernels" / source.name)],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]

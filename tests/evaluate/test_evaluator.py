@@ -228,3 +228,35 @@ def test_pool_evaluates_many(example, cache_dir, tmp_path):
     )
     assert [r.status for r in results] == ["correct", "incorrect"]
     assert sorted(seen) == [0, 1]
+
+
+def test_cuda_without_a_gpu_fails_at_once_naming_the_fix(monkeypatch):
+    import torch
+
+    from cuda_agent.evaluate import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match=r"no CUDA GPU.*torch.cuda.is_available\(\) is False.*--device cpu"):
+        resolve_device("cuda")
+    with pytest.raises(ValueError, match="no CUDA GPU"):
+        Evaluator("cuda")  # before any build: the constructor resolves the device
+    assert resolve_device("auto") == "cpu" and resolve_device("cpu") == "cpu"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_device("cuda") == "cuda" and resolve_device("auto") == "cuda"
+    with pytest.raises(ValueError, match="unknown device 'gpu'"):
+        resolve_device("gpu")
+
+
+def test_toolchain_probe_is_announced(tmp_path):
+    from cuda_agent.build import BuildResult
+
+    seen, built = [], []
+    evaluator = Evaluator("cpu", cache_dir=tmp_path, on_stage=lambda stage, detail: seen.append((stage, detail)))
+    # The real probe takes ~30-60 s to build on a fresh cache; what is said around it is what matters here.
+    evaluator.build = lambda candidate: built.append(candidate) or BuildResult(True, "cpu", "k", cached=False)
+    assert evaluator.toolchain_imports() == frozenset() and len(built) == 1
+    assert any(stage == "build" and "one-time toolchain probe" in detail for stage, detail in seen), seen
+    assert any("toolchain probe built in" in detail for _, detail in seen), seen
+    seen.clear()
+    evaluator.toolchain_imports()  # read once per evaluator: no second build, no second message
+    assert seen == [] and len(built) == 1

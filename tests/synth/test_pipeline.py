@@ -182,3 +182,56 @@ def test_screening_on_a_ray_cluster_gives_the_same_verdicts(tmp_path, catalog):
     rows = _rows(tmp_path / CANDIDATES_FILE)
     assert [(row["accepted"], row["rejected_by"]) for row in rows] == [(True, None), (False, "not_degenerate"), (True, None)]
     assert all(row["compile_ms"] > 0 for row in rows if row["accepted"])
+
+
+class _Bar:
+    """A tqdm double that records what each redraw shows: (accepted, postfix)."""
+
+    def __init__(self, total, initial, enabled):
+        self.n, self.postfix, self.draws = initial, "", []
+
+    def update(self, n=1):
+        self.n += n
+        self.draws.append((self.n, self.postfix))
+
+    def refresh(self):
+        self.draws.append((self.n, self.postfix))
+
+    def set_postfix_str(self, text, refresh=True):
+        self.postfix = text
+        if refresh:
+            self.refresh()
+
+    def close(self):
+        pass
+
+
+def test_progress_never_shows_more_accepted_than_screened(tmp_path, monkeypatch):
+    import re
+    import types
+
+    from cuda_agent.synth import pipeline
+    from cuda_agent.synth.pipeline import verdict
+
+    bars = []
+    monkeypatch.setattr(pipeline, "_progress", lambda *args: bars.append(_Bar(*args)) or bars[-1])
+    names = ["good", "other", "zeros", "good", "good"]
+
+    class Replayed(Synthesis):
+        """Screening replaced by fixed verdicts: only the counting is under test."""
+
+        def _screen_one(self, index, screeners):
+            program = PlantedComposer(names).compose(index)
+            rejected = names[index] == "zeros"
+            return pipeline.Outcome(program.id, index, not rejected,
+                                    [verdict("not_degenerate", False, "constant output")] if rejected else [], program)
+
+    config = SynthConfig(n=3, out=tmp_path, device="cpu", workers=1, sandbox=SANDBOX, max_candidates=len(names))
+    Replayed(config, PlantedComposer(names), types.SimpleNamespace(operators=[]), progress=True).run()
+    draws = bars[0].draws
+    assert draws, "the bar was never drawn"
+    for accepted, postfix in draws:
+        screened = re.search(r"screened (\d+)", postfix)
+        assert screened and accepted <= int(screened.group(1)), draws
+    # Accepted: good, other, then the second good is not unique and the third is not either; all 5 screened.
+    assert draws[-1][1].startswith("screened 5") and "not_degenerate 1" in draws[-1][1], draws

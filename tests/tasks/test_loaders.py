@@ -93,6 +93,13 @@ def test_jsonl_table_and_selectors(tmp_path):
         load_task(f"{table}#9/9")
     with pytest.raises(TaskError, match="holds 2 tasks"):
         load_task(table)
+    # Every task source takes a selector, not only load_task: `tasks`, `degenerate`, `bench`, ...
+    assert [t.name for t in load_tasks(f"{table}#1/19")] == ["level1/19_ReLU"]
+    assert [t.name for t in load_tasks(f"{table}#3_Fused", levels=[2])] == ["level2/3_Fused"]
+    with pytest.raises(TaskError, match="'3_Fused' matched 0 tasks"):
+        load_tasks(f"{table}#3_Fused", levels=[1])
+    with pytest.raises(TaskError, match="matched 2 tasks"):
+        load_task(f"{write(tmp_path / 'twice.jsonl', table.read_text() * 2)}#1/19")
 
 
 def test_parquet_table(tmp_path):
@@ -171,3 +178,14 @@ def test_missing_path():
 def test_task_is_plain_data():
     task = Task(name="a", code=GOOD, source="a.py")
     assert task.to_dict()["digest"] == task.digest
+
+
+def test_binary_file_names_the_file(tmp_path):
+    binary = tmp_path / "model.py"
+    binary.write_bytes(b"import torch\n\x89PNG\r\n\x1a\n\xff\xfe")
+    with pytest.raises(TaskError, match=rf"{binary}: not UTF-8 text \(byte 0x89 at offset 13\)"):
+        load_task(binary)
+    table = tmp_path / "kb.jsonl"
+    table.write_bytes(b'{"level": 1}\n\xff\n')
+    with pytest.raises(TaskError, match=rf"{table}: not UTF-8 text"):
+        load_tasks(table)

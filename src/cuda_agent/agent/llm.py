@@ -212,6 +212,18 @@ class OpenAIChat:
         # with exponential backoff (0.5 s doubling to 8 s, honouring Retry-After).
         self.client = openai.OpenAI(base_url=base_url, api_key=key, timeout=timeout_s, max_retries=max_retries)
 
+    def check_reachable(self, timeout_s: float = 10.0) -> None:
+        """One quick request (list the models, no retries) before any episode: an endpoint that is
+        down or refuses the key fails now with the reason, not after a minute of retries per turn.
+        Any other answer, even an error status, shows a server is there (some list no models)."""
+        try:
+            self.client.with_options(timeout=timeout_s, max_retries=0).models.list()
+        except (self._openai.APITimeoutError, self._openai.APIConnectionError) as exc:
+            raise self._error(exc, timeout_s, "checked before starting") from None
+        except self._openai.APIStatusError as exc:
+            if exc.status_code in (401, 403):
+                raise self._error(exc, timeout_s, "checked before starting") from None
+
     def complete(self, messages: list[dict], tools: list[dict]) -> Reply:
         request: dict[str, Any] = {"model": self.model, "extra_body": self.extra_body}
         if self.tool_format == "hermes":
@@ -252,12 +264,12 @@ class OpenAIChat:
                      usage=Usage(prompt_tokens=getattr(usage, "prompt_tokens", 0) or 0,
                                  completion_tokens=getattr(usage, "completion_tokens", 0) or 0))
 
-    def _error(self, exc: Exception) -> BackendError:
+    def _error(self, exc: Exception, timeout_s: float | None = None, retries: str | None = None) -> BackendError:
         openai = self._openai
         where = f"{self.model} at {self.client.base_url}"
-        retries = f"{self.max_retries} retries"
+        retries = retries or f"{self.max_retries} retries"
         if isinstance(exc, openai.APITimeoutError):
-            return BackendError(f"{where}: no answer within {self.timeout_s:g} s ({retries}): "
+            return BackendError(f"{where}: no answer within {timeout_s or self.timeout_s:g} s ({retries}): "
                                 f"raise timeout_s, or check the server")
         if isinstance(exc, openai.APIConnectionError):
             return BackendError(f"{where}: cannot connect ({retries}): is the server up at that address?")

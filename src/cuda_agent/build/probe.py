@@ -25,7 +25,10 @@ extern "C" void probe_launch(const float* x, float* y, int64_t n, cudaStream_t s
   probe_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(x, y, n);
 }
 """
-_CUDA_BINDING = r"""#include "../binding_registry.h"
+_CUDA_BINDING = r"""#include <torch/types.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include "../binding_registry.h"
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cstdint>
@@ -52,7 +55,10 @@ extern "C" void probe_launch(const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = x[i];
 }
 """
-_CPU_BINDING = r"""#include "../binding_registry.h"
+_CPU_BINDING = r"""#include <torch/types.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include "../binding_registry.h"
 #include <cstdint>
 
 extern "C" void probe_launch(const float* x, float* y, int64_t n);

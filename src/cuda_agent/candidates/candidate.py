@@ -9,6 +9,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from cuda_agent.paths import read_text
+
 WORKSPACE_MODULE = "cuda_extension"
 FIXED_FILES = ("binding.cpp", "binding_registry.h")
 COMPILE_SUFFIXES = (".cu", ".cpp", ".cc", ".cxx")
@@ -109,7 +111,7 @@ def load_workspace(root: str | Path) -> Candidate:
             f"{root}: missing model_new.py; a candidate directory holds model_new.py (class ModelNew) "
             "and kernels/ with the .cu/.cpp sources."
         )
-    model_new = model_path.read_text()
+    model_new = read_text(model_path, CandidateError)
     check_model_new(model_new, str(model_path))
     sources: dict[str, str] = {}
     notes: list[str] = []

@@ -11,6 +11,7 @@ import ast
 from pathlib import Path
 from typing import Any
 
+from cuda_agent.paths import read_text
 from cuda_agent.candidates.candidate import Candidate, CandidateError, Extension, check_model_new
 
 _LOAD_INLINE_PARAMS = (
@@ -33,7 +34,7 @@ class _Unresolvable(Exception):
 
 def load_inline_file(path: str | Path) -> Candidate:
     path = Path(path)
-    code = path.read_text()
+    code = read_text(path, CandidateError)
     return candidate_from_inline_source(code, str(path))
 
 

@@ -64,13 +64,24 @@ class Timeouts:
 
 
 def resolve_device(device: str) -> str:
-    if device == "auto":
-        import torch
-
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device not in ("cpu", "cuda"):
+    """The device to run on: "auto" is the one this machine has; "cuda" only where torch sees a GPU."""
+    if device not in ("auto", "cpu", "cuda"):
         raise ValueError(f"unknown device {device!r}; use cpu, cuda or auto.")
-    return device
+    if device == "cpu":
+        return device
+    import torch
+
+    if torch.cuda.is_available():
+        return "cuda"
+    if device == "auto":
+        return "cpu"
+    # Checked here, not left to the evaluation: without a GPU it would first spend a minute in nvcc
+    # building the toolchain probe and then fail on that, naming the wrong problem.
+    build = f"torch {torch.__version__} is built for CUDA {torch.version.cuda}" if torch.version.cuda \
+        else f"torch {torch.__version__} is a CPU-only build"
+    raise ValueError(f"device 'cuda': no CUDA GPU is visible here (torch.cuda.is_available() is False; {build}); "
+                     "use device 'cpu' (`--device cpu`, or `--device auto`), or run on a machine with a GPU. "
+                     "Compiling needs no GPU: `cuda-agent compile CANDIDATE --backend cuda`.")
 
 
 @dataclass
@@ -273,7 +284,13 @@ class Evaluator:
         """What a minimal extension built here imports (torch's headers, the toolchain): built
         once per cache (the build cache keys it by compiler, torch and CUDA), read once per evaluator."""
         if self._probe_imports is None:
+            # Said aloud: on a fresh cache this build is a silent pause of ~30 s after the candidate's.
+            self.on_stage("build", "one-time toolchain probe: a minimal extension, built once per cache, "
+                                   "tells the symbol audit what the toolchain itself imports")
+            clock = time.monotonic()
             probe = self.build(probe_candidate(self.backend))
+            if probe.ok and not probe.cached:
+                self.on_stage("build", f"toolchain probe built in {time.monotonic() - clock:.0f} s (cached from now on)")
             if not probe.ok:
                 raise Stop("error", "build", f"the toolchain probe extension does not build: {probe.error}")
             self._probe_imports = imported_symbols([Path(p) for p in probe.modules.values()])

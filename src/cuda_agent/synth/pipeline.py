@@ -259,12 +259,16 @@ class Synthesis:
                         outcome = results.pop(order.pop(0))
                         self._commit(outcome, candidates_file, tasks_file)
                         committed.append(outcome)
+                        if not outcome.accepted:
+                            counts[outcome.rejected_by or "runs"] += 1
+                        # The count of screened candidates goes in before the bar redraws: set after
+                        # update(), it showed the previous count next to the new accepted one.
+                        bar.set_postfix_str(_postfix(len(done) + len(committed), counts), refresh=False)
                         if outcome.accepted:
                             accepted += 1
                             bar.update(1)
                         else:
-                            counts[outcome.rejected_by or "runs"] += 1
-                        bar.set_postfix_str(_postfix(len(done) + len(committed), counts), refresh=False)
+                            bar.refresh()
                     if accepted >= self.config.n:
                         self._stop.set()
                         break
@@ -428,6 +432,7 @@ def _postfix(screened: int, counts: dict[str, int]) -> str:
 
 class _NoBar:
     def update(self, n: int = 1) -> None: ...
+    def refresh(self) -> None: ...
     def set_postfix_str(self, text: str, refresh: bool = True) -> None: ...
     def close(self) -> None: ...
 

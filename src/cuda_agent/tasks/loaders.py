@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+from cuda_agent.paths import read_text
 from cuda_agent.tasks.task import Task, TaskError, check_task_source
 
 KERNELBENCH_COLUMNS = ("level", "problem_id", "name", "code")
@@ -24,17 +25,12 @@ _PROBLEM_FILE = re.compile(r"^(\d+)_.*\.py$")
 
 def load_task(source: str | Path) -> Task:
     """Load exactly one task (a file, or a ``table.jsonl#name`` / ``#level/id`` selector)."""
-    text = str(source)
-    if "#" in text and not Path(text).exists():
-        table, selector = text.rsplit("#", 1)
-        matches = [t for t in load_tasks(table) if _matches(t, selector)]
-        if len(matches) != 1:
-            raise TaskError(
-                f"{source}: selector {selector!r} matched {len(matches)} tasks; use a task name "
-                "or LEVEL/PROBLEM_ID (for example `kernelbench.jsonl#1/19`)."
-            )
-        return matches[0]
     tasks = load_tasks(source)
+    if _split_selector(source) is not None and len(tasks) != 1:
+        raise TaskError(
+            f"{source}: selector {_split_selector(source)[1]!r} matched {len(tasks)} tasks; use a task name "
+            "or LEVEL/PROBLEM_ID (for example `kernelbench.jsonl#1/19`)."
+        )
     if len(tasks) != 1:
         raise TaskError(
             f"{source}: holds {len(tasks)} tasks; pick one with `PATH#NAME` or `PATH#LEVEL/PROBLEM_ID`."
@@ -43,7 +39,18 @@ def load_task(source: str | Path) -> Task:
 
 
 def load_tasks(source: str | Path, levels: Iterable[int] | None = None) -> list[Task]:
-    """Load every task from ``source`` (optionally only the given KernelBench levels)."""
+    """Load every task from ``source`` (optionally only the given KernelBench levels); ``SOURCE#NAME``
+    or ``SOURCE#LEVEL/PROBLEM_ID`` keeps the tasks the selector names."""
+    selected = _split_selector(source)
+    if selected is not None:
+        table, selector = selected
+        tasks = [t for t in load_tasks(table, levels) if _matches(t, selector)]
+        if not tasks:
+            raise TaskError(
+                f"{source}: selector {selector!r} matched 0 tasks; use a task name or LEVEL/PROBLEM_ID "
+                "(for example `kernelbench.jsonl#1/19`); `cuda-agent tasks TABLE` lists them."
+            )
+        return tasks
     path = Path(source)
     if path.is_file() and path.suffix == ".py":
         tasks = [load_task_file(path)]
@@ -70,7 +77,7 @@ def load_tasks(source: str | Path, levels: Iterable[int] | None = None) -> list[
 
 def load_task_file(path: str | Path) -> Task:
     path = Path(path)
-    code = path.read_text()
+    code = read_text(path, TaskError)
     check_task_source(code, str(path))
     level = None
     match = _LEVEL_DIR.match(path.parent.name)
@@ -207,17 +214,26 @@ def _read_rows(path: Path) -> Iterator[dict[str, Any]]:
             ) from None
         yield from pq.read_table(path).to_pylist()
         return
-    with path.open() as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise TaskError(f"{path}:{number}: invalid JSON ({exc.msg}).") from None
-            if not isinstance(row, dict):
-                raise TaskError(f"{path}:{number}: each line must be a JSON object.")
-            yield row
+    # Split on newlines only: str.splitlines would also cut at U+2028 inside a JSON string
+    for number, line in enumerate(read_text(path, TaskError).split("\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise TaskError(f"{path}:{number}: invalid JSON ({exc.msg}).") from None
+        if not isinstance(row, dict):
+            raise TaskError(f"{path}:{number}: each line must be a JSON object.")
+        yield row
+
+
+def _split_selector(source: str | Path) -> tuple[str, str] | None:
+    """``(table, selector)`` for ``TABLE#SELECTOR``; None for a plain source (a path holding ``#`` is a path)."""
+    text = str(source)
+    if "#" in text and not Path(text).exists():
+        table, selector = text.rsplit("#", 1)
+        return table, selector
+    return None
 
 
 def _matches(task: Task, selector: str) -> bool:

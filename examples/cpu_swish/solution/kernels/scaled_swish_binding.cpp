@@ -1,3 +1,8 @@
+// The torch headers this file uses, included here: the CUDA Agent release's own
+// binding_registry.h brings in only pybind11, not torch::Tensor or its casters.
+#include <torch/types.h>
+#include <torch/csrc/utils/pybind.h>
+
 #include "../binding_registry.h"
 
 extern "C" void scaled_swish_launch(const float* x, float* y, int64_t n, float scale);

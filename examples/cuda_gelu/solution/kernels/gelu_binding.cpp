@@ -1,3 +1,8 @@
+// The torch headers this file uses, included here: the CUDA Agent release's own
+// binding_registry.h brings in only pybind11, not torch::Tensor or its casters.
+#include <torch/types.h>
+#include <torch/csrc/utils/pybind.h>
+
 #include "../binding_registry.h"
 
 // c10's stream header gives the current stream without ATen/cuda/CUDAContext.h,
