@@ -271,6 +271,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
                   f"{row['status']}{speed}{reason}", file=sys.stderr, flush=True)
 
     options = {"policy": policy, "sandbox": args.sandbox, "cache_dir": cache_dir, "timeouts": _timeouts(args)}
+    if args.baselines:
+        # The table's baselines stand (a run over all of KernelBench compiles and times none again); the
+        # candidate alone is timed in rounds. Without a table, baselines are timed beside each candidate.
+        options["timing"] = TimingConfig(baselines="cached")
     settings = {"device": device, "policy": policy.name, "degenerate": degenerate}
     if args.model is None:
         run_bench(args.out, tasks, solutions, device, gpus=args.gpus, evaluator_options=options, settings=settings,

@@ -15,7 +15,7 @@ from cuda_agent.bench.report import compare_runs, paper_table, write_report
 from cuda_agent.bench.run import read_results, run_bench, seed_baselines
 from cuda_agent.bench.solutions import find_solutions, task_of
 from cuda_agent.cli import main
-from cuda_agent.evaluate.policy import Policy
+from cuda_agent.evaluate.policy import Policy, TimingConfig
 from cuda_agent.tasks import load_tasks
 
 SANDBOX = "auto" if shutil.which("bwrap") else "none"
@@ -78,6 +78,7 @@ def test_run_resumes_reports_and_compares(tmp_path, examples, cache_dir):
     assert seed_baselines(table, tmp_path / "cache", Policy.preset("strict"), "cpu") == 0
 
     run = tmp_path / "run"
+    options = options | {"timing": TimingConfig(baselines="cached")}  # as `cuda-agent bench --baselines` does
     part = find_solutions(tasks, sols)
     part.by_task = {"level1/1_Swish": part.by_task["level1/1_Swish"]}  # an interrupted run: one entry done
     first = run_bench(run, tasks, part, "cpu", evaluator_options=options, settings={"device": "cpu"})

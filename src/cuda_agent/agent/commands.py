@@ -122,7 +122,9 @@ class CommandServer:
                 built = self.evaluator.build(candidate)
                 return compile_text(built), 0 if built.ok else 1
             clock = time.monotonic()
-            result = self.evaluator.evaluate(self.task, candidate)
+            # verify asks only "is it correct": the checks without the timing rounds.
+            judge = self.evaluator.verify if command == "verify" else self.evaluator.evaluate
+            result = judge(self.task, candidate)
             evaluation = Evaluation(command, self.turn, round(time.monotonic() - clock, 3), result.to_dict(),
                                     candidate_files(candidate))
             self.record(evaluation)

@@ -7,9 +7,11 @@ record. A rerun with the same directory evaluates only the entries not yet in
 ``results.jsonl``; a rerun asking for something else is refused, naming the
 difference. Reports are made from the directory (``bench.report``).
 
-Baselines come from the evaluation core's cache. A baselines table measured
-on this machine (``cuda-agent baselines``) seeds that cache, so a run over
-all of KernelBench times no eager or torch.compile baseline again; a table
+Without a baselines table, each evaluation times the baselines in rounds
+interleaved with the candidate's (the evaluation core's default). A table measured
+on this machine (``cuda-agent baselines``) seeds the core's cache and the run
+takes its baselines from there (``TimingConfig(baselines="cached")``), so a run
+over all of KernelBench times no eager or torch.compile baseline again; a table
 from another GPU or software stack seeds keys that are never looked up.
 """
 

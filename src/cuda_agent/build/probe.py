@@ -47,7 +47,7 @@ static torch::Tensor probe_forward(torch::Tensor x) {
 
 static void register_probe(pybind11::module& m) { m.def("probe", &probe_forward); }
 
-REGISTER_BINDING(probe, register_probe)
+REGISTER_BINDING(probe, register_probe);
 """
 _CPU_KERNEL = r"""#include <cstdint>
 
@@ -72,7 +72,7 @@ static torch::Tensor probe_forward(torch::Tensor x) {
 
 static void register_probe(pybind11::module& m) { m.def("probe", &probe_forward); }
 
-REGISTER_BINDING(probe, register_probe)
+REGISTER_BINDING(probe, register_probe);
 """
 
 

@@ -9,7 +9,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-BASELINE_FORMAT = 1
+# 2: timed in rounds (evaluate.decide), fresh inputs for every call, launch-bound calls grouped.
+BASELINE_FORMAT = 2
+# Settings that change how often or alongside what baselines are timed, not what a time means.
+_NOT_IN_KEY = ("baselines", "plans", "confidence", "budget_s", "rounds_max")
 
 
 def baseline_key(task_digest: str, environment: dict[str, Any], policy: dict[str, Any], timing: dict[str, Any], device: str) -> str:
@@ -23,7 +26,7 @@ def baseline_key(task_digest: str, environment: dict[str, Any], policy: dict[str
         "device": device,
         "env": relevant_env,
         "precision": {"tf32": policy.get("tf32")},
-        "timing": timing,
+        "timing": {k: v for k, v in timing.items() if k not in _NOT_IN_KEY},
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:32]
 

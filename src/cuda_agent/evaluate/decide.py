@@ -13,6 +13,7 @@ the decision was confident.
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 import time
@@ -109,6 +110,14 @@ def speedup(baseline: str, ratios: list[float], line: float | None, confidence: 
     if len(logs) > 1:
         half = t_quantile((1 + confidence) / 2, len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
     return Speedup(baseline, math.exp(mean), math.exp(mean - half), math.exp(mean + half), len(logs), line, confidence)
+
+
+def settled(speedups: dict[str, Speedup], reward_of: Callable[[dict[str, bool]], float]) -> bool:
+    """Whether more rounds could still change the reward: every outcome an unconfident interval
+    allows (beats its line or not) gives the same reward. Beating torch.compile decides nothing
+    while eager is confidently not beaten, so no rounds are spent on it."""
+    options = [[s.beats] if s.confident else [True, False] for s in speedups.values()]
+    return len({reward_of(dict(zip(speedups, combo))) for combo in itertools.product(*options)}) == 1
 
 
 @dataclass(frozen=True)

@@ -28,12 +28,12 @@ from cuda_agent.build import BuildResult, build
 from cuda_agent.candidates import Candidate
 from cuda_agent.evaluate.baseline import BaselineCache, baseline_key
 from cuda_agent.evaluate.channel import Channel, Stop
-from cuda_agent.evaluate.decide import Plan, Rounds, Speedup, run_rounds, speedup
+from cuda_agent.evaluate.decide import Plan, Rounds, Speedup, run_rounds, settled, speedup
 from cuda_agent.evaluate.environment import describe_environment
 from cuda_agent.evaluate.policy import Policy, TimingConfig
 from cuda_agent.evaluate.references import LiveReference, ReferencePool
 from cuda_agent.evaluate.result import EvalResult
-from cuda_agent.evaluate.reward import compute_reward
+from cuda_agent.evaluate.reward import compute_reward, milestone
 from cuda_agent.evaluate.timing import trial_seed
 from cuda_agent.build.probe import probe_candidate
 from cuda_agent.guard import Violation, audit_symbols, check_candidate
@@ -520,7 +520,7 @@ class Evaluator:
                 sides[side] = self._baseline_side(reference, side, secrets.randbits(62))
             rounds = Rounds(fixed=fixed)
             if undecided is None:
-                undecided = lambda r: not all(s.confident for s in self._speedups(r).values())  # noqa: E731
+                undecided = lambda r: not self._settled(self._speedups(r))  # noqa: E731
             run_rounds(sides, plans, config, undecided, rounds, on_round=self._report_round)
         result.timing = result.timing | {"plans": {side: vars(plan) for side, plan in plans.items()}}
         return rounds, watched
@@ -554,6 +554,10 @@ class Evaluator:
         line = 1 / self.policy.beat_factor if self.policy.reward == "milestone" else None
         return {side: speedup(side, rounds.ratios(side), line, self.timing.confidence)
                 for side in BASELINES if (rounds.count(side) or side in rounds.fixed) and rounds.count("candidate")}
+
+    def _settled(self, speedups: dict[str, Speedup]) -> bool:
+        """No outcome the intervals still allow changes the reward."""
+        return settled(speedups, lambda beats: milestone(beats.get("eager", False), beats.get("compile", False)))
 
     def _report_round(self, number: int, rounds: Rounds) -> None:
         if rounds.count("candidate"):
@@ -606,12 +610,14 @@ class Evaluator:
             result.notes.append(f"torch.compile baseline unavailable: {compile_error}")
         result.decision = {
             "rounds": rounds.count("candidate"),
-            "confident": all(s.confident for s in speedups.values()),
+            # The reward is settled: more rounds could not change it (each speedup's own "confident"
+            # says whether its interval is clear of its line).
+            "confident": self._settled(speedups),
             "speedups": {side: s.to_dict() for side, s in speedups.items()},
             "spread": {side: round(rounds.spread(side), 5) for side in rounds.samples},
         }
         if not result.decision["confident"]:
-            result.notes.append("a reward decision is not confident: its speedup's interval still straddles the "
+            result.notes.append("the reward decision is not confident: a speedup's interval still straddles its "
                                 "line after the timing budget (TimingConfig.rounds_max / budget_s)")
         eager, compiled = speedups.get("eager"), speedups.get("compile")
         result.speedup_eager = eager.estimate if eager else None

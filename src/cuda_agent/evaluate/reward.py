@@ -9,8 +9,11 @@ def milestone_reward(correct: bool, t: float | None, t_eager: float | None, t_co
     """-1 incorrect; 3 beats eager and compile; 2 beats eager only; 1 otherwise."""
     if not correct or t is None:
         return -1.0
-    beats_eager = t_eager is not None and t < beat * t_eager
-    beats_compile = t_compile is not None and t < beat * t_compile
+    return milestone(t_eager is not None and t < beat * t_eager, t_compile is not None and t < beat * t_compile)
+
+
+def milestone(beats_eager: bool, beats_compile: bool) -> float:
+    """The milestone reward of a correct candidate: 3 beats both, 2 beats eager only, 1 otherwise."""
     if beats_eager and beats_compile:
         return 3.0
     if beats_eager:

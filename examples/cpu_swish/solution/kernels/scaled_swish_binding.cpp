@@ -20,4 +20,4 @@ static void register_scaled_swish(pybind11::module& m) {
   m.def("scaled_swish", &scaled_swish, "scale * x * sigmoid(x)");
 }
 
-REGISTER_BINDING(scaled_swish, register_scaled_swish)
+REGISTER_BINDING(scaled_swish, register_scaled_swish);

@@ -43,4 +43,4 @@ static void register_bias_scale_tanh(pybind11::module& m) {
         "tanh(x * scale + bias), bias broadcast over the last dim, float32 CUDA");
 }
 
-REGISTER_BINDING(bias_scale_tanh, register_bias_scale_tanh)
+REGISTER_BINDING(bias_scale_tanh, register_bias_scale_tanh);

@@ -30,4 +30,4 @@ static void register_gelu(pybind11::module& m) {
   m.def("gelu", &gelu_forward, "exact (erf) GELU, float32 CUDA");
 }
 
-REGISTER_BINDING(gelu, register_gelu)
+REGISTER_BINDING(gelu, register_gelu);

@@ -33,4 +33,4 @@ static void register_row_softmax(pybind11::module& m) {
   m.def("row_softmax", &row_softmax_forward, "softmax over dim 1 of a 2-D float32 CUDA tensor");
 }
 
-REGISTER_BINDING(row_softmax, register_row_softmax)
+REGISTER_BINDING(row_softmax, register_row_softmax);

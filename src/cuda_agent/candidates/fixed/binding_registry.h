@@ -5,7 +5,7 @@
 // extension module:
 //
 //     static void register_my_op(pybind11::module& m) { m.def("my_op", &my_op); }
-//     REGISTER_BINDING(my_op, register_my_op)
+//     REGISTER_BINDING(my_op, register_my_op);   // the ";" as the CUDA Agent release writes it (optional here)
 //
 // Registration happens in static initialisers, so a binding file needs no
 // edit anywhere else: binding.cpp walks the registry when the module loads.

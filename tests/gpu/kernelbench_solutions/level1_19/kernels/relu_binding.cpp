@@ -25,4 +25,4 @@ static void register_relu(pybind11::module& m) {
   m.def("relu", &relu_forward, "elementwise ReLU, float32 CUDA");
 }
 
-REGISTER_BINDING(relu, register_relu)
+REGISTER_BINDING(relu, register_relu);

@@ -25,4 +25,4 @@ static void register_sigmoid(pybind11::module& m) {
   m.def("sigmoid", &sigmoid_forward, "elementwise sigmoid, float32 CUDA");
 }
 
-REGISTER_BINDING(sigmoid, register_sigmoid)
+REGISTER_BINDING(sigmoid, register_sigmoid);

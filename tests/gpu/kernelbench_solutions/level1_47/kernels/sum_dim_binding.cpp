@@ -45,4 +45,4 @@ static void register_sum_dim(pybind11::module& m) {
   m.def("sum_dim", &sum_dim_forward, "torch.sum(x, dim, keepdim=True), float32 CUDA");
 }
 
-REGISTER_BINDING(sum_dim, register_sum_dim)
+REGISTER_BINDING(sum_dim, register_sum_dim);

@@ -50,4 +50,4 @@ static void register_matmul_scale_residual(pybind11::module& m) {
         "(x @ weight^T + bias) * (1 + scale) as v * scale + v, fp32 SIMT GEMM");
 }
 
-REGISTER_BINDING(matmul_scale_residual, register_matmul_scale_residual)
+REGISTER_BINDING(matmul_scale_residual, register_matmul_scale_residual);

@@ -45,4 +45,4 @@ static void register_gemm_bias_relu(pybind11::module& m) {
         "relu(x @ weight^T + bias), fp32 SIMT GEMM with fused epilogue");
 }
 
-REGISTER_BINDING(gemm_bias_relu, register_gemm_bias_relu)
+REGISTER_BINDING(gemm_bias_relu, register_gemm_bias_relu);

@@ -25,4 +25,4 @@ static void register_relu(pybind11::module& m) {
   m.def("relu", &relu_forward, "DELIBERATELY WRONG ReLU (test fixture)");
 }
 
-REGISTER_BINDING(relu, register_relu)
+REGISTER_BINDING(relu, register_relu);
