@@ -73,7 +73,7 @@ def test_run_resumes_reports_and_compares(tmp_path, examples, cache_dir):
     table = tmp_path / "baselines.jsonl"
     options = {"sandbox": SANDBOX, "cache_dir": tmp_path / "cache", "time_compile": False}
     measure_baselines(tasks, table, device="cpu", evaluator_options=options)
-    shutil.rmtree(tmp_path / "cache" / "baselines")
+    shutil.rmtree(tmp_path / "cache" / "baselines", ignore_errors=True)  # baselines too noisy here are not cached
     assert seed_baselines(table, tmp_path / "cache", Policy(), "cpu") == 3
     assert seed_baselines(table, tmp_path / "cache", Policy.preset("strict"), "cpu") == 0
 

@@ -129,6 +129,7 @@ class Evaluator:
         timing_lock: contextlib.AbstractContextManager | None = None,
         prestart: bool | int = False,
         references: int | None = None,
+        reference_memory: int = 16 * 1024**3,
         on_stage: StageCallback | None = None,
     ):
         self.device = resolve_device(device)
@@ -159,7 +160,10 @@ class Evaluator:
         self._spare: list[_Workers] = []
         # Reference processes kept between evaluations (least recently used evicted): by default 4 for
         # a long-lived (prestarted) evaluator, none for a one-shot one, which leaves nothing behind.
-        self.references = ReferencePool(references if references is not None else (4 if self.prestart else 0))
+        # They hold GPU memory while idle (model, compiled graph, CUDA context): at most
+        # ``reference_memory`` bytes together, or candidates of other tasks run out of memory.
+        self.references = ReferencePool(references if references is not None else (4 if self.prestart else 0),
+                                        reference_memory if self.device == "cuda" else None)
         weakref.finalize(self, _close_all, self._spare, self.references)
 
     @property
@@ -234,9 +238,8 @@ class Evaluator:
             if reference is not None:
                 # Kept only if it is loaded and answers nothing still (an evaluation that stopped early
                 # may have left a request unanswered).
-                healthy = reference.loaded is not None and reference.channel.drain(self.timeouts.check_s)
                 reference.evaluations += 1
-                self.references.give_back(reference, healthy)
+                self.references.give_back(reference, self._idle(reference))
             while len(self._spare) < self.prestart:
                 # Started now, so they are ready when the next evaluations come.
                 self._spare.append(self._start_workers())
@@ -353,6 +356,17 @@ class Evaluator:
             reference.share_note = str(shared.get("reason"))
         reference.loaded = loaded
 
+    def _idle(self, reference: LiveReference) -> bool:
+        """Leave ``reference`` holding as little as it can; whether it can be kept for the next
+        evaluation (loaded, nothing unanswered, still answering)."""
+        if self.references.capacity <= 0 or reference.loaded is None or not reference.channel.drain(self.timeouts.check_s):
+            return False
+        try:
+            reference.reserved = int(reference.channel.ask("idle", {"op": "release"}, 60).get("reserved", 0))
+        except Stop:
+            return False
+        return True
+
     @contextlib.contextmanager
     def _loaded_reference(self, task: Task, failure: str) -> Iterator[LiveReference]:
         """A reference process with ``task`` loaded (a kept one where there is one); trouble in it
@@ -369,7 +383,7 @@ class Evaluator:
             raise TaskError(f"{task.source}: {failure}: {stop.reason}") from None
         finally:
             if reference is not None:
-                self.references.give_back(reference, healthy and reference.loaded is not None)
+                self.references.give_back(reference, healthy and self._idle(reference))
 
     def _task_message(self, task: Task, home: Path, init_seed: int) -> dict[str, Any]:
         return {

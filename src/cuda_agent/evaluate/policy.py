@@ -138,7 +138,7 @@ class TimingConfig:
     baselines: str = "interleaved"  # "interleaved" | "cached"
     rounds_min: int = 5
     rounds_max: int = 40
-    round_ms: float = 50.0
+    round_ms: float = 25.0
     round_trials: tuple[int, int] = (4, 100)
     region_ms: float = 1.0
     max_calls: int = 100

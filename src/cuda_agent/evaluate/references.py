@@ -33,6 +33,7 @@ class LiveReference:
     share_note: str | None = None  # why outputs go through files, where they do
     compiled: dict[str, Any] | None = None  # torch.compile's reply (compile_seconds or compile_error), once asked
     evaluations: int = 0
+    reserved: int = 0  # GPU memory it holds while idle (bytes, after releasing what it can)
 
     @property
     def state_dict(self) -> Path:
@@ -53,12 +54,14 @@ class LiveReference:
 
 
 class ReferencePool:
-    """Up to ``capacity`` idle reference processes. ``take`` hands one out for the exclusive use of an
-    evaluation; ``give_back`` keeps it for the next one (or closes it, if it is not in a state to be
-    trusted again)."""
+    """Up to ``capacity`` idle reference processes holding at most ``memory`` bytes of GPU memory
+    together. ``take`` hands one out for the exclusive use of an evaluation; ``give_back`` keeps it for
+    the next one (or closes it, if it is not in a state to be trusted again); the least recently
+    used go first."""
 
-    def __init__(self, capacity: int):
+    def __init__(self, capacity: int, memory: int | None = None):
         self.capacity = capacity
+        self.memory = memory
         self._idle: collections.OrderedDict[str, LiveReference] = collections.OrderedDict()
         self._lock = threading.Lock()
 
@@ -80,7 +83,9 @@ class ReferencePool:
             if older is not None:
                 evicted.append(older)
             self._idle[reference.key] = reference
-            while len(self._idle) > self.capacity:
+            while len(self._idle) > self.capacity or (
+                    self.memory is not None and len(self._idle) > 0
+                    and sum(r.reserved for r in self._idle.values()) > self.memory):
                 evicted.append(self._idle.popitem(last=False)[1])
         for old in evicted:
             old.close()

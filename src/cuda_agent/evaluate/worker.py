@@ -204,7 +204,8 @@ class ReferenceSide(_Side):
             self.expected = None
             if self.device == "cuda":
                 torch.cuda.empty_cache()
-            return {}
+                return {"reserved": torch.cuda.memory_reserved()}
+            return {"reserved": 0}
         if op == "compare":
             return {"reports": self.compare(msg)}
         if op == "degenerate":
