@@ -29,7 +29,8 @@ from cuda_agent.evaluate.shared import SharedBuffer, SharedError
 from cuda_agent.evaluate.timing import measure, profile_kernels, trial_seed
 from cuda_agent.evaluate.transfer import TransferError, manifest_devices, packed_bytes, read_outputs, write_outputs
 from cuda_agent.sandbox.process import receive_fd, send_fd
-from cuda_agent.guard.runtime import CallGuard, RuleBroken, find_overlap, tensors_in
+from cuda_agent.guard.runtime import CallGuard, RuleBroken, find_overlap
+from cuda_agent.tensors import tensors_in
 from cuda_agent.tasks.task import Task, TaskError, describe_inputs, exec_task_module
 
 

@@ -106,7 +106,7 @@ def trivial_failures(inputs: list[Any], expected: Any, constants: Any, atol: flo
 
 def leaf_means(expected: Any) -> list[float]:
     """The mean of each output leaf, in the order ``trivial_outputs`` visits them."""
-    from cuda_agent.guard.runtime import tensors_in
+    from cuda_agent.tensors import tensors_in
 
     import torch
 

@@ -28,6 +28,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
+from cuda_agent.tensors import tensors_in
+
 
 class RuleBroken(Exception):
     """The candidate broke a rule of the harness; ``rule`` names which one."""
@@ -82,19 +84,6 @@ def _dispatch_mode_stack() -> list[Any]:
 
 
 # -- memory ---------------------------------------------------------------------------
-def tensors_in(value: Any) -> Iterable[Any]:
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            yield from tensors_in(item)
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from tensors_in(item)
-
-
 def _span(tensor: Any) -> tuple[str, int, int] | None:
     storage = tensor.untyped_storage()
     start = storage.data_ptr()
