@@ -23,13 +23,14 @@ import types
 from pathlib import Path
 from typing import Any
 
+from cuda_agent.evaluate.call_guard import CallGuard
 from cuda_agent.evaluate.compare import compare_outputs, precision_allowance
 from cuda_agent.evaluate.policy import TimingConfig
 from cuda_agent.evaluate.shared import SharedBuffer, SharedError
 from cuda_agent.evaluate.timing import measure, profile_kernels, trial_seed
 from cuda_agent.evaluate.transfer import TransferError, manifest_devices, packed_bytes, read_outputs, write_outputs
 from cuda_agent.sandbox.process import receive_fd, send_fd
-from cuda_agent.guard.runtime import CallGuard, RuleBroken, find_overlap
+from cuda_agent.guard.runtime import RuleBroken, find_overlap
 from cuda_agent.tensors import tensors_in
 from cuda_agent.tasks.task import Task, TaskError, describe_inputs, exec_task_module
 
