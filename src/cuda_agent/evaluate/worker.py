@@ -214,7 +214,7 @@ class ReferenceSide(_Side):
         and tested, like the others, on the later ones."""
         import torch
 
-        from cuda_agent.guard.degenerate import TRIVIAL_CANDIDATES, leaf_means, trivial_failures
+        from cuda_agent.evaluate.degenerate import TRIVIAL_CANDIDATES, leaf_means, trivial_failures
 
         failed: dict[str, str] = {}
         constants: list[float] | None = None

@@ -46,7 +46,7 @@ class ScreenSide:
         """Filters ``runs``, ``deterministic`` and ``not_degenerate``; the first failure ends the list."""
         import torch
 
-        from cuda_agent.guard.degenerate import leaf_means, trivial_failures
+        from cuda_agent.evaluate.degenerate import leaf_means, trivial_failures
 
         self.model = self.compiled = None
         pin_precision("off")
