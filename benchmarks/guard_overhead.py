@@ -28,8 +28,8 @@ from pathlib import Path
 from common import examples, timed
 
 from cuda_agent import Evaluator
+from cuda_agent.evaluate.call_guard import CallGuard
 from cuda_agent.guard import audit_symbols, check_candidate
-from cuda_agent.guard.runtime import CallGuard
 
 
 def watched_call_overhead(module_path: str, task, device: str, calls: int = 50) -> dict[str, float]:

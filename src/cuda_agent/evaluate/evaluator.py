@@ -42,8 +42,8 @@ from cuda_agent.guard.attribution import (
     Attribution, AttributionError, attribute, coverage_reason, decoy_reason, extension_kernels, parse_kernel_report,
 )
 from cuda_agent.guard.device_state import can_check_idle, gpu_busy
-from cuda_agent.guard.degenerate import DegenerateReport
-from cuda_agent.guard.plausibility import MemorySystem, below_speed_of_light, memory_system
+from cuda_agent.evaluate.degenerate import DegenerateReport
+from cuda_agent.evaluate.plausibility import MemorySystem, below_speed_of_light, memory_system
 from cuda_agent.paths import PACKAGE_ROOT, cache_root, worker_env
 from cuda_agent.sandbox import Limits, Sandbox, WorkerProcess, make_sandbox
 from cuda_agent.tasks import Task, TaskError

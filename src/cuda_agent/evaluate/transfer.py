@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from cuda_agent.evaluate.shared import SharedBuffer, SharedError, aligned, packed_size
-from cuda_agent.guard.runtime import tensors_in
+from cuda_agent.tensors import tensors_in
 
 _LEAF = re.compile(r"^leaf-\d+\.bin$")
 

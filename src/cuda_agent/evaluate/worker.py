@@ -23,13 +23,15 @@ import types
 from pathlib import Path
 from typing import Any
 
+from cuda_agent.evaluate.call_guard import CallGuard
 from cuda_agent.evaluate.compare import compare_outputs, precision_allowance
 from cuda_agent.evaluate.policy import TimingConfig
 from cuda_agent.evaluate.shared import SharedBuffer, SharedError
 from cuda_agent.evaluate.timing import calibrate, profile_kernels, time_round, trial_seed
 from cuda_agent.evaluate.transfer import TransferError, manifest_devices, packed_bytes, read_outputs, write_outputs
 from cuda_agent.sandbox.process import receive_fd, send_fd
-from cuda_agent.guard.runtime import CallGuard, RuleBroken, find_overlap, tensors_in
+from cuda_agent.guard.runtime import RuleBroken, find_overlap
+from cuda_agent.tensors import tensors_in
 from cuda_agent.tasks.task import Task, TaskError, describe_inputs, exec_task_module
 
 
@@ -244,7 +246,7 @@ class ReferenceSide(_Side):
         and tested, like the others, on the later ones."""
         import torch
 
-        from cuda_agent.guard.degenerate import TRIVIAL_CANDIDATES, leaf_means, trivial_failures
+        from cuda_agent.evaluate.degenerate import TRIVIAL_CANDIDATES, leaf_means, trivial_failures
 
         failed: dict[str, str] = {}
         constants: list[float] | None = None

@@ -25,8 +25,10 @@ import os
 import statistics
 import threading
 import time
-from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping
+
+from cuda_agent.tensors import tensors_in
 
 
 class RuleBroken(Exception):
@@ -82,19 +84,6 @@ def _dispatch_mode_stack() -> list[Any]:
 
 
 # -- memory ---------------------------------------------------------------------------
-def tensors_in(value: Any) -> Iterable[Any]:
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            yield from tensors_in(item)
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from tensors_in(item)
-
-
 def _span(tensor: Any) -> tuple[str, int, int] | None:
     storage = tensor.untyped_storage()
     start = storage.data_ptr()
@@ -149,13 +138,15 @@ _RUNTIME_THREAD_PREFIXES = ("cuda", "pt_", "nvidia", "cupti")
 
 
 # -- identities of the functions the harness trusts -----------------------------------
-def _harness_functions() -> dict[str, Callable[[], Any]]:
+def _harness_functions(trusted: Mapping[str, Callable[[], Any]]) -> dict[str, Callable[[], Any]]:
+    """Getters of the functions the harness relies on, by the name a ``monkeypatch`` verdict
+    reports, in the order they are checked: the standard library's, ``trusted`` (the caller's
+    own, such as the evaluation core's timing and output functions, which this layer cannot
+    import), then torch's."""
     import json
 
     import torch
     from torch.utils import _python_dispatch
-
-    from cuda_agent.evaluate import timing, transfer
 
     return {
         "time.perf_counter": lambda: time.perf_counter,
@@ -168,10 +159,7 @@ def _harness_functions() -> dict[str, Callable[[], Any]]:
         "math.ceil": lambda: math.ceil,
         "json.dumps": lambda: json.dumps,
         "json.loads": lambda: json.loads,
-        "cuda_agent.evaluate.timing.calibrate": lambda: timing.calibrate,
-        "cuda_agent.evaluate.timing.time_round": lambda: timing.time_round,
-        "cuda_agent.evaluate.timing.TimingStats.from_samples": lambda: timing.TimingStats.__dict__["from_samples"],
-        "cuda_agent.evaluate.transfer.write_outputs": lambda: transfer.write_outputs,
+        **trusted,
         "torch.Tensor.zero_": lambda: torch.Tensor.zero_,
         "torch.cuda.synchronize": lambda: torch.cuda.synchronize,
         "torch.cuda.Event": lambda: torch.cuda.Event,
@@ -232,13 +220,15 @@ class HarnessSnapshot:
 
     functions: dict[str, Any]
     flags: dict[str, Any]
+    trusted: dict[str, Callable[[], Any]] = field(default_factory=dict)  # the caller's own getters
 
     @classmethod
-    def take(cls) -> "HarnessSnapshot":
-        return cls({name: get() for name, get in _harness_functions().items()}, _global_flags())
+    def take(cls, trusted: Mapping[str, Callable[[], Any]] | None = None) -> "HarnessSnapshot":
+        trusted = dict(trusted or {})
+        return cls({name: get() for name, get in _harness_functions(trusted).items()}, _global_flags(), trusted)
 
     def verify(self, when: str) -> None:
-        for name, get in _harness_functions().items():
+        for name, get in _harness_functions(self.trusted).items():
             if get() is not self.functions[name]:
                 raise RuleBroken("monkeypatch", f"{name} was replaced {when}")
         flags = _global_flags()
@@ -254,11 +244,14 @@ class CallGuard:
 
     ``watch(fn)`` runs ``fn`` under the compute monitor and checks what it
     left behind; ``check_output`` checks the memory of what it returned.
+    ``trusted``: getters of the caller's own functions whose identities the
+    harness snapshot holds too (``evaluate.call_guard`` passes the timing and
+    output functions).
     """
 
-    def __init__(self, allowed_aten: Iterable[str] = ()):
+    def __init__(self, allowed_aten: Iterable[str] = (), trusted: Mapping[str, Callable[[], Any]] | None = None):
         self.allowed = ALLOWED_ATEN | frozenset(allowed_aten)
-        self.snapshot = HarnessSnapshot.take()
+        self.snapshot = HarnessSnapshot.take(trusted)
         self.known_threads = native_threads()
         self._monitor_class = _make_monitor_class()
         self._previous: list[Any] = []

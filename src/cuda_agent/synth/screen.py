@@ -19,8 +19,8 @@ from cuda_agent.evaluate.compare import compare_outputs, error_ratio, output_rms
 from cuda_agent.evaluate.policy import TimingConfig
 from cuda_agent.evaluate.timing import measure
 from cuda_agent.evaluate.worker import init_inputs, make_inputs, pin_precision, seed_everything, serve, synchronize
-from cuda_agent.guard.runtime import tensors_in
 from cuda_agent.tasks.task import Task, exec_task_module
+from cuda_agent.tensors import tensors_in
 
 # A quick timing: the runtime window spans two orders of magnitude, so a few hundred ms per program do.
 SCREEN_TIMING = TimingConfig(warmup=2, warmup_ms=10.0, min_trials=20, max_trials=50, target_ms=200.0)
@@ -46,7 +46,7 @@ class ScreenSide:
         """Filters ``runs``, ``deterministic`` and ``not_degenerate``; the first failure ends the list."""
         import torch
 
-        from cuda_agent.guard.degenerate import leaf_means, trivial_failures
+        from cuda_agent.evaluate.degenerate import leaf_means, trivial_failures
 
         self.model = self.compiled = None
         pin_precision("off")

@@ -13,6 +13,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator
 
+from cuda_agent.evaluate.compare import compare_outputs
+from cuda_agent.tensors import tensors_in
+
 TRIVIAL_CANDIDATES = ("zeros", "constant", "identity", "input-mean")
 
 
@@ -94,8 +97,6 @@ def trivial_failures(inputs: list[Any], expected: Any, constants: Any, atol: flo
                      scale: bool) -> dict[str, str | None]:
     """Each trivial candidate (in ``TRIVIAL_CANDIDATES`` order) against ``expected`` under a
     tolerance: None where it passes, else why it fails."""
-    from cuda_agent.evaluate.compare import compare_outputs  # evaluate imports guard: not at module level
-
     verdicts: dict[str, str | None] = {name: "not applicable (no input matches the output)" for name in TRIVIAL_CANDIDATES}
     for name, output in trivial_outputs(inputs, expected, constants):
         bad = [r for r in compare_outputs(expected, output, atol, rtol, scale=scale) if not r["ok"]]
@@ -106,8 +107,6 @@ def trivial_failures(inputs: list[Any], expected: Any, constants: Any, atol: flo
 
 def leaf_means(expected: Any) -> list[float]:
     """The mean of each output leaf, in the order ``trivial_outputs`` visits them."""
-    from cuda_agent.guard.runtime import tensors_in
-
     import torch
 
     # mean(dtype=float64) accumulates in float64 without a float64 copy of the output.

@@ -1,4 +1,4 @@
-from cuda_agent.guard.plausibility import MemorySystem, below_speed_of_light, memory_system, speed_of_light_ms
+from cuda_agent.evaluate.plausibility import MemorySystem, below_speed_of_light, memory_system, speed_of_light_ms
 
 
 def test_gpu_names_map_to_their_memory_systems():

@@ -1,0 +1,91 @@
+"""Data flows one way through the packages: clients on top, the evaluation core below them, and
+the building blocks (guard, sandbox, build, candidates, tasks) below that. A module may import
+from its own layer or a lower one, never from a higher one. Function-level imports count too:
+a late import hides a cycle from the interpreter, not from the design."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import cuda_agent
+
+PACKAGE = Path(cuda_agent.__file__).resolve().parent
+
+CLIENTS = ("agent", "synth", "bench", "train", "service", "cli")
+CORE = ("evaluate",)
+BASE = ("guard", "sandbox", "build", "candidates", "tasks")
+NEUTRAL = ("paths", "jsonl", "tensors")  # helpers that two layers share: they import no package of ours
+LAYERS = CLIENTS + CORE + BASE + NEUTRAL
+# What each layer must not import (packages that do not exist yet count, so a new one starts right).
+FORBIDDEN = ({package: CORE + CLIENTS for package in BASE} | {package: CLIENTS for package in CORE}
+             | {module: CLIENTS + CORE + BASE for module in NEUTRAL})
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(path: Path) -> list[tuple[int, str]]:
+    """Every module an ``import`` or ``from ... import`` anywhere in the file names, relative
+    imports resolved; for ``from a import b`` both ``a`` and ``a.b`` (``b`` may be a module)."""
+    module = _module_name(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            found.append((node.lineno, base))
+            found += [(node.lineno, f"{base}.{alias.name}") for alias in node.names if alias.name != "*"]
+    return found
+
+
+def _package_of(dotted: str) -> str | None:
+    """``cuda_agent.evaluate.compare`` -> ``evaluate``; ``cuda_agent.cli`` -> ``cli``; else None."""
+    parts = dotted.split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == "cuda_agent" else None
+
+
+def layer_violations() -> list[str]:
+    """One line per offending import statement: ``path:line: layer imports module``."""
+    problems = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        own = _package_of(_module_name(path))
+        forbidden = FORBIDDEN.get(own or "", ())
+        reported: set[int] = set()
+        for line, name in imported_modules(path):
+            if _package_of(name) in forbidden and line not in reported:
+                reported.add(line)
+                problems.append(f"{path.relative_to(PACKAGE.parent)}:{line}: {own} imports {name}")
+    return problems
+
+
+def test_every_package_and_module_is_in_a_layer():
+    packages = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    modules = {p.stem for p in PACKAGE.glob("*.py") if p.name != "__init__.py"}
+    assert packages | modules <= set(LAYERS), f"put {sorted((packages | modules) - set(LAYERS))} in a layer"
+
+
+def test_no_module_imports_from_a_higher_layer():
+    problems = layer_violations()
+    assert not problems, "imports against the layers:\n" + "\n".join(problems)
+
+
+def test_the_check_sees_late_and_relative_imports(tmp_path, monkeypatch):
+    guard = tmp_path / "cuda_agent" / "guard"
+    guard.mkdir(parents=True)
+    (guard / "__init__.py").write_text("")
+    (guard / "late.py").write_text("def f():\n    from ..evaluate import compare\n    import cuda_agent.cli\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path / "cuda_agent")
+    assert layer_violations() == [
+        "cuda_agent/guard/late.py:2: guard imports cuda_agent.evaluate",
+        "cuda_agent/guard/late.py:3: guard imports cuda_agent.cli",
+    ]
