@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from cuda_agent.evaluate.interface import EvaluatorLike
 from cuda_agent.candidates import CandidateError, load_workspace
 from cuda_agent.candidates.candidate import Candidate
-from cuda_agent.evaluate.evaluator import Evaluator
 from cuda_agent.evaluate.result import EvalResult
 from cuda_agent.tasks.task import Task
 
@@ -63,7 +63,7 @@ def better(a: Evaluation | None, b: Evaluation) -> bool:
 class CommandServer:
     """Serves compile / verify / profile for one workspace; ``turn`` is set by the loop."""
 
-    def __init__(self, workspace: Path, task: Task, evaluator: Evaluator,
+    def __init__(self, workspace: Path, task: Task, evaluator: EvaluatorLike,
                  on_evaluation: Callable[[Evaluation], None] | None = None):
         self.workspace = Path(workspace)
         self.task = task

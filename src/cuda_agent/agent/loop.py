@@ -18,13 +18,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from cuda_agent.evaluate.interface import EvaluatorLike
 from cuda_agent.agent.commands import CommandServer, Evaluation, better, candidate_files
 from cuda_agent.agent.llm import BackendError, ChatBackend, Usage, assistant_message, tool_message
 from cuda_agent.agent.tokens import token_trace
 from cuda_agent.agent.tools import Toolbox
 from cuda_agent.agent.workspace import SOCKET_ENV, create_workspace
 from cuda_agent.candidates import CandidateError, load_workspace
-from cuda_agent.evaluate.evaluator import Evaluator
 from cuda_agent.evaluate.result import EvalResult
 from cuda_agent.tasks.task import Task
 
@@ -92,7 +92,7 @@ def fit_to_budget(messages: list[dict[str, Any]], budget_tokens: int, chars_per_
     return head + note + [m for turn in kept for m in turn], dropped
 
 
-def run_episode(task: Task, backend: ChatBackend, evaluator: Evaluator, workdir: Path, *,
+def run_episode(task: Task, backend: ChatBackend, evaluator: EvaluatorLike, workdir: Path, *,
                 config: AgentConfig | None = None, model: str = "", sandbox: Any = "auto",
                 on_turn: Callable[[dict[str, Any]], None] | None = None) -> Episode:
     """One episode in a fresh workspace under ``workdir``."""
@@ -180,7 +180,7 @@ def run_episode(task: Task, backend: ChatBackend, evaluator: Evaluator, workdir:
     return Episode(record, final, best, end_reason)
 
 
-def _final_evaluation(task: Task, evaluator: Evaluator, root: Path) -> tuple[dict[str, Any], dict[str, str] | None]:
+def _final_evaluation(task: Task, evaluator: EvaluatorLike, root: Path) -> tuple[dict[str, Any], dict[str, str] | None]:
     """A fresh trusted evaluation of the workspace as the agent left it (and its files)."""
     try:
         candidate = load_workspace(root)

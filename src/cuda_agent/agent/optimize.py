@@ -16,13 +16,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
+from cuda_agent.evaluate.interface import EvaluatorLike
 from cuda_agent.agent.llm import ChatBackend
 from cuda_agent.agent.loop import AgentConfig, Episode, run_episode, save_solution
-from cuda_agent.evaluate.evaluator import Evaluator
 from cuda_agent.tasks.task import Task
 
 
-def optimize(task: Task, make_backend: Callable[[], ChatBackend], out: Path, evaluator: Evaluator, *,
+def optimize(task: Task, make_backend: Callable[[], ChatBackend], out: Path, evaluator: EvaluatorLike, *,
              episodes: int = 1, config: AgentConfig | None = None, model: str = "", sandbox: Any = "auto",
              on_turn: Callable[[int, dict[str, Any]], None] | None = None) -> list[Episode]:
     out = Path(out)

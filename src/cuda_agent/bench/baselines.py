@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from cuda_agent.evaluate.interface import EvaluatorLike
 from cuda_agent.jsonl import read_jsonl
 from cuda_agent.tasks.task import Task, TaskError
 
@@ -76,7 +77,7 @@ def measure_baselines(tasks: list[Task], out: Path, device: str = "cuda", gpus: 
     def setup(gpu: int | None) -> Evaluator:
         return Evaluator(device, gpu_index=gpu, timing_lock=timing_locks[gpu], **(evaluator_options or {}))
 
-    def measure(evaluator: Evaluator, gpu: int | None, task: Task) -> None:
+    def measure(evaluator: EvaluatorLike, gpu: int | None, task: Task) -> None:
         row = _measure_one(evaluator, task, degenerate)
         row.update(gpu_index=gpu, per_gpu=per_gpu)
         with lock:

@@ -22,6 +22,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
+from cuda_agent.evaluate.interface import EvaluatorLike
 from cuda_agent.bench.baselines import read_table
 from cuda_agent.bench.solutions import SolutionSet
 from cuda_agent.evaluate.baseline import BaselineCache, baseline_key
@@ -158,7 +159,7 @@ def run_agent_bench(run_dir: Path, tasks: list[Task], make_backend: Callable[[],
         # On a GPU machine, the processes of the agent's next evaluation start while it thinks.
         return Evaluator(device, gpu_index=gpu, **({"prestart": device == "cuda"} | (evaluator_options or {})))
 
-    def episode_of(evaluator: Evaluator, gpu: int | None, task: Task) -> None:
+    def episode_of(evaluator: EvaluatorLike, gpu: int | None, task: Task) -> None:
         workdir = Path(run_dir) / "episodes" / task.name.replace("/", "_")
         shutil.rmtree(workdir, ignore_errors=True)
         episode = run_episode(task, make_backend(), evaluator, workdir, config=config, model=model, sandbox=sandbox)
