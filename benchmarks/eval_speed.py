@@ -51,13 +51,13 @@ def main() -> None:
         cache = Path(tempfile.mkdtemp(prefix="cuda-agent-bench-"))
         with Evaluator(args.device, cache_dir=cache, prestart=True) as evaluator:
             cold, first = timed(evaluator, task, candidate)
-            shutil.rmtree(cache / "baselines")
+            shutil.rmtree(cache / "baselines", ignore_errors=True)
             cached_build, _ = timed(evaluator, task, candidate)
             back_to_back, _ = timed(evaluator, task, candidate)
             warm = [repeat(evaluator, task, candidate, args.gap) for _ in range(args.repeats)]
             remeasured = []
             for _ in range(args.remeasured):
-                shutil.rmtree(cache / "baselines")
+                shutil.rmtree(cache / "baselines", ignore_errors=True)
                 remeasured.append(repeat(evaluator, task, candidate, 0.0))
         last = warm[-1]["result"]
         row = {

@@ -70,3 +70,27 @@ def test_worker_crash_and_timeout(tmp_path):
         with pytest.raises(WorkerTimeout, match="no answer within 1 s"):
             w.request({"op": "hang"}, 1)
         assert w.proc.poll() is not None
+
+
+def test_pause_stops_the_worker_and_its_children_until_resumed(tmp_path):
+    """While the baselines are timed, nothing of the candidate's may run: not its process, not a
+    child in a session of its own."""
+    import os
+
+    from cuda_agent.sandbox.process import descendants, process_state
+
+    code = ("import os, subprocess, sys, time\n"
+            "subprocess.Popen([sys.executable, '-c', 'import os, time; os.setsid(); time.sleep(60)'])\n"
+            + ECHO)
+    with WorkerProcess(argv=[sys.executable, "-c", code], cwd=tmp_path, env=dict(os.environ)) as worker:
+        assert worker.request({"op": "echo", "value": 1}, 10)["echo"] == 1
+        deadline = time.monotonic() + 10
+        while len(descendants(worker.proc.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        family = descendants(worker.proc.pid)
+        assert len(family) >= 2
+        assert worker.pause()
+        assert all(process_state(pid) in ("T", "t") for pid in family)
+        worker.resume()
+        assert worker.request({"op": "echo", "value": 2}, 10)["echo"] == 2
+        assert all(process_state(pid) not in ("T", "t") for pid in family)

@@ -521,6 +521,7 @@ class Evaluator:
                 self.on_stage("profile", "warming the candidate up")
                 estimate = candidate.ask("profile", {"op": "calibrate", "seed": secrets.randbits(62), **message},
                                          self.timeouts.profile_s)["estimate_ms"]
+                self._pause(candidate)
                 plans["candidate"] = plan = Plan.for_call(self._positive(estimate, "warm-up time"), config)
                 # Checked calls drawn uniformly from the timed calls every run makes (the minimum rounds).
                 pool = config.rounds_min * plan.trials * plan.calls
@@ -535,15 +536,31 @@ class Evaluator:
             rounds = Rounds(fixed=fixed)
             if undecided is None:
                 undecided = lambda r: not self._settled(self._speedups(r))  # noqa: E731
-            run_rounds(sides, plans, config, undecided, rounds, on_round=self._report_round)
+            try:
+                run_rounds(sides, plans, config, undecided, rounds, on_round=self._report_round)
+            finally:
+                if candidate is not None:
+                    candidate.worker.resume()
         result.timing = result.timing | {"plans": {side: vars(plan) for side, plan in plans.items()}}
         return rounds, watched
 
+    @staticmethod
+    def _pause(candidate: Channel) -> None:
+        """Stop the candidate's processes while the baselines are timed: code it left running (a
+        thread, a child) could otherwise slow the baselines and inflate its speedup."""
+        if not candidate.worker.pause():
+            raise Stop("failed", "profile", "the candidate's processes did not stop while the baselines were timed",
+                       rule="baseline-interference")
+
     def _candidate_side(self, candidate: Channel, base: int, watched: list[int]) -> Callable[[int, int, int], list[float]]:
         def time_candidate(first: int, trials: int, calls: int) -> list[float]:
-            reply = candidate.ask("profile", {"op": "time", "seed": base, "first": first, "trials": trials,
-                                              "calls": calls, "watch": watched, "timing": self.timing.to_dict()},
-                                  self.timeouts.profile_s)
+            candidate.worker.resume()
+            try:
+                reply = candidate.ask("profile", {"op": "time", "seed": base, "first": first, "trials": trials,
+                                                  "calls": calls, "watch": watched, "timing": self.timing.to_dict()},
+                                      self.timeouts.profile_s)
+            finally:
+                self._pause(candidate)
             samples = reply.get("samples")
             if not isinstance(samples, list) or len(samples) != trials or not all(
                     isinstance(x, (int, float)) and math.isfinite(x) and x > 0 for x in samples):

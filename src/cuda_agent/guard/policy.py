@@ -48,6 +48,7 @@ RUNTIME_RULES: dict[str, str] = {
     "decoy": "the extension's own kernels did not run in forward (the work came from elsewhere)",
     "coverage": "the candidate's own kernels carried less of forward's GPU time than the policy asks",
     "forged-reply": "a reply on the worker channel that its request loop did not write",
+    "baseline-interference": "the candidate's processes could not be stopped while the baselines were timed",
     "state-dict": "Model's state dict does not load into ModelNew",
     "interface": "model_new.py does not define ModelNew",
     "harness": "the candidate cannot be run by the harness's protocol (extension not loadable, unknown "

@@ -171,6 +171,35 @@ class _OutputCapture(threading.Thread):
         )
 
 
+def descendants(pid: int) -> list[int]:
+    """``pid`` and every process below it (children of children, whatever their session or
+    process group: a sandboxed worker runs in a session of its own under bwrap)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+        except OSError:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(parent, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        todo.extend(children.get(current, []))
+    return found
+
+
+def process_state(pid: int) -> str | None:
+    """The one-letter state of ``pid`` (R, S, T, ...), or None if it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+
+
 def kill_group(proc: subprocess.Popen) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -374,6 +403,35 @@ class WorkerProcess:
         if self.fds is None:
             raise OSError("this worker has no descriptor channel")
         return receive_fd(self.fds, timeout_s)
+
+    def pause(self, timeout_s: float = 2.0) -> bool:
+        """Stop the worker and everything it started (SIGSTOP), and wait until each is stopped: it can
+        then neither run nor launch work while another process is timed. Whether all stopped (a
+        process started meanwhile is stopped too)."""
+        deadline = time.monotonic() + timeout_s
+        self._paused: set[int] = set()
+        while True:
+            running = [pid for pid in descendants(self.proc.pid) if process_state(pid) not in ("T", "t", "Z", "X", None)]
+            if not running:
+                return True
+            if time.monotonic() > deadline:
+                return False
+            for pid in running:
+                if pid not in self._paused:
+                    try:
+                        os.kill(pid, signal.SIGSTOP)
+                    except (ProcessLookupError, PermissionError):
+                        continue
+                    self._paused.add(pid)
+            time.sleep(0.001)
+
+    def resume(self) -> None:
+        for pid in getattr(self, "_paused", ()):
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except (ProcessLookupError, PermissionError):
+                pass
+        self._paused = set()
 
     def _death_reason(self) -> str:
         try:
