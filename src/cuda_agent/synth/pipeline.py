@@ -136,7 +136,7 @@ class Screener:
         self.sandbox = make_sandbox(config.sandbox)
         self.worker: WorkerProcess | None = None
         policy = Policy.preset(config.policy)
-        self.tolerance = {"atol": policy.atol, "rtol": policy.rtol, "scale": policy.scale_tolerance}
+        self.tolerance = policy.tolerance()
         self.tf32 = policy.tf32
 
     def _spawn(self) -> WorkerProcess:
