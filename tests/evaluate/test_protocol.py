@@ -99,3 +99,27 @@ def test_replies_are_type_checked():
 def test_policy_tolerance():
     policy = Policy.preset("paper")
     assert policy.tolerance() == {"atol": policy.atol, "rtol": policy.rtol, "scale": policy.scale_tolerance}
+
+
+def test_serve_answers_a_request_that_does_not_parse_with_an_error(monkeypatch):
+    import os
+    import threading
+
+    from cuda_agent.evaluate.worker import ReferenceSide, serve
+
+    req_r, req_w = os.pipe()
+    resp_r, resp_w = os.pipe()
+    monkeypatch.setenv("CUDA_AGENT_REQUEST_FD", str(req_r))
+    monkeypatch.setenv("CUDA_AGENT_RESPONSE_FD", str(resp_w))
+    monkeypatch.delenv("CUDA_AGENT_FD_SOCKET", raising=False)
+    thread = threading.Thread(target=serve, args=(ReferenceSide(),), daemon=True)
+    thread.start()
+    lines = [{"op": "fly", "nonce": "a"}, {"op": "compare", "dir": "d", "nonce": "b"}, {"op": "exit", "nonce": "c"}]
+    os.write(req_w, "".join(json.dumps(line) + "\n" for line in lines).encode())
+    thread.join(30)
+    os.close(req_w)
+    with os.fdopen(resp_r, "rb") as replies:
+        unknown, missing, done = [json.loads(line) for line in replies.read().splitlines()]
+    assert not unknown["ok"] and unknown["nonce"] == "a" and "unknown request 'fly'" in unknown["error"]
+    assert not missing["ok"] and "'compare' request: missing field 'manifest', 'atol', 'rtol'" in missing["error"]
+    assert done == {"ok": True, "nonce": "c"}
