@@ -123,3 +123,61 @@ def test_serve_answers_a_request_that_does_not_parse_with_an_error(monkeypatch):
     assert not unknown["ok"] and unknown["nonce"] == "a" and "unknown request 'fly'" in unknown["error"]
     assert not missing["ok"] and "'compare' request: missing field 'manifest', 'atol', 'rtol'" in missing["error"]
     assert done == {"ok": True, "nonce": "c"}
+
+
+class FakeWorker:
+    """Answers every request with ``reply``; records what was sent and whether it was killed."""
+
+    def __init__(self, reply):
+        self.reply, self.sent, self.killed = reply, [], False
+
+    def send(self, message):
+        self.sent.append(message)
+
+    def receive(self, timeout_s):
+        return dict(self.reply)
+
+    def kill(self):
+        self.killed = True
+
+
+@pytest.mark.parametrize("reply", [
+    {"ok": True, "samples": "fast"},
+    {"ok": True, "samples": [1.0, "2"]},
+    {"ok": True},
+    {"ok": True, "samples": [1.0], "verdict": "accept"},
+])
+def test_an_ill_typed_candidate_reply_is_a_forged_reply(reply):
+    from cuda_agent.evaluate.channel import Channel, Stop
+
+    request = p.TimeRequest(seed=1, first=0, trials=1, calls=1, timing=TIMING, watch=[0])
+    worker = FakeWorker(reply)
+    with pytest.raises(Stop) as stop:
+        Channel(worker, "candidate").ask_typed("profile", request, p.TimeReply, 5)
+    assert (stop.value.status, stop.value.stage, stop.value.rule) == ("failed", "profile", "forged-reply")
+    assert "ill-formed reply" in stop.value.reason
+    assert worker.sent == [request.to_message()] and worker.killed
+
+    worker = FakeWorker(reply)
+    with pytest.raises(Stop) as stop:
+        Channel(worker, "reference").ask_typed("baseline", request, p.TimeReply, 5)
+    assert (stop.value.status, stop.value.rule) == ("error", None)
+
+
+def test_a_well_typed_reply_is_parsed():
+    from cuda_agent.evaluate.channel import Channel
+
+    worker = FakeWorker({"ok": True, "seconds": 0.5, "samples": [1.0, 2]})
+    reply = Channel(worker, "candidate").ask_typed("profile", p.TimedRequest(), p.TimeReply, 5)
+    assert reply == p.TimeReply(samples=[1.0, 2]) and not worker.killed
+    assert worker.sent == [{"op": "timed"}]
+
+
+def test_stop_keeps_the_workers_own_words():
+    from cuda_agent.evaluate.channel import Channel, Stop
+
+    worker = FakeWorker({"ok": False, "kind": "exception", "error": "ValueError: no"})
+    with pytest.raises(Stop) as stop:
+        Channel(worker, "screening").ask("screen", p.ScreenCompileRequest(), 5)
+    assert stop.value.answered and stop.value.detail == "ValueError: no"
+    assert stop.value.reason == "screening: exception: ValueError: no"
