@@ -81,7 +81,6 @@ def test_end_to_end_correct(example, evaluator):
         decided = result.decision["speedups"][which]
         assert decided["estimate"] == speedup and decided["low"] <= speedup <= decided["high"]
         assert decided["rounds"] == result.decision["rounds"] >= timing["rounds_min"]
-        assert 0.5 < speedup / (result.times[which]["median_ms"] / result.times["candidate"]["median_ms"]) < 2
     assert result.reward in (1.0, 2.0, 3.0)
     assert result.policy["name"] == "fair" and result.policy["tf32"] == "on" and result.environment["torch"]
     assert not [n for n in result.notes if "through files" in n]  # outputs came through shared memory

@@ -86,8 +86,9 @@ def render_skill(policy: Policy, device: str) -> str:
     source = "kernels/*.cu (CUDA C++)" if device == "cuda" else "kernels/*.cpp (C++; this machine has no GPU)"
     libraries = ", ".join(policy.libraries) if device == "cuda" and policy.libraries else "none"
     allowed = ", ".join(policy.allowed_aten) if policy.allowed_aten else "none"
-    tolerance = (f"atol {policy.atol:g} (relative to each output's RMS) and rtol {policy.rtol:g}"
-                 if policy.scale_tolerance else f"atol {policy.atol:g} and rtol {policy.rtol:g}")
+    tol = policy.tolerance()
+    tolerance = (f"atol {tol['atol']:g} (relative to each output's RMS) and rtol {tol['rtol']:g}"
+                 if tol["scale"] else f"atol {tol['atol']:g} and rtol {tol['rtol']:g}")
     return template.format(policy=policy.name, device=device, source=source, libraries=libraries,
                            allowed_aten=allowed, tolerance=tolerance, checks=policy.checks,
                            beat=round((1 / policy.beat_factor - 1) * 100))

@@ -8,9 +8,11 @@ persistent reference processes, speak through this one class.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from cuda_agent.sandbox import WorkerCrashed, WorkerForgedReply, WorkerProcess, WorkerTimeout
+
+R = TypeVar("R")
 
 _PREFIX = {"out_of_memory": "out of memory", "rule": "rule broken", "task": "task error"}
 
@@ -19,10 +21,11 @@ class Stop(Exception):
     """Ends an evaluation early with a status, the stage it reached and a reason."""
 
     def __init__(self, status: str, stage: str, reason: str, traceback: str | None = None, rule: str | None = None,
-                 answered: bool = False):
+                 answered: bool = False, detail: str | None = None):
         super().__init__(reason)
         self.status, self.stage, self.reason, self.traceback, self.rule = status, stage, reason, traceback, rule
         self.answered = answered  # the worker itself replied with the error: it still serves requests
+        self.detail = reason if detail is None else detail  # the worker's own words (its error, how it died)
 
 
 @dataclass
@@ -34,31 +37,50 @@ class Channel:
     def status(self) -> str:
         return "error" if self.who == "reference" else "failed"
 
-    def ask(self, stage: str, message: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-        self.send(stage, message)
+    def ask(self, stage: str, request: Any, timeout_s: float) -> dict[str, Any]:
+        """Send ``request`` (a ``protocol`` request, or a message dict) and return the raw reply."""
+        self.send(stage, request)
         return self.receive(stage, timeout_s)
 
-    def send(self, stage: str, message: dict[str, Any]) -> None:
+    def ask_typed(self, stage: str, request: Any, reply_type: type[R], timeout_s: float) -> R:
+        """Send ``request`` and parse its reply as ``reply_type`` (a ``protocol`` reply)."""
+        self.send(stage, request)
+        return self.receive_typed(stage, reply_type, timeout_s)
+
+    def send(self, stage: str, request: Any) -> None:
+        message = request.to_message() if hasattr(request, "to_message") else request
         try:
             self.worker.send(message)
         except WorkerCrashed as exc:
-            raise Stop(self.status, stage, f"{self.who} process {exc}") from None
+            raise Stop(self.status, stage, f"{self.who} process {exc}", detail=str(exc)) from None
 
     def receive(self, stage: str, timeout_s: float) -> dict[str, Any]:
         try:
             reply = self.worker.receive(timeout_s)
         except WorkerTimeout as exc:
-            raise Stop(self.status, stage, f"{self.who} process: {exc}") from None
+            raise Stop(self.status, stage, f"{self.who} process: {exc}", detail=str(exc)) from None
         except WorkerCrashed as exc:
             rule = "forged-reply" if isinstance(exc, WorkerForgedReply) and self.who == "candidate" else None
-            raise Stop(self.status, stage, f"{self.who} process {exc}", rule=rule) from None
+            raise Stop(self.status, stage, f"{self.who} process {exc}", rule=rule, detail=str(exc)) from None
         if not reply.get("ok"):
             kind = reply.get("kind", "exception")
             rule = reply.get("rule") if self.who == "candidate" else None
             raise Stop(self.status if kind != "task" else "error", stage,
                        f"{self.who}: {_PREFIX.get(kind, 'exception')}: {reply.get('error')}", reply.get("traceback"),
-                       rule=rule, answered=True)
+                       rule=rule, answered=True, detail=str(reply.get("error")))
         return reply
+
+    def receive_typed(self, stage: str, reply_type: type[R], timeout_s: float) -> R:
+        """The next reply, parsed as ``reply_type``. A reply of the wrong shape is forged (written by
+        code under test in the candidate's process: rule ``forged-reply``), or in the reference's
+        process a harness error; the process is not one to keep either way."""
+        reply = self.receive(stage, timeout_s)
+        try:
+            return reply_type.from_reply(reply)  # type: ignore[attr-defined]
+        except ValueError as exc:
+            self.worker.kill()
+            raise Stop(self.status, stage, f"{self.who} process sent an ill-formed reply: {exc}",
+                       rule="forged-reply" if self.who == "candidate" else None) from None
 
     def drain(self, timeout_s: float) -> bool:
         """Read the replies of requests still unanswered (an evaluation that stopped early leaves

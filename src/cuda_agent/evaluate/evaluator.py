@@ -31,6 +31,12 @@ from cuda_agent.evaluate.channel import Channel, Stop
 from cuda_agent.evaluate.decide import Plan, Rounds, Speedup, run_rounds, settled, speedup
 from cuda_agent.evaluate.environment import describe_environment
 from cuda_agent.evaluate.policy import Policy, TimingConfig
+from cuda_agent.evaluate.protocol import (
+    AttachReply, AttachRequest, CalibrateReply, CalibrateRequest, CompareReply, CompareRequest, CompileReply,
+    CompileRequest, DegenerateReply, DegenerateRequest, ExpectReply, ExpectRequest, LoadReply, LoadRequest,
+    OutputReply, OutputRequest, ReleaseReply, ReleaseRequest, RunReply, RunRequest, TimedReply, TimedRequest,
+    TimeReply, TimeRequest, WeightsRequest,
+)
 from cuda_agent.evaluate.references import LiveReference, ReferencePool
 from cuda_agent.evaluate.result import EvalResult
 from cuda_agent.evaluate.reward import compute_reward, milestone
@@ -314,12 +320,12 @@ class Evaluator:
         return job
 
     def _tolerance(self) -> dict[str, Any]:
-        return {"atol": self.policy.atol, "rtol": self.policy.rtol, "scale": self.policy.scale_tolerance}
+        return self.policy.tolerance()
 
-    def _expect(self, seed: int) -> dict[str, Any]:
+    def _expect(self, seed: int) -> ExpectRequest:
         """The reference's request for the expected output of the inputs drawn from ``seed``."""
-        return {"op": "expect", "seed": seed, "strict": self.policy.strict_expected,
-                "slack": self.policy.precision_slack, **self._tolerance()}
+        return ExpectRequest(seed=seed, strict=self.policy.strict_expected, slack=self.policy.precision_slack,
+                             **self._tolerance())
 
     # -- reference processes --------------------------------------------------------
     def _reference_key(self, task: Task) -> str:
@@ -334,8 +340,8 @@ class Evaluator:
         channel = Channel(self._spawn("reference", home / "reference", [home]), "reference")
         reference = LiveReference(self._reference_key(task), home, channel, init_seed)
         try:
-            channel.send("reference", {"op": "load", **self._task_message(task, home, init_seed),
-                                       "warm": self._expect(secrets.randbits(62))})
+            channel.send("reference", LoadRequest(**self._task_message(task, home, init_seed),
+                                                  warm=self._expect(secrets.randbits(62))))
         except Stop:
             reference.close()
             raise
@@ -344,16 +350,16 @@ class Evaluator:
     def _await_reference(self, reference: LiveReference) -> None:
         """The reference's load answer, and the memory it shares for outputs (its descriptor is kept
         here, unmapped, and relayed to every candidate process)."""
-        loaded = reference.channel.receive("reference", self.timeouts.load_s)
-        shared = loaded.get("share") or {}
-        if shared.get("shared"):
+        loaded = reference.channel.receive_typed("reference", LoadReply, self.timeouts.load_s)
+        shared = loaded.share
+        if shared is not None and shared.shared:
             try:
                 reference.share_fd = reference.channel.worker.receive_fd(self.timeouts.check_s)
-                reference.share_bytes = int(shared["bytes"])
+                reference.share_bytes = int(shared.bytes or 0)
             except OSError as exc:
                 raise Stop("error", "load", f"reference process: the shared memory did not arrive: {exc}") from None
         else:
-            reference.share_note = str(shared.get("reason"))
+            reference.share_note = str(shared.reason if shared is not None else None)
         reference.loaded = loaded
 
     def _idle(self, reference: LiveReference) -> bool:
@@ -362,7 +368,7 @@ class Evaluator:
         if self.references.capacity <= 0 or reference.loaded is None or not reference.channel.drain(self.timeouts.check_s):
             return False
         try:
-            reference.reserved = int(reference.channel.ask("idle", {"op": "release"}, 60).get("reserved", 0))
+            reference.reserved = int(reference.channel.ask_typed("idle", ReleaseRequest(), ReleaseReply, 60).reserved)
         except Stop:
             return False
         return True
@@ -405,8 +411,8 @@ class Evaluator:
         self.on_stage("reference", "starting the task's reference process" if fresh else "kept from earlier")
         # The candidate imports its code while the reference loads; baselines are timed later, in
         # rounds interleaved with the candidate's.
-        candidate.send("load", {"op": "load", **self._task_message(task, job, reference.init_seed),
-                                "model_new_file": str(job / "model_new.py"), "modules": modules})
+        candidate.send("load", LoadRequest(**self._task_message(task, job, reference.init_seed),
+                                           model_new_file=str(job / "model_new.py"), modules=modules))
         if fresh:
             self._await_reference(reference)
         result.durations["reference"] = round(time.monotonic() - clock, 3)
@@ -420,8 +426,8 @@ class Evaluator:
             os.link(reference.state_dict, weights)
         except OSError:
             shutil.copy2(reference.state_dict, weights)
-        candidate.receive("load", self.timeouts.load_s)
-        candidate.ask("load", {"op": "weights", "state_dict_path": str(weights)}, self.timeouts.load_s)
+        candidate.receive_typed("load", LoadReply, self.timeouts.load_s)
+        candidate.ask("load", WeightsRequest(state_dict_path=str(weights)), self.timeouts.load_s)
         self._share(reference, candidate, result)
         result.durations["load"] = round(time.monotonic() - clock, 3)
 
@@ -431,7 +437,7 @@ class Evaluator:
             result.status = "correct"
             result.notes.append("verified only (no timing, no reward)")
             return
-        reference.channel.ask("verify", {"op": "release"}, 60)  # hold little memory while timing
+        reference.channel.ask("verify", ReleaseRequest(), 60)  # hold little memory while timing
 
         clock = time.monotonic()
         baseline, key = self._baselines_for(task, reference, result)
@@ -461,13 +467,13 @@ class Evaluator:
             out_dir = job / "candidate" / f"output-{index}"
             # Both sides compute at once; only timing needs the device to itself.
             reference.send("verify", self._expect(seed))
-            candidate.send("verify", {"op": "run", "seed": seed, "dir": str(out_dir), "profile": index == profiled})
-            expected = reference.receive("verify", self.timeouts.check_s)
-            ran = candidate.receive("verify", self.timeouts.check_s)
+            candidate.send("verify", RunRequest(seed=seed, dir=str(out_dir), profile=index == profiled))
+            expected = reference.receive_typed("verify", ExpectReply, self.timeouts.check_s)
+            ran = candidate.receive_typed("verify", RunReply, self.timeouts.check_s)
             if index == profiled:
                 attribution = self._attribute(ran, own_kernels, result)
-            check = self._check(reference, index, ran["fingerprint"], expected["fingerprint"], out_dir, ran["manifest"])
-            check["allowance"] = expected.get("allowance", 1.0)
+            check = self._check(reference, index, ran.fingerprint, expected.fingerprint, out_dir, ran.manifest)
+            check["allowance"] = expected.allowance
             result.checks.append(check)
             if not check["ok"]:
                 result.durations["verify"] = round(time.monotonic() - clock, 3)
@@ -499,8 +505,8 @@ class Evaluator:
             return ["eager"]
         if reference.compiled is None:
             self.on_stage("baseline", "torch.compile (once per task's reference process)")
-            reference.compiled = reference.channel.ask("baseline", {"op": "compile", "seed": secrets.randbits(62)},
-                                                       self.timeouts.baseline_s)
+            reference.compiled = reference.channel.ask_typed("baseline", CompileRequest(seed=secrets.randbits(62)),
+                                                             CompileReply, self.timeouts.baseline_s).to_dict()
         return ["eager", "compile"] if "compile_error" not in reference.compiled else ["eager"]
 
     def _time_rounds(self, reference: Channel, candidate: Channel | None, base: int, baseline: dict[str, Any],
@@ -512,15 +518,14 @@ class Evaluator:
         sides: dict[str, Callable[[int, int, int], list[float]]] = {}
         plans: dict[str, Plan] = {}
         watched: list[int] = []
-        message = {"timing": config.to_dict()}
         with self.timing_lock:
             if baseline.get("sides"):
                 result.notes.extend(f"baselines timed on a busy GPU and not cached: {busy}"
                                     for busy in [self._wait_until_idle()] if busy)
             if candidate is not None:
                 self.on_stage("profile", "warming the candidate up")
-                estimate = candidate.ask("profile", {"op": "calibrate", "seed": secrets.randbits(62), **message},
-                                         self.timeouts.profile_s)["estimate_ms"]
+                estimate = candidate.ask_typed("profile", CalibrateRequest(seed=secrets.randbits(62), timing=config.to_dict()),
+                                               CalibrateReply, self.timeouts.profile_s).estimate_ms
                 self._pause(candidate)
                 plans["candidate"] = plan = Plan.for_call(self._positive(estimate, "warm-up time"), config)
                 # Checked calls drawn uniformly from the timed calls every run makes (the minimum rounds).
@@ -529,8 +534,8 @@ class Evaluator:
                 sides["candidate"] = self._candidate_side(candidate, base, watched)
             for side in baseline.get("sides", []):
                 self.on_stage("baseline", f"warming {side} up")
-                estimate = reference.ask("baseline", {"op": "calibrate", "side": side, "seed": secrets.randbits(62),
-                                                      **message}, self.timeouts.profile_s)["estimate_ms"]
+                request = CalibrateRequest(side=side, seed=secrets.randbits(62), timing=config.to_dict())
+                estimate = reference.ask_typed("baseline", request, CalibrateReply, self.timeouts.profile_s).estimate_ms
                 plans[side] = Plan.for_call(estimate, config)
                 sides[side] = self._baseline_side(reference, side, secrets.randbits(62))
             rounds = Rounds(fixed=fixed)
@@ -554,15 +559,14 @@ class Evaluator:
 
     def _candidate_side(self, candidate: Channel, base: int, watched: list[int]) -> Callable[[int, int, int], list[float]]:
         def time_candidate(first: int, trials: int, calls: int) -> list[float]:
+            request = TimeRequest(seed=base, first=first, trials=trials, calls=calls, watch=watched,
+                                  timing=self.timing.to_dict())
             candidate.worker.resume()
             try:
-                reply = candidate.ask("profile", {"op": "time", "seed": base, "first": first, "trials": trials,
-                                                  "calls": calls, "watch": watched, "timing": self.timing.to_dict()},
-                                      self.timeouts.profile_s)
+                samples = candidate.ask_typed("profile", request, TimeReply, self.timeouts.profile_s).samples
             finally:
                 self._pause(candidate)
-            samples = reply.get("samples")
-            if not isinstance(samples, list) or len(samples) != trials or not all(
+            if len(samples) != trials or not all(
                     isinstance(x, (int, float)) and math.isfinite(x) and x > 0 for x in samples):
                 raise Stop("failed", "profile", "the timing reply is not one positive time per trial", rule="forged-reply")
             return [float(x) for x in samples]
@@ -570,9 +574,9 @@ class Evaluator:
 
     def _baseline_side(self, reference: Channel, side: str, seed: int) -> Callable[[int, int, int], list[float]]:
         def time_baseline(first: int, trials: int, calls: int) -> list[float]:
-            return reference.ask("baseline", {"op": "time", "side": side, "seed": seed, "first": first,
-                                              "trials": trials, "calls": calls, "timing": self.timing.to_dict()},
-                                 self.timeouts.baseline_s)["samples"]
+            request = TimeRequest(side=side, seed=seed, first=first, trials=trials, calls=calls,
+                                  timing=self.timing.to_dict())
+            return reference.ask_typed("baseline", request, TimeReply, self.timeouts.baseline_s).samples
         return time_baseline
 
     @staticmethod
@@ -602,25 +606,25 @@ class Evaluator:
                              result: EvalResult) -> int:
         """The outputs of timed calls are checked too: a candidate that is right only when checked
         (or replays a stored result) fails here. Returns the output's size in bytes."""
-        timed = candidate.ask("profile", {"op": "timed"}, self.timeouts.profile_s)
-        returned = [c["index"] for c in timed["checked"]]
+        timed = candidate.ask_typed("profile", TimedRequest(), TimedReply, self.timeouts.profile_s)
+        returned = [c.index for c in timed.checked]
         if not set(watched) <= set(returned) or len(returned) > len(watched) + 1:
             raise Stop("failed", "profile", "the timing reply does not hold the calls asked for", rule="forged-reply")
         output_bytes = 0
-        for number, call in enumerate(timed["checked"]):
+        for number, call in enumerate(timed.checked):
             self.on_stage("verify", f"timed output {number + 1}/{len(returned)}")
-            out_dir = job / "candidate" / "timed" / f"timed-{call['index']}"
-            reference.send("verify", self._expect(trial_seed(base, call["index"])))
-            candidate.send("verify", {"op": "output", "index": call["index"], "dir": str(out_dir)})
-            expected = reference.receive("verify", self.timeouts.check_s)
-            handed = candidate.receive("verify", self.timeouts.check_s)
-            output_bytes = expected["output_bytes"]
-            check = self._check(reference, self.policy.checks + number, call["fingerprint"], expected["fingerprint"],
-                                out_dir, handed["manifest"])
-            check.update(timed=True, call=call["index"], allowance=expected.get("allowance", 1.0))
+            out_dir = job / "candidate" / "timed" / f"timed-{call.index}"
+            reference.send("verify", self._expect(trial_seed(base, call.index)))
+            candidate.send("verify", OutputRequest(index=call.index, dir=str(out_dir)))
+            expected = reference.receive_typed("verify", ExpectReply, self.timeouts.check_s)
+            handed = candidate.receive_typed("verify", OutputReply, self.timeouts.check_s)
+            output_bytes = expected.output_bytes
+            check = self._check(reference, self.policy.checks + number, call.fingerprint, expected.fingerprint,
+                                out_dir, handed.manifest)
+            check.update(timed=True, call=call.index, allowance=expected.allowance)
             result.checks.append(check)
             if not check["ok"]:
-                raise Stop("incorrect", "verify", f"timed call {call['index']}: {check['reason']}", rule="timed-output")
+                raise Stop("incorrect", "verify", f"timed call {call.index}: {check['reason']}", rule="timed-output")
         return output_bytes
 
     def _decide(self, rounds: Rounds, baseline: dict[str, Any], key: str, output_bytes: int,
@@ -688,9 +692,10 @@ class Evaluator:
             candidate.worker.send_fd(reference.share_fd)
         except OSError as exc:
             raise Stop("failed", "load", f"candidate process: cannot take the shared memory: {exc}") from None
-        attached = candidate.ask("load", {"op": "attach", "bytes": reference.share_bytes}, self.timeouts.check_s)
-        if not attached.get("attached"):
-            result.notes.append(f"outputs handed over through files: {attached.get('reason')}")
+        attached = candidate.ask_typed("load", AttachRequest(bytes=reference.share_bytes), AttachReply,
+                                       self.timeouts.check_s)
+        if not attached.attached:
+            result.notes.append(f"outputs handed over through files: {attached.reason}")
 
     def _own_kernels(self, built: BuildResult, result: EvalResult) -> frozenset[str] | None:
         """The kernels the built extension defines, or None where attribution is off or impossible."""
@@ -703,9 +708,9 @@ class Evaluator:
             return None
 
     @staticmethod
-    def _attribute(ran: dict[str, Any], own: frozenset[str], result: EvalResult) -> Attribution:
+    def _attribute(ran: RunReply, own: frozenset[str], result: EvalResult) -> Attribution:
         try:
-            kernels = parse_kernel_report(ran.get("kernels"))
+            kernels = parse_kernel_report(ran.kernels)
         except ValueError as exc:
             raise Stop("failed", "verify", f"the profiled call's kernel report is invalid: {exc}",
                         rule="forged-reply") from None
@@ -793,10 +798,9 @@ class Evaluator:
             return self._degenerate(task, reference.channel, draws)
 
     def _degenerate(self, task: Task, reference: Channel, draws: int) -> DegenerateReport:
-        reply = reference.ask("degenerate", {
-            "op": "degenerate", "seeds": [secrets.randbits(62) for _ in range(draws)], **self._tolerance(),
-        }, self.timeouts.check_s * draws)
-        return DegenerateReport(task=task.name, policy=self.policy.name, passing=reply["passing"], details=reply["details"])
+        request = DegenerateRequest(seeds=[secrets.randbits(62) for _ in range(draws)], **self._tolerance())
+        reply = reference.ask_typed("degenerate", request, DegenerateReply, self.timeouts.check_s * draws)
+        return DegenerateReport(task=task.name, policy=self.policy.name, passing=reply.passing, details=reply.details)
 
     def _check(self, reference: Channel, index: int, seen: Any, expected_fingerprint: Any, out_dir: Path,
                manifest: dict[str, Any]) -> dict[str, Any]:
@@ -804,12 +808,11 @@ class Evaluator:
             raise Stop("failed", "verify", "the inputs seen by the candidate differ from the reference's "
                        "(input generation was altered in the candidate process, or forward changed its inputs)",
                        rule="input-generation")
-        compared = reference.ask("verify", {
-            "op": "compare", "dir": str(out_dir), "manifest": manifest, **self._tolerance(),
-        }, self.timeouts.check_s)
+        compared = reference.ask_typed("verify", CompareRequest(dir=str(out_dir), manifest=manifest, **self._tolerance()),
+                                       CompareReply, self.timeouts.check_s)
         shutil.rmtree(out_dir, ignore_errors=True)  # the reference may not write there
-        check: dict[str, Any] = {"index": index, "ok": True, "reason": None, "reports": compared["reports"]}
-        failed = [r for r in compared["reports"] if not r["ok"]]
+        check: dict[str, Any] = {"index": index, "ok": True, "reason": None, "reports": compared.reports}
+        failed = [r for r in compared.reports if not r["ok"]]
         if failed:
             check.update(ok=False, reason=f"{failed[0]['path']}: {failed[0]['reason']}")
         return check

@@ -75,6 +75,10 @@ class Policy:
             raise ValueError(f"unknown policy preset {name!r}; use one of {', '.join(PRESETS)}.")
         return replace(PRESETS[name], **changes)
 
+    def tolerance(self) -> dict[str, Any]:
+        """What a comparison takes: ``{"atol", "rtol", "scale"}`` (``scale``: ``scale_tolerance``)."""
+        return {"atol": self.atol, "rtol": self.rtol, "scale": self.scale_tolerance}
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from cuda_agent.evaluate.channel import Channel
+from cuda_agent.evaluate.protocol import LoadReply
 
 
 @dataclass
@@ -27,7 +28,7 @@ class LiveReference:
     home: Path  # holds task.py; its reference/ directory is the process's own (state dict, caches)
     channel: Channel
     init_seed: int  # the weights' and init inputs' seed: fixed for the process's life
-    loaded: dict[str, Any] | None = None  # the load reply, once it came
+    loaded: LoadReply | None = None  # the load reply, once it came
     share_fd: int | None = None  # the output memory's descriptor, relayed to each candidate, never mapped here
     share_bytes: int = 0
     share_note: str | None = None  # why outputs go through files, where they do

@@ -26,6 +26,8 @@ from typing import Any
 from cuda_agent.evaluate.call_guard import CallGuard
 from cuda_agent.evaluate.compare import compare_outputs, precision_allowance
 from cuda_agent.evaluate.policy import TimingConfig
+from cuda_agent.evaluate.protocol import (REQUESTS, CalibrateRequest, CompareRequest, CompileRequest,
+                                          DegenerateRequest, ExpectRequest, LoadRequest, TimeRequest, parse_request)
 from cuda_agent.evaluate.shared import SharedBuffer, SharedError
 from cuda_agent.evaluate.timing import calibrate, profile_kernels, time_round, trial_seed
 from cuda_agent.evaluate.transfer import TransferError, manifest_devices, packed_bytes, read_outputs, write_outputs
@@ -113,46 +115,46 @@ class _Side:
     fd_socket: socket.socket | None = None  # descriptors to and from the evaluator
     shared: SharedBuffer | None = None  # where outputs are handed over, once shared
 
-    def load_task(self, msg: dict[str, Any]) -> None:
-        self.device = msg["device"]
-        self.tf32 = msg["tf32"]
+    def load_task(self, msg: LoadRequest) -> None:
+        self.device = msg.device
+        self.tf32 = msg.tf32
         pin_precision(self.tf32)
-        task = Task(name=msg["task_name"], code=Path(msg["task_file"]).read_text(), source=msg["task_source"])
+        task = Task(name=msg.task_name, code=Path(msg.task_file).read_text(), source=msg.task_source)
         self.source = task.source
         self.task_module = exec_task_module(task)
-        self.init_args = init_inputs(self.task_module, msg["init_seed"], task.source)
+        self.init_args = init_inputs(self.task_module, msg.init_seed, task.source)
 
     def inputs(self, seed: int) -> list[Any]:
         return make_inputs(self.task_module, seed, self.device, self.source)
 
-    def calibrate(self, fn: Any, msg: dict[str, Any]) -> float:
-        """Warm ``fn`` up on fresh inputs from ``msg["seed"]``; its wall time per call (ms)."""
+    def calibrate(self, fn: Any, msg: CalibrateRequest) -> float:
+        """Warm ``fn`` up on fresh inputs from ``msg.seed``; its wall time per call (ms)."""
         import torch
 
         drawn: list[Any] = [None, 0]  # the inputs of the next call, and how many calls were drawn
 
         def setup() -> None:
             drawn[0] = None  # the previous draw's memory may be reused, as between real calls
-            drawn[0] = self.inputs(trial_seed(msg["seed"], drawn[1]))
+            drawn[0] = self.inputs(trial_seed(msg.seed, drawn[1]))
             drawn[1] += 1
 
         with torch.no_grad():
-            return calibrate(lambda: fn(*drawn[0]), self.device, TimingConfig.from_dict(msg["timing"]), setup)
+            return calibrate(lambda: fn(*drawn[0]), self.device, TimingConfig.from_dict(msg.timing), setup)
 
-    def time_calls(self, fn: Any, msg: dict[str, Any], on_call: Any = None) -> list[float]:
-        """One round: ``msg["trials"]`` regions of ``msg["calls"]`` calls of ``fn``, call ``first + i``
+    def time_calls(self, fn: Any, msg: TimeRequest, on_call: Any = None) -> list[float]:
+        """One round: ``msg.trials`` regions of ``msg.calls`` calls of ``fn``, call ``first + i``
         on the inputs of ``trial_seed(seed, first + i)``. ``on_call(index, inputs)`` may wrap a call."""
         import torch
 
-        count = iter(range(msg["first"], msg["first"] + msg["trials"] * msg["calls"]))
+        count = iter(range(msg.first, msg.first + msg.trials * msg.calls))
 
         def prepare() -> Any:
             index = next(count)
-            inputs = self.inputs(trial_seed(msg["seed"], index))
+            inputs = self.inputs(trial_seed(msg.seed, index))
             return on_call(index, inputs) if on_call else (lambda: fn(*inputs))
 
         with torch.no_grad():
-            return time_round(prepare, self.device, TimingConfig.from_dict(msg["timing"]), msg["trials"], msg["calls"])
+            return time_round(prepare, self.device, TimingConfig.from_dict(msg.timing), msg.trials, msg.calls)
 
 
 class ReferenceSide(_Side):
@@ -160,37 +162,39 @@ class ReferenceSide(_Side):
     allowance = 1.0  # factor on the tolerance for the expected output held now
     compiled: dict[str, Any] | None = None  # torch.compile(Model) (or its error) and its compile time
 
-    def handle(self, op: str, msg: dict[str, Any]) -> dict[str, Any]:
+    def handle(self, op: str, msg: Any) -> dict[str, Any]:
+        """Answer request ``op``: its dataclass (``protocol.REQUESTS``), or a dict it is parsed from."""
         import torch
 
+        msg = parse_request(op, msg)
         if op == "load":
             self.load_task(msg)
-            seed_everything(msg["init_seed"])
+            seed_everything(msg.init_seed)
             model = self.task_module.Model(*self.init_args)
             if not isinstance(model, torch.nn.Module):
                 raise TaskError(f"{self.source}: Model(...) is not a torch.nn.Module.")
-            torch.save(model.state_dict(), msg["state_dict_path"])
+            torch.save(model.state_dict(), msg.state_dict_path)
             self.model = model.to(self.device).eval()
             info = {}
             if self.device == "cuda":
                 info["gpu"] = torch.cuda.get_device_name()
-            if "warm" in msg:
+            if msg.warm is not None:
                 # One expected output, computed and dropped: the first forward in a process (kernels
                 # loaded, libraries started) costs seconds, here at once with the candidate's load.
                 # Its size is the size of the memory the outputs are handed over in.
-                self.handle("expect", dict(msg["warm"]))
+                self.handle("expect", msg.warm)
                 info["share"] = self.share()
                 self.expected = None
             return {"parameters": sum(p.numel() for p in model.parameters())} | info
         if op == "compile":
             return self.compile(msg)
         if op == "calibrate":
-            return {"estimate_ms": self.calibrate(self._baseline(msg["side"]), msg)}
+            return {"estimate_ms": self.calibrate(self._baseline(msg.side), msg)}
         if op == "time":
-            return {"samples": self.time_calls(self._baseline(msg["side"]), msg)}
+            return {"samples": self.time_calls(self._baseline(msg.side), msg)}
         if op == "expect":
-            inputs = self.inputs(msg["seed"])
-            if msg.get("strict"):
+            inputs = self.inputs(msg.seed)
+            if msg.strict:
                 pin_precision("off")
             try:
                 with torch.no_grad():
@@ -198,7 +202,7 @@ class ReferenceSide(_Side):
                 synchronize(self.device)
             finally:
                 pin_precision(self.tf32)
-            self.allowance = self.precision_allowance(inputs, msg) if msg.get("strict") else 1.0
+            self.allowance = self.precision_allowance(inputs, msg) if msg.strict else 1.0
             output_bytes = sum(t.numel() * t.element_size() for t in tensors_in(self.expected))
             return {"fingerprint": fingerprint(inputs), "output_bytes": output_bytes, "allowance": self.allowance}
         if op == "release":
@@ -229,19 +233,19 @@ class ReferenceSide(_Side):
         send_fd(self.fd_socket, self.shared.fd)
         return {"shared": True, "bytes": nbytes, "pinned": self.shared.pinned}
 
-    def precision_allowance(self, inputs: list[Any], msg: dict[str, Any]) -> float:
+    def precision_allowance(self, inputs: list[Any], msg: ExpectRequest) -> float:
         """How far the baselines' own arithmetic (this Model under the pinned flags) is from
         the strict truth, times the policy's slack, where that exceeds the tolerance."""
         import torch
 
-        slack = msg.get("slack", 0.0)
+        slack = msg.slack
         if not slack or self.tf32 == "off":
             return 1.0
         with torch.no_grad():
             own = self.model(*inputs)
-        return precision_allowance(self.expected, own, msg["atol"], msg["rtol"], msg.get("scale", False), slack)
+        return precision_allowance(self.expected, own, msg.atol, msg.rtol, msg.scale, slack)
 
-    def degenerate(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def degenerate(self, msg: DegenerateRequest) -> dict[str, Any]:
         """Which trivial candidates pass: the constant is fitted on the first draw
         and tested, like the others, on the later ones."""
         import torch
@@ -250,39 +254,39 @@ class ReferenceSide(_Side):
 
         failed: dict[str, str] = {}
         constants: list[float] | None = None
-        for seed in msg["seeds"]:
+        for seed in msg.seeds:
             inputs = self.inputs(seed)
             with torch.no_grad():
                 expected = self.model(*inputs)
             if constants is None:
                 constants = leaf_means(expected)
                 continue
-            for name, reason in trivial_failures(inputs, expected, constants, msg["atol"], msg["rtol"], msg["scale"]).items():
+            for name, reason in trivial_failures(inputs, expected, constants, msg.atol, msg.rtol, msg.scale).items():
                 if reason is not None:
                     failed.setdefault(name, reason)
         passing = [name for name in TRIVIAL_CANDIDATES if name not in failed]
         return {"passing": passing, "details": failed}
 
-    def compare(self, msg: dict[str, Any]) -> list[dict[str, Any]]:
+    def compare(self, msg: CompareRequest) -> list[dict[str, Any]]:
         # The directory is the candidate's; the evaluator deletes it (this process may not write there).
         expected, self.expected = self.expected, None
-        claimed = manifest_devices(msg["manifest"])
+        claimed = manifest_devices(msg.manifest)
         wanted = [t.device.type for t in tensors_in(expected)]
         if claimed != wanted:
             return [{"path": "output", "ok": False, "reason": f"output devices {claimed} != expected {wanted}"}]
         try:
-            actual = read_outputs(msg["manifest"], Path(msg["dir"]), self.device, self.shared)
+            actual = read_outputs(msg.manifest, Path(msg.dir), self.device, self.shared)
         except TransferError as exc:
             return [{"path": "output", "ok": False, "reason": f"unreadable output: {exc}"}]
         k = self.allowance
-        return compare_outputs(expected, actual, msg["atol"] * k, msg["rtol"] * k, scale=msg.get("scale", False))
+        return compare_outputs(expected, actual, msg.atol * k, msg.rtol * k, scale=msg.scale)
 
-    def compile(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def compile(self, msg: CompileRequest) -> dict[str, Any]:
         """torch.compile the model and make its first call, which is when compilation happens: apart
         from the timing, so that compiling (CPU work, seconds to minutes) needs no exclusive GPU."""
         import torch
 
-        inputs = self.inputs(msg["seed"])
+        inputs = self.inputs(msg.seed)
         start = time.perf_counter()
         try:
             with torch.no_grad():
@@ -295,7 +299,7 @@ class ReferenceSide(_Side):
             self.compiled = {"model": compiled, "compile_seconds": time.perf_counter() - start}
         return {k: v for k, v in self.compiled.items() if k != "model"}
 
-    def _baseline(self, side: str) -> Any:
+    def _baseline(self, side: str | None) -> Any:
         """The function a baseline side times: eager Model, or torch.compile(Model)."""
         if side == "eager":
             return self.model
@@ -314,20 +318,22 @@ class CandidateSide(_Side):
         self.kept: dict[int, dict[str, Any]] = {}  # the timed calls whose outputs are checked, until handed over
         self.latest: int | None = None  # the latest timed call: it may turn out to be the last
 
-    def handle(self, op: str, msg: dict[str, Any]) -> dict[str, Any]:
+    def handle(self, op: str, msg: Any) -> dict[str, Any]:
+        """Answer request ``op``: its dataclass (``protocol.REQUESTS``), or a dict it is parsed from."""
         import torch
 
+        msg = parse_request(op, msg)
         if op == "load":
             # The task program runs first, before any candidate code can touch torch;
             # the guard's snapshot of the harness is taken before candidate code too.
             self.load_task(msg)
-            self.guard = CallGuard(msg.get("allowed_aten", ()))
+            self.guard = CallGuard(msg.allowed_aten or ())
             self.guard.watch_quiet(lambda: self._load_candidate(msg), "while model_new.py was imported")
             self.guard.verify_harness("while model_new.py was imported")
             return {}
         if op == "weights":
             # A separate step so the candidate can load while the reference still builds Model.
-            state = torch.load(msg["state_dict_path"], weights_only=True)
+            state = torch.load(msg.state_dict_path, weights_only=True)
             try:
                 self.model.load_state_dict(state, strict=True)
             except RuntimeError as exc:
@@ -335,7 +341,7 @@ class CandidateSide(_Side):
             self.model = self.model.to(self.device).eval()
             return {}
         if op == "run":
-            inputs = self.inputs(msg["seed"])
+            inputs = self.inputs(msg.seed)
             prints = fingerprint(inputs)
             kernels = None
 
@@ -343,7 +349,7 @@ class CandidateSide(_Side):
                 return self.guard.watch(lambda: self.model(*inputs), lambda: synchronize(self.device))
 
             with torch.no_grad():
-                if msg.get("profile") and self.device == "cuda":
+                if msg.profile and self.device == "cuda":
                     # One of the checked calls, chosen in secret: its output is compared like any other.
                     output, kernels = profile_kernels(forward, on_start=self.guard.trust_new_threads)
                 else:
@@ -352,7 +358,7 @@ class CandidateSide(_Side):
             if fingerprint(inputs) != prints:
                 raise RuleBroken("input-mutation", "forward changed the values of its inputs")
             self.guard.verify_harness("during forward")
-            reply = {"fingerprint": prints, "manifest": self._write(output, Path(msg["dir"]))}
+            reply = {"fingerprint": prints, "manifest": self._write(output, Path(msg.dir))}
             return reply | ({"kernels": kernels} if kernels is not None else {})
         if op == "calibrate":
             estimate = self.calibrate(self.model, msg)
@@ -363,28 +369,30 @@ class CandidateSide(_Side):
         if op == "timed":
             return {"checked": self.timed()}
         if op == "output":
-            entry = self.kept.pop(msg["index"], None)
+            entry = self.kept.pop(msg.index, None)
             if entry is None:
-                raise RuleBroken("harness", f"timed call {msg['index']} was not kept")
-            return {"manifest": self._write(entry["output"], Path(msg["dir"]))}
+                raise RuleBroken("harness", f"timed call {msg.index} was not kept")
+            return {"manifest": self._write(entry["output"], Path(msg.dir))}
         if op == "attach":
             return self.attach(msg)
         raise ValueError(f"unknown request {op!r}")
 
-    def _load_candidate(self, msg: dict[str, Any]) -> None:
-        modules = {name: load_extension(name, path) for name, path in msg["modules"].items()}
+    def _load_candidate(self, msg: LoadRequest) -> None:
+        if msg.model_new_file is None:
+            raise ValueError("'load' request: the candidate needs the field 'model_new_file'")
+        modules = {name: load_extension(name, path) for name, path in (msg.modules or {}).items()}
         install_inline_shim(modules)
-        namespace = load_model_new(Path(msg["model_new_file"]))
+        namespace = load_model_new(Path(msg.model_new_file))
         if not hasattr(namespace, "ModelNew"):
             raise RuleBroken("interface", "model_new.py defines no ModelNew")
-        seed_everything(msg["init_seed"])
+        seed_everything(msg.init_seed)
         self.model = namespace.ModelNew(*self.init_args)
 
-    def time(self, msg: dict[str, Any]) -> list[float]:
+    def time(self, msg: TimeRequest) -> list[float]:
         """One round of timed calls, fresh inputs for every call (drawn outside the timed region),
         keeping the outputs of the calls the evaluator chose in secret and of the latest call: a
         candidate cannot tell which calls are checked, so every call must be right."""
-        watched = set(msg["watch"])
+        watched = set(msg.watch or ())
         kept = self.kept
 
         def on_call(index: int, inputs: list[Any]) -> Any:
@@ -423,13 +431,13 @@ class CandidateSide(_Side):
             checked.append({"index": index, "fingerprint": entry["fingerprint"]})
         return checked
 
-    def attach(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def attach(self, msg: Any) -> dict[str, Any]:
         """Map the memory the reference shared; without it, outputs go through files."""
         if self.fd_socket is None:
             return {"attached": False, "reason": "no descriptor channel"}
         try:
             fd = receive_fd(self.fd_socket, 30)
-            self.shared = SharedBuffer.attach(fd, int(msg["bytes"]), self.device)
+            self.shared = SharedBuffer.attach(fd, int(msg.bytes), self.device)
         except (OSError, SharedError) as exc:
             return {"attached": False, "reason": f"{type(exc).__name__}: {exc}"}
         return {"attached": True, "pinned": self.shared.pinned}
@@ -503,7 +511,10 @@ def short_traceback(exc: BaseException, limit: int = 4000) -> str:
     return text if len(text) <= limit else "...\n" + text[-limit:]
 
 
-def serve(side: _Side) -> None:
+def serve(side: Any, registry: dict[str, type] = REQUESTS) -> None:
+    """Answer requests until ``exit`` or end of input: each message is parsed into its dataclass
+    (``registry``, by op) before ``side.handle(op, request)``; one that does not parse is answered
+    with an error naming the op and the field."""
     # Out of the environment before any code under test runs (the pipes can still
     # be found in /proc/self/fd: the reply nonce is what stops forged replies).
     requests = os.fdopen(int(os.environ.pop("CUDA_AGENT_REQUEST_FD")), "rb", buffering=0)
@@ -526,7 +537,7 @@ def serve(side: _Side) -> None:
             return
         started = time.perf_counter()
         try:
-            reply = {"ok": True} | side.handle(op, msg)
+            reply = {"ok": True} | side.handle(op, parse_request(op, msg, registry))
         except BaseException as exc:  # noqa: BLE001 - everything the code under test raises is reported
             reply = {
                 "ok": False,

@@ -41,7 +41,9 @@ from cuda_agent.evaluate.policy import Policy
 from cuda_agent.jsonl import read_jsonl
 from cuda_agent.paths import PACKAGE_ROOT, worker_env
 from cuda_agent.sandbox.factory import make_sandbox
-from cuda_agent.sandbox.process import Limits, WorkerCrashed, WorkerProcess, WorkerTimeout
+from cuda_agent.evaluate.channel import Channel, Stop
+from cuda_agent.evaluate.protocol import ScreenCheckRequest, ScreenCompileRequest, ScreenTimeRequest
+from cuda_agent.sandbox.process import Limits, WorkerProcess
 from cuda_agent.synth.catalog import Catalog
 from cuda_agent.synth.compose import ComposeError, Program, SizeProfile, rescale
 from cuda_agent.synth.decontaminate import THRESHOLD, Decontaminator
@@ -135,8 +137,9 @@ class Screener:
         self.cache = cache
         self.sandbox = make_sandbox(config.sandbox)
         self.worker: WorkerProcess | None = None
+        self.channel: Channel | None = None
         policy = Policy.preset(config.policy)
-        self.tolerance = {"atol": policy.atol, "rtol": policy.rtol, "scale": policy.scale_tolerance}
+        self.tolerance = policy.tolerance()
         self.tf32 = policy.tf32
 
     def _spawn(self) -> WorkerProcess:
@@ -157,33 +160,36 @@ class Screener:
         path = self.home / "program.py"
         self.home.mkdir(parents=True, exist_ok=True)
         path.write_text(code)
-        return self._ask({"op": "check", "path": str(path), "name": name, **self.tolerance,
-                          "seeds": [secrets.randbits(62) for _ in range(3)], "stochastic_ops": stochastic_ops})["verdicts"]
+        return self._ask(ScreenCheckRequest(path=str(path), name=name, **self.tolerance,
+                                            seeds=[secrets.randbits(62) for _ in range(3)],
+                                            stochastic_ops=stochastic_ops))["verdicts"]
 
     def time(self, compiled: bool = False) -> float:
         """Median ms of the held program under the policy's precision flags."""
-        return self._ask({"op": "time", "compiled": compiled, "tf32": self.tf32})["median_ms"]
+        return self._ask(ScreenTimeRequest(compiled=compiled, tf32=self.tf32))["median_ms"]
 
     def compile(self) -> dict[str, Any]:
         """Filter compiles: ``{"verdict": ..., "compile_seconds": ...}``."""
-        return self._ask({"op": "compile"})
+        return self._ask(ScreenCompileRequest())
 
-    def _ask(self, message: dict[str, Any]) -> dict[str, Any]:
-        if self.worker is None:
+    def _ask(self, request: Any) -> dict[str, Any]:
+        """The reply to ``request``; a ``RuntimeError`` where the program failed the process (its
+        error answered: the process is kept) or killed it or ran out of time (respawned next time)."""
+        if self.worker is None or self.channel is None:
             self.worker = self._spawn()
+            self.channel = Channel(self.worker, "screening")
         try:
-            reply = self.worker.request(message, self.config.timeout_s)
-        except (WorkerTimeout, WorkerCrashed) as exc:
-            self.close()
-            raise RuntimeError(f"screening process: {exc}") from None
-        if not reply.get("ok"):
-            raise RuntimeError(f"screening process: {reply.get('error')}")
-        return reply
+            return self.channel.ask("screen", request, self.config.timeout_s)
+        except Stop as stop:
+            if not stop.answered:
+                self.close()
+            raise RuntimeError(f"screening process: {stop.detail}") from None
 
     def close(self) -> None:
         if self.worker is not None:
             self.worker.close()
             self.worker = None
+            self.channel = None
 
 
 def verdict(name: str, ok: bool, reason: str | None = None) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from typing import Any
 
 from cuda_agent.evaluate.compare import compare_outputs, error_ratio, output_rms
 from cuda_agent.evaluate.policy import TimingConfig
+from cuda_agent.evaluate.protocol import SCREEN_REQUESTS, ScreenCheckRequest, ScreenTimeRequest, parse_request
 from cuda_agent.evaluate.timing import measure
 from cuda_agent.evaluate.worker import init_inputs, make_inputs, pin_precision, seed_everything, serve, synchronize
 from cuda_agent.tasks.task import Task, exec_task_module
@@ -33,16 +34,18 @@ class ScreenSide:
         self.compiled: Any = None
         self.inputs: list[Any] = []
 
-    def handle(self, op: str, msg: dict[str, Any]) -> dict[str, Any]:
+    def handle(self, op: str, msg: Any) -> dict[str, Any]:
+        """Answer request ``op``: its dataclass (``protocol.SCREEN_REQUESTS``), or a dict it is parsed from."""
+        msg = parse_request(op, msg, SCREEN_REQUESTS)
         if op == "check":
             return self.check(msg)
         if op == "time":
             return self.time(msg)
         if op == "compile":
-            return self.compile(msg)
+            return self.compile()
         raise ValueError(f"unknown request {op!r}")
 
-    def check(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def check(self, msg: ScreenCheckRequest) -> dict[str, Any]:
         """Filters ``runs``, ``deterministic`` and ``not_degenerate``; the first failure ends the list."""
         import torch
 
@@ -50,11 +53,14 @@ class ScreenSide:
 
         self.model = self.compiled = None
         pin_precision("off")
-        tol = {"atol": msg["atol"], "rtol": msg["rtol"], "scale": msg["scale"]}
+        tol = {"atol": msg.atol, "rtol": msg.rtol, "scale": msg.scale}
         verdicts: list[dict[str, Any]] = []
-        seed_a, seed_b, seed_c = msg["seeds"]
         try:
-            task = Task(name=msg["name"], code=Path(msg["path"]).read_text(), source=msg["name"])
+            seed_a, seed_b, seed_c = msg.seeds
+        except ValueError:
+            raise ValueError(f"'check' request: field 'seeds' must hold 3 seeds, got {len(msg.seeds)}") from None
+        try:
+            task = Task(name=msg.name, code=Path(msg.path).read_text(), source=msg.name)
             module = exec_task_module(task)
             args = init_inputs(module, seed_a, task.source)
             seed_everything(seed_a)
@@ -81,8 +87,8 @@ class ScreenSide:
         verdicts.append(_pass("runs"))
         shapes = [list(t.shape) for t in leaves]
 
-        if msg.get("stochastic_ops"):
-            return {"verdicts": verdicts + [_fail("deterministic", "stochastic operator: " + ", ".join(msg["stochastic_ops"]))]}
+        if msg.stochastic_ops:
+            return {"verdicts": verdicts + [_fail("deterministic", "stochastic operator: " + ", ".join(msg.stochastic_ops))]}
         ratio = error_ratio(compare_outputs(out_a, out_again, **tol))
         if ratio > 1:
             return {"verdicts": verdicts + [_fail("deterministic", f"two runs on the same inputs differ (error {ratio:.3g}x the tolerance)")]}
@@ -93,8 +99,8 @@ class ScreenSide:
             reason = "constant output"
         elif error_ratio(compare_outputs(out_b, out_a, **tol)) <= 1:
             reason = "outputs do not change with the inputs"
-        elif max(output_rms(t.double()) for t in leaves) < msg["atol"]:
-            reason = f"outputs below the tolerance (RMS under atol={msg['atol']:g})"
+        elif max(output_rms(t.double()) for t in leaves) < msg.atol:
+            reason = f"outputs below the tolerance (RMS under atol={msg.atol:g})"
         else:
             trivial = trivial_failures(inputs_b, out_b, leaf_means(out_a), **tol)
             passing = [name for name, reason in trivial.items() if reason is None]
@@ -107,14 +113,14 @@ class ScreenSide:
         self.tol = tol
         return {"verdicts": verdicts, "output_shapes": shapes}
 
-    def time(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def time(self, msg: ScreenTimeRequest) -> dict[str, Any]:
         """Median ms of the held program, eager or compiled, under the policy's precision flags."""
         import torch
 
-        target = self.compiled if msg.get("compiled") else self.model
+        target = self.compiled if msg.compiled else self.model
         if target is None:
             raise RuntimeError("no program is held: send 'check' (and 'compile') first")
-        pin_precision(msg.get("tf32", "on"))
+        pin_precision(msg.tf32)
         try:
             with torch.no_grad():
                 stats = measure(lambda: target(*self.inputs), self.device, SCREEN_TIMING)
@@ -122,7 +128,7 @@ class ScreenSide:
             pin_precision("off")
         return {"median_ms": stats.median_ms, "cv": stats.cv}
 
-    def compile(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def compile(self) -> dict[str, Any]:
         """Filter ``compiles``: torch.compile runs the held program and matches eager."""
         import torch
 
@@ -166,7 +172,7 @@ def main(argv: list[str] | None = None) -> None:
             # A fixed share per worker: a program that needs more fails the same way whatever the
             # other workers hold at the moment, instead of taking memory from their programs.
             torch.cuda.set_per_process_memory_fraction(args.memory_fraction)
-    serve(ScreenSide(args.device))  # type: ignore[arg-type]
+    serve(ScreenSide(args.device), SCREEN_REQUESTS)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,404 @@
+"""The workers' request protocol, typed: one frozen dataclass per request a worker accepts and per
+reply the evaluator reads fields from.
+
+Requests travel as JSON lines ``{"op": ..., field: value, ...}``: ``to_message()`` writes one,
+``from_message()`` reads one back and refuses a missing, unknown or ill-typed field with a
+``ValueError`` that names the op and the field. Replies come from processes that may run untrusted
+code (the candidate's): ``from_reply()`` checks every field's type, so a forged or ill-typed reply is
+refused before the evaluator reads it (``Channel.ask_typed`` turns the refusal into a ``Stop``).
+
+``REQUESTS`` holds the evaluation workers' requests (``evaluate.worker``, roles reference and
+candidate: a request both roles accept, with fields only one of them reads, is one class with
+optional fields); ``SCREEN_REQUESTS`` the synth screener's (``synth.screen``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar
+
+T = TypeVar("T", bound="_Fields")
+
+# What the request loop and the process wrapper add to every reply.
+_BOOKKEEPING = frozenset({"ok", "seconds", "nonce"})
+
+
+def _check(tp: Any, value: Any, where: str) -> Any:
+    """``value`` if it has type ``tp`` (nested messages parsed into their dataclasses); else ValueError."""
+    if tp is Any:
+        return value
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None:
+            if type(None) in args:
+                return None
+            raise ValueError(f"{where} is null")
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _check(arg, value, where)
+            except ValueError as exc:
+                errors.append(str(exc))
+        raise ValueError(errors[0] if len(errors) == 1 else f"{where} has the wrong type ({type(value).__name__})")
+    if origin is list:
+        if not isinstance(value, list):
+            raise ValueError(f"{where} must be a list, got {type(value).__name__}")
+        (item,) = typing.get_args(tp) or (Any,)
+        return [_check(item, v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ValueError(f"{where} must be an object, got {type(value).__name__}")
+        _, item = typing.get_args(tp) or (str, Any)
+        for key in value:
+            if not isinstance(key, str):
+                raise ValueError(f"{where} has a key that is not a string")
+        return {k: _check(item, v, f"{where}[{k!r}]") for k, v in value.items()}
+    if isinstance(tp, type) and issubclass(tp, _Fields):
+        if isinstance(value, tp):
+            return value
+        return tp._parse(value, where)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"{where} must be a boolean, got {type(value).__name__}")
+        return value
+    if tp is int:
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ValueError(f"{where} must be an integer, got {type(value).__name__}")
+        return value
+    if tp is float:
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise ValueError(f"{where} must be a number, got {type(value).__name__}")
+        return value
+    if tp is str:
+        if not isinstance(value, str):
+            raise ValueError(f"{where} must be a string, got {type(value).__name__}")
+        return value
+    raise TypeError(f"protocol: no check for the type {tp!r}")  # a bug in this module, not in a reply
+
+
+def _dump(value: Any) -> Any:
+    if isinstance(value, _Request):
+        return value.to_message()
+    if isinstance(value, _Fields):
+        return value.to_dict()
+    if isinstance(value, list):
+        return [_dump(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _dump(v) for k, v in value.items()}
+    return value
+
+
+class _Fields:
+    """Typed fields read from a JSON object (``_parse``) and written back (``to_dict``)."""
+
+    _what: ClassVar[str] = "message"
+    _ignored: ClassVar[frozenset[str]] = frozenset()
+
+    @classmethod
+    def _parse(cls: type[T], data: Any, where: str | None = None) -> T:
+        where = where or cls._what
+        if not isinstance(data, dict):
+            raise ValueError(f"{where}: must be an object, got {type(data).__name__}")
+        hints = typing.get_type_hints(cls)
+        fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+        names = {f.name for f in fields}
+        extra = sorted(str(k) for k in data if k not in names and k not in cls._ignored)
+        if extra:
+            raise ValueError(f"{where}: unexpected field {', '.join(map(repr, extra))}")
+        missing = [f.name for f in fields if f.name not in data
+                   and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+        if missing:
+            raise ValueError(f"{where}: missing field {', '.join(map(repr, missing))}")
+        values = {f.name: _check(hints[f.name], data[f.name], f"{where}: field {f.name!r}") for f in fields if f.name in data}
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields set (optional fields left at None are left out)."""
+        return {f.name: _dump(getattr(self, f.name)) for f in dataclasses.fields(self)  # type: ignore[arg-type]
+                if getattr(self, f.name) is not None}
+
+
+class _Request(_Fields):
+    op: ClassVar[str]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "op" in cls.__dict__:
+            cls._what = f"{cls.op!r} request"
+
+    def to_message(self) -> dict[str, Any]:
+        return {"op": self.op} | self.to_dict()
+
+    @classmethod
+    def from_message(cls: type[T], data: dict[str, Any]) -> T:
+        """Parse a request; its ``"op"`` may be there (it must be this class's) or already taken out."""
+        return cls._parse(data)
+
+    @classmethod
+    def _parse(cls: type[T], data: Any, where: str | None = None) -> T:
+        if isinstance(data, dict) and "op" in data:
+            if data["op"] != cls.op:  # type: ignore[attr-defined]
+                raise ValueError(f"{where or cls._what}: op is {data['op']!r}, not {cls.op!r}")  # type: ignore[attr-defined]
+            data = {k: v for k, v in data.items() if k != "op"}
+        return super()._parse.__func__(cls, data, where)  # type: ignore[attr-defined]
+
+
+class _Reply(_Fields):
+    _ignored = _BOOKKEEPING
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._what = cls.__name__
+
+    @classmethod
+    def from_reply(cls: type[T], data: dict[str, Any]) -> T:
+        return cls._parse(data)
+
+
+# -- requests of the evaluation workers ------------------------------------------------------------
+@dataclass(frozen=True)
+class ExpectRequest(_Request):
+    """Reference: compute (and hold) the expected output of the inputs drawn from ``seed``."""
+    op: ClassVar[str] = "expect"
+    seed: int
+    atol: float
+    rtol: float
+    scale: bool = False
+    strict: bool = False  # TF32 off for the expected output
+    slack: float = 0.0  # Policy.precision_slack
+
+
+@dataclass(frozen=True)
+class LoadRequest(_Request):
+    """Both roles: run the task program; the reference builds Model and writes its state dict, the
+    candidate imports model_new.py (``model_new_file``, ``modules``)."""
+    op: ClassVar[str] = "load"
+    task_file: str
+    task_name: str
+    task_source: str
+    device: str
+    tf32: str
+    init_seed: int
+    state_dict_path: str
+    allowed_aten: list[str] | None = None
+    warm: ExpectRequest | None = None  # reference: one expected output computed and dropped
+    model_new_file: str | None = None  # candidate
+    modules: dict[str, str] | None = None  # candidate: extension name -> built file
+
+
+@dataclass(frozen=True)
+class WeightsRequest(_Request):
+    op: ClassVar[str] = "weights"
+    state_dict_path: str
+
+
+@dataclass(frozen=True)
+class AttachRequest(_Request):
+    op: ClassVar[str] = "attach"
+    bytes: int
+
+
+@dataclass(frozen=True)
+class RunRequest(_Request):
+    op: ClassVar[str] = "run"
+    seed: int
+    dir: str
+    profile: bool = False
+
+
+@dataclass(frozen=True)
+class CalibrateRequest(_Request):
+    op: ClassVar[str] = "calibrate"
+    seed: int
+    timing: dict[str, Any]
+    side: str | None = None  # reference: the baseline ("eager" or "compile")
+
+
+@dataclass(frozen=True)
+class TimeRequest(_Request):
+    op: ClassVar[str] = "time"
+    seed: int
+    first: int
+    trials: int
+    calls: int
+    timing: dict[str, Any]
+    side: str | None = None  # reference: the baseline
+    watch: list[int] | None = None  # candidate: the calls whose outputs are kept for checking
+
+
+@dataclass(frozen=True)
+class TimedRequest(_Request):
+    op: ClassVar[str] = "timed"
+
+
+@dataclass(frozen=True)
+class OutputRequest(_Request):
+    op: ClassVar[str] = "output"
+    index: int
+    dir: str
+
+
+@dataclass(frozen=True)
+class ReleaseRequest(_Request):
+    op: ClassVar[str] = "release"
+
+
+@dataclass(frozen=True)
+class CompareRequest(_Request):
+    op: ClassVar[str] = "compare"
+    dir: str
+    manifest: dict[str, Any]
+    atol: float
+    rtol: float
+    scale: bool = False
+
+
+@dataclass(frozen=True)
+class DegenerateRequest(_Request):
+    op: ClassVar[str] = "degenerate"
+    seeds: list[int]
+    atol: float
+    rtol: float
+    scale: bool
+
+
+@dataclass(frozen=True)
+class CompileRequest(_Request):
+    op: ClassVar[str] = "compile"
+    seed: int
+
+
+REQUESTS: dict[str, type[_Request]] = {cls.op: cls for cls in (
+    LoadRequest, WeightsRequest, AttachRequest, RunRequest, CalibrateRequest, TimeRequest, TimedRequest,
+    OutputRequest, ExpectRequest, ReleaseRequest, CompareRequest, DegenerateRequest, CompileRequest)}
+
+
+# -- requests of the synth screener ----------------------------------------------------------------
+@dataclass(frozen=True)
+class ScreenCheckRequest(_Request):
+    op: ClassVar[str] = "check"
+    path: str
+    name: str
+    atol: float
+    rtol: float
+    scale: bool
+    seeds: list[int]
+    stochastic_ops: list[str] | None = None
+
+
+@dataclass(frozen=True)
+class ScreenTimeRequest(_Request):
+    op: ClassVar[str] = "time"
+    compiled: bool = False
+    tf32: str = "on"
+
+
+@dataclass(frozen=True)
+class ScreenCompileRequest(_Request):
+    op: ClassVar[str] = "compile"
+
+
+SCREEN_REQUESTS: dict[str, type[_Request]] = {cls.op: cls for cls in (
+    ScreenCheckRequest, ScreenTimeRequest, ScreenCompileRequest)}
+
+
+def parse_request(op: str, message: Any, requests: dict[str, type[_Request]] = REQUESTS) -> Any:
+    """The request ``message`` (a dict without its op, or already a request) as ``op``'s dataclass."""
+    cls = requests.get(op)
+    if cls is None:
+        raise ValueError(f"unknown request {op!r}")
+    if isinstance(message, cls):
+        return message
+    return cls.from_message(message)
+
+
+# -- replies the evaluator reads -------------------------------------------------------------------
+@dataclass(frozen=True)
+class ShareInfo(_Reply):
+    shared: bool
+    reason: str | None = None
+    bytes: int | None = None
+    pinned: bool | None = None
+
+
+@dataclass(frozen=True)
+class LoadReply(_Reply):
+    """The reference's (parameters, gpu, share) or the candidate's (nothing)."""
+    parameters: int | None = None
+    gpu: str | None = None
+    share: ShareInfo | None = None
+
+
+@dataclass(frozen=True)
+class ExpectReply(_Reply):
+    fingerprint: list[Any]
+    output_bytes: int
+    allowance: float = 1.0
+
+
+@dataclass(frozen=True)
+class RunReply(_Reply):
+    fingerprint: list[Any]
+    manifest: dict[str, Any]
+    kernels: Any = None  # the profiled call's kernel report (parse_kernel_report checks it)
+
+
+@dataclass(frozen=True)
+class CalibrateReply(_Reply):
+    estimate_ms: float
+
+
+@dataclass(frozen=True)
+class TimeReply(_Reply):
+    samples: list[float]
+
+
+@dataclass(frozen=True)
+class TimedCall(_Reply):
+    index: int
+    fingerprint: list[Any]
+
+
+@dataclass(frozen=True)
+class TimedReply(_Reply):
+    checked: list[TimedCall]
+
+
+@dataclass(frozen=True)
+class OutputReply(_Reply):
+    manifest: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class AttachReply(_Reply):
+    attached: bool
+    reason: str | None = None
+    pinned: bool | None = None
+
+
+@dataclass(frozen=True)
+class ReleaseReply(_Reply):
+    reserved: int = 0
+
+
+@dataclass(frozen=True)
+class CompareReply(_Reply):
+    reports: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class DegenerateReply(_Reply):
+    passing: list[str]
+    details: dict[str, str]
+
+
+@dataclass(frozen=True)
+class CompileReply(_Reply):
+    compile_seconds: float | None = None
+    compile_error: str | None = None
