@@ -92,7 +92,9 @@ def test_run_resumes_reports_and_compares(tmp_path, examples, cache_dir):
         ("level1/2_SwishAgain", "level1_2/sample_1", "incorrect"),
         ("level1/3_SwishThird", "level1_3", "failed"),
     ]
-    assert seen == [3, 3, 3] and all(r["baseline_cached"] for r in rest if r["status"] != "failed")
+    # Baselines are looked up only once a candidate is correct (an incorrect one is never timed).
+    assert seen == [3, 3, 3] and all(r["baseline_cached"] for r in rest if r["status"] == "correct")
+    assert not any(r["baseline_cached"] or r["times"] for r in rest if r["status"] != "correct")
     assert run_bench(run, tasks, found, "cpu", evaluator_options=options, settings={"device": "cpu"}) == []
     assert len(read_results(run)) == 4
     with pytest.raises(ValueError, match="other settings"):
