@@ -23,7 +23,32 @@ from common import ROOT, examples
 from cuda_agent import Evaluator
 
 
-def child(task_file: str, modules: dict[str, str], model_new: str, rounds: int) -> dict:
+def placements(task, model, setup, state, rounds: int) -> dict:
+    """The candidate, eager and torch.compile timed as the rounds time them (fresh inputs, events, the
+    end in stream order), with the allocator's pool laid out differently before each: a spacer of
+    some MiB held while the timed calls draw their inputs and outputs. Keys: ``side@spacer``."""
+    import torch
+
+    from cuda_agent.evaluate.policy import TimingConfig
+    from cuda_agent.evaluate.timing import measure
+
+    config = TimingConfig(method="events", end_fence="stream", hold_us=50.0, target_ms=200)
+    reference = task.Model(*task.get_init_inputs()).cuda().eval()
+    sides = {"candidate": model, "eager": reference, "compile": torch.compile(reference)}
+    out: dict[str, list[float]] = {}
+    with torch.no_grad():
+        for _ in range(rounds):
+            for spacer_mib in (0, 2, 6, 34, 130, 514):
+                torch.cuda.empty_cache()
+                spacer = torch.empty(spacer_mib << 20, dtype=torch.uint8, device="cuda") if spacer_mib else None
+                for side, fn in sides.items():
+                    median = measure(lambda fn=fn: fn(*state["inputs"]), "cuda", config, setup).median_ms
+                    out.setdefault(f"{side}@{spacer_mib}", []).append(median)
+                del spacer
+    return out
+
+
+def child(task_file: str, modules: dict[str, str], model_new: str, rounds: int, placement: bool = False) -> dict:
     import torch
 
     from cuda_agent.evaluate.policy import TimingConfig
@@ -72,6 +97,8 @@ def child(task_file: str, modules: dict[str, str], model_new: str, rounds: int) 
                 samples.append(start.elapsed_time(end))
         return statistics.median(samples)
 
+    if placement:
+        return placements(task, model, setup, state, rounds)
     out: dict[str, list[float]] = {"fresh": [], "delayed": [], "fixed": []}
     for round_ in range(rounds):
         out["fresh"].append(fresh())
@@ -88,12 +115,14 @@ def main() -> None:
     parser.add_argument("--example", default="cuda_gelu")
     parser.add_argument("--processes", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--placement", action="store_true",
+                        help="time candidate, eager and compile under different allocator layouts instead")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         spec = json.loads(args.child)
-        print(json.dumps(child(spec["task"], spec["modules"], spec["model_new"], args.rounds)))
+        print(json.dumps(child(spec["task"], spec["modules"], spec["model_new"], args.rounds, args.placement)))
         return
     [(_, task, candidate)] = list(examples("cuda", [args.example]))
     built = Evaluator("cuda").build(candidate)
@@ -102,7 +131,8 @@ def main() -> None:
             "model_new": str(ROOT / "examples" / args.example / "solution" / "model_new.py")}
     rows = []
     for number in range(args.processes):
-        done = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec), "--rounds", str(args.rounds)],
+        done = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec), "--rounds", str(args.rounds)]
+                              + (["--placement"] if args.placement else []),
                               capture_output=True, text=True, check=True)
         row = json.loads(done.stdout.strip().splitlines()[-1])
         rows.append(row)

@@ -7,6 +7,7 @@
 #   bash benchmarks/gpu_session.sh vs_release  # speed and reward stability beside the CUDA Agent release's
 #                                            # scripts (carry .data; extra arguments go to vs_release.py)
 #   bash benchmarks/gpu_session.sh guard     # guard overhead
+#   bash benchmarks/gpu_session.sh stability # end-of-region variants: rewards and spread over repeats
 #   bash benchmarks/gpu_session.sh drift     # candidate timing over successive evaluations, with the clocks
 #   bash benchmarks/gpu_session.sh precision # precision calibration (~1 min)
 #   bash benchmarks/gpu_session.sh bench     # all three (over the device tool's 10-minute limit per call)
@@ -93,6 +94,11 @@ precision|bench)
     python3 benchmarks/precision_calibration.py --device cuda --out "$OUT/precision_calibration.json" 2>&1 | tail -6
     ;;
 speed|guard) ;;
+stability)
+    # The end of the timed region, variant by variant (benchmarks/timing_stability.py).
+    python3 benchmarks/timing_stability.py --examples ${SPEED_EXAMPLES:-cuda_gelu cuda_row_softmax} \
+        --repeats ${VS_REPEATS:-6} --out "$OUT/stability.jsonl" "$@" 2>&1 | tee "$OUT/stability.log" | grep -v "^ "
+    ;;
 drift)
     python3 benchmarks/timing_drift.py --examples ${SPEED_EXAMPLES:-cuda_gelu cuda_row_softmax} \
         --evaluations ${DRIFT_EVALUATIONS:-6} --out "$OUT/drift" 2>&1 | tee "$OUT/drift.log" | tail -4

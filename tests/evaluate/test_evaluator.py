@@ -138,6 +138,49 @@ def test_prestarted_processes_serve_the_next_evaluation_and_stop_on_close(exampl
     assert not evaluator._spare and not fresh.alive() and not fresh.job.exists()
 
 
+def test_spares_stand_still_while_anything_is_timed(example, cache_dir, monkeypatch):
+    """A prestarted process still starting puts work on the device; it is stopped during the rounds
+    and runs again after them."""
+    import importlib
+
+    evaluator_module = importlib.import_module("cuda_agent.evaluate.evaluator")
+    from cuda_agent.sandbox.process import descendants, process_state
+
+    task, solution = example
+    seen = []
+    real = evaluator_module.run_rounds
+
+    def watching(*args, **kwargs):
+        seen.append({pid: process_state(pid) for workers in evaluator._spare
+                     for pid in [workers.candidate.proc.pid, *descendants(workers.candidate.proc.pid)]})
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(evaluator_module, "run_rounds", watching)
+    with Evaluator("cpu", cache_dir=cache_dir, prestart=2, timeouts=Timeouts(check_s=20, load_s=120)) as evaluator:
+        assert evaluator.evaluate(task, load_candidate(solution)).status == "correct"
+        assert evaluator.evaluate(task, load_candidate(solution)).status == "correct"
+        assert seen[-1]  # the first evaluation starts its spares only once it is done
+        assert all(state in ("T", "t") for states in seen for state in states.values()), seen
+        after = [process_state(w.candidate.proc.pid) for w in evaluator._spare]
+        assert after and all(state not in ("T", "t") for state in after)
+
+
+def test_a_cached_baseline_key_is_not_written_again(example, cache_dir, monkeypatch):
+    task, solution = example
+    with Evaluator("cpu", cache_dir=cache_dir, timeouts=Timeouts(check_s=20, load_s=120)) as evaluator:
+        writes = []
+        put = evaluator.baselines.put
+        monkeypatch.setattr(evaluator.baselines, "put", lambda key, record: (writes.append(key), put(key, record)))
+        for _ in range(3):  # a busy 2-core machine can time a baseline too unsteadily to cache
+            assert evaluator.evaluate(task, load_candidate(solution)).status == "correct"
+            if writes:  # none at all also when an earlier test cached this key
+                break
+        before = len(writes)
+        again = evaluator.evaluate(task, load_candidate(solution))
+        assert again.status == "correct" and again.times["eager"]["median_ms"] > 0
+        assert len(writes) == before
+
+
 def test_wrong_output_is_incorrect(example, evaluator, tmp_path):
     task, solution = example
     wrong = variant(tmp_path, solution, "return cuda_extension.scaled_swish(x, self.scale * 1.1)")

@@ -489,15 +489,21 @@ class Evaluator:
     def _baselines_for(self, task: Task, reference: LiveReference, result: EvalResult) -> tuple[dict[str, Any], str]:
         """What the baselines are timed from: ``{"fixed": {side: stats}}`` for cached baselines
         (``TimingConfig.baselines == "cached"`` and a record in the cache), else the sides to time
-        in the rounds. torch.compile happens here, once per reference process."""
+        in the rounds."""
         key = baseline_key(task.digest, result.environment, result.policy, result.timing, self.device)
         if self.timing.baselines == "cached":
             cached = self._cached_baseline(key)
             if cached is not None:
                 result.baseline_cached = True
                 return {"fixed": {side: cached[side] for side in BASELINES if side in cached}, "record": cached}, key
-        sides = self._baseline_sides(reference)
-        return {"fixed": {}, "sides": sides, "compile_error": (reference.compiled or {}).get("compile_error")}, key
+        # A key already cached needs no new record, nor the idle check (0.2-0.5 s) that guards writing one.
+        return self._timed_baselines(reference, cache=self._cached_baseline(key) is None), key
+
+    def _timed_baselines(self, reference: LiveReference, cache: bool) -> dict[str, Any]:
+        """Baselines to time in the rounds; with ``cache``, their record is written (if steady, on an
+        idle GPU). torch.compile happens here, once per reference process."""
+        return {"fixed": {}, "sides": self._baseline_sides(reference),
+                "compile_error": (reference.compiled or {}).get("compile_error"), "cache": cache}
 
     def _baseline_sides(self, reference: LiveReference) -> list[str]:
         """The baselines the reference can time now (torch.compile asked for once per process)."""
@@ -518,8 +524,8 @@ class Evaluator:
         sides: dict[str, Callable[[int, int, int], list[float]]] = {}
         plans: dict[str, Plan] = {}
         watched: list[int] = []
-        with self.timing_lock:
-            if baseline.get("sides"):
+        with self.timing_lock, self._spares_stopped():
+            if baseline.get("sides") and baseline.get("cache"):
                 result.notes.extend(f"baselines timed on a busy GPU and not cached: {busy}"
                                     for busy in [self._wait_until_idle()] if busy)
             if candidate is not None:
@@ -548,6 +554,20 @@ class Evaluator:
                     candidate.worker.resume()
         result.timing = result.timing | {"plans": {side: vars(plan) for side, plan in plans.items()}}
         return rounds, watched
+
+    @contextlib.contextmanager
+    def _spares_stopped(self) -> Iterator[None]:
+        """The prestarted candidate processes stand still while anything is timed: one still starting
+        (CUDA context, first kernels, the profiler) puts work on the GPU, and measured in the
+        middle of an evaluation's rounds it slowed whichever side was timed then by up to 10%."""
+        paused = [workers.candidate for workers in self._spare if workers.alive()]
+        try:
+            for worker in paused:
+                worker.pause()
+            yield
+        finally:
+            for worker in paused:
+                worker.resume()
 
     @staticmethod
     def _pause(candidate: Channel) -> None:
@@ -638,7 +658,7 @@ class Evaluator:
             elif rounds.count(side):
                 result.times[side] = rounds.stats(side, method).to_dict()
         speedups = self._speedups(rounds)
-        if baseline.get("sides"):
+        if baseline.get("sides") and baseline.get("cache"):
             self._keep_baseline(key, rounds, baseline, result)
         compile_error = baseline.get("compile_error") or (baseline.get("record") or {}).get("compile_error")
         if "compile" not in speedups and compile_error:
@@ -783,8 +803,7 @@ class Evaluator:
 
     def _measure_baselines(self, key: str, reference: LiveReference, result: EvalResult) -> dict[str, Any]:
         """The baselines alone, in rounds, until each one's per-round spread is small enough."""
-        baseline = {"fixed": {}, "sides": self._baseline_sides(reference),
-                    "compile_error": (reference.compiled or {}).get("compile_error")}
+        baseline = self._timed_baselines(reference, cache=True)
         wide = lambda r: any(r.spread(side) > self.timing.baseline_spread for side in baseline["sides"])  # noqa: E731
         rounds, _ = self._time_rounds(reference.channel, None, 0, baseline, result, undecided=wide)
         return self._keep_baseline(key, rounds, baseline, result)

@@ -111,8 +111,8 @@ PRESETS = {
 class TimingConfig:
     """One timing method for candidate and baselines alike.
 
-    ``events``: device events around each trial, a device-wide synchronise before
-    the end event, L2 flushed before each trial. ``profiler``: the paper's
+    ``events``: device events around each trial (``end_fence``, ``hold_us``), L2
+    flushed before each trial. ``profiler``: the paper's
     measure (CUDA kernel device time in torch.profiler). ``host``: the same
     protocol as ``events`` with a host clock (CPU backend).
 
@@ -131,7 +131,7 @@ class TimingConfig:
 
     method: str = "auto"  # auto -> events on cuda, host on cpu
     warmup: int = 5
-    warmup_ms: float = 50.0
+    warmup_ms: float = 25.0
     min_trials: int = 20
     max_trials: int = 200
     target_ms: float = 1000.0  # measure()'s one-shot run (the synth screen)
@@ -142,13 +142,24 @@ class TimingConfig:
     baselines: str = "interleaved"  # "interleaved" | "cached"
     rounds_min: int = 5
     rounds_max: int = 40
-    round_ms: float = 25.0
+    round_ms: float = 10.0
     round_trials: tuple[int, int] = (4, 100)
     region_ms: float = 1.0
     max_calls: int = 100
     confidence: float = 0.95
     budget_s: float = 15.0
     baseline_spread: float = 0.05
+    # Where a timed region ends (events): "device" records the end event after a device-wide
+    # synchronise on the host, so it carries the host's wake-up latency (tens of us, and it moves
+    # with the process); "stream" records it in stream order right after the calls and checks,
+    # against a fence taken after the synchronise, that no work ran past it (a region whose fence
+    # is later than an empty region's ever was is timed to the fence instead).
+    end_fence: str = "stream"
+    # Microseconds the GPU is kept busy before the start event, so the host has enqueued the
+    # region's launches when it starts: the host's time to reach the GPU (a compiled module's
+    # guards, Python dispatch) moves by tens of us from one process to the next, and left in the
+    # region it moved whole evaluations by 2-5% (benchmarks/timing_stability.py). 0: off.
+    hold_us: float = 200.0
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -156,6 +167,10 @@ class TimingConfig:
             raise ValueError(f"unknown timing method {self.method!r}; use events, host or profiler.")
         if self.baselines not in ("interleaved", "cached"):
             raise ValueError(f"unknown baselines mode {self.baselines!r}; use interleaved or cached.")
+        if self.end_fence not in ("device", "stream"):
+            raise ValueError(f"unknown end_fence {self.end_fence!r}; use device or stream.")
+        if not 0 <= self.hold_us <= 1000:
+            raise ValueError("TimingConfig.hold_us is between 0 and 1000 microseconds.")
         if self.min_trials < 20:
             raise ValueError("TimingConfig.min_trials must be at least 20.")
         if not 3 <= self.rounds_min <= self.rounds_max:

@@ -1,8 +1,11 @@
 """One timing method for candidate and baselines (runs inside worker processes).
 
 Warm-up, then timed trials; before each, the L2 cache is flushed by writing a
-buffer larger than it; device events surround each trial with a device-wide
-synchronise before the end event, so work left on side streams is counted. An
+buffer larger than it. Device events surround each trial: the GPU is held busy
+briefly before the start event (the host's launch time stays out), the end
+event follows the calls in stream order, and a fence recorded after a
+device-wide synchronise catches work left running on other streams (such a
+trial is timed to the fence). An
 evaluation times candidate and baselines in interleaved rounds (``time_round``,
 driven by the evaluator) so that the machine's slow spells fall on both sides
 of every speedup; ``evaluate.decide`` turns the rounds into a decision.
@@ -10,6 +13,7 @@ of every speedup; ``evaluate.decide`` turns the rounds into a decision.
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import time
@@ -130,21 +134,7 @@ def time_round(prepare: Callable[[], Callable[[], Any]], device: str, config: Ti
     flush = _flush_buffer(device, config)
     samples: list[float] = []
     if cuda:
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(trials)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(trials)]
-        for start, end in zip(starts, ends):
-            ready = [prepare() for _ in range(calls)]
-            reset_persisting_l2()  # persisting lines would survive the flush
-            if flush is not None:
-                flush.zero_()
-            torch.cuda.synchronize()
-            start.record()
-            for call in ready:
-                call()
-            torch.cuda.synchronize()
-            end.record()
-        torch.cuda.synchronize()
-        samples = [s.elapsed_time(e) / calls for s, e in zip(starts, ends)]
+        samples = _time_regions_cuda(prepare, config, trials, calls, flush)
     else:
         for _ in range(trials):
             ready = [prepare() for _ in range(calls)]
@@ -155,6 +145,70 @@ def time_round(prepare: Callable[[], Callable[[], Any]], device: str, config: Ti
                 call()
             samples.append((time.perf_counter_ns() - begin) / 1e6 / calls)
     return samples
+
+
+def _time_regions_cuda(prepare: Callable[[], Callable[[], Any]], config: TimingConfig, trials: int, calls: int,
+                       flush: Any) -> list[float]:
+    import torch
+
+    stream_end = config.end_fence == "stream"
+    hold_cycles = int(config.hold_us * _sm_clock_ghz() * 1e3)
+    # An empty region gives the fence's own lateness (the host's wake-up after the synchronise);
+    # a region whose fence is later than that was followed by work the end event did not wait for.
+    allowance_ms = _empty_fence_ms(hold_cycles) * 2 + 0.005 if stream_end else 0.0
+    events = [[torch.cuda.Event(enable_timing=True) for _ in range(3)] for _ in range(trials)]
+    for start, end, fence in events:
+        ready = [prepare() for _ in range(calls)]
+        reset_persisting_l2()  # persisting lines would survive the flush
+        if flush is not None:
+            flush.zero_()
+        torch.cuda.synchronize()
+        if hold_cycles:
+            torch.cuda._sleep(hold_cycles)
+        start.record()
+        for call in ready:
+            call()
+        if stream_end:
+            end.record()
+        torch.cuda.synchronize()
+        fence.record()
+    torch.cuda.synchronize()
+    samples = []
+    for start, end, fence in events:
+        to_fence = start.elapsed_time(fence)
+        if stream_end:
+            to_end = start.elapsed_time(end)
+            samples.append(to_end if to_fence - to_end <= allowance_ms else to_fence)
+        else:
+            samples.append(to_fence)
+    return [sample / calls for sample in samples]
+
+
+def _empty_fence_ms(hold_cycles: int, regions: int = 5) -> float:
+    """The latest an empty region's fence came after its end event, in ms."""
+    import torch
+
+    late = 0.0
+    for _ in range(regions):
+        start, end, fence = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+        torch.cuda.synchronize()
+        if hold_cycles:
+            torch.cuda._sleep(hold_cycles)
+        start.record()
+        end.record()
+        torch.cuda.synchronize()
+        fence.record()
+        fence.synchronize()
+        late = max(late, end.elapsed_time(fence))
+    return late
+
+
+@functools.cache
+def _sm_clock_ghz() -> float:
+    import torch
+
+    rate_khz = getattr(torch.cuda.get_device_properties(0), "clock_rate", 0) or 2_000_000
+    return rate_khz / 1e6
 
 
 def _profiled_region(ready: list[Callable[[], Any]]) -> float:
