@@ -220,6 +220,43 @@ def test_failures_are_records_and_the_next_evaluation_works(example, evaluator, 
     assert good.status == "correct", good.summary()
 
 
+def test_memory_taken_a_little_at_a_time_fails_as_memory(example, evaluator, tmp_path):
+    """No cgroup here: the address-space limit still bounds a candidate that never asks for much at
+    once, it fails as ``memory``, and the evaluator goes on serving."""
+    task, solution = example
+    creep = variant(tmp_path, solution, "kept = []\nwhile True:\n    kept.append(torch.ones(16 * 1024**2))\nreturn x",
+                    name="creep")
+    result = runtime_only(evaluator).evaluate(task, creep)
+    assert result.status == "failed" and result.rule == "memory", result.summary()
+    assert "out of memory" in result.reason
+    assert evaluator.evaluate(task, load_candidate(solution)).status == "correct"
+
+
+def test_a_thread_started_only_on_unwatched_calls_is_seen_from_outside(example, evaluator, tmp_path):
+    """The in-process guard watches the checked calls only; a candidate that tells them apart (the
+    dispatch mode stack) and starts its thread on the others is caught by counting threads from
+    outside, whatever the thread calls itself."""
+    task, solution = example
+    sly = variant(tmp_path, solution, (
+        "from torch.utils._python_dispatch import _get_current_dispatch_mode_stack\n"
+        "if not _get_current_dispatch_mode_stack():\n"
+        "    import threading, time\n"
+        "    threading.Thread(target=time.sleep, args=(30,), name='cuda-EvtHandlr', daemon=True).start()\n"
+        "return cuda_extension.scaled_swish(x, self.scale)"), name="sly-thread")
+    result = runtime_only(evaluator).evaluate(task, sly)
+    assert result.status == "failed" and result.rule == "thread", result.summary()
+    assert "seen from outside" in result.reason and result.stage == "profile"
+    assert evaluator.evaluate(task, load_candidate(solution)).status == "correct"
+
+
+def test_workers_get_a_memory_bound_unless_told_none(cache_dir):
+    from cuda_agent.evaluate.evaluator import default_memory_limit
+
+    assert Evaluator("cpu", cache_dir=cache_dir).memory_limit == default_memory_limit() >= 4 * 1024**3
+    assert Evaluator("cpu", cache_dir=cache_dir, memory_limit=0).memory_limit is None
+    assert Evaluator("cpu", cache_dir=cache_dir, memory_limit=1 << 33).memory_limit == 1 << 33
+
+
 def test_flood_keeps_only_a_tail(example, evaluator, tmp_path):
     task, solution = example
     result = evaluator.evaluate(task, variant(tmp_path, solution, "while True:\n    print('y' * 65536)"))

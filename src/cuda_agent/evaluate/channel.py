@@ -65,6 +65,8 @@ class Channel:
         if not reply.get("ok"):
             kind = reply.get("kind", "exception")
             rule = reply.get("rule") if self.who == "candidate" else None
+            if kind == "out_of_memory" and self.who == "candidate":
+                rule = "memory"
             raise Stop(self.status if kind != "task" else "error", stage,
                        f"{self.who}: {_PREFIX.get(kind, 'exception')}: {reply.get('error')}", reply.get("traceback"),
                        rule=rule, answered=True, detail=str(reply.get("error")))

@@ -148,7 +148,7 @@ class Evaluator:
         self.gpu_index = gpu_index
         self.timeouts = timeouts
         self.output_limit = output_limit
-        self.memory_limit = memory_limit
+        self.memory_limit = default_memory_limit() if memory_limit is None else (memory_limit or None)
         self.time_compile = time_compile
         self.check_idle = check_idle
         self.idle_wait_s = idle_wait_s
@@ -528,6 +528,7 @@ class Evaluator:
             if baseline.get("sides") and baseline.get("cache"):
                 result.notes.extend(f"baselines timed on a busy GPU and not cached: {busy}"
                                     for busy in [self._wait_until_idle()] if busy)
+            threads_before = candidate.worker.threads() if candidate is not None else {}
             if candidate is not None:
                 self.on_stage("profile", "warming the candidate up")
                 estimate = candidate.ask_typed("profile", CalibrateRequest(seed=secrets.randbits(62), timing=config.to_dict()),
@@ -552,8 +553,21 @@ class Evaluator:
             finally:
                 if candidate is not None:
                     candidate.worker.resume()
+            if candidate is not None:
+                self._check_no_new_threads(candidate, threads_before, "while it was timed")
         result.timing = result.timing | {"plans": {side: vars(plan) for side, plan in plans.items()}}
         return rounds, watched
+
+    @staticmethod
+    def _check_no_new_threads(candidate: Channel, before: dict[int, str], when: str) -> None:
+        """Threads of the candidate's process tree, counted from outside, before the warm-up and
+        after the rounds: the harness starts none in between, so a new one is the candidate's, whatever
+        its name (the in-process check sees only the checked calls, and trusts runtime-like names)."""
+        started = {tid: name for tid, name in candidate.worker.threads().items() if tid not in before}
+        if started:
+            names = ", ".join(sorted(set(started.values())))
+            raise Stop("failed", "profile", f"{len(started)} thread(s) or process(es) started {when}, seen from "
+                       f"outside the candidate's process ({names})", rule="thread")
 
     @contextlib.contextmanager
     def _spares_stopped(self) -> Iterator[None]:
@@ -881,6 +895,16 @@ class Evaluator:
             readable=[*readable, PACKAGE_ROOT],
             fd_channel=True,
         )
+
+
+def default_memory_limit() -> int:
+    """Host memory one worker process may use unless told otherwise: half the machine, at least 4 GiB.
+    Without it a candidate that allocates a little at a time meets no bound short of the host's OOM
+    killer, which may pick the evaluator. Enforced through the job's cgroup (memory.max) where one can
+    be delegated, else as an address-space limit (RLIMIT_AS) for CPU jobs; GPU jobs without a cgroup
+    get none (an address-space limit breaks CUDA start-up)."""
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return max(4 * 1024**3, physical // 2)
 
 
 def evaluate(task: Task, candidate: Candidate, device: str = "auto", **options: Any) -> EvalResult:

@@ -49,6 +49,7 @@ RUNTIME_RULES: dict[str, str] = {
     "coverage": "the candidate's own kernels carried less of forward's GPU time than the policy asks",
     "forged-reply": "a reply on the worker channel that its request loop did not write",
     "baseline-interference": "the candidate's processes could not be stopped while the baselines were timed",
+    "memory": "the candidate's process ran out of the memory it is allowed (Evaluator memory_limit)",
     "state-dict": "Model's state dict does not load into ModelNew",
     "interface": "model_new.py does not define ModelNew",
     "harness": "the candidate cannot be run by the harness's protocol (extension not loadable, unknown "

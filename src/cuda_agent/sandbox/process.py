@@ -192,6 +192,23 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def tree_threads(pid: int) -> dict[int, str]:
+    """Thread id -> name of every thread of ``pid`` and the processes below it, read from outside
+    (``/proc/PID/task``): what the process tree says of itself cannot change this view."""
+    threads: dict[int, str] = {}
+    for process in descendants(pid):
+        try:
+            tids = os.listdir(f"/proc/{process}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                threads[int(tid)] = Path(f"/proc/{process}/task/{tid}/comm").read_text().strip()
+            except OSError:
+                continue
+    return threads
+
+
 def process_state(pid: int) -> str | None:
     """The one-letter state of ``pid`` (R, S, T, ...), or None if it is gone."""
     try:
@@ -424,6 +441,10 @@ class WorkerProcess:
                         continue
                     self._paused.add(pid)
             time.sleep(0.001)
+
+    def threads(self) -> dict[int, str]:
+        """Every thread of the worker and what it started, seen from outside."""
+        return tree_threads(self.proc.pid)
 
     def resume(self) -> None:
         for pid in getattr(self, "_paused", ()):
