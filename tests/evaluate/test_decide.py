@@ -124,3 +124,13 @@ def test_timing_config_checks_the_round_settings():
         TimingConfig(round_trials=(1, 5))
     restored = TimingConfig.from_dict(TimingConfig(round_trials=(3, 7)).to_dict())
     assert restored.round_trials == (3, 7)
+
+
+def test_timing_config_checks_the_region_bounds():
+    with pytest.raises(ValueError, match="end_fence"):
+        TimingConfig(end_fence="host")
+    with pytest.raises(ValueError, match="hold_us"):
+        TimingConfig(hold_us=-1)
+    default = TimingConfig()
+    assert default.end_fence == "stream" and default.hold_us == 200.0
+    assert TimingConfig.from_dict(TimingConfig(end_fence="device", hold_us=0).to_dict()).end_fence == "device"
