@@ -537,7 +537,7 @@ class Evaluator:
                 plans["candidate"] = plan = Plan.for_call(self._positive(estimate, "warm-up time"), config)
                 # Checked calls drawn uniformly from the timed calls every run makes (the minimum rounds).
                 pool = config.rounds_min * plan.trials * plan.calls
-                watched = sorted(set(secrets.randbelow(pool) for _ in range(TIMED_CHECKS)))
+                watched = sorted(secrets.SystemRandom().sample(range(pool), min(TIMED_CHECKS, pool)))
                 sides["candidate"] = self._candidate_side(candidate, base, watched)
             for side in baseline.get("sides", []):
                 self.on_stage("baseline", f"warming {side} up")
