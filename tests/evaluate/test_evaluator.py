@@ -249,6 +249,21 @@ def test_a_thread_started_only_on_unwatched_calls_is_seen_from_outside(example, 
     assert evaluator.evaluate(task, load_candidate(solution)).status == "correct"
 
 
+def test_a_timing_reply_that_leaves_out_the_last_call_is_forged(example, evaluator, tmp_path):
+    """The candidate's process says which timed calls it kept; the evaluator knows which it chose and
+    which call was last, and takes no other set (a candidate would offer one it got right)."""
+    task, solution = example
+    forger = variant(tmp_path, solution, "return cuda_extension.scaled_swish(x, self.scale)", name="forger", prelude=(
+        "import sys\n"
+        "_side = sys.modules['__main__'].CandidateSide\n"
+        "_timed = _side.timed\n"
+        "_side.timed = lambda self: sorted(_timed(self), key=lambda c: c['index'])[:-1]\n"))
+    result = runtime_only(evaluator).evaluate(task, forger)
+    assert result.status == "failed" and result.rule == "forged-reply", result.summary()
+    assert "and the last" in result.reason
+    assert evaluator.evaluate(task, load_candidate(solution)).status == "correct"
+
+
 def test_workers_get_a_memory_bound_unless_told_none(cache_dir):
     from cuda_agent.evaluate.evaluator import default_memory_limit
 

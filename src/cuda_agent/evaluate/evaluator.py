@@ -449,7 +449,9 @@ class Evaluator:
         result.durations["profile"] = round(time.monotonic() - clock, 3)
 
         clock = time.monotonic()
-        output_bytes = self._check_timed_outputs(reference.channel, candidate, base, watched, job, result)
+        plan = Plan(**result.timing["plans"]["candidate"])
+        last = rounds.count("candidate") * plan.trials * plan.calls - 1
+        output_bytes = self._check_timed_outputs(reference.channel, candidate, base, watched, last, job, result)
         result.durations["verify"] += round(time.monotonic() - clock, 3)
         result.correct = True
         self._decide(rounds, baseline, key, output_bytes, result)
@@ -636,14 +638,17 @@ class Evaluator:
             text = ", ".join(f"{side} spread {rounds.spread(side):.1%}" for side in rounds.samples)
         self.on_stage("profile", f"round {number}: {text}")
 
-    def _check_timed_outputs(self, reference: Channel, candidate: Channel, base: int, watched: list[int], job: Path,
-                             result: EvalResult) -> int:
+    def _check_timed_outputs(self, reference: Channel, candidate: Channel, base: int, watched: list[int], last: int,
+                             job: Path, result: EvalResult) -> int:
         """The outputs of timed calls are checked too: a candidate that is right only when checked
         (or replays a stored result) fails here. Returns the output's size in bytes."""
         timed = candidate.ask_typed("profile", TimedRequest(), TimedReply, self.timeouts.profile_s)
         returned = [c.index for c in timed.checked]
-        if not set(watched) <= set(returned) or len(returned) > len(watched) + 1:
-            raise Stop("failed", "profile", "the timing reply does not hold the calls asked for", rule="forged-reply")
+        # Exactly the calls chosen in secret and the last timed call, whose index the evaluator knows
+        # (any other "last" would let the candidate pick a call it got right).
+        if sorted(returned) != sorted(set(watched) | {last}):
+            raise Stop("failed", "profile", "the timing reply does not hold the calls asked for (the checked calls "
+                       f"{sorted(watched)} and the last, {last})", rule="forged-reply")
         output_bytes = 0
         for number, call in enumerate(timed.checked):
             self.on_stage("verify", f"timed output {number + 1}/{len(returned)}")
