@@ -134,3 +134,22 @@ def test_timing_config_checks_the_region_bounds():
     default = TimingConfig()
     assert default.end_fence == "stream" and default.hold_us == 200.0
     assert TimingConfig.from_dict(TimingConfig(end_fence="device", hold_us=0).to_dict()).end_fence == "device"
+
+
+def test_the_clock_check_passes_an_honest_round_and_fails_regions_reported_short():
+    from cuda_agent.evaluate.decide import clock_check
+    from cuda_agent.evaluate.policy import TimingConfig
+
+    config = TimingConfig(clock_slack=0.1, clock_trial_us=50, clock_noise=3)
+    # 10 regions of 1 ms reported; the rounds took 13 ms, of which 3 ms is the harness (empty rounds);
+    # one slow round moves neither the medians nor the scatter much.
+    honest = clock_check([13.1, 13.0, 19.0], [10.0, 10.0, 10.0], [3.0, 3.2], 10, config)
+    assert honest.ok and honest.unexplained_ms == pytest.approx(0.0)
+    assert honest.limit_ms == pytest.approx(1.0 + 0.5 + 3 * 1.4826 * 0.1)
+    # The same rounds reported as 0.55 ms regions: 4.5 ms per round unexplained.
+    forged = clock_check([13.1, 13.0, 13.2], [5.5, 5.5, 5.5], [3.0, 3.2], 10, config)
+    assert not forged.ok and forged.unexplained_ms == pytest.approx(4.5)
+    assert forged.to_dict()["ok"] is False
+    # A host whose harness time wanders by milliseconds is given that much room.
+    noisy = clock_check([20.0, 13.0, 16.0, 24.0, 13.5], [10.0] * 5, [3.0, 9.0, 4.0], 10, config)
+    assert noisy.ok and noisy.limit_ms > 10

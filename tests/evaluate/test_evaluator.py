@@ -9,6 +9,7 @@ import pytest
 from samples import INLINE_SWISH
 
 from cuda_agent import EvalResult, Evaluator, load_candidate, load_task
+from cuda_agent.evaluate.evaluator import TIMED_CHECKS
 from cuda_agent.evaluate import Timeouts
 from cuda_agent.evaluate.pool import evaluate_many
 
@@ -61,16 +62,20 @@ def test_end_to_end_correct(example, evaluator):
     result = evaluator.evaluate(task, load_candidate(solution))
     assert result.status == "correct", result.summary() + (result.traceback or "") + result.output
     assert result.compiled and result.correct
-    assert len(result.checks) == 8 and all(c["ok"] for c in result.checks)
-    # two timed calls chosen in secret and the last one are checked too
-    assert [c.get("timed", False) for c in result.checks] == [False] * 5 + [True] * 3
-    timed_calls = [c["call"] for c in result.checks if c.get("timed")]
+    assert len(result.checks) == 5 + TIMED_CHECKS + 1 and all(c["ok"] for c in result.checks)
+    # Records of timed calls drawn after the rounds, and the last timed call whole, are checked too.
+    assert [c.get("timed", False) for c in result.checks] == [False] * 5 + [True] * (TIMED_CHECKS + 1)
+    assert [c.get("record", False) for c in result.checks[5:]] == [True] * TIMED_CHECKS + [False]
+    recorded = [c["call"] for c in result.checks if c.get("record")]
     timing = result.timing
     plan = timing["plans"]["candidate"]
-    # The secretly checked calls are drawn from the timed calls (not warm-up); the last is the last timed.
     last = result.decision["rounds"] * plan["trials"] * plan["calls"] - 1
-    assert timed_calls == sorted(set(timed_calls)) and timed_calls[-1] == last
-    assert all(r["max_abs_error"] < 1e-3 for c in result.checks for r in c["reports"])
+    assert len(set(recorded)) == TIMED_CHECKS and all(0 <= call <= last for call in recorded)
+    assert result.checks[-1]["call"] == last
+    assert all(r["max_abs_error"] < 1e-3 for c in result.checks if not c.get("record") for r in c["reports"])
+    # The outside clock saw the rounds and found them explained by the reported regions.
+    clock = timing["clock"]
+    assert clock["ok"] and clock["rounds"] == result.decision["rounds"] and clock["claimed_ms"] > 0
     for which in ("candidate", "eager", "compile"):
         stats = result.times[which]
         rounds = result.decision["rounds"]
@@ -249,19 +254,47 @@ def test_a_thread_started_only_on_unwatched_calls_is_seen_from_outside(example, 
     assert evaluator.evaluate(task, load_candidate(solution)).status == "correct"
 
 
-def test_a_timing_reply_that_leaves_out_the_last_call_is_forged(example, evaluator, tmp_path):
-    """The candidate's process says which timed calls it kept; the evaluator knows which it chose and
-    which call was last, and takes no other set (a candidate would offer one it got right)."""
+def test_a_timing_reply_that_offers_another_last_call_is_forged(example, evaluator, tmp_path):
+    """The candidate's process says which timed call was its last; the evaluator knows, and takes no
+    other (a candidate would offer one it got right)."""
     task, solution = example
     forger = variant(tmp_path, solution, "return cuda_extension.scaled_swish(x, self.scale)", name="forger", prelude=(
         "import sys\n"
         "_side = sys.modules['__main__'].CandidateSide\n"
         "_timed = _side.timed\n"
-        "_side.timed = lambda self: sorted(_timed(self), key=lambda c: c['index'])[:-1]\n"))
+        "_side.timed = lambda self: [dict(c, index=c['index'] - 1) for c in _timed(self)]\n"))
     result = runtime_only(evaluator).evaluate(task, forger)
     assert result.status == "failed" and result.rule == "forged-reply", result.summary()
-    assert "and the last" in result.reason
+    assert "the last timed call" in result.reason
     assert evaluator.evaluate(task, load_candidate(solution)).status == "correct"
+
+
+def test_a_round_whose_records_are_left_out_is_forged(example, evaluator, tmp_path):
+    """Every region's records come back with its round; a reply that leaves out the ones it got wrong
+    (or names calls of another round) is refused."""
+    task, solution = example
+    forger = variant(tmp_path, solution, "return cuda_extension.scaled_swish(x, self.scale)", name="dropper", prelude=(
+        "import sys\n"
+        "_side = sys.modules['__main__'].CandidateSide\n"
+        "_time = _side.time\n"
+        "_side.time = lambda self, msg: (lambda r: dict(r, records=r['records'][1:]))(_time(self, msg))\n"))
+    result = runtime_only(evaluator).evaluate(task, forger)
+    assert result.status == "failed" and result.rule == "forged-reply", result.summary()
+    assert "records of this round" in result.reason
+
+
+def test_a_candidate_wrong_on_some_timed_calls_fails_on_their_records(example, evaluator, tmp_path):
+    """Wrong on every other call after the checks and the warm-up: the records drawn after the rounds
+    catch it (8 of about 20 recorded calls, half of them wrong: missed with probability 4e-4)."""
+    task, solution = example
+    sometimes = variant(tmp_path, solution, (
+        "self.calls = getattr(self, 'calls', 0) + 1\n"
+        "if self.calls > 12 and self.calls % 2 == 0:\n"
+        "    return cuda_extension.scaled_swish(x, 0.0)\n"
+        "return cuda_extension.scaled_swish(x, self.scale)"), name="sometimes")
+    result = evaluator.evaluate(task, sometimes)
+    assert result.status == "incorrect" and result.rule == "timed-output", result.summary()
+    assert "its record" in result.reason
 
 
 def test_workers_get_a_memory_bound_unless_told_none(cache_dir):

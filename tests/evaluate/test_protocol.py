@@ -24,7 +24,7 @@ EXAMPLES = [
     p.RunRequest(seed=7, dir="out", profile=True),
     p.CalibrateRequest(seed=7, timing=TIMING),
     p.CalibrateRequest(seed=7, timing=TIMING, side="eager"),
-    p.TimeRequest(seed=1, first=0, trials=3, calls=2, timing=TIMING, watch=[0, 4]),
+    p.TimeRequest(seed=1, first=0, trials=3, calls=2, timing=TIMING, probe=7),
     p.TimeRequest(seed=1, first=6, trials=3, calls=2, timing=TIMING, side="compile"),
     p.TimedRequest(),
     p.OutputRequest(index=3, dir="out"),
@@ -33,6 +33,9 @@ EXAMPLES = [
     p.CompareRequest(dir="out", manifest={"kind": "tensor"}, **TOL),
     p.DegenerateRequest(seeds=[1, 2, 3], **TOL),
     p.CompileRequest(seed=11),
+    p.RecordsRequest(checks=[p.RecordCheck(seed=5, probe=6, record=p.CallRecord(
+        index=2, outputs=[p.LeafSample(shape=[2, 3], dtype="float32", values=[0.5, -1.0])],
+        inputs=[p.LeafSample(shape=[2, 3], dtype="float32", values=[2.0])]))], **TOL),
     p.ScreenCheckRequest(path="program.py", name="p", seeds=[1, 2, 3], stochastic_ops=["torch.dropout"], **TOL),
     p.ScreenTimeRequest(compiled=True, tf32="torch"),
     p.ScreenCompileRequest(),
@@ -44,7 +47,7 @@ def test_every_request_kind_has_an_example():
     assert set(p.REQUESTS.values()) | set(p.SCREEN_REQUESTS.values()) == kinds
     assert all(cls.op == op for op, cls in p.REQUESTS.items())
     assert set(p.REQUESTS) == {"load", "weights", "attach", "run", "calibrate", "time", "timed", "output", "expect",
-                               "release", "compare", "degenerate", "compile"}
+                               "release", "compare", "degenerate", "compile", "records"}
     assert set(p.SCREEN_REQUESTS) == {"check", "time", "compile"}
 
 
@@ -150,7 +153,7 @@ class FakeWorker:
 def test_an_ill_typed_candidate_reply_is_a_forged_reply(reply):
     from cuda_agent.evaluate.channel import Channel, Stop
 
-    request = p.TimeRequest(seed=1, first=0, trials=1, calls=1, timing=TIMING, watch=[0])
+    request = p.TimeRequest(seed=1, first=0, trials=1, calls=1, timing=TIMING, probe=3)
     worker = FakeWorker(reply)
     with pytest.raises(Stop) as stop:
         Channel(worker, "candidate").ask_typed("profile", request, p.TimeReply, 5)
@@ -171,6 +174,15 @@ def test_a_well_typed_reply_is_parsed():
     reply = Channel(worker, "candidate").ask_typed("profile", p.TimedRequest(), p.TimeReply, 5)
     assert reply == p.TimeReply(samples=[1.0, 2]) and not worker.killed
     assert worker.sent == [{"op": "timed"}]
+
+
+def test_a_time_reply_carries_typed_records_and_refuses_ill_typed_ones():
+    record = {"index": 4, "outputs": [{"shape": [3], "dtype": "float32", "values": [1.0, float("nan")]}], "inputs": []}
+    reply = p.TimeReply.from_reply({"ok": True, "samples": [1.0], "records": [record]})
+    assert reply.records[0].index == 4 and reply.records[0].outputs[0].values[0] == 1.0
+    with pytest.raises(ValueError, match=r"records.*values.*must be a number"):
+        p.TimeReply.from_reply({"ok": True, "samples": [1.0], "records": [record | {
+            "outputs": [{"shape": [3], "dtype": "float32", "values": ["1.0"]}]}]})
 
 
 def test_stop_keeps_the_workers_own_words():

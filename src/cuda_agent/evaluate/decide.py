@@ -187,3 +187,57 @@ def run_rounds(sides: dict[str, Side], plans: dict[str, Plan], config: TimingCon
         if on_round:
             on_round(number + 1, rounds)
     return rounds
+
+
+@dataclass(frozen=True)
+class ClockCheck:
+    """The candidate's timing as its own process reported it, against the evaluator's clock.
+
+    The evaluator times each of the candidate's rounds from outside (request sent to reply read),
+    and rounds of the same plan with the calls left out in the trusted reference process (input
+    draws, flushes, holds, records and replies alone). What the outside clock saw beyond those and
+    beyond the regions the candidate reported is ``unexplained``: a candidate that reports regions
+    shorter than they were (a timer patched below Python, however) leaves the difference there.
+    """
+
+    rounds: int
+    claimed_ms: float  # median over rounds of the regions the candidate reported (time per call x calls)
+    wall_ms: float  # median over rounds of the outside clock's time of the round
+    empty_ms: float  # the median round with the calls left out
+    unexplained_ms: float
+    limit_ms: float
+
+    @property
+    def ok(self) -> bool:
+        return self.unexplained_ms <= self.limit_ms
+
+    def to_dict(self) -> dict[str, object]:
+        return {k: round(v, 4) if isinstance(v, float) else v for k, v in asdict(self).items()} | {"ok": self.ok}
+
+
+def clock_check(walls_ms: list[float], claimed_ms: list[float], empty_ms: list[float], trials: int,
+                config: TimingConfig) -> ClockCheck:
+    """``walls_ms[r]`` and ``claimed_ms[r]`` of each candidate round; ``empty_ms``: rounds of the same
+    plan without the calls. Medians on both sides (a slow spell in one round is not a forgery; a
+    forgery in most rounds shows in the median). The limit is the policy's share of the reported time,
+    an allowance per region, and ``clock_noise`` times the rounds' own scatter (robust standard
+    deviation of each side's harness time): a machine whose harness time wanders (a busy CPU host)
+    cannot be held to microseconds."""
+    harness = [w - c for w, c in zip(walls_ms, claimed_ms)]
+    unexplained = statistics.median(harness) - statistics.median(empty_ms)
+    claimed = statistics.median(claimed_ms)
+    scatter = max(_robust_sd(harness), _robust_sd(empty_ms))
+    limit = config.clock_slack * claimed + config.clock_trial_us * trials / 1e3 + config.clock_noise * scatter
+    return ClockCheck(len(walls_ms), claimed, statistics.median(walls_ms), statistics.median(empty_ms),
+                      unexplained, limit)
+
+
+def _robust_sd(values: list[float]) -> float:
+    """1.4826 x the median absolute deviation (the standard deviation for normal scatter, unmoved by
+    one outlier); for two values, their distance over sqrt(2)."""
+    if len(values) < 2:
+        return 0.0
+    if len(values) == 2:
+        return abs(values[0] - values[1]) / math.sqrt(2)
+    middle = statistics.median(values)
+    return 1.4826 * statistics.median(abs(v - middle) for v in values)

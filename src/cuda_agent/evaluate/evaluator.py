@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -28,19 +28,20 @@ from cuda_agent.build import BuildResult, build
 from cuda_agent.candidates import Candidate
 from cuda_agent.evaluate.baseline import BaselineCache, baseline_key
 from cuda_agent.evaluate.channel import Channel, Stop
-from cuda_agent.evaluate.decide import Plan, Rounds, Speedup, run_rounds, settled, speedup
+from cuda_agent.evaluate.decide import ClockCheck, Plan, Rounds, Speedup, clock_check, run_rounds, settled, speedup
 from cuda_agent.evaluate.environment import describe_environment
 from cuda_agent.evaluate.policy import Policy, TimingConfig
 from cuda_agent.evaluate.protocol import (
-    AttachReply, AttachRequest, CalibrateReply, CalibrateRequest, CompareReply, CompareRequest, CompileReply,
+    AttachReply, AttachRequest, CalibrateReply, CallRecord, CalibrateRequest, CompareReply, CompareRequest, CompileReply,
     CompileRequest, DegenerateReply, DegenerateRequest, ExpectReply, ExpectRequest, LoadReply, LoadRequest,
-    OutputReply, OutputRequest, ReleaseReply, ReleaseRequest, RunReply, RunRequest, TimedReply, TimedRequest,
-    TimeReply, TimeRequest, WeightsRequest,
+    OutputReply, OutputRequest, RecordCheck, RecordsReply, RecordsRequest, ReleaseReply, ReleaseRequest, RunReply,
+    RunRequest, TimedReply, TimedRequest, TimeReply, TimeRequest, WeightsRequest,
 )
 from cuda_agent.evaluate.references import LiveReference, ReferencePool
 from cuda_agent.evaluate.result import EvalResult
 from cuda_agent.evaluate.reward import compute_reward, milestone
 from cuda_agent.evaluate.timing import trial_seed
+from cuda_agent.evaluate.records import RECORDED_PER_REGION
 from cuda_agent.build.probe import probe_candidate
 from cuda_agent.guard import Violation, audit_symbols, check_candidate
 from cuda_agent.guard.symbols import imported_symbols
@@ -55,9 +56,23 @@ from cuda_agent.sandbox import Limits, Sandbox, WorkerProcess, make_sandbox
 from cuda_agent.tasks import Task, TaskError
 
 SPARE_CANDIDATES = 3  # candidate processes started ahead by a prestarted evaluator
-TIMED_CHECKS = 2  # timing calls chosen in secret whose outputs are checked, besides the last call
+# Recorded timed calls whose records are checked, drawn after all rounds uniformly over all of them (the
+# last call is checked whole besides): a candidate wrong on a share p of its calls passes with (1-p)^8.
+TIMED_CHECKS = 8
+EMPTY_ROUNDS = 3  # rounds of the candidate's plan without its calls, in the reference (the outside clock)
 BASELINES = ("eager", "compile")
 StageCallback = Callable[[str, str], None]
+
+
+@dataclass
+class CandidateLog:
+    """What the candidate's timing rounds left for the checks after them."""
+
+    plan: Plan
+    records: list[tuple[int, CallRecord]] = field(default_factory=list)  # (the round's probe, record)
+    walls_ms: list[float] = field(default_factory=list)  # each round by the evaluator's clock
+    claimed_ms: list[float] = field(default_factory=list)  # each round's regions as the candidate reported them
+    empty_ms: list[float] = field(default_factory=list)  # rounds of its plan without the calls (reference)
 
 
 @dataclass(frozen=True)
@@ -445,13 +460,13 @@ class Evaluator:
 
         clock = time.monotonic()
         base = secrets.randbits(62)
-        rounds, watched = self._time_rounds(reference.channel, candidate, base, baseline, result)
+        rounds, log = self._time_rounds(reference.channel, candidate, base, baseline, result)
         result.durations["profile"] = round(time.monotonic() - clock, 3)
 
         clock = time.monotonic()
         plan = Plan(**result.timing["plans"]["candidate"])
         last = rounds.count("candidate") * plan.trials * plan.calls - 1
-        output_bytes = self._check_timed_outputs(reference.channel, candidate, base, watched, last, job, result)
+        output_bytes = self._check_timed_outputs(reference.channel, candidate, base, log, last, job, result)
         result.durations["verify"] += round(time.monotonic() - clock, 3)
         result.correct = True
         self._decide(rounds, baseline, key, output_bytes, result)
@@ -518,14 +533,15 @@ class Evaluator:
         return ["eager", "compile"] if "compile_error" not in reference.compiled else ["eager"]
 
     def _time_rounds(self, reference: Channel, candidate: Channel | None, base: int, baseline: dict[str, Any],
-                     result: EvalResult, undecided: Callable[[Rounds], bool] | None = None) -> tuple[Rounds, list[int]]:
+                     result: EvalResult, undecided: Callable[[Rounds], bool] | None = None
+                     ) -> tuple[Rounds, "CandidateLog | None"]:
         """Time the candidate (if any) and the baselines in interleaved rounds until every decision is
-        confident. Returns the rounds and the candidate's calls whose outputs are checked."""
+        confident. Returns the rounds and what the candidate's rounds left: records, outside clock."""
         config = self.timing
         fixed = {side: stats["median_ms"] for side, stats in baseline["fixed"].items()}
         sides: dict[str, Callable[[int, int, int], list[float]]] = {}
         plans: dict[str, Plan] = {}
-        watched: list[int] = []
+        log: CandidateLog | None = None
         with self.timing_lock, self._spares_stopped():
             if baseline.get("sides") and baseline.get("cache"):
                 result.notes.extend(f"baselines timed on a busy GPU and not cached: {busy}"
@@ -537,10 +553,9 @@ class Evaluator:
                                                CalibrateReply, self.timeouts.profile_s).estimate_ms
                 self._pause(candidate)
                 plans["candidate"] = plan = Plan.for_call(self._positive(estimate, "warm-up time"), config)
-                # Checked calls drawn uniformly from the timed calls every run makes (the minimum rounds).
-                pool = config.rounds_min * plan.trials * plan.calls
-                watched = sorted(secrets.SystemRandom().sample(range(pool), min(TIMED_CHECKS, pool)))
-                sides["candidate"] = self._candidate_side(candidate, base, watched)
+                log = CandidateLog(plan)
+                sides["candidate"] = self._candidate_side(candidate, base, log)
+                self._time_empty(reference, log)
             for side in baseline.get("sides", []):
                 self.on_stage("baseline", f"warming {side} up")
                 request = CalibrateRequest(side=side, seed=secrets.randbits(62), timing=config.to_dict())
@@ -555,10 +570,33 @@ class Evaluator:
             finally:
                 if candidate is not None:
                     candidate.worker.resume()
-            if candidate is not None:
+            if candidate is not None and log is not None:
                 self._check_no_new_threads(candidate, threads_before, "while it was timed")
+                for _ in range(EMPTY_ROUNDS - 1):
+                    self._time_empty(reference, log)
+                self._check_clock(log, result)
         result.timing = result.timing | {"plans": {side: vars(plan) for side, plan in plans.items()}}
-        return rounds, watched
+        return rounds, log
+
+    def _time_empty(self, reference: Channel, log: "CandidateLog") -> None:
+        """A round of the candidate's plan in the reference with the calls left out, timed from here:
+        what the outside clock sees of the harness alone (draws, flushes, holds, records, the reply)."""
+        plan = log.plan
+        request = TimeRequest(side="empty", seed=secrets.randbits(62), first=0, trials=plan.trials, calls=plan.calls,
+                              probe=secrets.randbits(62), timing=self.timing.to_dict())
+        started = time.perf_counter()
+        reference.ask_typed("baseline", request, TimeReply, self.timeouts.baseline_s)
+        log.empty_ms.append((time.perf_counter() - started) * 1e3)
+
+    def _check_clock(self, log: "CandidateLog", result: EvalResult) -> None:
+        """The candidate's reported regions against the evaluator's own clock (``decide.clock_check``)."""
+        check = clock_check(log.walls_ms, log.claimed_ms, log.empty_ms, log.plan.trials, self.timing)
+        result.timing = result.timing | {"clock": check.to_dict()}
+        if not check.ok:
+            raise Stop("failed", "profile", f"the candidate's process reported timed regions {check.unexplained_ms:.3f} ms "
+                       f"per round shorter than the evaluator's own clock allows (limit {check.limit_ms:.3f} ms; "
+                       f"reported {check.claimed_ms:.3f} ms, round {check.wall_ms:.3f} ms, empty round "
+                       f"{check.empty_ms:.3f} ms)", rule="clock")
 
     @staticmethod
     def _check_no_new_threads(candidate: Channel, before: dict[int, str], when: str) -> None:
@@ -593,18 +631,32 @@ class Evaluator:
             raise Stop("failed", "profile", "the candidate's processes did not stop while the baselines were timed",
                        rule="baseline-interference")
 
-    def _candidate_side(self, candidate: Channel, base: int, watched: list[int]) -> Callable[[int, int, int], list[float]]:
+    def _candidate_side(self, candidate: Channel, base: int, log: "CandidateLog") -> Callable[[int, int, int], list[float]]:
         def time_candidate(first: int, trials: int, calls: int) -> list[float]:
-            request = TimeRequest(seed=base, first=first, trials=trials, calls=calls, watch=watched,
+            probe = secrets.randbits(62)
+            request = TimeRequest(seed=base, first=first, trials=trials, calls=calls, probe=probe,
                                   timing=self.timing.to_dict())
             candidate.worker.resume()
             try:
-                samples = candidate.ask_typed("profile", request, TimeReply, self.timeouts.profile_s).samples
+                started = time.perf_counter()
+                reply = candidate.ask_typed("profile", request, TimeReply, self.timeouts.profile_s)
+                wall_ms = (time.perf_counter() - started) * 1e3
             finally:
                 self._pause(candidate)
+            samples = reply.samples
             if len(samples) != trials or not all(
                     isinstance(x, (int, float)) and math.isfinite(x) and x > 0 for x in samples):
                 raise Stop("failed", "profile", "the timing reply is not one positive time per trial", rule="forged-reply")
+            # Records of calls of this round only, each once, as many as the harness takes per region.
+            indices = [r.index for r in reply.records]
+            wanted = trials * min(calls, RECORDED_PER_REGION)
+            if len(set(indices)) != len(indices) or len(indices) != wanted or not all(
+                    first <= i < first + trials * calls for i in indices):
+                raise Stop("failed", "profile", f"the timing reply does not hold {wanted} records of this round's calls",
+                           rule="forged-reply")
+            log.records.extend((probe, record) for record in reply.records)
+            log.walls_ms.append(wall_ms)
+            log.claimed_ms.append(sum(samples) * calls)
             return [float(x) for x in samples]
         return time_candidate
 
@@ -638,20 +690,36 @@ class Evaluator:
             text = ", ".join(f"{side} spread {rounds.spread(side):.1%}" for side in rounds.samples)
         self.on_stage("profile", f"round {number}: {text}")
 
-    def _check_timed_outputs(self, reference: Channel, candidate: Channel, base: int, watched: list[int], last: int,
+    def _check_timed_outputs(self, reference: Channel, candidate: Channel, base: int, log: "CandidateLog", last: int,
                              job: Path, result: EvalResult) -> int:
-        """The outputs of timed calls are checked too: a candidate that is right only when checked
-        (or replays a stored result) fails here. Returns the output's size in bytes."""
+        """The outputs of timed calls are checked too: records of calls drawn now, after all rounds,
+        uniformly over every recorded call, and the last call whole. A candidate that is right only
+        when checked (or replays a stored result) fails here. Returns the output's size in bytes."""
         timed = candidate.ask_typed("profile", TimedRequest(), TimedReply, self.timeouts.profile_s)
-        returned = [c.index for c in timed.checked]
-        # Exactly the calls chosen in secret and the last timed call, whose index the evaluator knows
-        # (any other "last" would let the candidate pick a call it got right).
-        if sorted(returned) != sorted(set(watched) | {last}):
-            raise Stop("failed", "profile", "the timing reply does not hold the calls asked for (the checked calls "
-                       f"{sorted(watched)} and the last, {last})", rule="forged-reply")
+        # Exactly the last timed call, whose index the evaluator knows (any other "last" would let the
+        # candidate pick a call it got right).
+        if [c.index for c in timed.checked] != [last]:
+            raise Stop("failed", "profile", f"the timing reply does not hold the last timed call ({last})",
+                       rule="forged-reply")
+        self.on_stage("verify", f"records of {min(TIMED_CHECKS, len(log.records))} timed calls, drawn now")
+        chosen = secrets.SystemRandom().sample(log.records, min(TIMED_CHECKS, len(log.records)))
+        widest = max((c.get("allowance", 1.0) for c in result.checks), default=1.0)
+        tolerance = self._tolerance()
+        request = RecordsRequest(checks=[RecordCheck(seed=trial_seed(base, record.index), probe=probe, record=record)
+                                         for probe, record in chosen],
+                                 atol=tolerance["atol"] * widest, rtol=tolerance["rtol"] * widest,
+                                 scale=tolerance["scale"], strict=self.policy.strict_expected)
+        verdicts = reference.ask_typed("verify", request, RecordsReply, self.timeouts.check_s).verdicts
+        for (probe, record), verdict in zip(chosen, verdicts):
+            result.checks.append({"timed": True, "call": record.index, "record": True, "ok": verdict.ok,
+                                  "reason": verdict.reason})
+            if not verdict.ok:
+                raise Stop("incorrect" if verdict.rule is None else "failed", "verify",
+                           f"timed call {record.index} (its record): {verdict.reason}",
+                           rule=verdict.rule or "timed-output")
         output_bytes = 0
         for number, call in enumerate(timed.checked):
-            self.on_stage("verify", f"timed output {number + 1}/{len(returned)}")
+            self.on_stage("verify", "the last timed output")
             out_dir = job / "candidate" / "timed" / f"timed-{call.index}"
             reference.send("verify", self._expect(trial_seed(base, call.index)))
             candidate.send("verify", OutputRequest(index=call.index, dir=str(out_dir)))

@@ -160,6 +160,13 @@ class TimingConfig:
     # guards, Python dispatch) moves by tens of us from one process to the next, and left in the
     # region it moved whole evaluations by 2-5% (benchmarks/timing_stability.py). 0: off.
     hold_us: float = 200.0
+    # The outside clock (evaluate.decide.clock_check): the time of a candidate's round that neither its
+    # reported regions nor the same round without the calls explain may be at most this share of the
+    # reported regions, plus this many microseconds per timed region, plus clock_noise times the
+    # rounds' own scatter.
+    clock_slack: float = 0.1
+    clock_trial_us: float = 50.0
+    clock_noise: float = 3.0
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -228,8 +228,43 @@ class TimeRequest(_Request):
     trials: int
     calls: int
     timing: dict[str, Any]
-    side: str | None = None  # reference: the baseline
-    watch: list[int] | None = None  # candidate: the calls whose outputs are kept for checking
+    side: str | None = None  # reference: the baseline, or "empty" (the round without the calls)
+    probe: int | None = None  # the secret the recorded positions are drawn from (evaluate.records)
+
+
+@dataclass(frozen=True)
+class LeafSample(_Reply):
+    """One tensor of a call, read at the positions ``evaluate.records.positions`` draws."""
+    shape: list[int]
+    dtype: str
+    values: list[float]
+
+
+@dataclass(frozen=True)
+class CallRecord(_Reply):
+    """What a timed call left right after its region ended (``evaluate.records``)."""
+    index: int
+    outputs: list[LeafSample]
+    inputs: list[LeafSample]
+
+
+@dataclass(frozen=True)
+class RecordCheck(_Reply):
+    """One record to check: the call's input seed and the round's probe."""
+    seed: int
+    probe: int
+    record: CallRecord
+
+
+@dataclass(frozen=True)
+class RecordsRequest(_Request):
+    """Reference: compare records of timed calls with the expected outputs at the same positions."""
+    op: ClassVar[str] = "records"
+    checks: list[RecordCheck]
+    atol: float
+    rtol: float
+    scale: bool = False
+    strict: bool = False
 
 
 @dataclass(frozen=True)
@@ -276,7 +311,8 @@ class CompileRequest(_Request):
 
 REQUESTS: dict[str, type[_Request]] = {cls.op: cls for cls in (
     LoadRequest, WeightsRequest, AttachRequest, RunRequest, CalibrateRequest, TimeRequest, TimedRequest,
-    OutputRequest, ExpectRequest, ReleaseRequest, CompareRequest, DegenerateRequest, CompileRequest)}
+    OutputRequest, ExpectRequest, ReleaseRequest, CompareRequest, DegenerateRequest, CompileRequest,
+    RecordsRequest)}
 
 
 # -- requests of the synth screener ----------------------------------------------------------------
@@ -357,6 +393,19 @@ class CalibrateReply(_Reply):
 @dataclass(frozen=True)
 class TimeReply(_Reply):
     samples: list[float]
+    records: list[CallRecord] = dataclasses.field(default_factory=list)  # candidate: its calls' records
+
+
+@dataclass(frozen=True)
+class RecordVerdict(_Reply):
+    ok: bool
+    reason: str | None = None
+    rule: str | None = None
+
+
+@dataclass(frozen=True)
+class RecordsReply(_Reply):
+    verdicts: list[RecordVerdict]
 
 
 @dataclass(frozen=True)

@@ -120,21 +120,28 @@ def calibrate(fn: Callable[[], Any], device: str, config: TimingConfig,
 
 
 def time_round(prepare: Callable[[], Callable[[], Any]], device: str, config: TimingConfig, trials: int,
-               calls: int = 1) -> list[float]:
+               calls: int = 1, after_end: Callable[[], None] | None = None) -> list[float]:
     """One round of ``trials`` timed regions; each region runs ``calls`` calls back to back and
     gives one sample, its time per call in ms. ``prepare()`` runs outside the timed region (before
     the L2 flush) and returns the next call, inputs drawn: every call gets fresh inputs, and a
-    launch-bound call (microseconds) is timed over many calls so that launch jitter averages out."""
+    launch-bound call (microseconds) is timed over many calls so that launch jitter averages out.
+    ``after_end()`` runs as soon as each region has ended, before anything else (on a GPU: queued
+    in stream order right after the end event, before the synchronise)."""
     import torch
 
     config = config.resolved(device)
+    after_end = after_end or (lambda: None)
     if config.method == "profiler":
-        return [_profiled_region([prepare() for _ in range(calls)]) / calls for _ in range(trials)]
+        samples = []
+        for _ in range(trials):
+            samples.append(_profiled_region([prepare() for _ in range(calls)]) / calls)
+            after_end()
+        return samples
     cuda = device == "cuda"
     flush = _flush_buffer(device, config)
     samples: list[float] = []
     if cuda:
-        samples = _time_regions_cuda(prepare, config, trials, calls, flush)
+        samples = _time_regions_cuda(prepare, config, trials, calls, flush, after_end)
     else:
         for _ in range(trials):
             ready = [prepare() for _ in range(calls)]
@@ -144,11 +151,12 @@ def time_round(prepare: Callable[[], Callable[[], Any]], device: str, config: Ti
             for call in ready:
                 call()
             samples.append((time.perf_counter_ns() - begin) / 1e6 / calls)
+            after_end()
     return samples
 
 
 def _time_regions_cuda(prepare: Callable[[], Callable[[], Any]], config: TimingConfig, trials: int, calls: int,
-                       flush: Any) -> list[float]:
+                       flush: Any, after_end: Callable[[], None]) -> list[float]:
     import torch
 
     stream_end = config.end_fence == "stream"
@@ -156,8 +164,8 @@ def _time_regions_cuda(prepare: Callable[[], Callable[[], Any]], config: TimingC
     # An empty region gives the fence's own lateness (the host's wake-up after the synchronise);
     # a region whose fence is later than that was followed by work the end event did not wait for.
     allowance_ms = _empty_fence_ms(hold_cycles) * 2 + 0.005 if stream_end else 0.0
-    events = [[torch.cuda.Event(enable_timing=True) for _ in range(3)] for _ in range(trials)]
-    for start, end, fence in events:
+    events = [[torch.cuda.Event(enable_timing=True) for _ in range(4)] for _ in range(trials)]
+    for start, end, done, fence in events:
         ready = [prepare() for _ in range(calls)]
         reset_persisting_l2()  # persisting lines would survive the flush
         if flush is not None:
@@ -170,15 +178,21 @@ def _time_regions_cuda(prepare: Callable[[], Callable[[], Any]], config: TimingC
             call()
         if stream_end:
             end.record()
-        torch.cuda.synchronize()
-        fence.record()
+            after_end()
+            done.record()  # the harness's own work after the end is not what the fence looks for
+            torch.cuda.synchronize()
+            fence.record()
+        else:
+            torch.cuda.synchronize()
+            fence.record()
+            after_end()
     torch.cuda.synchronize()
     samples = []
-    for start, end, fence in events:
+    for start, end, done, fence in events:
         to_fence = start.elapsed_time(fence)
         if stream_end:
-            to_end = start.elapsed_time(end)
-            samples.append(to_end if to_fence - to_end <= allowance_ms else to_fence)
+            late = done.elapsed_time(fence)
+            samples.append(start.elapsed_time(end) if late <= allowance_ms else to_fence)
         else:
             samples.append(to_fence)
     return [sample / calls for sample in samples]

@@ -15,6 +15,7 @@ import importlib.util
 import json
 import os
 import random
+import secrets
 import socket
 import sys
 import time
@@ -27,7 +28,9 @@ from cuda_agent.evaluate.call_guard import CallGuard
 from cuda_agent.evaluate.compare import compare_outputs, precision_allowance
 from cuda_agent.evaluate.policy import TimingConfig
 from cuda_agent.evaluate.protocol import (REQUESTS, CalibrateRequest, CompareRequest, CompileRequest,
-                                          DegenerateRequest, ExpectRequest, LoadRequest, TimeRequest, parse_request)
+                                          DegenerateRequest, ExpectRequest, LoadRequest, RecordsRequest, TimeRequest,
+                                          parse_request)
+from cuda_agent.evaluate.records import RECORDED_PER_REGION, Recorder, compare_record
 from cuda_agent.evaluate.shared import SharedBuffer, SharedError
 from cuda_agent.evaluate.timing import calibrate, profile_kernels, time_round, trial_seed
 from cuda_agent.evaluate.transfer import TransferError, manifest_devices, packed_bytes, read_outputs, write_outputs
@@ -107,12 +110,16 @@ def fingerprint(values: list[Any]) -> list[Any]:
     return prints
 
 
+HELD = 2  # recorded timed calls whose outputs stay alive to the end (a reservoir over all of them)
+
+
 class _Side:
     device = "cpu"
     task_module: types.ModuleType
     model: Any
     source = "task"
     fd_socket: socket.socket | None = None  # descriptors to and from the evaluator
+    final_call: tuple[int, list[Any], dict[str, Any]] | None = None  # the latest round's last call
     shared: SharedBuffer | None = None  # where outputs are handed over, once shared
 
     def load_task(self, msg: LoadRequest) -> None:
@@ -141,20 +148,42 @@ class _Side:
         with torch.no_grad():
             return calibrate(lambda: fn(*drawn[0]), self.device, TimingConfig.from_dict(msg.timing), setup)
 
-    def time_calls(self, fn: Any, msg: TimeRequest, on_call: Any = None) -> list[float]:
+    def time_calls(self, fn: Any, msg: TimeRequest,
+                   on_record: Any = None) -> tuple[list[float], list[dict[str, Any]]]:
         """One round: ``msg.trials`` regions of ``msg.calls`` calls of ``fn``, call ``first + i``
-        on the inputs of ``trial_seed(seed, first + i)``. ``on_call(index, inputs)`` may wrap a call."""
+        on the inputs of ``trial_seed(seed, first + i)``. Right after each region ends, up to
+        ``RECORDED_PER_REGION`` of its calls, chosen then, are recorded (``evaluate.records``);
+        ``on_record(index, inputs, output)`` sees each. Returns the samples and the records."""
         import torch
 
         count = iter(range(msg.first, msg.first + msg.trials * msg.calls))
+        recorder = Recorder(msg.probe or 0)
+        region: list[tuple[int, list[Any], dict[str, Any]]] = []
+        chooser = secrets.SystemRandom()
 
         def prepare() -> Any:
             index = next(count)
             inputs = self.inputs(trial_seed(msg.seed, index))
-            return on_call(index, inputs) if on_call else (lambda: fn(*inputs))
+            box: dict[str, Any] = {}
+            region.append((index, inputs, box))
+
+            def call() -> None:
+                box["output"] = fn(*inputs)
+            return call
+
+        def after_end() -> None:
+            for index, inputs, box in chooser.sample(region, min(len(region), RECORDED_PER_REGION)):
+                recorder.record(index, box.get("output"), inputs)
+                if on_record:
+                    on_record(index, inputs, box.get("output"))
+            self.final_call = region[-1]
+            region.clear()
 
         with torch.no_grad():
-            return time_round(prepare, self.device, TimingConfig.from_dict(msg.timing), msg.trials, msg.calls)
+            samples = time_round(prepare, self.device, TimingConfig.from_dict(msg.timing), msg.trials, msg.calls,
+                                 after_end)
+        synchronize(self.device)
+        return samples, recorder.finish()
 
 
 class ReferenceSide(_Side):
@@ -191,7 +220,9 @@ class ReferenceSide(_Side):
         if op == "calibrate":
             return {"estimate_ms": self.calibrate(self._baseline(msg.side), msg)}
         if op == "time":
-            return {"samples": self.time_calls(self._baseline(msg.side), msg)}
+            return {"samples": self.time_calls(self._baseline(msg.side), msg)[0]}
+        if op == "records":
+            return {"verdicts": self.check_records(msg)}
         if op == "expect":
             inputs = self.inputs(msg.seed)
             if msg.strict:
@@ -299,8 +330,30 @@ class ReferenceSide(_Side):
             self.compiled = {"model": compiled, "compile_seconds": time.perf_counter() - start}
         return {k: v for k, v in self.compiled.items() if k != "model"}
 
+    def check_records(self, msg: RecordsRequest) -> list[dict[str, Any]]:
+        """Each record against the expected output of its call's inputs (strict precision where asked),
+        read at the same secret positions; the tolerance is widened by the verified checks' allowance."""
+        import torch
+
+        verdicts = []
+        for check in msg.checks:
+            inputs = self.inputs(check.seed)
+            if msg.strict:
+                pin_precision("off")
+            try:
+                with torch.no_grad():
+                    expected = self.model(*inputs)
+                synchronize(self.device)
+            finally:
+                pin_precision(self.tf32)
+            verdicts.append(compare_record(expected, inputs, check.record, check.probe, msg.atol, msg.rtol, msg.scale))
+        return verdicts
+
     def _baseline(self, side: str | None) -> Any:
-        """The function a baseline side times: eager Model, or torch.compile(Model)."""
+        """The function a baseline side times: eager Model, torch.compile(Model), or nothing
+        ("empty": the round's draws, flushes and holds alone, which the outside clock subtracts)."""
+        if side == "empty":
+            return lambda *inputs: None
         if side == "eager":
             return self.model
         if side != "compile":
@@ -315,8 +368,12 @@ class CandidateSide(_Side):
     guard: CallGuard
 
     def __init__(self) -> None:
-        self.kept: dict[int, dict[str, Any]] = {}  # the timed calls whose outputs are checked, until handed over
-        self.latest: int | None = None  # the latest timed call: it may turn out to be the last
+        # Timed calls whose outputs stay alive until the end: the latest (it may turn out to be the last,
+        # which is checked whole) and HELD recorded calls chosen at random (a reservoir over all), so
+        # that an output handed out twice shows as shared memory.
+        self.latest: dict[str, Any] | None = None
+        self.held: dict[int, dict[str, Any]] = {}
+        self.recorded = 0
 
     def handle(self, op: str, msg: Any) -> dict[str, Any]:
         """Answer request ``op``: its dataclass (``protocol.REQUESTS``), or a dict it is parsed from."""
@@ -365,12 +422,12 @@ class CandidateSide(_Side):
             self.guard.verify_harness("during warm-up")
             return {"estimate_ms": estimate}
         if op == "time":
-            return {"samples": self.time(msg)}
+            return self.time(msg)
         if op == "timed":
             return {"checked": self.timed()}
         if op == "output":
-            entry = self.kept.pop(msg.index, None)
-            if entry is None:
+            entry = self.latest
+            if entry is None or entry["index"] != msg.index:
                 raise RuleBroken("harness", f"timed call {msg.index} was not kept")
             return {"manifest": self._write(entry["output"], Path(msg.dir))}
         if op == "attach":
@@ -388,48 +445,43 @@ class CandidateSide(_Side):
         seed_everything(msg.init_seed)
         self.model = namespace.ModelNew(*self.init_args)
 
-    def time(self, msg: TimeRequest) -> list[float]:
-        """One round of timed calls, fresh inputs for every call (drawn outside the timed region),
-        keeping the outputs of the calls the evaluator chose in secret and of the latest call: a
-        candidate cannot tell which calls are checked, so every call must be right."""
-        watched = set(msg.watch or ())
-        kept = self.kept
+    def time(self, msg: TimeRequest) -> dict[str, Any]:
+        """One round of timed calls, fresh inputs for every call (drawn outside the timed region). Every
+        call is handled alike: which ones are checked is decided after all rounds, from the records
+        sent back with each round, so no call can be told apart as a checked one."""
+        chooser = secrets.SystemRandom()
 
-        def on_call(index: int, inputs: list[Any]) -> Any:
-            if self.latest is not None and self.latest not in watched:
-                kept.pop(self.latest, None)  # only the latest unwatched call is kept
-            self.latest = index
-            # Fingerprints before the call only where the call is known to be checked; the
-            # last call's is taken afterwards, and the reference's comparison covers both.
-            entry = kept[index] = {"fingerprint": fingerprint(inputs) if index in watched else None, "inputs": inputs}
+        def on_record(index: int, inputs: list[Any], output: Any) -> None:
+            entry = {"index": index, "inputs": inputs, "output": output}
+            self.recorded += 1
+            if len(self.held) < HELD:
+                self.held[index] = entry
+            elif chooser.randrange(self.recorded) < HELD:
+                self.held.pop(chooser.choice(list(self.held)))
+                self.held[index] = entry
 
-            def call() -> None:
-                entry["output"] = self.model(*inputs)
-            return call
-
-        samples = self.time_calls(self.model, msg, on_call)
-        synchronize(self.device)
+        self.latest = None  # the previous round's last call was not the last
+        samples, records = self.time_calls(self.model, msg, on_record)
+        index, inputs, box = self.final_call
+        self.latest = {"index": index, "inputs": inputs} | ({"output": box["output"]} if "output" in box else {})
         self.guard.verify_harness("during timing")
-        return samples
+        return {"samples": samples, "records": records}
 
     def timed(self) -> list[dict[str, Any]]:
-        """After the last round: the kept calls' inputs unchanged, their outputs their own memory."""
-        checked = []
-        for index, entry in sorted(self.kept.items()):
-            if "output" not in entry:
-                raise RuleBroken("harness", f"timed call {index} did not run")
-            after = fingerprint(entry["inputs"])
-            if entry["fingerprint"] is not None and after != entry["fingerprint"]:
-                raise RuleBroken("input-mutation", "forward changed the values of its inputs during timing")
-            entry["fingerprint"] = after
-            others = {f"the output of timed call {j}": t for j, other in self.kept.items() if j != index
-                      for t in tensors_in(other["output"])}
-            hit = find_overlap(entry["output"], others)
-            if hit:
-                raise RuleBroken("output-reuse", f"a timed output shares memory with {hit}")
-            self.guard.check_output_memory(entry["output"], entry["inputs"], self.model)
-            checked.append({"index": index, "fingerprint": entry["fingerprint"]})
-        return checked
+        """After the last round: the last call's inputs unchanged, and the outputs kept (the last call's,
+        the held ones') their own memory."""
+        entry = self.latest
+        if entry is None or "output" not in entry:
+            raise RuleBroken("harness", "the last timed call did not run")
+        others = {f"the output of timed call {j}": t for j, other in self.held.items() if j != entry["index"]
+                  for t in tensors_in(other["output"])}
+        hit = find_overlap(entry["output"], others)
+        if hit:
+            raise RuleBroken("output-reuse", f"a timed output shares memory with {hit}")
+        for held in self.held.values():
+            self.guard.check_output_memory(held["output"], held["inputs"], self.model)
+        self.guard.check_output_memory(entry["output"], entry["inputs"], self.model)
+        return [{"index": entry["index"], "fingerprint": fingerprint(entry["inputs"])}]
 
     def attach(self, msg: Any) -> dict[str, Any]:
         """Map the memory the reference shared; without it, outputs go through files."""

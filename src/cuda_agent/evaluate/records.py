@@ -1,0 +1,138 @@
+"""Records of timed calls: a call's outputs and inputs read at secret positions (runs in workers).
+
+Every timed call is a candidate for a check, and which ones are checked is decided by the
+evaluator after all rounds ran, so no call can be told apart as the checked one. What makes that
+affordable is a record small enough to keep for every recorded call: the values at ``OUTPUT_VALUES``
+positions of each output tensor and ``INPUT_VALUES`` of each input tensor, drawn from a secret
+``probe`` per round. On a GPU the record is read in stream order right after the region's end
+event, so an output finished by work that ran after the end (another stream, a thread that launches
+later) is recorded unfinished. The reference process draws the same positions from the same probe
+for the expected output and compares them there (``ReferenceSide.check_records``).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from cuda_agent.tensors import tensors_in
+
+RECORDED_PER_REGION = 2  # calls of a timed region that are recorded, chosen once the region ended
+OUTPUT_VALUES = 16  # positions read per output tensor
+INPUT_VALUES = 4  # per input tensor: an input changed by the call shows there
+
+
+def positions(probe: int, role: str, leaf: int, numel: int, count: int) -> list[int]:
+    """``count`` distinct flat (row-major) positions of leaf ``leaf`` of ``role`` ("output"/"input")
+    of ``numel`` elements, the same in every process that knows ``probe``."""
+    if numel <= 0:
+        return []
+    rng = random.Random(f"{probe}:{role}:{leaf}:{numel}")
+    return sorted(rng.sample(range(numel), min(count, numel)))
+
+
+class Recorder:
+    """Reads records during one round; ``finish()`` (after the round's synchronise) returns them.
+
+    The reads are queued on the device and copied back once per round: a record costs one small
+    gather per tensor, outside the timed region."""
+
+    def __init__(self, probe: int) -> None:
+        self.probe = probe
+        self._indices: dict[tuple[Any, ...], Any] = {}
+        self._pending: list[tuple[int, list[tuple[list[int], str, Any]], list[tuple[list[int], str, Any]]]] = []
+
+    def record(self, index: int, output: Any, inputs: list[Any]) -> None:
+        self._pending.append((index, self._take(output, "output", OUTPUT_VALUES),
+                              self._take(inputs, "input", INPUT_VALUES)))
+
+    def _take(self, value: Any, role: str, count: int) -> list[tuple[list[int], str, Any]]:
+        import torch
+
+        taken = []
+        for leaf, tensor in enumerate(tensors_in(value)):
+            data = tensor.detach()
+            shape = list(data.shape)
+            key = (role, leaf, tuple(shape), str(data.device))
+            index = self._indices.get(key)
+            if index is None:
+                flat = torch.tensor(positions(self.probe, role, leaf, data.numel(), count), dtype=torch.long,
+                                    device=data.device)
+                index = self._indices[key] = torch.unravel_index(flat, data.shape) if data.dim() else None
+            values = data.reshape(1) if index is None else data[index]
+            if values.is_complex():
+                values = torch.view_as_real(values)
+            taken.append((shape, str(data.dtype).removeprefix("torch."), values.reshape(-1)))
+        return taken
+
+    def finish(self) -> list[dict[str, Any]]:
+        """The round's records as ``CallRecord`` fields: one device-to-host copy for all of them."""
+        import torch
+
+        pending, self._pending = self._pending, []
+        flat = [values for _, outputs, inputs in pending for _, _, values in outputs + inputs]
+        numbers: list[float] = []
+        if flat:
+            numbers = torch.cat([v.to("cpu", torch.float64) for v in flat]).tolist()
+        at = 0
+        records = []
+        for index, outputs, inputs in pending:
+            leaves: dict[str, list[dict[str, Any]]] = {"outputs": [], "inputs": []}
+            for role, taken in (("outputs", outputs), ("inputs", inputs)):
+                for shape, dtype, values in taken:
+                    leaves[role].append({"shape": shape, "dtype": dtype, "values": numbers[at:at + values.numel()]})
+                    at += values.numel()
+            records.append({"index": index} | leaves)
+        return records
+
+
+def compare_record(expected: Any, inputs: list[Any], record: Any, probe: int, atol: float, rtol: float,
+                   scale: bool) -> dict[str, Any]:
+    """A record (``CallRecord``) against the expected output and the inputs it was computed from:
+    ``{"ok", "reason", "rule"}``; ``rule`` is ``input-mutation`` where an input's values differ."""
+    import torch
+
+    from cuda_agent.evaluate.compare import compare_outputs, output_rms
+
+    for role, truth, leaves, count in (("input", inputs, record.inputs, INPUT_VALUES),
+                                       ("output", expected, record.outputs, OUTPUT_VALUES)):
+        wanted = list(tensors_in(truth))
+        if len(leaves) != len(wanted):
+            return {"ok": False, "reason": f"{len(leaves)} {role} tensor(s) recorded, expected {len(wanted)}",
+                    "rule": None}
+        for leaf, (tensor, sample) in enumerate(zip(wanted, leaves)):
+            where = f"{role}[{leaf}]"
+            dtype = str(tensor.dtype).removeprefix("torch.")
+            if list(sample.shape) != list(tensor.shape) or sample.dtype != dtype:
+                return {"ok": False, "rule": None, "reason": f"{where} is {sample.dtype}{sample.shape}, expected "
+                                                             f"{dtype}{list(tensor.shape)}"}
+            flat = positions(probe, role, leaf, tensor.numel(), count)
+            data = tensor.detach()
+            truth_values = data.reshape(1) if not data.dim() else data[torch.unravel_index(
+                torch.tensor(flat, dtype=torch.long, device=data.device), data.shape)]
+            if truth_values.is_complex():
+                truth_values = torch.view_as_real(truth_values)
+            truth_values = truth_values.reshape(-1).cpu()
+            if len(sample.values) != truth_values.numel():
+                return {"ok": False, "rule": None, "reason": f"{where}: {len(sample.values)} values recorded, "
+                                                             f"expected {truth_values.numel()}"}
+            seen = torch.tensor(sample.values, dtype=torch.float64)
+            if role == "input":
+                if not torch.equal(seen, truth_values.to(torch.float64)):
+                    return {"ok": False, "rule": "input-mutation",
+                            "reason": f"{where} changed during a timed call"}
+                continue
+            if not (data.is_floating_point() or data.is_complex()):
+                ok = torch.equal(seen, truth_values.to(torch.float64))
+                if not ok:
+                    return {"ok": False, "rule": None, "reason": f"{where}: values differ at secret positions"}
+                continue
+            # The scale of the tolerance is the whole expected output's, as in a full comparison.
+            tol = atol * output_rms(data.float() if data.dtype in (torch.float16, torch.bfloat16) else data) \
+                if scale and not data.is_complex() else atol
+            truth64 = truth_values.to(torch.float64)
+            reports = compare_outputs(truth64, seen, tol, rtol, where)
+            if not reports[0]["ok"]:
+                return {"ok": False, "rule": None,
+                        "reason": f"{where} at {len(flat)} secret positions: {reports[0]['reason']}"}
+    return {"ok": True, "reason": None, "rule": None}

@@ -1,0 +1,65 @@
+"""Records of timed calls: values at secret positions, read in one process and checked in another."""
+
+import pytest
+import torch
+
+from cuda_agent.evaluate import protocol as p
+from cuda_agent.evaluate.records import OUTPUT_VALUES, Recorder, compare_record, positions
+
+
+def _record(output, inputs, probe=11, index=3):
+    recorder = Recorder(probe)
+    recorder.record(index, output, inputs)
+    (fields,) = recorder.finish()
+    return p.CallRecord.from_reply(fields)
+
+
+def test_positions_are_a_function_of_the_probe_and_distinct():
+    first = positions(5, "output", 0, 10_000, 16)
+    assert first == positions(5, "output", 0, 10_000, 16)
+    assert first != positions(6, "output", 0, 10_000, 16)
+    assert len(set(first)) == 16 and all(0 <= i < 10_000 for i in first)
+    assert positions(5, "output", 0, 3, 16) == [0, 1, 2] and positions(5, "output", 0, 0, 16) == []
+
+
+def test_a_right_output_passes_even_when_strided_and_mixed():
+    x = torch.randn(64, 33)
+    expected = (x.t() * 2, torch.arange(7), torch.tensor(1.5), torch.randn(5, dtype=torch.complex64))
+    actual = (x.t().contiguous() * 2, torch.arange(7), torch.tensor(1.5), expected[3].clone())
+    record = _record(actual, [x])
+    assert record.index == 3 and len(record.outputs[0].values) == OUTPUT_VALUES
+    assert compare_record(expected, [x], record, 11, 1e-5, 1e-5, scale=True)["ok"]
+
+
+def test_a_partly_wrong_output_fails_and_names_the_leaf():
+    x = torch.randn(4096)
+    wrong = x * 2
+    wrong[::2] = 0.0  # half the work skipped
+    verdict = compare_record(x * 2, [x], _record(wrong, [x]), 11, 1e-5, 1e-5, scale=True)
+    assert not verdict["ok"] and verdict["rule"] is None and "output[0]" in verdict["reason"]
+
+
+def test_an_input_changed_by_the_call_is_input_mutation():
+    x = torch.randn(4096)
+    y = x * 2
+    changed = x.clone()
+    changed.zero_()
+    verdict = compare_record(y, [x], _record(y, [changed]), 11, 1e-5, 1e-5, scale=True)
+    assert verdict["rule"] == "input-mutation"
+
+
+@pytest.mark.parametrize("actual, reason", [
+    (torch.zeros(4096, dtype=torch.float64), "float64"),
+    (torch.zeros(64, 64), "[64, 64]"),
+    ((torch.zeros(4096), torch.zeros(1)), "2 output tensor(s)"),
+])
+def test_structure_mismatches_fail(actual, reason):
+    x = torch.randn(4096)
+    verdict = compare_record(x * 2, [x], _record(actual, [x]), 11, 1e-5, 1e-5, scale=False)
+    assert not verdict["ok"] and reason in verdict["reason"]
+
+
+def test_a_record_read_with_another_probe_does_not_match():
+    x = torch.randn(4096)
+    verdict = compare_record(x * 2, [x], _record(x * 2, [x], probe=12), 11, 1e-5, 1e-5, scale=False)
+    assert not verdict["ok"]
