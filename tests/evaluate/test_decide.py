@@ -140,7 +140,7 @@ def test_the_clock_check_passes_an_honest_round_and_fails_regions_reported_short
     from cuda_agent.evaluate.decide import clock_check
     from cuda_agent.evaluate.policy import TimingConfig
 
-    config = TimingConfig(clock_slack=0.1, clock_trial_us=50, clock_noise=3)
+    config = TimingConfig(clock_slack=0.1, clock_trial_us=50, clock_noise=3, clock_harness_share=0.0)
     # 10 regions of 1 ms reported; the rounds took 13 ms, of which 3 ms is the harness (empty rounds);
     # one slow round moves neither the medians nor the scatter much.
     honest = clock_check([13.1, 13.0, 19.0], [10.0, 10.0, 10.0], [3.0, 3.2], 10, config)
@@ -153,3 +153,9 @@ def test_the_clock_check_passes_an_honest_round_and_fails_regions_reported_short
     # A host whose harness time wanders by milliseconds is given that much room.
     noisy = clock_check([20.0, 13.0, 16.0, 24.0, 13.5], [10.0] * 5, [3.0, 9.0, 4.0], 10, config)
     assert noisy.ok and noisy.limit_ms > 10
+    # And a share of the harness's own time where it is set (the CPU backend's default).
+    shared = clock_check([13.1, 13.0, 13.2], [5.5, 5.5, 5.5], [3.0, 3.2], 10, config.resolved("cpu"))
+    assert config.resolved("cpu").clock_harness_share == 0.0
+    assert TimingConfig().resolved("cpu").clock_harness_share == 0.25
+    assert TimingConfig().resolved("cuda").clock_harness_share == 0.05
+    assert shared.limit_ms == pytest.approx(forged.limit_ms)

@@ -82,12 +82,67 @@ class Case:
     prelude: str = ""
     init: str = ""
     binding: str | None = None  # replaces KERNEL_CALL in the binding
+    cpp_prelude: str = ""  # C++ at file scope, before the binding's functions (with binding)
     task: str | None = None  # task source; default: the example
     policy: dict = field(default_factory=dict)
     runtime: bool = False  # static checks off
     status: str = "failed"
     rule: str | None = None
     reason: str | None = None  # a substring of the reason, where the rule alone is not specific
+
+# Native code in the candidate's process (docs/SECURITY.md, threat model): what no Python-level guard sees.
+# The clock the harness reads, halved through its C method slot: the object is the same, the code is not.
+HALVED_CLOCK = r"""
+#include <Python.h>
+static PyCFunction real_clock = nullptr;
+static long long clock_origin = 0;
+static PyObject* halved_clock(PyObject* self, PyObject* unused) {
+  PyObject* now = real_clock(self, unused);
+  if (now == nullptr) return nullptr;
+  long long ns = PyLong_AsLongLong(now);
+  Py_DECREF(now);
+  if (clock_origin == 0) clock_origin = ns;
+  return PyLong_FromLongLong(clock_origin + (ns - clock_origin) / 2);
+}
+static void halve_clock() {
+  if (real_clock != nullptr) return;
+  PyObject* module = PyImport_ImportModule("time");
+  PyObject* fn = PyObject_GetAttrString(module, "perf_counter_ns");
+  PyMethodDef* def = reinterpret_cast<PyCFunctionObject*>(fn)->m_ml;
+  real_clock = def->ml_meth;
+  def->ml_meth = halved_clock;
+  Py_DECREF(fn);
+  Py_DECREF(module);
+}
+"""
+# A helper thread, started inside a checked call and named like torch's own, finishes the second half
+# of the output after forward returned, on calls no dispatch mode watches.
+LATER = r"""
+#include <c10/core/impl/TorchDispatchModeTLS.h>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <pthread.h>
+#include <thread>
+struct Later { std::mutex m; std::condition_variable cv; std::function<void()> job; bool ready = false; };
+static Later* later() {
+  static Later* box = [] {
+    auto* l = new Later();
+    std::thread t([l] {
+      for (;;) {
+        std::function<void()> job;
+        { std::unique_lock<std::mutex> g(l->m); l->cv.wait(g, [l] { return l->ready; }); job = std::move(l->job); l->ready = false; }
+        job();
+      }
+    });
+    pthread_setname_np(t.native_handle(), "pt_helper");
+    t.detach();
+    return l;
+  }();
+  return box;
+}
+"""
+UNWATCHED = "c10::impl::TorchDispatchModeTLS::stack_len() == 0"
 
 
 CASES = [
@@ -186,6 +241,25 @@ CASES = [
     Case("l2-persisting-limit", "L2 persistence",
          binding="cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, 1 << 20); auto y = torch::empty_like(xc);",
          rule="cache-control"),
+    # Twenty real passes (about 80 ms a call), reported as ten by the halved clock.
+    Case("native-clock-halved-runtime", "Timer patched below Python",
+         cpp_prelude=HALVED_CLOCK,
+         binding="halve_clock(); auto y = torch::empty_like(xc); for (int r = 0; r < 19; ++r) "
+                 "scaled_swish_launch(xc.data_ptr<float>(), y.data_ptr<float>(), xc.numel(), static_cast<float>(scale));",
+         runtime=True, rule="clock"),
+    Case("native-deferred-half-runtime", "Work deferred past the end",
+         cpp_prelude=LATER,
+         binding="auto y = torch::empty_like(xc); later(); if (" + UNWATCHED + ") { int64_t n = xc.numel(), "
+                 "half = n / 2; float s = static_cast<float>(scale); scaled_swish_launch(xc.data_ptr<float>(), "
+                 "y.data_ptr<float>(), half, s); auto* l = later(); { std::lock_guard<std::mutex> g(l->m); "
+                 "l->job = [xc, y, half, n, s] { scaled_swish_launch(xc.data_ptr<float>() + half, "
+                 "y.data_ptr<float>() + half, n - half, s); }; l->ready = true; } l->cv.notify_one(); return y; }",
+         runtime=True, status="incorrect", rule="timed-output"),
+    Case("native-phase-detection-runtime", "Checked-vs-timed phase detection",
+         cpp_prelude=LATER,
+         binding="auto y = torch::empty_like(xc); static int64_t unwatched = 0; "
+                 "if (" + UNWATCHED + " && ++unwatched % 2 == 0) return y;",
+         runtime=True, status="incorrect", rule="timed-output"),
     Case("network-runtime", "Network / web retrieval",
          prelude="import socket",
          forward="socket.create_connection(('93.184.216.34', 80), timeout=5)\nreturn cuda_extension.scaled_swish(x, self.scale)",
@@ -210,8 +284,13 @@ def make_candidate(case: Case, solution: Path, root: Path, *, scaled: bool = Tru
     shutil.copytree(solution, root)
     if case.binding is not None:
         path = root / binding
-        assert kernel_call in path.read_text(), f"{binding} no longer contains {kernel_call!r}"
-        path.write_text(path.read_text().replace(kernel_call, case.binding))
+        text = path.read_text()
+        assert kernel_call in text, f"{binding} no longer contains {kernel_call!r}"
+        text = text.replace(kernel_call, case.binding)
+        if case.cpp_prelude:
+            first = text.index("static ")
+            text = text[:first] + case.cpp_prelude + "\n" + text[first:]
+        path.write_text(text)
     indent = "        "
     init = "".join(f"{indent}{line}\n" for line in case.init.splitlines())
     (root / "model_new.py").write_text(

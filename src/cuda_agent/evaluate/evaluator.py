@@ -467,6 +467,8 @@ class Evaluator:
         plan = Plan(**result.timing["plans"]["candidate"])
         last = rounds.count("candidate") * plan.trials * plan.calls - 1
         output_bytes = self._check_timed_outputs(reference.channel, candidate, base, log, last, job, result)
+        # After the records: work finished past the end fails there, by name, before it shows as lost time.
+        self._check_clock(log, result)
         result.durations["verify"] += round(time.monotonic() - clock, 3)
         result.correct = True
         self._decide(rounds, baseline, key, output_bytes, result)
@@ -574,7 +576,6 @@ class Evaluator:
                 self._check_no_new_threads(candidate, threads_before, "while it was timed")
                 for _ in range(EMPTY_ROUNDS - 1):
                     self._time_empty(reference, log)
-                self._check_clock(log, result)
         result.timing = result.timing | {"plans": {side: vars(plan) for side, plan in plans.items()}}
         return rounds, log
 
@@ -710,9 +711,9 @@ class Evaluator:
                                  atol=tolerance["atol"] * widest, rtol=tolerance["rtol"] * widest,
                                  scale=tolerance["scale"], strict=self.policy.strict_expected)
         verdicts = reference.ask_typed("verify", request, RecordsReply, self.timeouts.check_s).verdicts
-        for (probe, record), verdict in zip(chosen, verdicts):
-            result.checks.append({"timed": True, "call": record.index, "record": True, "ok": verdict.ok,
-                                  "reason": verdict.reason})
+        for number, ((probe, record), verdict) in enumerate(zip(chosen, verdicts)):
+            result.checks.append({"index": self.policy.checks + number, "timed": True, "call": record.index,
+                                  "record": True, "ok": verdict.ok, "reason": verdict.reason})
             if not verdict.ok:
                 raise Stop("incorrect" if verdict.rule is None else "failed", "verify",
                            f"timed call {record.index} (its record): {verdict.reason}",
@@ -726,8 +727,8 @@ class Evaluator:
             expected = reference.receive_typed("verify", ExpectReply, self.timeouts.check_s)
             handed = candidate.receive_typed("verify", OutputReply, self.timeouts.check_s)
             output_bytes = expected.output_bytes
-            check = self._check(reference, self.policy.checks + number, call.fingerprint, expected.fingerprint,
-                                out_dir, handed.manifest)
+            check = self._check(reference, self.policy.checks + len(chosen) + number, call.fingerprint,
+                                expected.fingerprint, out_dir, handed.manifest)
             check.update(timed=True, call=call.index, allowance=expected.allowance)
             result.checks.append(check)
             if not check["ok"]:

@@ -83,8 +83,8 @@ class EvalResult:
             worst = [r for r in check.get("reports", []) if r.get("max_abs_error") is not None]
             err = max((r["max_abs_error"] for r in worst), default=None)
             state = "pass" if check["ok"] else f"FAIL ({check['reason']})"
-            label = f"timed output {check['index'] - self.policy.get('checks', 0) + 1}" if check.get("timed") \
-                else f"check {check['index'] + 1}"
+            label = (f"timed call {check['call']}" + (" (record)" if check.get("record") else " (whole output)")
+                     if check.get("timed") else f"check {check['index'] + 1}")
             lines.append(f"{label}: {state}" + (f", max abs error {err:.3g}" if err is not None else ""))
         for which in ("candidate", "eager", "compile"):
             stats = self.times.get(which)

@@ -190,6 +190,7 @@ class ReferenceSide(_Side):
     expected: Any = None
     allowance = 1.0  # factor on the tolerance for the expected output held now
     compiled: dict[str, Any] | None = None  # torch.compile(Model) (or its error) and its compile time
+    output_specs: list[tuple[Any, Any, Any]] = []  # (shape, dtype, device) of the Model's output tensors
 
     def handle(self, op: str, msg: Any) -> dict[str, Any]:
         """Answer request ``op``: its dataclass (``protocol.REQUESTS``), or a dict it is parsed from."""
@@ -234,6 +235,7 @@ class ReferenceSide(_Side):
             finally:
                 pin_precision(self.tf32)
             self.allowance = self.precision_allowance(inputs, msg) if msg.strict else 1.0
+            self.output_specs = [(t.shape, t.dtype, t.device) for t in tensors_in(self.expected)]
             output_bytes = sum(t.numel() * t.element_size() for t in tensors_in(self.expected))
             return {"fingerprint": fingerprint(inputs), "output_bytes": output_bytes, "allowance": self.allowance}
         if op == "release":
@@ -352,8 +354,13 @@ class ReferenceSide(_Side):
     def _baseline(self, side: str | None) -> Any:
         """The function a baseline side times: eager Model, torch.compile(Model), or nothing
         ("empty": the round's draws, flushes and holds alone, which the outside clock subtracts)."""
+        import torch
+
         if side == "empty":
-            return lambda *inputs: None
+            # Outputs allocated like the Model's (not written): their allocation and release are the
+            # harness's share of a round too.
+            specs = self.output_specs
+            return lambda *inputs: [torch.empty(shape, dtype=dtype, device=device) for shape, dtype, device in specs]
         if side == "eager":
             return self.model
         if side != "compile":
