@@ -206,13 +206,20 @@ class ClockCheck:
     empty_ms: float  # the median round with the calls left out
     unexplained_ms: float
     limit_ms: float
+    scatter_ms: float = 0.0
+    harness_ms: list[float] = field(default_factory=list)  # each round: outside clock minus reported regions
+    empties_ms: list[float] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         return self.unexplained_ms <= self.limit_ms
 
     def to_dict(self) -> dict[str, object]:
-        return {k: round(v, 4) if isinstance(v, float) else v for k, v in asdict(self).items()} | {"ok": self.ok}
+        def short(value: object) -> object:
+            if isinstance(value, float):
+                return round(value, 4)
+            return [short(v) for v in value] if isinstance(value, list) else value
+        return {k: short(v) for k, v in asdict(self).items()} | {"ok": self.ok}
 
 
 def clock_check(walls_ms: list[float], claimed_ms: list[float], empty_ms: list[float], trials: int,
@@ -230,7 +237,7 @@ def clock_check(walls_ms: list[float], claimed_ms: list[float], empty_ms: list[f
     limit = (config.clock_slack * claimed + config.clock_trial_us * trials / 1e3 + config.clock_noise * scatter
              + (config.clock_harness_share or 0.0) * statistics.median(empty_ms))
     return ClockCheck(len(walls_ms), claimed, statistics.median(walls_ms), statistics.median(empty_ms),
-                      unexplained, limit)
+                      unexplained, limit, scatter, harness, list(empty_ms))
 
 
 def _robust_sd(values: list[float]) -> float:

@@ -93,6 +93,11 @@ class EvalResult:
                     f"{which:>9}: {stats['median_ms']:.4f} ms median (p20-p80 {stats['p20_ms']:.4f}-{stats['p80_ms']:.4f}, "
                     f"n={stats['trials']}, {stats['method']})"
                 )
+        clock = (self.timing or {}).get("clock")
+        if clock:
+            lines.append(f"outside clock: {clock['unexplained_ms']:.3f} ms a round unexplained (limit {clock['limit_ms']:.3f}; "
+                         f"reported {clock['claimed_ms']:.3f}, round {clock['wall_ms']:.3f}, harness alone "
+                         f"{clock['empty_ms']:.3f} ms)")
         if self.speedup_eager is not None:
             lines.append(f"speedup: {self.speedup_eager:.2f}x vs eager, " + (
                 f"{self.speedup_compile:.2f}x vs torch.compile" if self.speedup_compile is not None else "torch.compile n/a"
