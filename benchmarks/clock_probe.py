@@ -3,10 +3,10 @@
 Part 1, in one process: the harness's time for a round with the calls left out (input draws, flushes,
 holds, records), before and after the profiler has been started in that process (the candidate
 process starts it at start-up), and a round of torch's own GELU, wall minus the time its regions
-report. Part 2: evaluations of the project's examples and of a candidate whose event timer is
-patched below Python, with the evaluator's clock figures (``EvalResult.timing["clock"]``).
+report (``--in-process``). Part 2: evaluations of the project's examples under variants of the
+evaluator, with its clock figures (``EvalResult.timing["clock"]``).
 
-    python benchmarks/clock_probe.py --out clock_probe.json
+    python benchmarks/clock_probe.py --in-process --out clock_probe.json
 """
 
 from __future__ import annotations
@@ -60,42 +60,61 @@ def in_process(example: str, trials: int, repeats: int) -> dict:
     return {"example": example, "trials": trials, "rows": out}
 
 
-def evaluations(repeats: int) -> list[dict]:
-    from test_redteam_gpu import CASES, GELU_ALLOC, GELU_BINDING
-    from test_redteam import make_candidate
-
+def evaluations(repeats: int, variants: list[str]) -> list[dict]:
+    """Evaluations of the examples under variants of the evaluator: ``default``; ``no-pause`` (the
+    candidate is not stopped between its rounds); ``empty-in-candidate`` (the rounds without the
+    calls run in the candidate's process, not the reference's)."""
     from cuda_agent import Evaluator, load_candidate, load_task
+    from cuda_agent.evaluate import evaluator as evaluator_module
+    from cuda_agent.evaluate.protocol import TimeReply, TimeRequest
 
     rows = []
-    patched = next(c for c in CASES if c.name == "native-event-timer-runtime")
-    with Evaluator("cuda", prestart=True) as evaluator:
-        for example in ("cuda_gelu", "cuda_row_softmax"):
-            task = load_task(ROOT / "examples" / example / "model.py")
-            for _ in range(repeats):
-                result = evaluator.evaluate(task, load_candidate(ROOT / "examples" / example / "solution"))
-                rows.append({"example": example, "candidate": "solution", "status": result.status, "rule": result.rule,
-                             "seconds": result.durations.get("total"), "clock": result.timing.get("clock"),
-                             "plan": result.timing.get("plans", {}).get("candidate")})
-                print(json.dumps(rows[-1]), flush=True)
-        evaluator.policy = evaluator.policy.with_(static_checks=False)
-        task = load_task(ROOT / "examples" / "cuda_gelu" / "model.py")
-        for n in range(repeats):
-            candidate = make_candidate(patched, ROOT / "examples" / "cuda_gelu" / "solution", Path(f"/tmp/clock-probe-{n}"),
-                                       scaled=False, binding=GELU_BINDING, kernel_call=GELU_ALLOC)
-            result = evaluator.evaluate(task, candidate)
-            rows.append({"example": "cuda_gelu", "candidate": patched.name, "status": result.status, "rule": result.rule,
-                         "clock": result.timing.get("clock"), "plan": result.timing.get("plans", {}).get("candidate")})
-            print(json.dumps(rows[-1]), flush=True)
+    for variant in variants:
+        with Evaluator("cuda", prestart=True) as evaluator:
+            if variant == "no-pause":
+                evaluator._pause = lambda candidate: None
+            if variant == "empty-in-candidate":
+                real_side = evaluator._candidate_side
+
+                def candidate_side(candidate, base, log, real_side=real_side):
+                    evaluator._probe_channel = candidate
+                    return real_side(candidate, base, log)
+
+                def time_empty(reference, log):
+                    channel = getattr(evaluator, "_probe_channel", None) or reference
+                    plan = log.plan
+                    request = TimeRequest(side="empty", seed=1, first=0, trials=plan.trials, calls=plan.calls, probe=2,
+                                          timing=evaluator.timing.to_dict())
+                    channel.worker.resume()
+                    start = time.perf_counter()
+                    channel.ask_typed("profile", request, TimeReply, 60)
+                    log.empty_ms.append((time.perf_counter() - start) * 1e3)
+                    if channel is not reference:
+                        evaluator._pause(channel)
+
+                evaluator._candidate_side = candidate_side
+                evaluator._time_empty = time_empty
+            for example in ("cuda_gelu", "cuda_row_softmax"):
+                task = load_task(ROOT / "examples" / example / "model.py")
+                for _ in range(repeats):
+                    result = evaluator.evaluate(task, load_candidate(ROOT / "examples" / example / "solution"))
+                    clock = result.timing.get("clock") or {}
+                    rows.append({"variant": variant, "example": example, "status": result.status, "rule": result.rule,
+                                 "unexplained_ms": clock.get("unexplained_ms"), "limit_ms": clock.get("limit_ms"),
+                                 "clock": clock, "plan": result.timing.get("plans", {}).get("candidate")})
+                    print(json.dumps({k: v for k, v in rows[-1].items() if k != "clock"}), flush=True)
     return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--variants", nargs="+", default=["default", "no-pause", "empty-in-candidate"])
+    parser.add_argument("--in-process", action="store_true", help="part 1 too")
     parser.add_argument("--out", type=Path, default=Path("clock_probe.json"))
     args = parser.parse_args()
-    report = {"in_process": [in_process(e, 7, 9) for e in ("cuda_gelu", "cuda_row_softmax")]}
-    report["evaluations"] = evaluations(args.repeats)
+    report = {"in_process": [in_process(e, 7, 9) for e in ("cuda_gelu", "cuda_row_softmax")] if args.in_process else []}
+    report["evaluations"] = evaluations(args.repeats, args.variants)
     args.out.write_text(json.dumps(report, indent=1))
 
 
