@@ -62,38 +62,14 @@ def in_process(example: str, trials: int, repeats: int) -> dict:
 
 def evaluations(repeats: int, variants: list[str]) -> list[dict]:
     """Evaluations of the examples under variants of the evaluator: ``default``; ``no-pause`` (the
-    candidate is not stopped between its rounds); ``empty-in-candidate`` (the rounds without the
-    calls run in the candidate's process, not the reference's)."""
+    candidate is not stopped between its rounds)."""
     from cuda_agent import Evaluator, load_candidate, load_task
-    from cuda_agent.evaluate import evaluator as evaluator_module
-    from cuda_agent.evaluate.protocol import TimeReply, TimeRequest
 
     rows = []
     for variant in variants:
         with Evaluator("cuda", prestart=True) as evaluator:
             if variant == "no-pause":
                 evaluator._pause = lambda candidate: None
-            if variant == "empty-in-candidate":
-                real_side = evaluator._candidate_side
-
-                def candidate_side(candidate, base, log, real_side=real_side):
-                    evaluator._probe_channel = candidate
-                    return real_side(candidate, base, log)
-
-                def time_empty(reference, log):
-                    channel = getattr(evaluator, "_probe_channel", None) or reference
-                    plan = log.plan
-                    request = TimeRequest(side="empty", seed=1, first=0, trials=plan.trials, calls=plan.calls, probe=2,
-                                          timing=evaluator.timing.to_dict())
-                    channel.worker.resume()
-                    start = time.perf_counter()
-                    channel.ask_typed("profile", request, TimeReply, 60)
-                    log.empty_ms.append((time.perf_counter() - start) * 1e3)
-                    if channel is not reference:
-                        evaluator._pause(channel)
-
-                evaluator._candidate_side = candidate_side
-                evaluator._time_empty = time_empty
             for example in ("cuda_gelu", "cuda_row_softmax"):
                 task = load_task(ROOT / "examples" / example / "model.py")
                 for _ in range(repeats):
@@ -109,7 +85,7 @@ def evaluations(repeats: int, variants: list[str]) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--variants", nargs="+", default=["default", "no-pause", "empty-in-candidate"])
+    parser.add_argument("--variants", nargs="+", default=["default", "no-pause"])
     parser.add_argument("--in-process", action="store_true", help="part 1 too")
     parser.add_argument("--out", type=Path, default=Path("clock_probe.json"))
     args = parser.parse_args()

@@ -48,8 +48,12 @@ LAUNCH_HALF = ("gelu_launch(x.data_ptr<float>(), y.data_ptr<float>(), x.numel() 
                "c10::cuda::getCurrentCUDAStream().stream());")
 
 CASES = [
+    # Twenty real passes a call (about 10 ms), reported at 0.55x. (At the example's own 0.5 ms a call the
+    # same patch hides less than the clock's limit allows: docs/SECURITY.md, still not covered.)
     Case("native-event-timer-runtime", "Timer patched below Python", forward=GOOD, cpp_prelude=QUICK_EVENTS,
-         binding="quicken_events(); auto y = torch::empty_like(x);", runtime=True, rule="clock"),
+         binding="quicken_events(); auto y = torch::empty_like(x); for (int r = 0; r < 19; ++r) "
+                 "gelu_launch(x.data_ptr<float>(), y.data_ptr<float>(), x.numel(), "
+                 "c10::cuda::getCurrentCUDAStream().stream());", runtime=True, rule="clock"),
     # Half the work in the region; a thread started in a checked call (named like the CUDA runtime's)
     # launches the other half 150 us later on the same stream, after the end event.
     Case("native-deferred-half-runtime", "Work deferred past the end", forward=GOOD, cpp_prelude=LATER,

@@ -229,13 +229,13 @@ def clock_check(walls_ms: list[float], claimed_ms: list[float], empty_ms: list[f
     forgery in most rounds shows in the median). The limit is the policy's share of the reported time,
     an allowance per region, ``clock_noise`` times the rounds' own scatter (robust standard deviation
     of each side's harness time) and a share of the harness's own time: a machine whose harness time
-    wanders (a busy CPU host) cannot be held to microseconds. ``config`` is resolved for its device."""
+    wanders (a busy CPU host) cannot be held to microseconds."""
     harness = [w - c for w, c in zip(walls_ms, claimed_ms)]
     unexplained = statistics.median(harness) - statistics.median(empty_ms)
     claimed = statistics.median(claimed_ms)
     scatter = max(_robust_sd(harness), _robust_sd(empty_ms))
     limit = (config.clock_slack * claimed + config.clock_trial_us * trials / 1e3 + config.clock_noise * scatter
-             + (config.clock_harness_share or 0.0) * statistics.median(empty_ms))
+             + config.clock_harness_share * statistics.median(empty_ms))
     return ClockCheck(len(walls_ms), claimed, statistics.median(walls_ms), statistics.median(empty_ms),
                       unexplained, limit, scatter, harness, list(empty_ms))
 

@@ -429,9 +429,6 @@ class CandidateSide(_Side):
             self.guard.verify_harness("during warm-up")
             return {"estimate_ms": estimate}
         if op == "time":
-            if msg.side == "empty":
-                samples, records = self.time_calls(_empty_call, msg)
-                return {"samples": samples, "records": records}
             return self.time(msg)
         if op == "timed":
             return {"checked": self.timed()}
@@ -509,10 +506,6 @@ class CandidateSide(_Side):
             return write_outputs(output, directory, self.shared)
         except TransferError as exc:
             raise RuleBroken("output-type", str(exc)) from None
-
-
-def _empty_call(*inputs: Any) -> None:
-    return None
 
 
 def warm_up_runtime(device: str, profiler: bool = False) -> None:
