@@ -164,8 +164,8 @@ def _time_regions_cuda(prepare: Callable[[], Callable[[], Any]], config: TimingC
     # An empty region gives the fence's own lateness (the host's wake-up after the synchronise);
     # a region whose fence is later than that was followed by work the end event did not wait for.
     allowance_ms = _empty_fence_ms(hold_cycles) * 2 + 0.005 if stream_end else 0.0
-    events = [[torch.cuda.Event(enable_timing=True) for _ in range(4)] for _ in range(trials)]
-    for start, end, done, fence in events:
+    events = [[torch.cuda.Event(enable_timing=True) for _ in range(3)] for _ in range(trials)]
+    for start, end, fence in events:
         ready = [prepare() for _ in range(calls)]
         reset_persisting_l2()  # persisting lines would survive the flush
         if flush is not None:
@@ -178,8 +178,7 @@ def _time_regions_cuda(prepare: Callable[[], Callable[[], Any]], config: TimingC
             call()
         if stream_end:
             end.record()
-            after_end()
-            done.record()  # the harness's own work after the end is not what the fence looks for
+            after_end()  # queued behind the end event: what the outputs hold when the region ended
             torch.cuda.synchronize()
             fence.record()
         else:
@@ -188,20 +187,26 @@ def _time_regions_cuda(prepare: Callable[[], Callable[[], Any]], config: TimingC
             after_end()
     torch.cuda.synchronize()
     samples = []
-    for start, end, done, fence in events:
+    for start, end, fence in events:
         to_fence = start.elapsed_time(fence)
         if stream_end:
-            late = done.elapsed_time(fence)
-            samples.append(start.elapsed_time(end) if late <= allowance_ms else to_fence)
+            # Measured from the end event, not from the harness's reads after it: work left running on
+            # another stream delays those reads too (it holds the SMs), and would hide behind them.
+            to_end = start.elapsed_time(end)
+            samples.append(to_end if to_fence - to_end <= allowance_ms else to_fence)
         else:
             samples.append(to_fence)
     return [sample / calls for sample in samples]
 
 
-def _empty_fence_ms(hold_cycles: int, regions: int = 5) -> float:
-    """The latest an empty region's fence came after its end event, in ms."""
+def _empty_fence_ms(hold_cycles: int, regions: int = 5, reads: int = 8) -> float:
+    """The latest an empty region's fence came after its end event, in ms, with ``reads`` small
+    gathers queued after the end as the records of a region queue theirs (``time_round``'s
+    ``after_end``): what a region's fence may lag its end by with no work left running."""
     import torch
 
+    source = torch.empty(1 << 20, device="cuda")
+    index = torch.randint(0, 1 << 20, (16,), device="cuda")
     late = 0.0
     for _ in range(regions):
         start, end, fence = (torch.cuda.Event(enable_timing=True) for _ in range(3))
@@ -210,6 +215,8 @@ def _empty_fence_ms(hold_cycles: int, regions: int = 5) -> float:
             torch.cuda._sleep(hold_cycles)
         start.record()
         end.record()
+        for _ in range(reads):
+            source[index]
         torch.cuda.synchronize()
         fence.record()
         fence.synchronize()
