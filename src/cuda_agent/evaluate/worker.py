@@ -221,7 +221,10 @@ class ReferenceSide(_Side):
         if op == "calibrate":
             return {"estimate_ms": self.calibrate(self._baseline(msg.side), msg)}
         if op == "time":
-            return {"samples": self.time_calls(self._baseline(msg.side), msg)[0]}
+            samples = self.time_calls(self._baseline(msg.side), msg)[0]
+            if msg.side == "empty" and self.device == "cuda":
+                torch.cuda.empty_cache()  # its outputs were never the Model's: hold no memory for them
+            return {"samples": samples}
         if op == "records":
             return {"verdicts": self.check_records(msg)}
         if op == "expect":
@@ -349,6 +352,7 @@ class ReferenceSide(_Side):
             finally:
                 pin_precision(self.tf32)
             verdicts.append(compare_record(expected, inputs, check.record, check.probe, msg.atol, msg.rtol, msg.scale))
+            del expected, inputs  # one call's tensors at a time: outputs of GBs each
         return verdicts
 
     def _baseline(self, side: str | None) -> Any:
