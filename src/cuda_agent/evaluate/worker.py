@@ -110,7 +110,7 @@ def fingerprint(values: list[Any]) -> list[Any]:
     return prints
 
 
-HELD = 2  # recorded timed calls whose outputs stay alive to the end (a reservoir over all of them)
+HELD = 1  # recorded timed calls whose outputs stay alive to the end (a reservoir over all of them)
 
 
 class _Side:
@@ -381,7 +381,8 @@ class CandidateSide(_Side):
     def __init__(self) -> None:
         # Timed calls whose outputs stay alive until the end: the latest (it may turn out to be the last,
         # which is checked whole) and HELD recorded calls chosen at random (a reservoir over all), so
-        # that an output handed out twice shows as shared memory.
+        # that an output handed out twice shows as shared memory. Each is an input and an output held,
+        # which for the largest KernelBench tasks is 12 GiB.
         self.latest: dict[str, Any] | None = None
         self.held: dict[int, dict[str, Any]] = {}
         self.recorded = 0
@@ -471,7 +472,8 @@ class CandidateSide(_Side):
                 self.held.pop(chooser.choice(list(self.held)))
                 self.held[index] = entry
 
-        self.latest = None  # the previous round's last call was not the last
+        # The previous round's last call was not the last: its tensors (GBs for some tasks) go now.
+        self.latest = self.final_call = None
         samples, records = self.time_calls(self.model, msg, on_record)
         index, inputs, box = self.final_call
         self.latest = {"index": index, "inputs": inputs} | ({"output": box["output"]} if "output" in box else {})
