@@ -46,8 +46,11 @@ def run(name: str, task, candidate, variant: str, repeats: int, gap: float, cach
             time.sleep(gap)
             seconds, result = timed(evaluator, task, candidate)
             speedups = result.decision["speedups"] if result.decision else {}
-            rows.append({"seconds": round(seconds, 2), "reward": result.reward,
-                         "candidate_ms": result.times["candidate"]["median_ms"],
+            clock = result.timing.get("clock") or {}
+            rows.append({"seconds": round(seconds, 2), "reward": result.reward, "status": result.status,
+                         "rule": result.rule, "clock_unexplained_ms": clock.get("unexplained_ms"),
+                         "clock_limit_ms": clock.get("limit_ms"),
+                         "candidate_ms": result.times.get("candidate", {}).get("median_ms"),
                          "eager_ms": result.times.get("eager", {}).get("median_ms"),
                          "compile_ms": result.times.get("compile", {}).get("median_ms"),
                          "speedups": {side: round(s["estimate"], 4) for side, s in speedups.items()},
@@ -56,7 +59,8 @@ def run(name: str, task, candidate, variant: str, repeats: int, gap: float, cach
     summary = {
         "example": name, "variant": variant, "repeats": repeats,
         "rewards": [r["reward"] for r in rows],
-        "candidate_ms_cv": round(cv([r["candidate_ms"] for r in rows]), 4),
+        "candidate_ms_cv": round(cv([r["candidate_ms"] for r in rows if r["candidate_ms"]]), 4),
+        "candidate_ms_median": statistics.median([r["candidate_ms"] for r in rows if r["candidate_ms"]] or [0.0]),
         "eager_ms_cv": round(cv([r["eager_ms"] for r in rows if r["eager_ms"]]), 4),
         "speedup_cv": {side: round(cv([r["speedups"][side] for r in rows if side in r["speedups"]]), 4)
                        for side in ("eager", "compile")},
