@@ -28,7 +28,7 @@ from cuda_agent.build import BuildResult, build
 from cuda_agent.candidates import Candidate
 from cuda_agent.evaluate.baseline import BaselineCache, baseline_key
 from cuda_agent.evaluate.channel import Channel, Stop
-from cuda_agent.evaluate.decide import ClockCheck, Plan, Rounds, Speedup, clock_check, run_rounds, settled, speedup
+from cuda_agent.evaluate.decide import Plan, Rounds, Speedup, clock_check, run_rounds, settled, speedup
 from cuda_agent.evaluate.environment import describe_environment
 from cuda_agent.evaluate.policy import Policy, TimingConfig
 from cuda_agent.evaluate.protocol import (
@@ -536,7 +536,7 @@ class Evaluator:
 
     def _time_rounds(self, reference: Channel, candidate: Channel | None, base: int, baseline: dict[str, Any],
                      result: EvalResult, undecided: Callable[[Rounds], bool] | None = None
-                     ) -> tuple[Rounds, "CandidateLog | None"]:
+                     ) -> tuple[Rounds, CandidateLog | None]:
         """Time the candidate (if any) and the baselines in interleaved rounds until every decision is
         confident. Returns the rounds and what the candidate's rounds left: records, outside clock."""
         config = self.timing
@@ -579,7 +579,7 @@ class Evaluator:
         result.timing = result.timing | {"plans": {side: vars(plan) for side, plan in plans.items()}}
         return rounds, log
 
-    def _time_empty(self, reference: Channel, log: "CandidateLog") -> None:
+    def _time_empty(self, reference: Channel, log: CandidateLog) -> None:
         """A round of the candidate's plan in the reference with the calls left out, timed from here:
         what the outside clock sees of the harness alone (draws, flushes, holds, records, the reply)."""
         plan = log.plan
@@ -589,7 +589,7 @@ class Evaluator:
         reference.ask_typed("baseline", request, TimeReply, self.timeouts.baseline_s)
         log.empty_ms.append((time.perf_counter() - started) * 1e3)
 
-    def _check_clock(self, log: "CandidateLog", result: EvalResult) -> None:
+    def _check_clock(self, log: CandidateLog, result: EvalResult) -> None:
         """The candidate's reported regions against the evaluator's own clock (``decide.clock_check``)."""
         check = clock_check(log.walls_ms, log.claimed_ms, log.empty_ms, log.plan.trials, self.timing)
         result.timing = result.timing | {"clock": check.to_dict()}
@@ -632,7 +632,7 @@ class Evaluator:
             raise Stop("failed", "profile", "the candidate's processes did not stop while the baselines were timed",
                        rule="baseline-interference")
 
-    def _candidate_side(self, candidate: Channel, base: int, log: "CandidateLog") -> Callable[[int, int, int], list[float]]:
+    def _candidate_side(self, candidate: Channel, base: int, log: CandidateLog) -> Callable[[int, int, int], list[float]]:
         def time_candidate(first: int, trials: int, calls: int) -> list[float]:
             probe = secrets.randbits(62)
             request = TimeRequest(seed=base, first=first, trials=trials, calls=calls, probe=probe,
@@ -691,7 +691,7 @@ class Evaluator:
             text = ", ".join(f"{side} spread {rounds.spread(side):.1%}" for side in rounds.samples)
         self.on_stage("profile", f"round {number}: {text}")
 
-    def _check_timed_outputs(self, reference: Channel, candidate: Channel, base: int, log: "CandidateLog", last: int,
+    def _check_timed_outputs(self, reference: Channel, candidate: Channel, base: int, log: CandidateLog, last: int,
                              job: Path, result: EvalResult) -> int:
         """The outputs of timed calls are checked too: records of calls drawn now, after all rounds,
         uniformly over every recorded call, and the last call whole. A candidate that is right only

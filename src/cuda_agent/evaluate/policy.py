@@ -165,8 +165,8 @@ class TimingConfig:
     # reported regions, plus clock_trial_us per timed region, plus clock_noise times the rounds' own
     # scatter, plus clock_harness_share of the harness's own time (the empty round). The last is wide
     # because the empty round runs in the reference process: measured on the H200, a legitimate
-    # candidate's process spent 0-7 ms more per round than the reference's 11-14 ms (0-10 of ~50 ms
-    # on the CPU backend), for reasons not yet found (benchmarks/clock_probe.py).
+    # candidate's process spent -10 to +7 ms per round more than the reference's 11-28 ms (0-10 of
+    # ~50 ms on the CPU backend), for reasons not yet found (benchmarks/clock_probe.py).
     clock_slack: float = 0.1
     clock_trial_us: float = 50.0
     clock_noise: float = 3.0

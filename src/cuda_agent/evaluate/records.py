@@ -31,6 +31,25 @@ def positions(probe: int, role: str, leaf: int, numel: int, count: int) -> list[
     return sorted(rng.sample(range(numel), min(count, numel)))
 
 
+def _index(data: Any, flat: list[int]) -> Any:
+    """The index that reads ``flat`` (row-major positions) of ``data``; None for a 0-dim tensor."""
+    import torch
+
+    if not data.dim():
+        return None
+    return torch.unravel_index(torch.tensor(flat, dtype=torch.long, device=data.device), data.shape)
+
+
+def _values_at(data: Any, index: Any) -> Any:
+    """``data`` read at ``index`` (``_index``), flat, complex values as their real and imaginary parts."""
+    import torch
+
+    values = data.reshape(1) if index is None else data[index]
+    if values.is_complex():
+        values = torch.view_as_real(values)
+    return values.reshape(-1)
+
+
 class Recorder:
     """Reads records during one round; ``finish()`` (after the round's synchronise) returns them.
 
@@ -47,22 +66,14 @@ class Recorder:
                               self._take(inputs, "input", INPUT_VALUES)))
 
     def _take(self, value: Any, role: str, count: int) -> list[tuple[list[int], str, Any]]:
-        import torch
-
         taken = []
         for leaf, tensor in enumerate(tensors_in(value)):
             data = tensor.detach()
             shape = list(data.shape)
             key = (role, leaf, tuple(shape), str(data.device))
-            index = self._indices.get(key)
-            if index is None:
-                flat = torch.tensor(positions(self.probe, role, leaf, data.numel(), count), dtype=torch.long,
-                                    device=data.device)
-                index = self._indices[key] = torch.unravel_index(flat, data.shape) if data.dim() else None
-            values = data.reshape(1) if index is None else data[index]
-            if values.is_complex():
-                values = torch.view_as_real(values)
-            taken.append((shape, str(data.dtype).removeprefix("torch."), values.reshape(-1)))
+            if key not in self._indices:
+                self._indices[key] = _index(data, positions(self.probe, role, leaf, data.numel(), count))
+            taken.append((shape, str(data.dtype).removeprefix("torch."), _values_at(data, self._indices[key])))
         return taken
 
     def finish(self) -> list[dict[str, Any]]:
@@ -108,11 +119,7 @@ def compare_record(expected: Any, inputs: list[Any], record: Any, probe: int, at
                                                              f"{dtype}{list(tensor.shape)}"}
             flat = positions(probe, role, leaf, tensor.numel(), count)
             data = tensor.detach()
-            truth_values = data.reshape(1) if not data.dim() else data[torch.unravel_index(
-                torch.tensor(flat, dtype=torch.long, device=data.device), data.shape)]
-            if truth_values.is_complex():
-                truth_values = torch.view_as_real(truth_values)
-            truth_values = truth_values.reshape(-1).cpu()
+            truth_values = _values_at(data, _index(data, flat)).cpu()
             if len(sample.values) != truth_values.numel():
                 return {"ok": False, "rule": None, "reason": f"{where}: {len(sample.values)} values recorded, "
                                                              f"expected {truth_values.numel()}"}

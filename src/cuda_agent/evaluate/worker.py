@@ -229,14 +229,7 @@ class ReferenceSide(_Side):
             return {"verdicts": self.check_records(msg)}
         if op == "expect":
             inputs = self.inputs(msg.seed)
-            if msg.strict:
-                pin_precision("off")
-            try:
-                with torch.no_grad():
-                    self.expected = self.model(*inputs)
-                synchronize(self.device)
-            finally:
-                pin_precision(self.tf32)
+            self.expected = self.forward(inputs, msg.strict)
             self.allowance = self.precision_allowance(inputs, msg) if msg.strict else 1.0
             self.output_specs = [(t.shape, t.dtype, t.device) for t in tensors_in(self.expected)]
             output_bytes = sum(t.numel() * t.element_size() for t in tensors_in(self.expected))
@@ -335,22 +328,27 @@ class ReferenceSide(_Side):
             self.compiled = {"model": compiled, "compile_seconds": time.perf_counter() - start}
         return {k: v for k, v in self.compiled.items() if k != "model"}
 
+    def forward(self, inputs: list[Any], strict: bool) -> Any:
+        """Model on ``inputs``, synchronised; ``strict``: with TF32 off (the expected output's precision)."""
+        import torch
+
+        if strict:
+            pin_precision("off")
+        try:
+            with torch.no_grad():
+                output = self.model(*inputs)
+            synchronize(self.device)
+        finally:
+            pin_precision(self.tf32)
+        return output
+
     def check_records(self, msg: RecordsRequest) -> list[dict[str, Any]]:
         """Each record against the expected output of its call's inputs (strict precision where asked),
         read at the same secret positions; the tolerance is widened by the verified checks' allowance."""
-        import torch
-
         verdicts = []
         for check in msg.checks:
             inputs = self.inputs(check.seed)
-            if msg.strict:
-                pin_precision("off")
-            try:
-                with torch.no_grad():
-                    expected = self.model(*inputs)
-                synchronize(self.device)
-            finally:
-                pin_precision(self.tf32)
+            expected = self.forward(inputs, msg.strict)
             verdicts.append(compare_record(expected, inputs, check.record, check.probe, msg.atol, msg.rtol, msg.scale))
             del expected, inputs  # one call's tensors at a time: outputs of GBs each
         return verdicts
