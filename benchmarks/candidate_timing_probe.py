@@ -52,7 +52,7 @@ def child(task_file: str, modules: dict[str, str], model_new: str, rounds: int, 
     import torch
 
     from cuda_agent.evaluate.policy import TimingConfig
-    from cuda_agent.evaluate.timing import measure, profile_kernels, trial_seed
+    from cuda_agent.evaluate.timing import measure, profile_call, trial_seed
     from cuda_agent.evaluate.worker import install_inline_shim, load_extension, load_model_new, make_inputs
     from cuda_agent.tasks.task import Task, exec_task_module
 
@@ -106,7 +106,7 @@ def child(task_file: str, modules: dict[str, str], model_new: str, rounds: int, 
         out["fixed"].append(fixed())
         if round_ == 0:
             with torch.no_grad():
-                profile_kernels(lambda: model(*fixed_inputs))  # as the attribution check does, once
+                profile_call(lambda: model(*fixed_inputs), "cuda")  # as the attribution check does, once
     return out
 
 

@@ -28,7 +28,7 @@ def in_process(example: str, trials: int, repeats: int) -> dict:
 
     from cuda_agent.evaluate.policy import TimingConfig
     from cuda_agent.evaluate.protocol import TimeRequest
-    from cuda_agent.evaluate.timing import profile_kernels
+    from cuda_agent.evaluate.timing import profile_call
     from cuda_agent.evaluate.worker import _Side
     from cuda_agent.tasks import load_task
     from cuda_agent.tasks.task import exec_task_module
@@ -55,7 +55,7 @@ def in_process(example: str, trials: int, repeats: int) -> dict:
 
     empty = lambda *inputs: [torch.empty_like(inputs[0])]  # noqa: E731
     out = [rounds(empty, "empty"), rounds(model, "eager")]
-    profile_kernels(lambda: torch.randn(1 << 10, device="cuda").sum())
+    profile_call(lambda: torch.randn(1 << 10, device="cuda").sum(), "cuda")
     out += [rounds(empty, "empty after profiler"), rounds(model, "eager after profiler")]
     return {"example": example, "trials": trials, "rows": out}
 

@@ -7,6 +7,9 @@
 #   bash benchmarks/gpu_session.sh vs_release  # speed and reward stability beside the CUDA Agent release's
 #                                            # scripts (carry .data; extra arguments go to vs_release.py)
 #   bash benchmarks/gpu_session.sh guard     # guard overhead
+#   bash benchmarks/gpu_session.sh overhead  # eval_speed of this tree and of a carried .data/prev/src (the
+#                                            # previous commit: git archive REV src | tar -x -C .data/prev),
+#                                            # alternating, in one call (SPEED_EXAMPLES, VS_REPEATS)
 #   bash benchmarks/gpu_session.sh stability # end-of-region variants: rewards and spread over repeats
 #   bash benchmarks/gpu_session.sh drift     # candidate timing over successive evaluations, with the clocks
 #   bash benchmarks/gpu_session.sh precision # precision calibration (~1 min)
@@ -94,6 +97,16 @@ precision|bench)
     python3 benchmarks/precision_calibration.py --device cuda --out "$OUT/precision_calibration.json" 2>&1 | tail -6
     ;;
 speed|guard) ;;
+overhead)
+    [ -d .data/prev/src ] || { echo "carry .data/prev/src (the tree to compare with)" >&2; exit 2; }
+    for run in 1-prev 2-this 3-prev 4-this; do
+        tree=${run#*-} path=$PWD/src; [ "$tree" = prev ] && path=$PWD/.data/prev/src
+        rm -rf "$CUDA_AGENT_CACHE"
+        PYTHONPATH=$path python3 benchmarks/eval_speed.py --device cuda --examples ${SPEED_EXAMPLES:-cuda_gelu} \
+            --repeats ${VS_REPEATS:-3} --remeasured 0 --out "$OUT/overhead_$run.json" 2>&1 \
+            | tee -a "$OUT/overhead.log" | tail -4
+    done
+    ;;
 stability)
     # The end of the timed region, variant by variant (benchmarks/timing_stability.py).
     python3 benchmarks/timing_stability.py --examples ${SPEED_EXAMPLES:-cuda_gelu cuda_row_softmax} \
@@ -141,7 +154,7 @@ bench_own)
     rm -f "$OUT/baselines_h200/baselines.md"
     ;;
 *)
-    echo "usage: $0 tests|redteam|speed|guard|drift|precision|bench|synth|baselines|bench_own [pytest args]" >&2
+    echo "usage: $0 tests|redteam|speed|guard|overhead|drift|precision|bench|synth|baselines|bench_own [pytest args]" >&2
     exit 2
     ;;
 esac

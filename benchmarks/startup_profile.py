@@ -27,10 +27,11 @@ mark("cuda context + first kernel")
 import torch._dynamo  # noqa: E402, F401
 
 mark("import torch._dynamo")
-from cuda_agent.evaluate.timing import profile_kernels  # noqa: E402
+from cuda_agent.evaluate.timing import profile_call  # noqa: E402
 
-profile_kernels(lambda: torch.randn(1 << 10, device="cuda").sum())
+profile_call(lambda: torch.randn(1 << 10, device="cuda").sum(), "cuda")
 mark("profiler warm-up")
-_, kernels = profile_kernels(lambda: torch.randn(1 << 20, device="cuda").sum())
+_, profiled = profile_call(lambda: torch.randn(1 << 20, device="cuda").sum(), "cuda")
+kernels = profiled.kernels
 mark("second profiled call")
 print(json.dumps({"cumulative_s": marks, "kernels": kernels[:3]}))

@@ -19,6 +19,7 @@ EXAMPLES = [
                   warm=p.ExpectRequest(seed=1, strict=True, slack=2.0, **TOL)),
     p.LoadRequest(task_file="t.py", task_name="t", task_source="src", device="cuda", tf32="off", init_seed=5,
                   state_dict_path="sd.pt", model_new_file="model_new.py", modules={"ext": "/x/ext.so"}),
+    p.ReadyRequest(),
     p.WeightsRequest(state_dict_path="sd.pt"),
     p.AttachRequest(bytes=4096),
     p.RunRequest(seed=7, dir="out", profile=True),
@@ -46,7 +47,7 @@ def test_every_request_kind_has_an_example():
     kinds = {type(e) for e in EXAMPLES}
     assert set(p.REQUESTS.values()) | set(p.SCREEN_REQUESTS.values()) == kinds
     assert all(cls.op == op for op, cls in p.REQUESTS.items())
-    assert set(p.REQUESTS) == {"load", "weights", "attach", "run", "calibrate", "time", "timed", "output", "expect",
+    assert set(p.REQUESTS) == {"ready", "load", "weights", "attach", "run", "calibrate", "time", "timed", "output", "expect",
                                "release", "compare", "degenerate", "compile", "records"}
     assert set(p.SCREEN_REQUESTS) == {"check", "time", "compile"}
 

@@ -8,7 +8,7 @@ from test_symbols import nvcc_object
 
 from cuda_agent.guard.attribution import (
     Attribution, AttributionError, attribute, base_name, coverage_reason, decoy_reason, extension_kernels,
-    parse_kernel_report,
+    parse_kernel_report, stream_reason,
 )
 
 KERNELS = r"""
@@ -102,8 +102,9 @@ def test_no_gpu_time_gives_no_coverage():
 
 
 @pytest.mark.parametrize("raw", [
-    "kernels", [["k", 1]], [[1, 1, 1.0]], [["k", -1, 1.0]], [["k", 1, -2.0]], [["k", 1.5, 1.0]],
-    [["k", 1, 1.0]] * 300, [["x" * 5000, 1, 1.0]],
+    "kernels", [["k", 1, 1.0]], [[1, 1, 1.0, 0]], [["k", -1, 1.0, 0]], [["k", 1, -2.0, 0]], [["k", 1.5, 1.0, 0]],
+    [["k", 1, 1.0, 0]] * 300, [["x" * 5000, 1, 1.0, 0]], [["k", 1, 1.0, 2]], [["k", 1, 1.0, -1]],
+    [["k", True, 1.0, 0]],
 ])
 def test_malformed_kernel_reports_are_refused(raw):
     with pytest.raises(ValueError):
@@ -111,4 +112,15 @@ def test_malformed_kernel_reports_are_refused(raw):
 
 
 def test_kernel_report_parses():
-    assert parse_kernel_report([["k", 2, 1]]) == [("k", 2, 1.0)]
+    assert parse_kernel_report([["k", 2, 1, 1]]) == [("k", 2, 1.0, 1)]
+
+
+def test_own_kernels_off_the_harness_stream_fail_as_stream(kernels):
+    """Launches of the candidate's own kernels on another stream, whatever the source called it; other
+    kernels (a library's) on other streams are not the candidate's launches."""
+    on_stream = attribute([("plain(float const*, float*, int)", 3, 1.0, 0), ("cublas_gemm", 1, 2.0, 1)], kernels)
+    assert on_stream.own_side_launches == 0 and stream_reason(on_stream) is None
+    side = attribute([("plain(float const*, float*, int)", 3, 1.0, 2), ("c_kernel", 1, 0.5, 0)], kernels)
+    assert side.own_side_launches == 2 and side.to_dict()["own_side_launches"] == 2
+    reason = stream_reason(side)
+    assert reason and "2 launch(es)" in reason and "plain" in reason and "c_kernel" not in reason

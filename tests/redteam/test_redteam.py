@@ -119,6 +119,7 @@ static void halve_clock() {
 # of the output after forward returned, on calls no dispatch mode watches.
 LATER = r"""
 #include <c10/core/impl/TorchDispatchModeTLS.h>
+#include <torch/csrc/profiler/orchestration/observer.h>
 #include <condition_variable>
 #include <functional>
 #include <mutex>
@@ -143,6 +144,65 @@ static Later* later() {
 }
 """
 UNWATCHED = "c10::impl::TorchDispatchModeTLS::stack_len() == 0"
+DISPATCH_TLS = "#include <c10/core/impl/TorchDispatchModeTLS.h>\n"
+# Neither the dispatch mode nor the profiler on: what a timed call looks like from inside, told apart from
+# every check (the records catch such a candidate; no in-process observer does).
+UNOBSERVED = UNWATCHED + " && !torch::profiler::impl::profilerEnabled()"
+# torch's own sigmoid, reached through Python by a name spelled at run time, on the calls no dispatch
+# mode watches: the profiled check looks like them now, and its profile shows torch's operators.
+THROUGH_PYTHON = DISPATCH_TLS + r"""
+#include <string>
+static torch::Tensor through_python(const torch::Tensor& x, double scale) {
+  std::string name = std::string("sig") + "moid";
+  auto module = pybind11::module_::import("torch");
+  torch::Tensor s = module.attr(name.c_str())(x).cast<torch::Tensor>();
+  return s * x * scale;
+}
+"""
+# Outputs that exist only when read: pages mapped PROT_NONE, each computed by a SIGSEGV handler when
+# something first touches it (the records' 16 positions, the whole of the last call), so the timed
+# calls return at once. The handler is kernel state, seen from outside (sigset or sigaction alike).
+LAZY_PAGES = DISPATCH_TLS + r"""
+#include <cmath>
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+struct LazyOut { char* base = nullptr; size_t bytes = 0; const float* x = nullptr; int64_t n = 0; float scale = 0;
+                 torch::Tensor keep; };
+static LazyOut lazy_slots[256];
+static void fill_page(int, siginfo_t* info, void*) {
+  char* addr = static_cast<char*>(info->si_addr);
+  long page = sysconf(_SC_PAGESIZE);
+  for (auto& s : lazy_slots) {
+    if (s.base == nullptr || addr < s.base || addr >= s.base + s.bytes) continue;
+    char* start = s.base + ((addr - s.base) / page) * page;
+    mprotect(start, page, PROT_READ | PROT_WRITE);
+    float* y = reinterpret_cast<float*>(start);
+    int64_t first = (start - s.base) / sizeof(float);
+    for (int64_t i = first; i < first + page / (int64_t)sizeof(float) && i < s.n; ++i)
+      y[i - first] = s.scale * s.x[i] / (1.0f + std::exp(-s.x[i]));
+    return;
+  }
+  signal(SIGSEGV, SIG_DFL);
+}
+static torch::Tensor lazy_swish(const torch::Tensor& x, double scale) {
+  static bool installed = [] {
+    struct sigaction action {};
+    action.sa_sigaction = fill_page;
+    action.sa_flags = SA_SIGINFO | SA_NODEFER;
+    return sigaction(SIGSEGV, &action, nullptr) == 0;
+  }();
+  (void)installed;
+  long page = sysconf(_SC_PAGESIZE);
+  size_t bytes = ((x.numel() * sizeof(float) + page - 1) / page) * page;
+  void* mem = mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  int slot = 0;
+  while (lazy_slots[slot].base != nullptr) ++slot;
+  lazy_slots[slot] = LazyOut{static_cast<char*>(mem), bytes, x.data_ptr<float>(), x.numel(), static_cast<float>(scale), x};
+  return torch::from_blob(mem, x.sizes(), [slot](void* p) { munmap(p, lazy_slots[slot].bytes); lazy_slots[slot] = LazyOut(); },
+                          x.options());
+}
+"""
 
 
 CASES = [
@@ -249,7 +309,7 @@ CASES = [
          runtime=True, rule="clock"),
     Case("native-deferred-half-runtime", "Work deferred past the end",
          cpp_prelude=LATER,
-         binding="auto y = torch::empty_like(xc); later(); if (" + UNWATCHED + ") { int64_t n = xc.numel(), "
+         binding="auto y = torch::empty_like(xc); later(); if (" + UNOBSERVED + ") { int64_t n = xc.numel(), "
                  "half = n / 2; float s = static_cast<float>(scale); scaled_swish_launch(xc.data_ptr<float>(), "
                  "y.data_ptr<float>(), half, s); auto* l = later(); { std::lock_guard<std::mutex> g(l->m); "
                  "l->job = [xc, y, half, n, s] { scaled_swish_launch(xc.data_ptr<float>() + half, "
@@ -258,8 +318,16 @@ CASES = [
     Case("native-phase-detection-runtime", "Checked-vs-timed phase detection",
          cpp_prelude=LATER,
          binding="auto y = torch::empty_like(xc); static int64_t unwatched = 0; "
-                 "if (" + UNWATCHED + " && ++unwatched % 2 == 0) return y;",
+                 "if (" + UNOBSERVED + " && ++unwatched % 2 == 0) return y;",
          runtime=True, status="incorrect", rule="timed-output"),
+    Case("native-fallback-unwatched-runtime", "Torch fallback only when unwatched",
+         cpp_prelude=THROUGH_PYTHON, binding="if (" + UNWATCHED + ") return through_python(xc, scale); "
+                                            "auto y = torch::empty_like(xc);",
+         runtime=True, rule="torch-compute", reason="seen by the profiler"),
+    Case("native-lazy-output-runtime", "Outputs that exist only when read",
+         cpp_prelude=LAZY_PAGES, binding="if (" + UNWATCHED + ") return lazy_swish(xc, scale); "
+                                         "auto y = torch::empty_like(xc);",
+         runtime=True, rule="signal-handler", reason="SIGSEGV"),
     Case("network-runtime", "Network / web retrieval",
          prelude="import socket",
          forward="socket.create_connection(('93.184.216.34', 80), timeout=5)\nreturn cuda_extension.scaled_swish(x, self.scale)",

@@ -5,7 +5,7 @@ the CUDA path. The CPU suite (test_redteam.py) covers every pattern it can."""
 from __future__ import annotations
 
 import pytest
-from test_redteam import LATER, UNWATCHED, Case, make_candidate
+from test_redteam import DISPATCH_TLS, LATER, UNOBSERVED, UNWATCHED, Case, make_candidate
 
 from cuda_agent import Evaluator, load_candidate, load_task
 
@@ -57,7 +57,7 @@ CASES = [
     # Half the work in the region; a thread started in a checked call (named like the CUDA runtime's)
     # launches the other half 150 us later on the same stream, after the end event.
     Case("native-deferred-half-runtime", "Work deferred past the end", forward=GOOD, cpp_prelude=LATER,
-         binding="auto y = torch::empty_like(x); later(); if (" + UNWATCHED + ") { " + LAUNCH_HALF + " int64_t half = "
+         binding="auto y = torch::empty_like(x); later(); if (" + UNOBSERVED + ") { " + LAUNCH_HALF + " int64_t half = "
                  "x.numel() / 2, n = x.numel(); auto* l = later(); { std::lock_guard<std::mutex> g(l->m); "
                  "l->job = [x, y, half, n] { std::this_thread::sleep_for(std::chrono::microseconds(150)); "
                  "gelu_launch(x.data_ptr<float>() + half, y.data_ptr<float>() + half, n - half, "
@@ -66,8 +66,18 @@ CASES = [
     # Told apart by the dispatch mode stack from C++: every other unwatched call returns unwritten memory.
     Case("native-phase-detection-runtime", "Checked-vs-timed phase detection", forward=GOOD, cpp_prelude=LATER,
          binding="auto y = torch::empty_like(x); static int64_t unwatched = 0; "
-                 "if (" + UNWATCHED + " && ++unwatched % 2 == 0) return y;",
+                 "if (" + UNOBSERVED + " && ++unwatched % 2 == 0) return y;",
          runtime=True, status="incorrect", rule="timed-output"),
+    # torch's GELU on every call no dispatch mode watches, the extension's kernel on the others.
+    Case("native-fallback-unwatched-runtime", "Torch fallback only when unwatched", forward=GOOD,
+         cpp_prelude=DISPATCH_TLS, binding="if (" + UNWATCHED + ") { auto y = torch::gelu(x); return y; } "
+                                           "auto y = torch::empty_like(x);",
+         runtime=True, rule="torch-compute"),
+    # The per-thread default stream as the integer handle cudaStreamPerThread is: no stream API is named.
+    Case("native-per-thread-stream-runtime", "Side stream", forward=GOOD,
+         binding="auto y = torch::empty_like(x); gelu_launch(x.data_ptr<float>(), y.data_ptr<float>(), x.numel(), "
+                 "reinterpret_cast<cudaStream_t>(0x2)); return y;",
+         runtime=True, rule="stream"),
     Case("torch-fallback-runtime", "Library / torch fallback", forward="return torch.nn.functional.gelu(x)",
          runtime=True, rule="torch-compute"),
     Case("aten-in-cuda-binding", "Library / torch fallback", forward=GOOD, binding="auto y = torch::gelu(x); return y;",
@@ -124,7 +134,8 @@ def test_side_stream_work_is_timed(gelu, cache_dir, tmp_path):
     """Work moved to another stream escapes current-stream events but not the device-wide synchronise."""
     task, solution = gelu
     evaluator = Evaluator("cuda", cache_dir=cache_dir)
-    evaluator.policy = evaluator.policy.with_(static_checks=False)
+    # Streams allowed, so the profiled check's `stream` verdict lets it through to be timed.
+    evaluator.policy = evaluator.policy.with_(static_checks=False, allow_streams=True)
     honest = evaluator.evaluate(task, load_candidate(solution))
     side = Case("side-stream", "Side stream",
                 forward="s = torch.cuda.Stream()\ns.wait_stream(torch.cuda.current_stream())\n"
@@ -144,4 +155,5 @@ def test_legitimate_solution_is_attributed_to_its_own_kernels(gelu, cache_dir):
     attribution = result.attribution
     assert attribution is not None and attribution["defined"] >= 2, result.summary()
     assert attribution["own_launches"] >= 1 and attribution["coverage"] > 0.9, attribution
+    assert attribution["own_side_launches"] == 0, attribution
     assert any(k["own"] and "gelu" in k["name"] for k in attribution["kernels"]), attribution

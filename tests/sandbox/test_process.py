@@ -94,3 +94,23 @@ def test_pause_stops_the_worker_and_its_children_until_resumed(tmp_path):
         worker.resume()
         assert worker.request({"op": "echo", "value": 2}, 10)["echo"] == 2
         assert all(process_state(pid) not in ("T", "t") for pid in family)
+
+
+def test_signal_handlers_are_read_from_outside(tmp_path):
+    """A handler installed by code in the worker shows in the kernel's record of its process, whichever
+    call installed it (Python's signal module here; sigaction or sigset from C alike)."""
+    import signal
+
+    code = ("import signal\n"
+            + ECHO.replace(
+                "        if msg['op'] == 'crash':\n",
+                "        if msg['op'] == 'handle':\n            signal.signal(signal.SIGUSR1, lambda *a: None)\n"
+                "        if msg['op'] == 'crash':\n"))
+    with WorkerProcess(argv=[sys.executable, "-c", code], cwd=tmp_path, env={"PATH": "/usr/bin:/bin"}) as w:
+        w.request({"op": "echo", "value": 1}, 10)
+        before = w.signal_handlers()
+        assert w.proc.pid in before
+        assert not before[w.proc.pid] & (1 << (signal.SIGUSR1 - 1))
+        w.request({"op": "handle", "value": 2}, 10)
+        after = w.signal_handlers()
+        assert after[w.proc.pid] & ~before[w.proc.pid] == 1 << (signal.SIGUSR1 - 1)

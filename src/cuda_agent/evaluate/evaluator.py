@@ -16,6 +16,7 @@ import math
 import os
 import secrets
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -35,7 +36,7 @@ from cuda_agent.evaluate.protocol import (
     AttachReply, AttachRequest, CalibrateReply, CallRecord, CalibrateRequest, CompareReply, CompareRequest, CompileReply,
     CompileRequest, DegenerateReply, DegenerateRequest, ExpectReply, ExpectRequest, LoadReply, LoadRequest,
     OutputReply, OutputRequest, RecordCheck, RecordsReply, RecordsRequest, ReleaseReply, ReleaseRequest, RunReply,
-    RunRequest, TimedReply, TimedRequest, TimeReply, TimeRequest, WeightsRequest,
+    ReadyRequest, RunRequest, TimedReply, TimedRequest, TimeReply, TimeRequest, WeightsRequest,
 )
 from cuda_agent.evaluate.references import LiveReference, ReferencePool
 from cuda_agent.evaluate.result import EvalResult
@@ -47,6 +48,7 @@ from cuda_agent.guard import Violation, audit_symbols, check_candidate
 from cuda_agent.guard.symbols import imported_symbols
 from cuda_agent.guard.attribution import (
     Attribution, AttributionError, attribute, coverage_reason, decoy_reason, extension_kernels, parse_kernel_report,
+    stream_reason,
 )
 from cuda_agent.guard.device_state import can_check_idle, gpu_busy
 from cuda_agent.evaluate.degenerate import DegenerateReport
@@ -62,6 +64,13 @@ TIMED_CHECKS = 8
 EMPTY_ROUNDS = 3  # rounds of the candidate's plan without its calls, in the reference (the outside clock)
 BASELINES = ("eager", "compile")
 StageCallback = Callable[[str, str], None]
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 @dataclass
@@ -425,7 +434,10 @@ class Evaluator:
         clock = time.monotonic()
         self.on_stage("reference", "starting the task's reference process" if fresh else "kept from earlier")
         # The candidate imports its code while the reference loads; baselines are timed later, in
-        # rounds interleaved with the candidate's.
+        # rounds interleaved with the candidate's. Before it does, the signals its process catches are
+        # read from outside, once its own start-up is over.
+        candidate.ask("load", ReadyRequest(), self.timeouts.load_s)
+        handlers = candidate.worker.signal_handlers()
         candidate.send("load", LoadRequest(**self._task_message(task, job, reference.init_seed),
                                            model_new_file=str(job / "model_new.py"), modules=modules))
         if fresh:
@@ -445,8 +457,10 @@ class Evaluator:
         candidate.ask("load", WeightsRequest(state_dict_path=str(weights)), self.timeouts.load_s)
         self._share(reference, candidate, result)
         result.durations["load"] = round(time.monotonic() - clock, 3)
+        self._check_signals(candidate, handlers, "load", "while model_new.py was imported")
 
         self._verify(reference.channel, candidate, job, own_kernels, result)
+        self._check_signals(candidate, handlers, "verify", "during the checks")
         if not timed:
             result.correct = True
             result.status = "correct"
@@ -460,13 +474,14 @@ class Evaluator:
 
         clock = time.monotonic()
         base = secrets.randbits(62)
-        rounds, log = self._time_rounds(reference.channel, candidate, base, baseline, result)
+        rounds, log = self._time_rounds(reference.channel, candidate, base, baseline, result, handlers=handlers)
         result.durations["profile"] = round(time.monotonic() - clock, 3)
 
         clock = time.monotonic()
         plan = Plan(**result.timing["plans"]["candidate"])
         last = rounds.count("candidate") * plan.trials * plan.calls - 1
         output_bytes = self._check_timed_outputs(reference.channel, candidate, base, log, last, job, result)
+        self._check_signals(candidate, handlers, "verify", "while its timed outputs were read")
         # After the records: work finished past the end fails there, by name, before it shows as lost time.
         self._check_clock(log, result)
         result.durations["verify"] += round(time.monotonic() - clock, 3)
@@ -476,9 +491,9 @@ class Evaluator:
     def _verify(self, reference: Channel, candidate: Channel, job: Path, own_kernels: frozenset[str] | None,
                 result: EvalResult) -> None:
         """The checks: fresh inputs from secret seeds, both sides computing at once; one of them,
-        chosen in secret, profiled for attribution."""
+        chosen in secret, profiled (its operators; on the GPU its kernels, for attribution)."""
         clock = time.monotonic()
-        profiled = secrets.randbelow(self.policy.checks) if own_kernels is not None else -1
+        profiled = secrets.randbelow(self.policy.checks) if self.policy.checks > 0 else -1
         attribution = None
         for index in range(self.policy.checks):
             self.on_stage("verify", f"check {index + 1}/{self.policy.checks}")
@@ -489,7 +504,7 @@ class Evaluator:
             candidate.send("verify", RunRequest(seed=seed, dir=str(out_dir), profile=index == profiled))
             expected = reference.receive_typed("verify", ExpectReply, self.timeouts.check_s)
             ran = candidate.receive_typed("verify", RunReply, self.timeouts.check_s)
-            if index == profiled:
+            if index == profiled and own_kernels is not None:
                 attribution = self._attribute(ran, own_kernels, result)
             check = self._check(reference, index, ran.fingerprint, expected.fingerprint, out_dir, ran.manifest)
             check["allowance"] = expected.allowance
@@ -535,8 +550,8 @@ class Evaluator:
         return ["eager", "compile"] if "compile_error" not in reference.compiled else ["eager"]
 
     def _time_rounds(self, reference: Channel, candidate: Channel | None, base: int, baseline: dict[str, Any],
-                     result: EvalResult, undecided: Callable[[Rounds], bool] | None = None
-                     ) -> tuple[Rounds, CandidateLog | None]:
+                     result: EvalResult, undecided: Callable[[Rounds], bool] | None = None,
+                     handlers: dict[int, int] | None = None) -> tuple[Rounds, CandidateLog | None]:
         """Time the candidate (if any) and the baselines in interleaved rounds until every decision is
         confident. Returns the rounds and what the candidate's rounds left: records, outside clock."""
         config = self.timing
@@ -556,7 +571,7 @@ class Evaluator:
                 self._pause(candidate)
                 plans["candidate"] = plan = Plan.for_call(self._positive(estimate, "warm-up time"), config)
                 log = CandidateLog(plan)
-                sides["candidate"] = self._candidate_side(candidate, base, log)
+                sides["candidate"] = self._candidate_side(candidate, base, log, handlers or {})
                 self._time_empty(reference, log)
             for side in baseline.get("sides", []):
                 self.on_stage("baseline", f"warming {side} up")
@@ -600,6 +615,19 @@ class Evaluator:
                        f"{check.empty_ms:.3f} ms)", rule="clock")
 
     @staticmethod
+    def _check_signals(candidate: Channel, before: dict[int, int], stage: str, when: str) -> None:
+        """Signal handlers of the candidate's processes, read from outside, against those before its code
+        loaded: the harness installs none after that, so a new one is the candidate's. A fault handler is
+        how an output can be computed only when something reads it (``PROT_NONE`` pages filled on
+        access, after the timed region); seccomp refuses ``userfaultfd``, the other way."""
+        added = {signal_number for pid, mask in candidate.worker.signal_handlers().items() if pid in before
+                 for signal_number in range(1, 65) if mask & ~before[pid] & (1 << (signal_number - 1))}
+        if added:
+            names = ", ".join(_signal_name(n) for n in sorted(added))
+            raise Stop("failed", stage, f"the candidate's process installed a handler for {names} {when}, seen from "
+                       "outside it; a solution handles no signals", rule="signal-handler")
+
+    @staticmethod
     def _check_no_new_threads(candidate: Channel, before: dict[int, str], when: str) -> None:
         """Threads of the candidate's process tree, counted from outside, before the warm-up and
         after the rounds: the harness starts none in between, so a new one is the candidate's, whatever
@@ -632,7 +660,8 @@ class Evaluator:
             raise Stop("failed", "profile", "the candidate's processes did not stop while the baselines were timed",
                        rule="baseline-interference")
 
-    def _candidate_side(self, candidate: Channel, base: int, log: CandidateLog) -> Callable[[int, int, int], list[float]]:
+    def _candidate_side(self, candidate: Channel, base: int, log: CandidateLog,
+                        handlers: dict[int, int]) -> Callable[[int, int, int], list[float]]:
         def time_candidate(first: int, trials: int, calls: int) -> list[float]:
             probe = secrets.randbits(62)
             request = TimeRequest(seed=base, first=first, trials=trials, calls=calls, probe=probe,
@@ -644,6 +673,9 @@ class Evaluator:
                 wall_ms = (time.perf_counter() - started) * 1e3
             finally:
                 self._pause(candidate)
+            # Read before anything else runs there: a handler needed while this round's records were read
+            # is still installed now.
+            self._check_signals(candidate, handlers, "profile", "while it was timed")
             samples = reply.samples
             if len(samples) != trials or not all(
                     isinstance(x, (int, float)) and math.isfinite(x) and x > 0 for x in samples):
@@ -827,7 +859,8 @@ class Evaluator:
         return attribution
 
     def _judge_attribution(self, attribution: Attribution | None) -> None:
-        """Decoy: the extension's kernels never ran. Coverage: too little GPU time in them."""
+        """Decoy: the extension's kernels never ran. Coverage: too little GPU time in them. Stream: they
+        ran on another stream than forward was called on."""
         if attribution is None:
             return
         reason = decoy_reason(attribution)
@@ -836,6 +869,9 @@ class Evaluator:
         reason = coverage_reason(attribution, self.policy.min_coverage)
         if reason:
             raise Stop("failed", "verify", reason, rule="coverage")
+        reason = None if self.policy.allow_streams else stream_reason(attribution)
+        if reason:
+            raise Stop("failed", "verify", reason, rule="stream")
 
     def _check_plausible(self, t: float, speedup_eager: float | None, output_bytes: int, result: EvalResult) -> None:
         """Fail results no honest kernel can reach: beyond the policy's speedup ceiling,

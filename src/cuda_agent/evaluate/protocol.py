@@ -193,6 +193,13 @@ class LoadRequest(_Request):
 
 
 @dataclass(frozen=True)
+class ReadyRequest(_Request):
+    """Candidate: answered once the worker's own start-up is done, before any candidate code loads
+    (what the process looks like then is the harness's alone)."""
+    op: ClassVar[str] = "ready"
+
+
+@dataclass(frozen=True)
 class WeightsRequest(_Request):
     op: ClassVar[str] = "weights"
     state_dict_path: str
@@ -310,7 +317,7 @@ class CompileRequest(_Request):
 
 
 REQUESTS: dict[str, type[_Request]] = {cls.op: cls for cls in (
-    LoadRequest, WeightsRequest, AttachRequest, RunRequest, CalibrateRequest, TimeRequest, TimedRequest,
+    ReadyRequest, LoadRequest, WeightsRequest, AttachRequest, RunRequest, CalibrateRequest, TimeRequest, TimedRequest,
     OutputRequest, ExpectRequest, ReleaseRequest, CompareRequest, DegenerateRequest, CompileRequest,
     RecordsRequest)}
 

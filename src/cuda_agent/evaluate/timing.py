@@ -242,7 +242,7 @@ def _profiled_region(ready: list[Callable[[], Any]]) -> float:
         for call in ready:
             call()
         torch.cuda.synchronize()
-    return sum(us for _name, us in _device_events(prof)) / 1e3
+    return sum(float(e.device_time_total) for e in prof.events() if _on_device(e)) / 1e3
 
 
 def _synchronizer(device: str) -> Callable[[], None]:
@@ -277,32 +277,75 @@ def _measure_profiler(fn: Callable[[], Any], config: TimingConfig, setup: Callab
     return TimingStats.from_samples("profiler", time_round(prepare, "cuda", config, config.profiler_iters))
 
 
-def profile_kernels(fn: Callable[[], Any], on_start: Callable[[], None] = lambda: None,
-                    limit: int = 256) -> tuple[Any, list[list[Any]]]:
-    """Run ``fn`` once under the profiler; return its result and the device work it ran
-    as ``[name, launches, total ms]`` rows, longest first (at most ``limit`` names).
-    ``on_start`` runs once the profiler is active, before ``fn``."""
+FORWARD_SCOPE = "cuda_agent::forward"  # the profiler range around the profiled call
+MAX_OP_NODES = 4096  # operators of one profiled call kept for the torch-compute check
+
+
+@dataclass(frozen=True)
+class CallProfile:
+    """What one profiled call ran. ``ops``: the ATen operator tree under the call, as
+    ``(name, children)`` nodes, outermost first (``guard.runtime.unlisted_aten`` reads it).
+    ``kernels``: ``[name, launches, total ms, launches off the harness's stream]`` rows, longest
+    first (GPU only; ``guard.attribution.parse_kernel_report`` reads them)."""
+
+    ops: tuple[tuple[str, tuple[Any, ...]], ...]
+    kernels: list[list[Any]]
+
+
+def profile_call(fn: Callable[[], Any], device: str, on_start: Callable[[], None] = lambda: None,
+                 limit: int = 256) -> tuple[Any, CallProfile]:
+    """Run ``fn`` once under the profiler (operators; kernels too on the GPU); its result and what
+    it ran. ``on_start`` runs once the profiler is active, before ``fn``. On the GPU a one-element
+    fill on the current stream, launched and finished first, names the harness's stream: kernels
+    on any other stream are counted as such."""
     import torch
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity, profile, record_function
 
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    gpu = device == "cuda"
+    marker = torch.zeros(1, device="cuda") if gpu else None
+    synchronize = torch.cuda.synchronize if gpu else (lambda: None)
+    synchronize()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
+    with profile(activities=activities) as prof:
         on_start()
-        result = fn()
-        torch.cuda.synchronize()
+        if marker is not None:
+            marker.fill_(1.0)
+            synchronize()
+        with record_function(FORWARD_SCOPE):
+            result = fn()
+        synchronize()
+    return result, CallProfile(_op_tree(prof), _kernel_table(prof, limit) if gpu else [])
+
+
+def _op_tree(prof: Any) -> tuple[tuple[str, tuple[Any, ...]], ...]:
+    """The operators recorded inside the ``FORWARD_SCOPE`` range, as nested ``(name, children)``."""
+    budget = [MAX_OP_NODES]
+
+    def node(event: Any) -> tuple[str, tuple[Any, ...]]:
+        budget[0] -= 1
+        children = tuple(node(c) for c in event.cpu_children if budget[0] > 0)
+        return event.name, children
+
+    scopes = [e for e in prof.events() if e.name == FORWARD_SCOPE and not _on_device(e)]
+    return tuple(node(child) for scope in scopes for child in scope.cpu_children if budget[0] > 0)
+
+
+def _on_device(event: Any) -> bool:
+    device_type = getattr(event, "device_type", None)
+    return device_type is not None and str(device_type).endswith("CUDA")
+
+
+def _kernel_table(prof: Any, limit: int) -> list[list[Any]]:
+    """Kernels, copies and memsets by name, the harness's marker (the first to start) left out."""
+    events = sorted((e for e in prof.events() if _on_device(e) and e.name != FORWARD_SCOPE
+                     and not getattr(e, "is_user_annotation", False)), key=lambda e: e.time_range.start)
+    if not events:
+        return []
+    harness_stream = events[0].device_resource_id
     table: dict[str, list[Any]] = {}
-    for name, us in _device_events(prof):
-        row = table.setdefault(name, [name, 0, 0.0])
+    for event in events[1:]:
+        row = table.setdefault(event.name, [event.name, 0, 0.0, 0])
         row[1] += 1
-        row[2] += us / 1e3
-    return result, sorted(table.values(), key=lambda row: -row[2])[:limit]
-
-
-def _device_events(prof: Any) -> list[tuple[str, float]]:
-    """(name, device microseconds) of every kernel, copy and memset a profile recorded."""
-    rows = []
-    for event in prof.events():
-        device_type = getattr(event, "device_type", None)
-        if device_type is not None and str(device_type).endswith("CUDA"):
-            rows.append((event.name, float(event.device_time_total)))
-    return rows
+        row[2] += float(event.device_time_total) / 1e3
+        row[3] += int(event.device_resource_id != harness_stream)
+    return sorted(table.values(), key=lambda row: -row[2])[:limit]

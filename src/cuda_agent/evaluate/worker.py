@@ -32,7 +32,7 @@ from cuda_agent.evaluate.protocol import (REQUESTS, CalibrateRequest, CompareReq
                                           parse_request)
 from cuda_agent.evaluate.records import RECORDED_PER_REGION, Recorder, compare_record
 from cuda_agent.evaluate.shared import SharedBuffer, SharedError
-from cuda_agent.evaluate.timing import calibrate, profile_kernels, time_round, trial_seed
+from cuda_agent.evaluate.timing import calibrate, profile_call, time_round, trial_seed
 from cuda_agent.evaluate.transfer import TransferError, manifest_devices, packed_bytes, read_outputs, write_outputs
 from cuda_agent.sandbox.process import receive_fd, send_fd
 from cuda_agent.guard.runtime import RuleBroken, find_overlap
@@ -390,6 +390,8 @@ class CandidateSide(_Side):
         import torch
 
         msg = parse_request(op, msg)
+        if op == "ready":
+            return {}
         if op == "load":
             # The task program runs first, before any candidate code can touch torch;
             # the guard's snapshot of the harness is taken before candidate code too.
@@ -412,13 +414,18 @@ class CandidateSide(_Side):
             prints = fingerprint(inputs)
             kernels = None
 
-            def forward() -> Any:
-                return self.guard.watch(lambda: self.model(*inputs), lambda: synchronize(self.device))
+            def forward(monitor: bool = True) -> Any:
+                return self.guard.watch(lambda: self.model(*inputs), lambda: synchronize(self.device), monitor)
 
             with torch.no_grad():
-                if msg.profile and self.device == "cuda":
-                    # One of the checked calls, chosen in secret: its output is compared like any other.
-                    output, kernels = profile_kernels(forward, on_start=self.guard.trust_new_threads)
+                if msg.profile:
+                    # One of the checked calls, chosen in secret: its output is compared like any other. No
+                    # dispatch mode: code that keys on it to run torch when unwatched runs torch here, where
+                    # the profiler sees its operators.
+                    output, profiled = profile_call(lambda: forward(monitor=False), self.device,
+                                                    on_start=self.guard.trust_new_threads)
+                    self.guard.check_profiled_ops(profiled.ops)
+                    kernels = profiled.kernels if self.device == "cuda" else None
                 else:
                     output = forward()
             self.guard.check_output(output, inputs, self.model)
@@ -460,8 +467,11 @@ class CandidateSide(_Side):
         call is handled alike: which ones are checked is decided after all rounds, from the records
         sent back with each round, so no call can be told apart as a checked one."""
         chooser = secrets.SystemRandom()
+        final = msg.first + msg.trials * msg.calls - 1
 
         def on_record(index: int, inputs: list[Any], output: Any) -> None:
+            if index == final:
+                return  # kept anyway as the latest; held, it would be compared with nothing but itself
             entry = {"index": index, "inputs": inputs, "output": output}
             self.recorded += 1
             if len(self.held) < HELD:
@@ -524,8 +534,8 @@ def warm_up_runtime(device: str, profiler: bool = False) -> None:
         compare_outputs(sample, sample * (1 + 1e-6), 1e-3, 1e-3, scale=True)
     if device == "cuda":
         torch.cuda.synchronize()
-        if profiler:
-            profile_kernels(lambda: torch.randn(1 << 10, device="cuda").sum())
+    if profiler:
+        profile_call(lambda: torch.randn(1 << 10, device=device).sum(), device)
 
 
 def load_extension(name: str, path: str) -> types.ModuleType:
@@ -628,7 +638,7 @@ def main(argv: list[str] | None = None) -> None:
     # What every evaluation needs first (threads torch, CUDA and the profiler start on first use,
     # kernels loaded on first use), done before the first request: a started worker is ready sooner,
     # and the candidate's guard counts these threads as the harness's.
-    warm_up_runtime(args.device, profiler=args.device == "cuda" and args.role == "candidate")
+    warm_up_runtime(args.device, profiler=args.role == "candidate")
     serve(ReferenceSide() if args.role == "reference" else CandidateSide())
 
 

@@ -11,7 +11,10 @@ Two defences rest on this:
   work came from somewhere else (a library call, torch reached some other way);
 * coverage: the share of forward's GPU time spent in the candidate's own
   kernels, reported on every result; a policy may ask for a minimum (a "lazy"
-  candidate that writes one trivial kernel and leaves the rest to cuBLAS).
+  candidate that writes one trivial kernel and leaves the rest to cuBLAS);
+* stream: own kernels launched on a stream other than the harness's, however
+  the stream was named in the source (the per-thread default stream is an
+  integer handle, which no name check sees).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ class KernelTime:
     launches: int
     ms: float
     own: bool
+    side_launches: int = 0  # launches on a stream other than the harness's
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,7 @@ class Attribution:
     other_ms: float
     own_launches: int
     kernels: tuple[KernelTime, ...] = field(default=())
+    own_side_launches: int = 0  # own kernels' launches on a stream other than the harness's
 
     @property
     def coverage(self) -> float | None:
@@ -62,7 +67,8 @@ class Attribution:
         top = sorted(self.kernels, key=lambda k: -k.ms)[:20]
         return {
             "defined": self.defined, "own_ms": self.own_ms, "other_ms": self.other_ms,
-            "own_launches": self.own_launches, "coverage": self.coverage, "kernels": [asdict(k) for k in top],
+            "own_launches": self.own_launches, "own_side_launches": self.own_side_launches,
+            "coverage": self.coverage, "kernels": [asdict(k) for k in top],
         }
 
 
@@ -119,8 +125,10 @@ def base_name(kernel: str) -> str:
     return re.sub(r"\s+", "", "".join(out))
 
 
-def attribute(kernels: Iterable[tuple[str, int, float]], own: frozenset[str]) -> Attribution:
-    """Split profiled kernels (name, launches, total ms) into the candidate's and the rest.
+def attribute(kernels: Iterable[tuple[str, int, float] | tuple[str, int, float, int]],
+              own: frozenset[str]) -> Attribution:
+    """Split profiled kernels (name, launches, total ms[, launches off the harness's stream]) into
+    the candidate's and the rest.
 
     A kernel is the candidate's when its name is one the extension defines, or has
     the same qualified base name (demanglers differ in spacing of template arguments).
@@ -129,16 +137,18 @@ def attribute(kernels: Iterable[tuple[str, int, float]], own: frozenset[str]) ->
     """
     exact = {_squash(n) for n in own}
     bases = {base_name(n) for n in own}
-    rows, own_ms, other_ms, own_launches = [], 0.0, 0.0, 0
-    for name, launches, ms in kernels:
+    rows, own_ms, other_ms, own_launches, own_side = [], 0.0, 0.0, 0, 0
+    for name, launches, ms, *side in kernels:
         mine = _squash(name) in exact or base_name(name) in bases
-        rows.append(KernelTime(name, int(launches), float(ms), mine))
+        side_launches = int(side[0]) if side else 0
+        rows.append(KernelTime(name, int(launches), float(ms), mine, side_launches))
         if mine:
             own_ms += ms
             own_launches += int(launches)
+            own_side += side_launches
         else:
             other_ms += ms
-    return Attribution(len(own), own_ms, other_ms, own_launches, tuple(rows))
+    return Attribution(len(own), own_ms, other_ms, own_launches, tuple(rows), own_side)
 
 
 def _squash(name: str) -> str:
@@ -163,16 +173,27 @@ def coverage_reason(attribution: Attribution, minimum: float) -> str | None:
             f"the policy asks for at least {minimum:.0%}")
 
 
-def parse_kernel_report(raw: Any) -> list[tuple[str, int, float]]:
-    """Validate the kernel list a candidate process sent: [[name, launches, ms], ...]."""
+def stream_reason(attribution: Attribution) -> str | None:
+    if attribution.own_side_launches == 0:
+        return None
+    names = sorted({k.name for k in attribution.kernels if k.own and k.side_launches})
+    return (f"{attribution.own_side_launches} launch(es) of the candidate's own kernels ran on a stream other than "
+            f"the one forward is called on ({', '.join(f'`{n[:80]}`' for n in names[:3])}); launch on the current "
+            "stream (c10::cuda::getCurrentCUDAStream())")
+
+
+def parse_kernel_report(raw: Any) -> list[tuple[str, int, float, int]]:
+    """Validate the kernel list a candidate process sent: [[name, launches, ms, launches off the
+    harness's stream], ...]."""
     if not isinstance(raw, list) or len(raw) > MAX_KERNEL_NAMES:
         raise ValueError("the kernel report is not a list of at most "
                          f"{MAX_KERNEL_NAMES} entries")
     rows = []
     for entry in raw:
-        if (not isinstance(entry, list) or len(entry) != 3 or not isinstance(entry[0], str)
+        if (not isinstance(entry, list) or len(entry) != 4 or not isinstance(entry[0], str)
                 or not isinstance(entry[1], int) or not isinstance(entry[2], (int, float))
-                or entry[1] < 0 or entry[2] < 0 or len(entry[0]) > 4096):
+                or not isinstance(entry[3], int) or isinstance(entry[1], bool) or isinstance(entry[3], bool)
+                or entry[1] < 0 or entry[2] < 0 or not 0 <= entry[3] <= entry[1] or len(entry[0]) > 4096):
             raise ValueError("malformed kernel report entry")
-        rows.append((entry[0], entry[1], float(entry[2])))
+        rows.append((entry[0], entry[1], float(entry[2]), entry[3]))
     return rows

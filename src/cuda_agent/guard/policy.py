@@ -48,6 +48,10 @@ RUNTIME_RULES: dict[str, str] = {
     "decoy": "the extension's own kernels did not run in forward (the work came from elsewhere)",
     "coverage": "the candidate's own kernels carried less of forward's GPU time than the policy asks",
     "forged-reply": "a reply on the worker channel that its request loop did not write",
+    "clock": "the candidate's reported timed regions leave more of a round unexplained than the evaluator's own "
+    "clock allows (a timer changed below Python)",
+    "signal-handler": "the candidate's process installed a signal handler (seen from outside): a fault handler "
+    "can fill an output only when it is read, after the timed region",
     "baseline-interference": "the candidate's processes could not be stopped while the baselines were timed",
     "memory": "the candidate's process ran out of the memory it is allowed (Evaluator memory_limit)",
     "state-dict": "Model's state dict does not load into ModelNew",

@@ -57,6 +57,60 @@ def _op_name(func: Any) -> str:
     return getattr(packet, "__name__", str(func)).split(".")[-1]
 
 
+def _allowed(name: str, allowed: frozenset[str]) -> bool:
+    namespace, _, short = name.partition("::")  # the profiler's "aten::relu"
+    return short in allowed or f"{namespace}.{short}" in allowed
+
+
+def composite_only(name: str) -> bool:
+    """Whether every overload of operator ``name`` ("aten::reshape") is a composite of others
+    (CompositeImplicitAutograd): recorded with nothing below it, such an operator ran nothing
+    (``contiguous`` of a contiguous tensor returns it)."""
+    import torch
+
+    namespace, _, short = name.partition("::")
+    try:
+        packet = getattr(getattr(torch.ops, namespace), short)
+        names = [getattr(packet, overload).name() for overload in packet.overloads()]
+    except (AttributeError, RuntimeError):
+        return False
+    composite = []
+    for qualified in names:
+        try:
+            composite.append(torch._C._dispatch_has_kernel_for_dispatch_key(qualified, "CompositeImplicitAutograd"))
+        except RuntimeError:  # TorchScript-only overloads (aten::to.prim_Device) are not in the dispatcher
+            continue
+    return bool(composite) and all(composite)
+
+
+def unlisted_aten(ops: Iterable[tuple[str, Any]], allowed: frozenset[str],
+                  composite: Callable[[str], bool] = composite_only) -> dict[str, int]:
+    """ATen operators that computed, with counts, in a profiled call's operator tree (``(name,
+    children)`` nodes, outermost first, as ``evaluate.timing.profile_call`` records them).
+
+    The profiler records each operator where the dispatcher is entered, so composites appear
+    above what they run. An allowed operator's subtree is its own business (``zeros_like`` fills);
+    any other ATen operator with a kernel of its own computes; a ``composite`` (which the dispatch
+    mode never sees either), a custom op or a range is looked through (``reshape`` is views,
+    ``softmax`` runs ``_softmax``).
+    """
+    seen: dict[str, int] = {}
+
+    def visit(name: str, children: Any) -> None:
+        if name.startswith("aten::"):
+            if _allowed(name, allowed):
+                return
+            if not composite(name):
+                seen[name] = seen.get(name, 0) + 1
+                return
+        for child in children:
+            visit(*child)
+
+    for node in ops:
+        visit(*node)
+    return seen
+
+
 def _make_monitor_class() -> type:
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -264,20 +318,35 @@ class CallGuard:
         watched calls: a thread the candidate started was reported at the end of its call."""
         self.known_threads = native_threads()
 
-    def watch(self, fn: Callable[[], Any], sync: Callable[[], None]) -> Any:
+    def watch(self, fn: Callable[[], Any], sync: Callable[[], None], monitor: bool = True) -> Any:
+        """Run ``fn`` (a forward call) and check what it left running; with ``monitor``, under the
+        dispatch mode that fails torch computation. Without it the call looks like a timed one from
+        inside, and the profiled call checks its operators instead (``check_profiled_ops``)."""
         python_threads = set(threading.enumerate())
-        monitor = self._monitor_class(self.allowed)
-        with monitor:
+        if monitor:
+            mode = self._monitor_class(self.allowed)
+            with mode:
+                output = fn()
+                stack_inside = _dispatch_mode_stack()
+            sync()
+            if not any(entry is mode for entry in stack_inside):
+                raise RuleBroken("guard-tamper", "the torch dispatch mode watching forward was removed during the call")
+            self._refuse_compute(mode.seen, "")
+        else:
             output = fn()
-            stack_inside = _dispatch_mode_stack()
-        sync()
-        if not any(mode is monitor for mode in stack_inside):
-            raise RuleBroken("guard-tamper", "the torch dispatch mode watching forward was removed during the call")
-        if monitor.seen:
-            ops = ", ".join(f"{op} x{n}" for op, n in sorted(monitor.seen.items()))
-            raise RuleBroken("torch-compute", f"forward ran torch operators instead of its own kernels: {ops}")
+            sync()
         self._check_left_running(python_threads, "after forward returned")
         return output
+
+    def check_profiled_ops(self, ops: Iterable[tuple[str, Any]]) -> None:
+        """The profiled call's operator tree (``evaluate.timing.CallProfile.ops``) against the allowlist."""
+        self._refuse_compute(unlisted_aten(ops, self.allowed), " (seen by the profiler)")
+
+    @staticmethod
+    def _refuse_compute(seen: Mapping[str, int], how: str) -> None:
+        if seen:
+            ops = ", ".join(f"{op} x{n}" for op, n in sorted(seen.items()))
+            raise RuleBroken("torch-compute", f"forward ran torch operators instead of its own kernels{how}: {ops}")
 
     def _check_left_running(self, python_threads: set[threading.Thread], when: str) -> None:
         extra = [t for t in threading.enumerate() if t not in python_threads and t.is_alive()]

@@ -209,6 +209,22 @@ def tree_threads(pid: int) -> dict[int, str]:
     return threads
 
 
+def caught_signals(pid: int) -> dict[int, int]:
+    """Process id -> the signals it has handlers installed for (``SigCgt`` of ``/proc/PID/status``, bit
+    ``n - 1`` for signal ``n``), for ``pid`` and every process below it, read from outside: the
+    kernel's record, which code in the process changes only by installing or removing a handler."""
+    masks: dict[int, int] = {}
+    for process in descendants(pid):
+        try:
+            status = Path(f"/proc/{process}/status").read_text()
+        except OSError:
+            continue
+        for line in status.splitlines():
+            if line.startswith("SigCgt:"):
+                masks[process] = int(line.split()[1], 16)
+    return masks
+
+
 def process_state(pid: int) -> str | None:
     """The one-letter state of ``pid`` (R, S, T, ...), or None if it is gone."""
     try:
@@ -445,6 +461,10 @@ class WorkerProcess:
     def threads(self) -> dict[int, str]:
         """Every thread of the worker and what it started, seen from outside."""
         return tree_threads(self.proc.pid)
+
+    def signal_handlers(self) -> dict[int, int]:
+        """The signals each process of the worker's tree catches (``caught_signals``), seen from outside."""
+        return caught_signals(self.proc.pid)
 
     def resume(self) -> None:
         for pid in getattr(self, "_paused", ()):
