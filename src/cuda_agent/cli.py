@@ -16,10 +16,10 @@ from cuda_agent.candidates import Candidate, CandidateError, load_candidate
 from cuda_agent.evaluate import Evaluator, Policy, TimingConfig, Timeouts, resolve_device
 from cuda_agent.evaluate.policy import PRESETS
 from cuda_agent.evaluate.result import EvalResult
+from cuda_agent.paths import EXAMPLES
 from cuda_agent.sandbox import SANDBOX_CHOICES, SandboxUnavailable
 from cuda_agent.tasks import TaskError, load_task, load_tasks
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 # Errors in what the user gave (files, settings, the machine): one line and exit status 2, no traceback.
 USER_ERRORS = (TaskError, CandidateError, SandboxUnavailable, BackendError, ValueError, OSError)
 
@@ -370,6 +370,26 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train_demo(args: argparse.Namespace) -> int:
+    from cuda_agent.train.demo import DemoConfig, run_demo
+
+    device = resolve_device(args.device)
+    config = DemoConfig(device=device, batch=args.batch, seed=args.seed)
+    rows = run_demo(args.out, steps=args.steps, config=config, quiet=args.quiet)
+    first, last = rows[0]["reward_mean"], rows[-1]["reward_mean"]
+    print(f"{len(rows)} steps: mean reward {first:+.2f} at step 1, {last:+.2f} at step {len(rows)}; "
+          f"{args.out / 'metrics.jsonl'}, {args.out / 'curves.png'}, {args.out / 'rewards.png'}")
+    return 0
+
+
+def cmd_train_plot(args: argparse.Namespace) -> int:
+    from cuda_agent.train.run import plot_metrics
+
+    for path in plot_metrics(args.run):
+        print(path)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cuda-agent", description="Verified, timed, rewarded CUDA kernels for PyTorch programs.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -531,6 +551,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--html", type=Path, default=None, help="write a self-contained HTML page here")
     p.add_argument("--width", type=int, default=2000, help="cut messages longer than this")
     p.set_defaults(func=cmd_show)
+
+    p = sub.add_parser("train", help="RL training of kernel agents (issue 14: the demo and plots so far)",
+                       description="RL training. Stages: demo (PPO on a tiny model, rewards from the real "
+                                   "evaluator), plot (a run's curves).")
+    stages = p.add_subparsers(dest="stage", required=True)
+    q = stages.add_parser("demo", help="PPO on a tiny model learns to pick the fastest correct kernel (real rewards)")
+    q.add_argument("--out", type=Path, required=True, help="run directory (resumed if it holds the same run)")
+    q.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    q.add_argument("--steps", type=int, default=40, help="steps in total (a resumed run continues to this many)")
+    q.add_argument("--batch", type=int, default=16, help="episodes per step (one PPO update each)")
+    q.add_argument("--seed", type=int, default=0)
+    q.add_argument("--quiet", action="store_true")
+    q.set_defaults(func=cmd_train_demo)
+    q = stages.add_parser("plot", help="curves.png and rewards.png of a run directory")
+    q.add_argument("run", type=Path)
+    q.set_defaults(func=cmd_train_plot)
 
     p = sub.add_parser("catalog", help="the operator catalog the composers read (crawled from torch/transformers)")
     p.add_argument("--out", type=Path, default=None, help="write it as JSON")

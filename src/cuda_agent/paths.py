@@ -19,6 +19,7 @@ def cache_root() -> Path:
 # package from here; it may lie under /tmp or /dev/shm, which are private in the sandbox, so
 # sandboxed workers are given it as a readable path.
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"  # the repository's bundled examples
 
 
 def worker_env(home: Path, inductor_cache: Path | None = None) -> dict[str, str]:

@@ -1,0 +1,194 @@
+"""``cuda-agent train demo``: PPO on a tiny model learns to pick the fastest correct kernel, with
+rewards from the real evaluator.
+
+The task is the bundled example of the device (``cpu_swish`` on the CPU, ``cuda_gelu`` on a GPU). The
+policy, a randomly initialised two-layer model with a word-level tokenizer trained at start-up, answers a
+prompt with one word; four of its words name prepared candidates, built from the example's solution:
+
+    fast   the solution as it is          (correct; reward 1-3 by its speed)
+    slow   the same kernel run 4 times    (correct, slower: a lower reward)
+    wrong  returns unwritten memory       (wrong-output: -1)
+    torch  torch's own operators          (torch-compute: -1)
+
+Any other answer is -1, as an unparseable single-turn reply is. Each candidate is evaluated once and
+its result kept in ``RUN/menu.json`` (the policy can only ever write these four programs, so a reward
+per name is the evaluator's reward); the run learns from chance to the best name in a few minutes on two
+CPU cores. Metrics, checkpoints and resume are those of every training run (``train.run.RunDir``).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from cuda_agent.candidates import load_candidate
+from cuda_agent.evaluate import Evaluator
+from cuda_agent.paths import EXAMPLES
+from cuda_agent.tasks import load_task
+from cuda_agent.train.models import critic_from_actor
+from cuda_agent.train.ppo import PPOConfig, PPOTrainer
+from cuda_agent.train.rollout import Rollout, RolloutBatch
+from cuda_agent.train.run import RunDir, plot_metrics
+
+# The example per device, the call its solution makes, and torch's own version of it.
+EXAMPLE = {
+    "cpu": ("cpu_swish", "cuda_extension.scaled_swish(x, self.scale)", "self.scale * (x * torch.sigmoid(x))"),
+    "cuda": ("cuda_gelu", "cuda_extension.gelu(x)", "torch.nn.functional.gelu(x)"),
+}
+PROMPT = "pick the kernel to ship :"
+FILLER = "maybe none later again kernel fastest correct"  # words the policy may answer that name nothing
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    device: str = "cpu"
+    batch: int = 16
+    seed: int = 0
+    max_new_tokens: int = 3
+    actor_lr: float = 2e-3
+    critic_lr: float = 2e-3
+
+    def ppo(self) -> PPOConfig:
+        return PPOConfig(actor_lr=self.actor_lr, critic_lr=self.critic_lr, micro_batch=self.batch)
+
+
+def menu_forwards(call: str, fallback: str) -> dict[str, str]:
+    """The forward body of each prepared candidate."""
+    return {
+        "fast": f"return {call}",
+        "slow": f"y = {call}\n        for _ in range(3):\n            y = {call}\n        return y",
+        "wrong": "return torch.empty_like(x)",
+        "torch": f"return {fallback}",
+    }
+
+
+def prepare_menu(device: str, root: Path) -> tuple[Any, dict[str, Path]]:
+    """The example task and one candidate directory per menu name under ``root``."""
+    example, call, fallback = EXAMPLE[device]
+    task = load_task(EXAMPLES / example / "model.py")
+    solution = EXAMPLES / example / "solution"
+    original = (solution / "model_new.py").read_text()
+    line = f"        return {call}\n"
+    if line not in original:
+        raise ValueError(f"{solution}/model_new.py no longer contains {line.strip()!r}")
+    menu = {}
+    for name, body in menu_forwards(call, fallback).items():
+        folder = root / name
+        if not folder.exists():
+            shutil.copytree(solution, folder)
+            (folder / "model_new.py").write_text(original.replace(line, f"        {body}\n"))
+        menu[name] = folder
+    return task, menu
+
+
+def make_tokenizer(words: list[str]) -> Any:
+    """A word-level tokenizer trained on the demo's words (no download)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.WordLevel(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.train_from_iterator([" ".join(words)], trainers.WordLevelTrainer(
+        special_tokens=["<pad>", "<unk>", "<eos>"]))
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", unk_token="<unk>", eos_token="<eos>")
+
+
+def make_actor(tokenizer: Any, seed: int) -> Any:
+    import transformers
+
+    torch.manual_seed(seed)
+    config = transformers.Qwen2Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                      max_position_embeddings=64, eos_token_id=tokenizer.eos_token_id,
+                                      pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
+    return transformers.AutoModelForCausalLM.from_config(config)
+
+
+class MenuRewards:
+    """The evaluator's result for each menu name, evaluated on first use and kept in ``path``."""
+
+    def __init__(self, path: Path, task: Any, menu: dict[str, Path], evaluator: Callable[[], Evaluator],
+                 on_stage: Callable[[str], None] = lambda line: None):
+        self.path, self.task, self.menu, self.evaluator, self.on_stage = path, task, menu, evaluator, on_stage
+        self.results: dict[str, dict[str, Any]] = json.loads(path.read_text()) if path.exists() else {}
+        self._evaluator: Evaluator | None = None
+
+    def reward(self, answer: str) -> float:
+        if answer not in self.menu:
+            return -1.0
+        if answer not in self.results:
+            self._evaluator = self._evaluator or self.evaluator()
+            self.on_stage(f"evaluating the {answer!r} candidate with the real evaluator")
+            result = self._evaluator.evaluate(self.task, load_candidate(self.menu[answer]))
+            status = next((line.strip() for line in result.summary().splitlines() if line.strip().startswith("status")),
+                          result.status)
+            self.results[answer] = {"reward": result.reward, "status": result.status, "rule": result.rule,
+                                    "summary": status}
+            self.path.write_text(json.dumps(self.results, indent=1))
+            self.on_stage(f"  {answer}: reward {result.reward}, {status}")
+        return float(self.results[answer]["reward"])
+
+
+def run_demo(out: Path, device: str = "cpu", steps: int = 40, config: DemoConfig | None = None,
+             evaluator: Callable[[], Evaluator] | None = None, quiet: bool = False) -> list[dict[str, Any]]:
+    """Train for ``steps`` steps in total (resuming ``out`` if it holds a run); the metrics rows."""
+    config = config or DemoConfig(device=device)
+    say = (lambda line: None) if quiet else (lambda line: print(line, file=sys.stderr, flush=True))
+    run = RunDir(out, {"kind": "demo"} | asdict(config))
+    done = run.open()
+    task, menu = prepare_menu(config.device, out / "menu")
+    rewards = MenuRewards(out / "menu.json", task, menu, evaluator or (lambda: Evaluator(config.device)), say)
+    tokenizer = make_tokenizer(PROMPT.split() + list(menu) + FILLER.split())
+    random.seed(config.seed)
+    actor = make_actor(tokenizer, config.seed).to(config.device)
+    critic = critic_from_actor(actor)
+    trainer = PPOTrainer(actor, critic, config.ppo())
+    models = {"actor": actor, "critic": critic}
+    optimizers = {"actor": trainer.actor_optimizer, "critic": trainer.critic_optimizer}
+    if done:
+        run.restore(models, optimizers)
+        say(f"resuming {out} after step {done}")
+    prompt = tokenizer(PROMPT)["input_ids"]
+    from cuda_agent.agent.tokens import TransformersBackend
+
+    sampler = TransformersBackend(actor, tokenizer)
+    for step in range(done + 1, steps + 1):
+        started = time.perf_counter()
+        rollouts, answers, evaluate_s, clipped = [], [], 0.0, 0
+        for _ in range(config.batch):
+            output = sampler.generate(prompt, config.max_new_tokens)
+            answer = (tokenizer.decode(output.ids, skip_special_tokens=True).split() or [""])[0]
+            clock = time.perf_counter()
+            reward = rewards.reward(answer)
+            evaluate_s += time.perf_counter() - clock
+            clipped += output.finish_reason == "length"
+            answers.append(answer)
+            rollouts.append(Rollout(tuple(prompt), tuple(output.ids), (1,) * len(output.ids), tuple(output.logprobs),
+                                    reward))
+        rollout_s = time.perf_counter() - started - evaluate_s
+        metrics = trainer.step(RolloutBatch.collate(rollouts, pad_id=tokenizer.pad_token_id))
+        values = [r.reward for r in rollouts]
+        line = {
+            "reward_mean": sum(values) / len(values),
+            "reward_shares": {str(v): values.count(float(v)) / len(values) for v in (-1, 1, 2, 3)},
+            "pass_rate": sum(v > 0 for v in values) / len(values),
+            "answers": {name: answers.count(name) / len(answers) for name in sorted(set(answers))},
+            "response_tokens": sum(len(r.response_ids) for r in rollouts) / len(rollouts),
+            "clipped_share": clipped / len(rollouts),
+            "rollout_seconds": rollout_s, "evaluate_seconds": evaluate_s,
+        } | metrics
+        run.commit(step, line, models, optimizers)
+        say(f"step {step:3d}/{steps}: reward {line['reward_mean']:+.2f}  pass {line['pass_rate']:.0%}  "
+            f"answers {', '.join(f'{k or chr(8709)} {v:.0%}' for k, v in line['answers'].items())}")
+    rows = run.metrics()
+    if rows:
+        plot_metrics(out)
+    return rows
