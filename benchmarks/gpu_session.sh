@@ -21,6 +21,7 @@
 #                                            # resumes from a carried .data/baselines_h200/baselines.jsonl
 #   bash benchmarks/gpu_session.sh bench_own # cuda-agent bench over our KernelBench solutions, then the
 #                                            # baselines table's retries (into $OUT/baselines_h200)
+#   bash benchmarks/gpu_session.sh train_demo # cuda-agent train demo --device cuda (TRAIN_STEPS), into $OUT/train_demo
 #   bash benchmarks/gpu_session.sh tests -k "illegal or profiler"   # extra arguments go to pytest
 #
 # With the device tool, carry [".data"]. It holds:
@@ -97,6 +98,12 @@ precision|bench)
     python3 benchmarks/precision_calibration.py --device cuda --out "$OUT/precision_calibration.json" 2>&1 | tail -6
     ;;
 speed|guard) ;;
+train_demo)
+    python3 -c "import transformers, tokenizers; print('transformers', transformers.__version__)" | tee -a "$OUT/gpu.csv"
+    python3 -m cuda_agent.cli train demo --device cuda --out "$OUT/train_demo" --steps "${TRAIN_STEPS:-30}" 2>&1 \
+        | tee "$OUT/train_demo.log" | grep -v "^ " | tail -40
+    rm -rf "$OUT/train_demo/checkpoint" "$OUT/train_demo/menu"  # weights and sources: not worth the transfer
+    ;;
 overhead)
     [ -d .data/prev/src ] || { echo "carry .data/prev/src (the tree to compare with)" >&2; exit 2; }
     for run in 1-prev 2-this 3-prev 4-this; do
@@ -154,7 +161,7 @@ bench_own)
     rm -f "$OUT/baselines_h200/baselines.md"
     ;;
 *)
-    echo "usage: $0 tests|redteam|speed|guard|overhead|drift|precision|bench|synth|baselines|bench_own [pytest args]" >&2
+    echo "usage: $0 tests|redteam|speed|guard|overhead|train_demo|drift|precision|bench|synth|baselines|bench_own [pytest args]" >&2
     exit 2
     ;;
 esac

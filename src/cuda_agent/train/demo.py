@@ -190,5 +190,8 @@ def run_demo(out: Path, device: str = "cpu", steps: int = 40, config: DemoConfig
             f"answers {', '.join(f'{k or chr(8709)} {v:.0%}' for k, v in line['answers'].items())}")
     rows = run.metrics()
     if rows:
-        plot_metrics(out)
+        try:
+            plot_metrics(out)
+        except ImportError:
+            say("no plots: matplotlib is not installed (pip install 'cuda-agent[train]')")
     return rows
