@@ -113,3 +113,18 @@ def test_bad_settings_are_refused_by_name():
         PPOConfig(agg="sum")
     with pytest.raises(ValueError, match="micro_batch"):
         PPOConfig(micro_batch=0)
+
+
+def test_several_updates_per_batch_move_the_ratio_off_one_and_the_clip_acts():
+    """One update per batch (the paper's default) takes the ratio at exactly 1; split into mini-batches
+    and epochs, the later updates see a moved policy: KL and ratio leave their neutral values."""
+    actor = tiny_actor(seed=3)
+    critic = critic_from_actor(actor)
+    batch = RolloutBatch.collate(sampled_rollouts(actor, [3.0, -1.0, 3.0, -1.0]))
+    once = PPOTrainer(copy.deepcopy(actor), copy.deepcopy(critic), PPOConfig(actor_lr=1e-2)).step(batch)
+    assert once["optimizer_steps"] == 1 and once["approx_kl"] == pytest.approx(0.0, abs=1e-6)
+    assert once["ratio_max"] == pytest.approx(1.0, abs=1e-5) and once["clip_fraction"] == 0.0
+    split = PPOTrainer(copy.deepcopy(actor), copy.deepcopy(critic),
+                       PPOConfig(actor_lr=1e-2, mini_batches=2, epochs=3)).step(batch)
+    assert split["optimizer_steps"] == 6
+    assert abs(split["approx_kl"]) > 1e-4 and split["ratio_max"] > 1.01

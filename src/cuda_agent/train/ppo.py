@@ -1,7 +1,9 @@
 """One PPO update from one batch of rollouts: what every stage that trains with rewards runs.
 
-The batch is the mini-batch (the paper: one update per rollout batch). Before the update the trainer
-recomputes the logprobs of the sampled tokens itself: the ratio is taken against the trainer's own
+By default the batch is the mini-batch (the paper: one update per rollout batch); ``mini_batches`` and
+``epochs`` split it into several updates, as verl's ``ppo_mini_batch_size`` and ``ppo_epochs`` do.
+Before the update the trainer recomputes the logprobs of the sampled tokens itself: the ratio is
+taken against the trainer's own
 numbers, never the sampler's, so a precision mismatch between the two (the paper's collapse) cannot
 blow the ratio up; the mismatch is logged (``logprob_mismatch``). Advantages come from GAE over the
 critic's values, whitened over the batch's sampled tokens as verl does.
@@ -38,15 +40,18 @@ class PPOConfig:
     critic_lr: float = 6e-6
     max_grad_norm: float = 1.0
     whiten_advantages: bool = True
-    micro_batch: int = 8  # sequences per forward; gradients accumulate over the batch
+    micro_batch: int = 8  # sequences per forward; gradients accumulate over the mini-batch
+    mini_batches: int = 1  # optimiser steps per pass over the batch (the paper: 1, batch = mini-batch)
+    epochs: int = 1  # passes over the batch (verl's ppo_epochs)
 
     def __post_init__(self) -> None:
         if self.agg not in AGGREGATIONS:
             raise ValueError(f"PPOConfig.agg {self.agg!r}: choose one of {', '.join(AGGREGATIONS)}")
         if not (0 <= self.clip_low < 1 and self.clip_high >= 0):
             raise ValueError("PPOConfig: clip_low must be in [0, 1) and clip_high >= 0")
-        if self.micro_batch < 1:
-            raise ValueError("PPOConfig.micro_batch must be at least 1")
+        for name in ("micro_batch", "mini_batches", "epochs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"PPOConfig.{name} must be at least 1")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -99,46 +104,61 @@ class PPOTrainer:
         if config.whiten_advantages:
             advantages = masked_whiten(advantages, mask)
 
-        self.actor_optimizer.zero_grad(set_to_none=True)
-        policy_total, entropy_total, stats = 0.0, 0.0, []
-        for part in _slices(batch.ids.shape[0], config.micro_batch):
-            logprobs, entropy = policy_forward(self.actor, batch.ids[part], batch.attention[part])
-            loss, part_stats = ppo_policy_loss(logprobs, old_logprobs[part], advantages[part], mask[part],
-                                               config.clip_low, config.clip_high, config.agg)
-            share = _share(mask, part, config.agg)
-            (loss * share).backward()
-            policy_total += float(loss.detach()) * share
-            entropy_total += float(masked_mean(entropy.detach(), mask[part])) * float(mask[part].sum())
-            stats.append((part_stats, float(mask[part].sum())))
-        actor_norm = torch.nn.utils.clip_grad_norm_(self.actor.parameters(), config.max_grad_norm)
-        self.actor_optimizer.step()
+        # Each mini-batch is one optimiser step; the first one's ratio is 1 (the trainer's own logprobs), the
+        # later ones' are not, which is where the clip acts.
+        batch_size = batch.ids.shape[0]
+        rows = -(-batch_size // config.mini_batches)
+        policy_sums, value_sums, stats, actor_norms, critic_norms = [], [], [], [], []
+        entropy_total = 0.0
+        for _ in range(config.epochs):
+            for mini in _slices(batch_size, rows):
+                ids, attention, part_mask = batch.ids[mini], batch.attention[mini], mask[mini]
+                self.actor_optimizer.zero_grad(set_to_none=True)
+                policy_total = 0.0
+                for part in _slices(ids.shape[0], config.micro_batch):
+                    logprobs, entropy = policy_forward(self.actor, ids[part], attention[part])
+                    loss, part_stats = ppo_policy_loss(logprobs, old_logprobs[mini][part], advantages[mini][part],
+                                                       part_mask[part], config.clip_low, config.clip_high, config.agg)
+                    share = _share(part_mask, part, config.agg)
+                    (loss * share).backward()
+                    policy_total += float(loss.detach()) * share
+                    tokens_here = float(part_mask[part].sum())
+                    entropy_total += float(masked_mean(entropy.detach(), part_mask[part])) * tokens_here
+                    stats.append((part_stats, tokens_here))
+                actor_norms.append(float(torch.nn.utils.clip_grad_norm_(self.actor.parameters(), config.max_grad_norm)))
+                self.actor_optimizer.step()
+                policy_sums.append(policy_total)
 
-        self.critic_optimizer.zero_grad(set_to_none=True)
-        value_total = 0.0
-        for part in _slices(batch.ids.shape[0], config.micro_batch):
-            values = value_forward(self.critic, batch.ids[part], batch.attention[part])
-            loss, _ = value_loss(values, old_values[part], returns[part], mask[part], config.value_clip, "token-mean")
-            share = _share(mask, part, "token-mean")
-            (loss * share).backward()
-            value_total += float(loss.detach()) * share
-        critic_norm = torch.nn.utils.clip_grad_norm_(self.critic.parameters(), config.max_grad_norm)
-        self.critic_optimizer.step()
+                self.critic_optimizer.zero_grad(set_to_none=True)
+                value_total = 0.0
+                for part in _slices(ids.shape[0], config.micro_batch):
+                    values = value_forward(self.critic, ids[part], attention[part])
+                    loss, _ = value_loss(values, old_values[mini][part], returns[mini][part], part_mask[part],
+                                         config.value_clip, "token-mean")
+                    share = _share(part_mask, part, "token-mean")
+                    (loss * share).backward()
+                    value_total += float(loss.detach()) * share
+                critic_norms.append(float(torch.nn.utils.clip_grad_norm_(self.critic.parameters(), config.max_grad_norm)))
+                self.critic_optimizer.step()
+                value_sums.append(value_total)
 
         tokens = float(mask.sum())
+        seen = max(sum(n for _, n in stats), 1.0)  # sampled tokens over every pass
         sampled = mask.bool()
         rewards = batch.rewards.sum(-1)
         return {
             "reward_mean": float(rewards.mean()),
-            "policy_loss": policy_total,
-            "value_loss": value_total,
-            "entropy": entropy_total / max(tokens, 1.0),
-            "approx_kl": sum(s["approx_kl"] * n for s, n in stats) / max(tokens, 1.0),
-            "clip_fraction": sum(s["clip_fraction"] * n for s, n in stats) / max(tokens, 1.0),
+            "policy_loss": sum(policy_sums) / len(policy_sums),
+            "value_loss": sum(value_sums) / len(value_sums),
+            "entropy": entropy_total / seen,
+            "approx_kl": sum(s["approx_kl"] * n for s, n in stats) / seen,
+            "clip_fraction": sum(s["clip_fraction"] * n for s, n in stats) / seen,
             "ratio_max": max(s["ratio_max"] for s, _ in stats),
             "explained_variance": explained_variance(old_values, returns, mask),
             "logprob_mismatch": float((old_logprobs - batch.old_logprobs)[sampled].abs().mean()) if sampled.any() else 0.0,
-            "actor_grad_norm": float(actor_norm),
-            "critic_grad_norm": float(critic_norm),
+            "actor_grad_norm": sum(actor_norms) / len(actor_norms),
+            "critic_grad_norm": sum(critic_norms) / len(critic_norms),
+            "optimizer_steps": len(actor_norms),
             "sampled_tokens": tokens,
             "update_seconds": time.perf_counter() - started,
         }
