@@ -3,9 +3,8 @@
 By default the batch is the mini-batch (the paper: one update per rollout batch); ``mini_batches`` and
 ``epochs`` split it into several updates, as verl's ``ppo_mini_batch_size`` and ``ppo_epochs`` do.
 Before the update the trainer recomputes the logprobs of the sampled tokens itself: the ratio is
-taken against the trainer's own
-numbers, never the sampler's, so a precision mismatch between the two (the paper's collapse) cannot
-blow the ratio up; the mismatch is logged (``logprob_mismatch``). Advantages come from GAE over the
+taken against the trainer's own numbers, never the sampler's, so a precision mismatch between the two
+(the paper's collapse) cannot blow the ratio up; the mismatch is logged (``logprob_mismatch``). Advantages come from GAE over the
 critic's values, whitened over the batch's sampled tokens as verl does.
 """
 
