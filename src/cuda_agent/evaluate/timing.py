@@ -303,7 +303,7 @@ def profile_call(fn: Callable[[], Any], device: str, on_start: Callable[[], None
 
     gpu = device == "cuda"
     marker = torch.zeros(1, device="cuda") if gpu else None
-    synchronize = torch.cuda.synchronize if gpu else (lambda: None)
+    synchronize = _synchronizer(device)
     synchronize()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
     with profile(activities=activities) as prof:

@@ -123,8 +123,7 @@ def _make_monitor_class() -> type:
             self.seen: dict[str, int] = {}
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            name = _op_name(func)
-            if name not in self.allowed and f"{func.namespace}.{name}" not in self.allowed:
+            if not _allowed(f"{func.namespace}::{_op_name(func)}", self.allowed):
                 self.seen[str(func)] = self.seen.get(str(func), 0) + 1
             return func(*args, **(kwargs or {}))
 
