@@ -382,6 +382,28 @@ def cmd_train_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train_stage(args: argparse.Namespace) -> int:
+    from cuda_agent.train import stages
+    from cuda_agent.train.config import load_config
+
+    config = load_config(args.config, args.stage)
+    if args.stage == "ppo":
+        rows = stages.run_ppo(config, args.out, single_turn=args.single_turn)
+        if rows:
+            print(f"{len(rows)} steps: mean reward {rows[0]['reward_mean']:+.2f} at step 1, "
+                  f"{rows[-1]['reward_mean']:+.2f} at step {len(rows)}; checkpoint {args.out / 'checkpoint'}")
+    elif args.stage == "collect":
+        print(stages.run_collect(config, args.out))
+    elif args.stage == "rft":
+        stages.run_rft(config, args.out)
+        print(f"actor for agentic PPO: {args.out / 'checkpoint' / 'actor'}")
+    else:
+        rows = stages.run_value(config, args.out)
+        print(f"critic for agentic PPO: {args.out / 'checkpoint' / 'critic'} (held-out explained variance "
+              f"{rows[-1]['heldout_explained_variance']:.3f})")
+    return 0
+
+
 def cmd_train_plot(args: argparse.Namespace) -> int:
     from cuda_agent.train.run import plot_metrics
 
@@ -552,10 +574,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--width", type=int, default=2000, help="cut messages longer than this")
     p.set_defaults(func=cmd_show)
 
-    p = sub.add_parser("train", help="RL training of kernel agents (issue 14: the demo and plots so far)",
-                       description="RL training. Stages: demo (PPO on a tiny model, rewards from the real "
-                                   "evaluator), plot (a run's curves).")
+    p = sub.add_parser("train", help="RL training of kernel agents: the paper's four stages, a demo, plots",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description="RL training of kernel agents (one node), the paper's recipe in order:\n"
+                                   "  1. ppo --single-turn  PPO on the base model: kernels in one reply, no tools\n"
+                                   "  2. collect            agent trajectories from the stage-1 checkpoint\n"
+                                   "  3. rft                rejection fine-tuning of the actor on the good ones\n"
+                                   "  4. value              critic pretraining on the same trajectories\n"
+                                   "  5. ppo                agentic PPO from the RFT actor and pretrained critic\n"
+                                   "Each reads a config file (examples/train/*.yaml), writes RUN/metrics.jsonl,\n"
+                                   "checkpoints and plots, and resumes RUN after an interruption.\n"
+                                   "demo: PPO on a tiny model with real rewards; plot: a run's curves.")
     stages = p.add_subparsers(dest="stage", required=True)
+    stage_help = {
+        "ppo": "PPO: stage 1 with --single-turn (one reply, no tools), stage 3 without (the agent loop)",
+        "collect": "agent trajectories (with token traces) from model.actor, for rft and value",
+        "rft": "rejection fine-tuning: keep reward > 0, drop redundant loops and invalid tool calls, SFT",
+        "value": "critic pretraining on trajectories, GAE targets from the critic itself; held-out explained variance",
+    }
+    for name, text in stage_help.items():
+        q = stages.add_parser(name, help=text, description=text)
+        q.add_argument("--config", type=Path, required=True, help="the stage's YAML or JSON config (examples/train/)")
+        q.add_argument("--out", type=Path, required=True, help="run directory (resumed if it holds the same run)")
+        if name == "ppo":
+            q.add_argument("--single-turn", action="store_true",
+                           help="stage 1: the model writes the whole solution in one reply, no tools")
+        q.set_defaults(func=cmd_train_stage)
     q = stages.add_parser("demo", help="PPO on a tiny model learns to pick the fastest correct kernel (real rewards)")
     q.add_argument("--out", type=Path, required=True, help="run directory (resumed if it holds the same run)")
     q.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -29,3 +30,11 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
         if text and not text.endswith("\n"):
             path.write_text(text + "\n")
     return rows
+
+
+def append_jsonl(path: Path, row: dict[str, Any]) -> None:
+    """One line, on disk before this returns (a kill right after it keeps the line)."""
+    with Path(path).open("a") as f:
+        f.write(json.dumps(row) + "\n")
+        f.flush()
+        os.fsync(f.fileno())

@@ -99,6 +99,11 @@ def test_bad_calls_are_errors_that_name_the_problem(box):
     assert result.error and "JSON object" in result.content
     result = box.call("read", {"path": "model.py", "limit": 2.0})  # integral floats are integers
     assert not result.error and "2\t" in result.content
+    # Calls that break the schema are marked apart from actions that failed (training drops the former).
+    assert box.call("frobnicate", "{}").metadata["invalid_call"]
+    assert box.call("read", "{}").metadata["invalid_call"]
+    failed = box.call("read", {"path": "no_such_file.py"})
+    assert failed.error and not failed.metadata.get("invalid_call")
 
 
 # ----------------------------------------------------------------------------- bash

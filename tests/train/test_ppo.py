@@ -128,3 +128,19 @@ def test_several_updates_per_batch_move_the_ratio_off_one_and_the_clip_acts():
                        PPOConfig(actor_lr=1e-2, mini_batches=2, epochs=3)).step(batch)
     assert split["optimizer_steps"] == 6
     assert abs(split["approx_kl"]) > 1e-4 and split["ratio_max"] > 1.01
+
+
+def test_chunked_scoring_gives_the_same_logprobs_entropy_and_gradients():
+    actor = tiny_actor()
+    ids = torch.randint(0, VOCAB, (2, 23))
+    attention = torch.ones_like(ids)
+    attention[1, 19:] = 0
+    whole = policy_forward(actor, ids, attention)
+    (whole[0].sum() + whole[1].sum()).backward()
+    expected = [p.grad.clone() for p in actor.parameters()]
+    actor.zero_grad()
+    chunked = policy_forward(actor, ids, attention, chunk=5)  # 22 predicted positions: 4 full chunks and 2
+    (chunked[0].sum() + chunked[1].sum()).backward()
+    assert torch.allclose(whole[0], chunked[0], atol=1e-5) and torch.allclose(whole[1], chunked[1], atol=1e-5)
+    for got, want in zip((p.grad for p in actor.parameters()), expected):
+        assert torch.allclose(got, want, atol=1e-5)

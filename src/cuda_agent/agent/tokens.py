@@ -60,6 +60,7 @@ class TransformersBackend:
     def generate(self, prompt_ids: list[int], max_new_tokens: int) -> TokenOutput:
         import torch
 
+        self.model.eval()  # a trainer may have put it in training mode since
         device = next(self.model.parameters()).device
         inputs = torch.tensor([prompt_ids], device=device)
         sample = self.temperature > 0

@@ -7,10 +7,12 @@ to verl by path. Needs the ``[train]`` extra (transformers).
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from typing import Any
+from typing import Any, Iterator
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from cuda_agent.train.algo import token_entropy, token_logprobs
 
@@ -46,10 +48,73 @@ def load_actor_and_critic(base: str, critic: str | None = None, dtype: str = "au
     return actor, value
 
 
-def policy_forward(actor: Any, ids: torch.Tensor, attention: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each token's logprob and the entropy of the distribution it was drawn from, ``[batch, tokens]``."""
-    logits = actor(input_ids=ids, attention_mask=attention).logits
-    return token_logprobs(logits, ids), token_entropy(logits)
+def prepare_for_training(model: Any, gradient_checkpointing: bool = False) -> Any:
+    """Dropout off, training mode, optionally gradient checkpointing (transformers only checkpoints in
+    training mode, hence dropout off rather than eval mode). Without dropout off, the PPO ratio would
+    compare the policy with a random sub-network of itself, and the critic's head (0.1 in transformers'
+    token classifiers) would add noise to every target."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    for name in ("attention_dropout", "hidden_dropout", "classifier_dropout", "resid_pdrop", "embd_pdrop",
+                 "attn_pdrop", "dropout"):
+        if isinstance(getattr(model.config, name, None), float):
+            setattr(model.config, name, 0.0)
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model.train()
+
+
+def resolve_precision(precision: str, device: str | torch.device) -> str:
+    """``auto``: bf16 on a GPU, fp32 on the CPU (CPU bf16 autocast is slower than fp32 there)."""
+    if precision == "auto":
+        return "bf16" if torch.device(device).type == "cuda" else "fp32"
+    return precision
+
+
+@contextlib.contextmanager
+def compute_precision(precision: str, device: str | torch.device) -> Iterator[None]:
+    """The weights stay fp32 (the optimiser's master copy); ``bf16`` runs the matmuls in bf16 through
+    autocast, as FSDP's mixed precision does. Logprobs and values always come out in fp32."""
+    if precision == "bf16":
+        with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
+            yield
+    else:
+        yield
+
+
+def _head_stats(head: Any, hidden: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    logp = torch.log_softmax(head(hidden).float(), dim=-1)
+    return logp.gather(-1, targets[..., None]).squeeze(-1), -(logp.exp() * logp).sum(-1)
+
+
+def _plain_head(actor: Any) -> bool:
+    """Whether logits are just ``lm_head(hidden)`` (no soft-capping or scaling after it), so that the head
+    can be applied a chunk of positions at a time."""
+    config = actor.config
+    return (getattr(config, "final_logit_softcapping", None) is None and getattr(config, "logit_scale", None) is None
+            and actor.get_output_embeddings() is not None and hasattr(actor, "get_decoder"))
+
+
+def policy_forward(actor: Any, ids: torch.Tensor, attention: torch.Tensor,
+                   chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each token's logprob and the entropy of the distribution it was drawn from, ``[batch, tokens]``.
+
+    With ``chunk``, the head runs over that many positions at a time and is recomputed in the backward
+    pass: the fp32 logits of a 32k-token sequence over a 152k vocabulary would take 20 GB at once."""
+    if not chunk or ids.shape[1] <= chunk or not _plain_head(actor):
+        logits = actor(input_ids=ids, attention_mask=attention).logits
+        return token_logprobs(logits, ids), token_entropy(logits)
+    hidden = actor.get_decoder()(input_ids=ids, attention_mask=attention).last_hidden_state[:, :-1]
+    head, targets = actor.get_output_embeddings(), ids[:, 1:]
+    logprobs, entropies = [], []
+    for start in range(0, hidden.shape[1], chunk):
+        part = slice(start, start + chunk)
+        lp, ent = checkpoint(_head_stats, head, hidden[:, part], targets[:, part], use_reentrant=False)
+        logprobs.append(lp)
+        entropies.append(ent)
+    zero = torch.zeros_like(logprobs[0][:, :1])
+    return torch.cat([zero, *logprobs], dim=1), torch.cat([zero, *entropies], dim=1)
 
 
 def value_forward(critic: Any, ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:

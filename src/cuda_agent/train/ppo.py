@@ -20,7 +20,7 @@ import torch
 from cuda_agent.train.algo import (
     AGGREGATIONS, explained_variance, gae, masked_mean, masked_whiten, ppo_policy_loss, value_loss,
 )
-from cuda_agent.train.models import policy_forward, value_forward
+from cuda_agent.train.models import compute_precision, policy_forward, prepare_for_training, value_forward
 from cuda_agent.train.rollout import RolloutBatch
 
 
@@ -73,29 +73,30 @@ def _share(mask: torch.Tensor, part: slice, agg: str) -> float:
 class PPOTrainer:
     """Actor, critic and their optimisers; ``step(batch)`` is one PPO update and returns its metrics."""
 
-    def __init__(self, actor: Any, critic: Any, config: PPOConfig = PPOConfig()):
+    def __init__(self, actor: Any, critic: Any, config: PPOConfig = PPOConfig(), *, precision: str = "fp32",
+                 logits_chunk: int = 0, gradient_checkpointing: bool = False):
         self.actor, self.critic, self.config = actor, critic, config
-        # Dropout off in both (eval mode; gradients still flow): with it, the ratio would compare the policy
-        # with a different random sub-network of itself, and the critic's head (0.1 in transformers'
-        # token classifiers) would add noise to every target.
-        actor.eval()
-        critic.eval()
+        self.precision, self.logits_chunk = precision, logits_chunk
+        prepare_for_training(actor, gradient_checkpointing)
+        prepare_for_training(critic, gradient_checkpointing)
+        self.device = next(actor.parameters()).device
         self.actor_optimizer = torch.optim.AdamW(actor.parameters(), lr=config.actor_lr)
         self.critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=config.critic_lr)
 
     def _score(self, batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """The trainer's own logprobs of the sampled tokens and the critic's values, before any update."""
         logprobs, values = [], []
-        with torch.no_grad():
+        with torch.no_grad(), compute_precision(self.precision, self.device):
             for part in _slices(batch.ids.shape[0], self.config.micro_batch):
-                logprobs.append(policy_forward(self.actor, batch.ids[part], batch.attention[part])[0])
+                logprobs.append(policy_forward(self.actor, batch.ids[part], batch.attention[part], self.logits_chunk)[0])
                 values.append(value_forward(self.critic, batch.ids[part], batch.attention[part]))
         return torch.cat(logprobs), torch.cat(values)
 
     def step(self, batch: RolloutBatch) -> dict[str, float]:
         config = self.config
-        device = next(self.actor.parameters()).device
-        batch = batch.to(device)
+        batch = batch.to(self.device)
+        self.actor.train()  # the sampler puts it in eval mode; checkpointing needs training mode
+        self.critic.train()
         mask = batch.mask
         started = time.perf_counter()
         old_logprobs, old_values = self._score(batch)
@@ -115,7 +116,8 @@ class PPOTrainer:
                 self.actor_optimizer.zero_grad(set_to_none=True)
                 policy_total = 0.0
                 for part in _slices(ids.shape[0], config.micro_batch):
-                    logprobs, entropy = policy_forward(self.actor, ids[part], attention[part])
+                    with compute_precision(self.precision, self.device):
+                        logprobs, entropy = policy_forward(self.actor, ids[part], attention[part], self.logits_chunk)
                     loss, part_stats = ppo_policy_loss(logprobs, old_logprobs[mini][part], advantages[mini][part],
                                                        part_mask[part], config.clip_low, config.clip_high, config.agg)
                     share = _share(part_mask, part, config.agg)
@@ -131,7 +133,8 @@ class PPOTrainer:
                 self.critic_optimizer.zero_grad(set_to_none=True)
                 value_total = 0.0
                 for part in _slices(ids.shape[0], config.micro_batch):
-                    values = value_forward(self.critic, ids[part], attention[part])
+                    with compute_precision(self.precision, self.device):
+                        values = value_forward(self.critic, ids[part], attention[part])
                     loss, _ = value_loss(values, old_values[mini][part], returns[mini][part], part_mask[part],
                                          config.value_clip, "token-mean")
                     share = _share(part_mask, part, "token-mean")

@@ -45,6 +45,16 @@ class Rollout:
     def ids(self) -> tuple[int, ...]:
         return self.prompt_ids + self.response_ids
 
+    def to_dict(self) -> dict[str, Any]:
+        return {"prompt_ids": list(self.prompt_ids), "response_ids": list(self.response_ids),
+                "response_mask": list(self.response_mask), "logprobs": list(self.logprobs), "reward": self.reward,
+                "evaluations": list(self.evaluations)}
+
+    @classmethod
+    def from_dict(cls, row: dict[str, Any]) -> "Rollout":
+        return cls(tuple(row["prompt_ids"]), tuple(row["response_ids"]), tuple(row["response_mask"]),
+                   tuple(row["logprobs"]), float(row["reward"]), tuple(row.get("evaluations", ())))
+
     @classmethod
     def from_segment(cls, segment: dict[str, list], reward: float,
                      evaluations: Sequence[dict[str, Any]] = ()) -> "Rollout":

@@ -2,17 +2,20 @@
 
     RUN/config.json      what the run was started with; a restart with another config is refused
     RUN/metrics.jsonl    one line per finished step
-    RUN/checkpoint/      actor/, critic/ (save_pretrained), state.pt (optimisers, step, random states)
+    RUN/checkpoint/      actor/, critic/ (save_pretrained, with the tokenizer when the run has one: each is a
+                         model directory the next stage loads by path), state.pt (optimisers, step, random states)
     RUN/*.png            ``plot_metrics``
 
 A step's checkpoint is written before its metrics line, each by a rename, so a run killed at any moment
-resumes at the step after the last one it recorded and never repeats or skips one.
+resumes at the step after the last one it recorded and never repeats or skips one. Steps committed
+without a checkpoint (``checkpoint=False``, for models too large to save every step) hold their lines
+until the next checkpoint writes them all: a kill loses and reruns them, and the metrics never run
+ahead of the weights.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 from pathlib import Path
@@ -20,7 +23,7 @@ from typing import Any
 
 import torch
 
-from cuda_agent.jsonl import read_jsonl
+from cuda_agent.jsonl import append_jsonl, read_jsonl
 
 
 class RunError(ValueError):
@@ -28,11 +31,14 @@ class RunError(ValueError):
 
 
 class RunDir:
-    def __init__(self, path: Path, config: dict[str, Any]):
+    def __init__(self, path: Path, config: dict[str, Any], checkpoints: bool = True):
         self.path = Path(path)
+        self.checkpoints = checkpoints  # False: a run that records metrics only (collect)
+        self.tokenizer: Any = None  # saved with every model of a checkpoint, when set
         self.config = json.loads(json.dumps(config))  # as it reads back from disk
         self.metrics_path = self.path / "metrics.jsonl"
         self.checkpoint = self.path / "checkpoint"
+        self._held: list[dict[str, Any]] = []  # lines of steps done since the last checkpoint
 
     def open(self) -> int:
         """Create the run, or check that it is the same run; the number of steps already done."""
@@ -48,12 +54,18 @@ class RunDir:
         else:
             _write_atomic(saved_path, json.dumps(self.config, indent=1, sort_keys=True) + "\n")
         done = len(self.metrics())
+        if not self.checkpoints:
+            return done
         state = self._state()
         saved = int(state["steps"]) if state else 0
-        if state and saved == done + 1:
-            # Killed after the checkpoint and before its metrics line: the line is in the checkpoint.
-            self.record(state["metrics"])
-            done = saved
+        if state and saved > done:
+            # Killed after the checkpoint and before its metrics lines: the lines are in the checkpoint.
+            lines = state["metrics"] if isinstance(state["metrics"], list) else [state["metrics"]]
+            missing = [line for line in lines if line.get("step", 0) > done]
+            if [line.get("step") for line in missing] == list(range(done + 1, saved + 1)):
+                for line in missing:
+                    self.record(line)
+                done = saved
         if saved != done:
             raise RunError(f"{self.path}: {done} step(s) are recorded but the checkpoint holds {saved}; the run "
                            "directory is damaged (start a new --out)")
@@ -63,10 +75,7 @@ class RunDir:
         return read_jsonl(self.metrics_path)
 
     def record(self, metrics: dict[str, Any]) -> None:
-        with self.metrics_path.open("a") as f:
-            f.write(json.dumps(metrics) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        append_jsonl(self.metrics_path, metrics)
 
     def _state(self) -> dict[str, Any] | None:
         if not self.checkpoint.exists() and (self.path / "checkpoint.old").exists():
@@ -75,16 +84,21 @@ class RunDir:
         return torch.load(path, weights_only=False) if path.exists() else None
 
     def commit(self, steps: int, metrics: dict[str, Any], models: dict[str, Any], optimizers: dict[str, Any],
-               extra: dict[str, Any] | None = None) -> None:
-        """Step ``steps`` is done: its checkpoint, then its metrics line (``{"step": steps} | metrics``)."""
-        line = {"step": steps} | metrics
-        self.save(steps, line, models, optimizers, extra)
-        self.record(line)
+               extra: dict[str, Any] | None = None, checkpoint: bool = True) -> None:
+        """Step ``steps`` is done: its checkpoint, then its metrics line (``{"step": steps} | metrics``).
+        Without ``checkpoint`` the line waits for the next step that has one."""
+        self._held.append({"step": steps} | metrics)
+        if not checkpoint:
+            return
+        self.save(steps, self._held, models, optimizers, extra)
+        for line in self._held:
+            self.record(line)
+        self._held = []
 
-    def save(self, steps: int, metrics: dict[str, Any], models: dict[str, Any], optimizers: dict[str, Any],
-             extra: dict[str, Any] | None = None) -> None:
-        """Everything needed to continue after ``steps`` finished steps (and the last step's metrics line),
-        replacing the previous checkpoint."""
+    def save(self, steps: int, metrics: dict[str, Any] | list[dict[str, Any]], models: dict[str, Any],
+             optimizers: dict[str, Any], extra: dict[str, Any] | None = None) -> None:
+        """Everything needed to continue after ``steps`` finished steps (and the metrics lines not yet
+        recorded), replacing the previous checkpoint."""
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # one bar per save_pretrained, every step
@@ -93,6 +107,8 @@ class RunDir:
         staging.mkdir()
         for name, model in models.items():
             model.save_pretrained(staging / name)
+            if self.tokenizer is not None:
+                self.tokenizer.save_pretrained(staging / name)  # each checkpoint a complete model directory
         torch.save({"steps": steps, "metrics": metrics, "optimizers": {k: o.state_dict() for k, o in optimizers.items()},
                     "random": _random_state(), "extra": extra or {}}, staging / "state.pt")
         old = self.path / "checkpoint.old"

@@ -60,8 +60,13 @@ class Toolbox(ConfinedFiles):
             try:
                 if self._closed:
                     raise ToolError("the toolbox is closed: the episode is over")
-                tool = get_tool(name)
-                return tool.call(self, **tool.parse(self, arguments))
+                try:
+                    tool = get_tool(name)
+                    parsed = tool.parse(self, arguments)
+                except ToolError as exc:
+                    # Marked apart from failed actions: training drops episodes with calls that break the schema.
+                    return ToolResult(f"Error: {exc}", error=True, metadata={"invalid_call": True})
+                return tool.call(self, **parsed)
             except ToolError as exc:
                 return ToolResult(f"Error: {exc}", error=True)
             except Exception as exc:  # noqa: BLE001 - a tool failure must not end the episode

@@ -1,0 +1,433 @@
+"""The paper's four training stages as functions of a config and a run directory (``cuda-agent train ...``).
+
+    ppo --single-turn  stage 1: the base model writes the kernels in one reply, no tools; PPO.
+    collect            agent trajectories (token traces included) from a checkpoint, for the warm-up.
+    rft                stage 2a: the trajectories worth imitating (``warmup.keep_episode``), SFT on the
+                       sampled tokens; the actor for stage 3 is RUN/checkpoint/actor.
+    value              stage 2b: the critic pretrained on the same trajectories, GAE targets from itself;
+                       the critic for stage 3 is RUN/checkpoint/critic (verl loads it as its critic).
+    ppo                stage 3: agentic PPO from the RFT actor and the pretrained critic.
+
+Every stage writes RUN/config.json, RUN/metrics.jsonl (one line per step) and plots, and resumes where it
+was killed (``run.RunDir``). PPO also keeps each step's rollouts in RUN/rollouts/ until the step is
+committed: a run killed during an update redoes the update, not the episodes. Task order, data order and
+held-out episodes are functions of the seed and the step, so a resumed run takes the same next batch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from cuda_agent.jsonl import append_jsonl, read_jsonl
+from cuda_agent.tasks import Task, load_tasks
+from cuda_agent.train.config import StageConfig
+from cuda_agent.train.episodes import EpisodeOutcome, EpisodeRunner
+from cuda_agent.train.models import resolve_precision
+from cuda_agent.train.rollout import Rollout
+from cuda_agent.train.run import RunDir, RunError, plot_metrics
+
+Say = Callable[[str], None]
+REWARDS = (-1, 1, 2, 3)
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------- shared pieces
+
+def select_tasks(config: StageConfig) -> list[Task]:
+    tasks = load_tasks(config.tasks.source, config.tasks.levels)
+    if config.tasks.limit:
+        tasks = tasks[:config.tasks.limit]
+    if not tasks:
+        raise RunError(f"tasks.source {config.tasks.source} (levels {config.tasks.levels}) holds no task")
+    return tasks
+
+
+def tasks_for_step(tasks: list[Task], step: int, per_step: int, samples: int, seed: int) -> list[Task]:
+    """The episodes' tasks of ``step`` (1-based): the tasks in an order shuffled per epoch by the seed,
+    ``per_step // samples`` of them, each ``samples`` times; the same for the same step on every resume."""
+    distinct = max(per_step // samples, 1)
+    chosen = []
+    for k in range((step - 1) * distinct, step * distinct):
+        epoch, position = divmod(k, len(tasks))
+        order = list(range(len(tasks)))
+        random.Random(seed * 1_000_003 + epoch).shuffle(order)
+        chosen.append(tasks[order[position]])
+    return [task for task in chosen for _ in range(samples)]
+
+
+def _seed(seed: int) -> None:
+    """Before any model is built: a new critic head (and sampling) then depend on the config alone."""
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _device(name: str) -> str:
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
+
+
+def load_tokenizer(config: StageConfig) -> Any:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(config.model.tokenizer or config.model.actor)
+    if tokenizer.chat_template is None:
+        raise RunError(f"the tokenizer of {config.model.tokenizer or config.model.actor} has no chat template; "
+                       "episodes are rendered through it (give model.tokenizer one that has)")
+    return tokenizer
+
+
+def _load(kind: str, path: str, device: str) -> Any:
+    """fp32 weights (the optimiser's master copy; bf16 runs through autocast, ``models.compute_precision``)."""
+    import transformers
+
+    cls = transformers.AutoModelForCausalLM if kind == "actor" else transformers.AutoModelForTokenClassification
+    options = {} if kind == "actor" else {"num_labels": 1}
+    return cls.from_pretrained(path, dtype=torch.float32, **options).to(device)
+
+
+def make_evaluator_factory(config: StageConfig) -> Callable[[threading.Lock], Any]:
+    from cuda_agent.evaluate import Evaluator
+    from cuda_agent.evaluate.policy import Policy
+
+    device = config.evaluator.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+
+    def make(lock: threading.Lock) -> Any:
+        return Evaluator(device, policy=Policy.preset(config.evaluator.policy), sandbox=config.evaluator.sandbox,
+                         timing_lock=lock, prestart=device == "cuda")
+    return make
+
+
+def _sampler(actor: Any, tokenizer: Any, config: StageConfig, precision: str) -> Any:
+    from cuda_agent.agent.tokens import TransformersBackend
+
+    return _PrecisionBackend(TransformersBackend(actor, tokenizer, temperature=config.rollout.temperature,
+                                                 top_p=config.rollout.top_p), precision)
+
+
+class _PrecisionBackend:
+    """The sampler under the trainer's compute precision, so that sampler and trainer differ only by what
+    generation's kernels do differently (the mismatch PPO logs as ``logprob_mismatch``)."""
+
+    def __init__(self, backend: Any, precision: str):
+        self.backend, self.precision = backend, precision
+
+    def generate(self, prompt_ids: list[int], max_new_tokens: int) -> Any:
+        from cuda_agent.train.models import compute_precision
+
+        with compute_precision(self.precision, next(self.backend.model.parameters()).device):
+            return self.backend.generate(prompt_ids, max_new_tokens)
+
+
+def episode_metrics(outcomes: list[EpisodeOutcome]) -> dict[str, Any]:
+    rewards = [o.reward for o in outcomes]
+    n = max(len(outcomes), 1)
+    return {
+        "episodes": len(outcomes),
+        "reward_mean": sum(rewards) / n,
+        "reward_shares": {str(v): sum(r == v for r in rewards) / n for v in REWARDS},
+        "pass_rate": sum(r > 0 for r in rewards) / n,
+        "statuses": dict(Counter(o.status for o in outcomes)),
+        "response_tokens": sum(o.generated_tokens for o in outcomes) / n,
+        "clipped_share": sum(o.clipped for o in outcomes) / n,
+        "turns": sum(o.turns for o in outcomes) / n,
+        "generate_seconds": sum(o.generate_seconds for o in outcomes),
+        "evaluate_seconds": sum(o.evaluate_seconds for o in outcomes),
+    }
+
+
+def _identity(config: StageConfig) -> dict[str, Any]:
+    """What makes a run the same run: everything but its length (a finished run may be continued with more
+    steps, as verl allows raising total_training_steps)."""
+    values = config.to_dict()
+    values.pop("steps")
+    return values
+
+
+def _plot(out: Path, say: Say) -> None:
+    try:
+        plot_metrics(out)
+    except ImportError:
+        say("no plots: matplotlib is not installed (pip install 'cuda-agent[train]')")
+
+
+# ----------------------------------------------------------------------------- stage 1 and 3: PPO
+
+def _save_rollouts(path: Path, outcomes: list[EpisodeOutcome]) -> None:
+    staging = path.with_suffix(".tmp")
+    with staging.open("w") as f:
+        for o in outcomes:
+            f.write(json.dumps({"task": o.task, "reward": o.reward, "status": o.status, "turns": o.turns,
+                                "clipped": o.clipped, "generated_tokens": o.generated_tokens,
+                                "generate_seconds": o.generate_seconds, "evaluate_seconds": o.evaluate_seconds,
+                                "rollouts": [r.to_dict() for r in o.rollouts]}) + "\n")
+    staging.replace(path)
+
+
+def _load_rollouts(path: Path) -> list[EpisodeOutcome]:
+    rows = read_jsonl(path)
+    return [EpisodeOutcome(row["task"], row["reward"], [Rollout.from_dict(r) for r in row["rollouts"]], row["status"],
+                           row["turns"], row["clipped"], row["generated_tokens"], row["generate_seconds"],
+                           row["evaluate_seconds"]) for row in rows]
+
+
+def run_ppo(config: StageConfig, out: Path, single_turn: bool, *, say: Say = _stderr,
+            make_evaluator: Callable[[threading.Lock], Any] | None = None) -> list[dict[str, Any]]:
+    """Stage 1 (``single_turn``) or stage 3: ``config.steps`` PPO steps of ``rollout.batch`` episodes each."""
+    from cuda_agent.train.ppo import PPOTrainer
+
+    run = RunDir(out, {"stage": "ppo", "single_turn": single_turn} | _identity(config))
+    done = run.open()
+    _seed(config.seed)
+    tasks = select_tasks(config)
+    device = _device("auto")
+    precision = resolve_precision(config.model.precision, device)
+    tokenizer = run.tokenizer = load_tokenizer(config)
+    actor = _load("actor", config.model.actor, device)
+    critic = _load("critic", config.model.critic or config.model.actor, device)
+    trainer = PPOTrainer(actor, critic, config.ppo, precision=precision, logits_chunk=config.model.logits_chunk,
+                         gradient_checkpointing=config.model.gradient_checkpointing)
+    models = {"actor": actor, "critic": critic}
+    optimizers = {"actor": trainer.actor_optimizer, "critic": trainer.critic_optimizer}
+    if done:
+        run.restore(models, optimizers)
+        say(f"resuming {out} after step {done}")
+    rollouts_dir = out / "rollouts"
+    rollouts_dir.mkdir(exist_ok=True)
+    runner = EpisodeRunner(_sampler(actor, tokenizer, config, precision), tokenizer, single_turn=single_turn,
+                           workdir=out / "work", make_evaluator=make_evaluator or make_evaluator_factory(config),
+                           workers=config.rollout.workers, max_new_tokens=config.rollout.max_new_tokens,
+                           context_tokens=config.context_tokens(single_turn), max_turns=config.rollout.max_turns,
+                           wall_clock_s=config.rollout.wall_clock_s, sandbox=config.evaluator.sandbox,
+                           model_name=config.model.actor)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    try:
+        for step in range(done + 1, config.steps + 1):
+            started = time.perf_counter()
+            saved = rollouts_dir / f"step-{step:06d}.jsonl"
+            if saved.exists():
+                outcomes = _load_rollouts(saved)  # rolled out before a kill; only the update is redone
+                say(f"step {step}: the rollouts saved before the interruption")
+            else:
+                step_tasks = tasks_for_step(tasks, step, config.rollout.batch, config.rollout.samples_per_task,
+                                            config.seed)
+                finished = [0]
+
+                def show(index: int, outcome: EpisodeOutcome) -> None:
+                    finished[0] += 1
+                    say(f"step {step} episode {finished[0]}/{len(step_tasks)}: {outcome.task} reward {outcome.reward:+g} "
+                        f"({outcome.status}, {outcome.generated_tokens} tokens, {outcome.turns} turn(s))")
+
+                outcomes = [o for o in runner.run(step_tasks, show) if o is not None]
+                _save_rollouts(saved, outcomes)
+            rollout_seconds = time.perf_counter() - started
+            rollouts = [r for o in outcomes for r in o.rollouts]
+            line = episode_metrics(outcomes) | {"rollout_seconds": rollout_seconds}
+            if rollouts:
+                from cuda_agent.train.rollout import RolloutBatch
+
+                line |= trainer.step(RolloutBatch.collate(rollouts, pad_id=pad))
+                line["update_tokens_per_s"] = line["sampled_tokens"] / max(line["update_seconds"], 1e-9)
+            else:
+                say(f"step {step}: no episode produced a sampled token; no update")
+            line["generate_tokens_per_s"] = (sum(o.generated_tokens for o in outcomes)
+                                             / max(line["generate_seconds"], 1e-9))
+            line["step_seconds"] = time.perf_counter() - started
+            run.commit(step, line, models, optimizers)
+            for old in rollouts_dir.glob("step-*.jsonl"):
+                old.unlink()  # committed: the checkpoint holds what they taught
+            say(f"step {step}/{config.steps}: reward {line['reward_mean']:+.2f}  pass {line['pass_rate']:.0%}  "
+                f"entropy {line.get('entropy', float('nan')):.3f}  ev {line.get('explained_variance', float('nan')):.2f}  "
+                f"{line['step_seconds']:.0f}s")
+    finally:
+        runner.close()
+    rows = run.metrics()
+    if rows:
+        _plot(out, say)
+    return rows
+
+
+# ----------------------------------------------------------------------------- collect
+
+def run_collect(config: StageConfig, out: Path, *, say: Say = _stderr,
+                make_evaluator: Callable[[threading.Lock], Any] | None = None) -> Path:
+    """Agentic episodes from ``model.actor``: ``steps`` rounds of ``rollout.batch`` episodes, each appended to
+    OUT/trajectories.jsonl as it ends (with ``episode_index``); a resumed run runs only the missing ones."""
+    run = RunDir(out, {"stage": "collect"} | _identity(config), checkpoints=False)
+    run.open()
+    _seed(config.seed + len(run.metrics()))  # a resumed collection does not replay the first one's samples
+    tasks = select_tasks(config)
+    device = _device("auto")
+    precision = resolve_precision(config.model.precision, device)
+    tokenizer = load_tokenizer(config)
+    actor = _load("actor", config.model.actor, device)
+    path = out / "trajectories.jsonl"
+    done = {row["episode_index"] for row in read_jsonl(path)}
+    runner = EpisodeRunner(_sampler(actor, tokenizer, config, precision), tokenizer, single_turn=False,
+                           workdir=out / "work", make_evaluator=make_evaluator or make_evaluator_factory(config),
+                           workers=config.rollout.workers, max_new_tokens=config.rollout.max_new_tokens,
+                           context_tokens=config.context_tokens(False), max_turns=config.rollout.max_turns,
+                           wall_clock_s=config.rollout.wall_clock_s, sandbox=config.evaluator.sandbox,
+                           model_name=config.model.actor)
+    lock = threading.Lock()
+    recorded = len(run.metrics())
+    try:
+        for step in range(1, config.steps + 1):
+            base = (step - 1) * config.rollout.batch
+            step_tasks = tasks_for_step(tasks, step, config.rollout.batch, config.rollout.samples_per_task, config.seed)
+            skip = {i for i in range(len(step_tasks)) if base + i in done}
+            if len(skip) == len(step_tasks) and step <= recorded:
+                continue
+            started = time.perf_counter()
+
+            def keep(index: int, outcome: EpisodeOutcome) -> None:
+                with lock:
+                    append_jsonl(path, outcome.record | {"episode_index": base + index})
+                say(f"round {step} episode {base + index}: {outcome.task} reward {outcome.reward:+g} "
+                    f"({outcome.status}, {outcome.turns} turns)")
+
+            outcomes = [o for o in runner.run(step_tasks, keep, skip=skip) if o is not None]
+            if step > recorded:
+                run.record({"step": step} | episode_metrics(outcomes) | {"rollout_seconds": time.perf_counter() - started})
+    finally:
+        runner.close()
+    say(f"{len(read_jsonl(path))} trajectories in {path}")
+    return path
+
+
+# ----------------------------------------------------------------------------- stage 2a and 2b: the warm-up
+
+def read_trajectory_files(sources: tuple[str, ...]) -> list[dict[str, Any]]:
+    records = []
+    for source in sources:
+        path = Path(source)
+        if path.is_dir():
+            path = path / "trajectories.jsonl"
+        if not path.is_file():
+            raise RunError(f"data.trajectories: {source} is not a trajectories.jsonl (or a `train collect` output)")
+        records += read_jsonl(path)
+    return records
+
+
+def filtered_rollouts(config: StageConfig, say: Say) -> tuple[list[list[Rollout]], dict[str, int]]:
+    from cuda_agent.train.warmup import episode_rollouts, keep_episode
+
+    records = read_trajectory_files(config.data.trajectories)
+    verdicts = [keep_episode(r, config.data.min_reward, config.data.max_repeats, config.data.drop_invalid_calls)
+                for r in records]
+    reasons = Counter(v.reason.split(":")[0].split(" (")[0] for v in verdicts)
+    kept = [r for r, v in zip(records, verdicts) if v.keep]
+    episodes = [e for e in episode_rollouts(kept) if e]
+    say(f"{len(records)} trajectories: {len(episodes)} kept; " + "; ".join(f"{n} {why}" for why, n in reasons.items()))
+    if not episodes:
+        raise RunError(f"no trajectory in {', '.join(config.data.trajectories)} passes the filter (reward above "
+                       f"{config.data.min_reward}, no redundant loop, no invalid tool call); collect more")
+    return episodes, dict(reasons)
+
+
+def _order(n: int, epoch: int, seed: int) -> list[int]:
+    order = list(range(n))
+    random.Random(seed * 1_000_003 + epoch).shuffle(order)
+    return order
+
+
+def run_rft(config: StageConfig, out: Path, *, say: Say = _stderr) -> list[dict[str, Any]]:
+    """Stage 2a: SFT of ``model.actor`` on the kept trajectories' sampled tokens, ``sft.epochs`` passes of
+    ``sft.batch`` sequences per step."""
+    from cuda_agent.train.warmup import SFTTrainer
+
+    run = RunDir(out, {"stage": "rft"} | _identity(config))
+    done = run.open()
+    _seed(config.seed)
+    episodes, reasons = filtered_rollouts(config, say)
+    (out / "filter.json").write_text(json.dumps({"kept": len(episodes), "reasons": reasons}, indent=1))
+    sequences = [r for e in episodes for r in e]
+    per_epoch = math.ceil(len(sequences) / config.sft.batch)
+    steps = per_epoch * config.sft.epochs
+    device = _device("auto")
+    tokenizer = run.tokenizer = load_tokenizer(config)
+    actor = _load("actor", config.model.actor, device)
+    trainer = SFTTrainer(actor, config.sft.lr, micro_batch=config.sft.micro_batch, max_grad_norm=config.sft.max_grad_norm,
+                         precision=resolve_precision(config.model.precision, device),
+                         logits_chunk=config.model.logits_chunk,
+                         gradient_checkpointing=config.model.gradient_checkpointing)
+    if done:
+        run.restore({"actor": actor}, {"actor": trainer.optimizer})
+        say(f"resuming {out} after step {done}")
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    for step in range(done + 1, steps + 1):
+        epoch, index = divmod(step - 1, per_epoch)
+        order = _order(len(sequences), epoch, config.seed)
+        batch = [sequences[i] for i in order[index * config.sft.batch:(index + 1) * config.sft.batch]]
+        line = {"epoch": epoch + 1} | trainer.step(batch, pad)
+        run.commit(step, line, {"actor": actor}, {"actor": trainer.optimizer})
+        say(f"step {step}/{steps}: loss {line['sft_loss']:.4f}  token accuracy {line['token_accuracy']:.2f}")
+    _plot(out, say)
+    return run.metrics()
+
+
+def split_holdout(episodes: list[list[Rollout]], share: float, seed: int) -> tuple[list[Rollout], list[Rollout]]:
+    """Whole episodes held out (their segments share a reward): the training and the held-out sequences."""
+    order = _order(len(episodes), -1, seed)
+    held = set(order[:round(share * len(episodes))]) if len(episodes) > 1 else set()
+    train = [r for i, e in enumerate(episodes) if i not in held for r in e]
+    return train, [r for i, e in enumerate(episodes) if i in held for r in e]
+
+
+def run_value(config: StageConfig, out: Path, *, say: Say = _stderr) -> list[dict[str, Any]]:
+    """Stage 2b: the critic (``model.critic``, or a new head on ``model.actor``) fitted to GAE targets from
+    itself over ``value.iterations`` passes; held-out explained variance after every step."""
+    from cuda_agent.train.warmup import ValueTrainer
+
+    run = RunDir(out, {"stage": "value"} | _identity(config))
+    done = run.open()
+    _seed(config.seed)
+    episodes, reasons = filtered_rollouts(config, say)
+    train, held = split_holdout(episodes, config.data.holdout, config.seed)
+    per_pass = math.ceil(len(train) / config.value.batch)
+    steps = per_pass * config.value.iterations
+    device = _device("auto")
+    tokenizer = run.tokenizer = load_tokenizer(config)
+    critic = _load("critic", config.model.critic or config.model.actor, device)
+    trainer = ValueTrainer(critic, config.value.lr, gamma=config.ppo.gamma, lam=config.ppo.lam,
+                           micro_batch=config.value.micro_batch, max_grad_norm=config.value.max_grad_norm,
+                           value_clip=config.value.value_clip,
+                           precision=resolve_precision(config.model.precision, device),
+                           gradient_checkpointing=config.model.gradient_checkpointing)
+    if done:
+        run.restore({"critic": critic}, {"critic": trainer.optimizer})
+        say(f"resuming {out} after step {done}")
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    evaluated = held or train
+    if done == 0:
+        before = trainer.evaluate(evaluated, pad)
+        (out / "before.json").write_text(json.dumps(before, indent=1))
+        say(f"before: held-out explained variance {before['explained_variance']:.3f} "
+            f"(Monte Carlo {before['explained_variance_mc']:.3f})")
+    for step in range(done + 1, steps + 1):
+        iteration, index = divmod(step - 1, per_pass)
+        order = _order(len(train), iteration, config.seed)
+        batch = [train[i] for i in order[index * config.value.batch:(index + 1) * config.value.batch]]
+        line = {"iteration": iteration + 1, "heldout_sequences": len(held)} | trainer.step(batch, pad)
+        line |= {f"heldout_{k}": v for k, v in trainer.evaluate(evaluated, pad).items()}
+        line["explained_variance"] = line["heldout_explained_variance"]
+        run.commit(step, line, {"critic": critic}, {"critic": trainer.optimizer})
+        say(f"step {step}/{steps}: value loss {line['value_loss']:.4f}  held-out explained variance "
+            f"{line['heldout_explained_variance']:.3f} (Monte Carlo {line['heldout_explained_variance_mc']:.3f})")
+    _plot(out, say)
+    return run.metrics()

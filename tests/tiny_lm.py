@@ -1,0 +1,44 @@
+"""Tiny causal LMs and a tokenizer trained in the test, saved as Hugging Face directories: the real loading
+path of the training stages with no download."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def train_tokenizer(vocab_size: int = 700):
+    """A byte-level BPE with ChatML special tokens, trained on the project's own texts."""
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    corpus = [(ROOT / "src/cuda_agent/agent/SKILL.md").read_text(),
+              (ROOT / "src/cuda_agent/train/single_turn.py").read_text()]
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=vocab_size,
+                                                        special_tokens=["<|im_start|>", "<|im_end|>", "<|pad|>"],
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|pad|>",
+                                                chat_template=CHATML)
+
+
+def save_tiny_model(path: Path, tokenizer, seed: int = 0, positions: int = 16384) -> Path:
+    """A randomly initialised two-layer Qwen2 with ``tokenizer``, saved at ``path``."""
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    config = transformers.Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
+                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                      max_position_embeddings=positions, eos_token_id=tokenizer.eos_token_id,
+                                      pad_token_id=tokenizer.pad_token_id, bos_token_id=None, tie_word_embeddings=True)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
