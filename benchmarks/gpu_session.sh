@@ -22,6 +22,9 @@
 #   bash benchmarks/gpu_session.sh bench_own # cuda-agent bench over our KernelBench solutions, then the
 #                                            # baselines table's retries (into $OUT/baselines_h200)
 #   bash benchmarks/gpu_session.sh train_demo # cuda-agent train demo --device cuda (TRAIN_STEPS), into $OUT/train_demo
+#   bash benchmarks/gpu_session.sh train_tests      # the training stages on the GPU (tests/gpu/test_gpu_train.py)
+#   bash benchmarks/gpu_session.sh train_throughput # 0.5B/1.5B generation, evaluation and update at 32k
+#                                            # (THROUGHPUT_ARGS go to benchmarks/train_throughput.py)
 #   bash benchmarks/gpu_session.sh tests -k "illegal or profiler"   # extra arguments go to pytest
 #
 # With the device tool, carry [".data"]. It holds:
@@ -98,6 +101,13 @@ precision|bench)
     python3 benchmarks/precision_calibration.py --device cuda --out "$OUT/precision_calibration.json" 2>&1 | tail -6
     ;;
 speed|guard) ;;
+train_tests)
+    python3 -m pytest -q -s -m gpu -p no:cacheprovider --timeout 300 tests/gpu/test_gpu_train.py "$@" 2>&1 | tee "$OUT/train_tests.log" | tail -40
+    ;;
+train_throughput)
+    python3 benchmarks/train_throughput.py --out "$OUT/train_throughput" ${THROUGHPUT_ARGS:-} 2>&1 \
+        | tee "$OUT/train_throughput.log" | grep -v "^ \|^{\|^}" | tail -30
+    ;;
 train_demo)
     python3 -c "import transformers, tokenizers; print('transformers', transformers.__version__)" | tee -a "$OUT/gpu.csv"
     python3 -m cuda_agent.cli train demo --device cuda --out "$OUT/train_demo" --steps "${TRAIN_STEPS:-30}" 2>&1 \
@@ -161,7 +171,7 @@ bench_own)
     rm -f "$OUT/baselines_h200/baselines.md"
     ;;
 *)
-    echo "usage: $0 tests|redteam|speed|guard|overhead|train_demo|drift|precision|bench|synth|baselines|bench_own [pytest args]" >&2
+    echo "usage: $0 tests|redteam|speed|guard|overhead|train_demo|train_tests|train_throughput|drift|precision|bench|synth|baselines|bench_own [pytest args]" >&2
     exit 2
     ;;
 esac

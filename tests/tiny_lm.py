@@ -1,13 +1,17 @@
-"""Tiny causal LMs and a tokenizer trained in the test, saved as Hugging Face directories: the real loading
-path of the training stages with no download."""
+"""Tiny causal LMs and a tokenizer trained in the test, saved as Hugging Face directories (the real loading
+path of the training stages with no download), and a scripted token-level policy (a test double)."""
 
 from __future__ import annotations
 
+import json
+import threading
 from pathlib import Path
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 ROOT = Path(__file__).resolve().parents[1]
+
+from cuda_agent.agent.tokens import TokenOutput  # noqa: E402
 
 
 def train_tokenizer(vocab_size: int = 700):
@@ -42,3 +46,30 @@ def save_tiny_model(path: Path, tokenizer, seed: int = 0, positions: int = 16384
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+class ScriptedSampler:
+    """A token-level policy double: per assistant turn of the prompt, a fixed text (then ``done``)."""
+
+    def __init__(self, tokenizer, turns: list[str]):
+        self.tokenizer, self.turns, self.sampled = tokenizer, turns, []
+        self.lock = threading.Lock()
+
+    def generate(self, prompt_ids: list[int], max_new_tokens: int) -> TokenOutput:
+        turn = self.tokenizer.decode(prompt_ids).count("<|im_start|>assistant") - 1
+        text = self.turns[turn] if turn < len(self.turns) else "done"
+        ids = self.tokenizer.encode(text, add_special_tokens=False) + [self.tokenizer.eos_token_id]
+        with self.lock:
+            self.sampled.append(ids)
+        return TokenOutput(ids, [-0.25] * len(ids), "stop")
+
+
+def tool_calls_text(calls: list) -> str:
+    return "".join(f"<tool_call>\n{json.dumps({'name': n, 'arguments': a})}\n</tool_call>\n" for n, a in calls)
+
+
+def solution_reply(solution: Path) -> str:
+    parts = ["The solution:"]
+    for path in sorted(p for p in solution.rglob("*") if p.is_file()):
+        parts.append(f"### {path.relative_to(solution).as_posix()}\n```\n{path.read_text().rstrip()}\n```")
+    return "\n".join(parts)

@@ -14,9 +14,8 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
 from scripted_policy import write_solution  # noqa: E402
-from tiny_lm import save_tiny_model, train_tokenizer  # noqa: E402
+from tiny_lm import ScriptedSampler, save_tiny_model, solution_reply, tool_calls_text, train_tokenizer  # noqa: E402
 
-from cuda_agent.agent.tokens import TokenOutput  # noqa: E402
 from cuda_agent.evaluate import Evaluator  # noqa: E402
 from cuda_agent.tasks import load_task  # noqa: E402
 from cuda_agent.train.config import ConfigError, load_config, parse_config  # noqa: E402
@@ -84,33 +83,6 @@ def test_task_order_covers_each_epoch_and_is_the_same_on_resume():
 
 
 # ----------------------------------------------------------------------------- rollouts in both modes
-
-class ScriptedSampler:
-    """A token-level policy double: per assistant turn of the prompt, a fixed text (then ``done``)."""
-
-    def __init__(self, tokenizer, turns: list[str]):
-        self.tokenizer, self.turns, self.sampled = tokenizer, turns, []
-        self.lock = threading.Lock()
-
-    def generate(self, prompt_ids: list[int], max_new_tokens: int) -> TokenOutput:
-        turn = self.tokenizer.decode(prompt_ids).count("<|im_start|>assistant") - 1
-        text = self.turns[turn] if turn < len(self.turns) else "done"
-        ids = self.tokenizer.encode(text, add_special_tokens=False) + [self.tokenizer.eos_token_id]
-        with self.lock:
-            self.sampled.append(ids)
-        return TokenOutput(ids, [-0.25] * len(ids), "stop")
-
-
-def tool_calls_text(calls: list) -> str:
-    return "".join(f"<tool_call>\n{json.dumps({'name': n, 'arguments': a})}\n</tool_call>\n" for n, a in calls)
-
-
-def solution_reply(solution: Path) -> str:
-    parts = ["The solution:"]
-    for path in sorted(p for p in solution.rglob("*") if p.is_file()):
-        parts.append(f"### {path.relative_to(solution).as_posix()}\n```\n{path.read_text().rstrip()}\n```")
-    return "\n".join(parts)
-
 
 def sampled_ids(rollout) -> list[int]:
     return [i for i, m in zip(rollout.response_ids, rollout.response_mask) if m]

@@ -61,7 +61,8 @@ def prepare_for_training(model: Any, gradient_checkpointing: bool = False) -> An
         if isinstance(getattr(model.config, name, None), float):
             setattr(model.config, name, 0.0)
     if gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+        enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model.train()
 
 
@@ -103,9 +104,10 @@ def policy_forward(actor: Any, ids: torch.Tensor, attention: torch.Tensor,
     With ``chunk``, the head runs over that many positions at a time and is recomputed in the backward
     pass: the fp32 logits of a 32k-token sequence over a 152k vocabulary would take 20 GB at once."""
     if not chunk or ids.shape[1] <= chunk or not _plain_head(actor):
-        logits = actor(input_ids=ids, attention_mask=attention).logits
+        logits = actor(input_ids=ids, attention_mask=attention, use_cache=False).logits
         return token_logprobs(logits, ids), token_entropy(logits)
-    hidden = actor.get_decoder()(input_ids=ids, attention_mask=attention).last_hidden_state[:, :-1]
+    # No KV cache: scoring never decodes, and a cache of 32k positions is gigabytes.
+    hidden = actor.get_decoder()(input_ids=ids, attention_mask=attention, use_cache=False).last_hidden_state[:, :-1]
     head, targets = actor.get_output_embeddings(), ids[:, 1:]
     logprobs, entropies = [], []
     for start in range(0, hidden.shape[1], chunk):
@@ -120,5 +122,5 @@ def policy_forward(actor: Any, ids: torch.Tensor, attention: torch.Tensor,
 def value_forward(critic: Any, ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
     """Each token's value: the critic's output at the position before it (the state the token was drawn
     in), aligned like ``token_logprobs``; position 0 gets 0."""
-    out = critic(input_ids=ids, attention_mask=attention).logits.squeeze(-1).float()
+    out = critic(input_ids=ids, attention_mask=attention, use_cache=False).logits.squeeze(-1).float()
     return torch.cat([torch.zeros_like(out[:, :1]), out[:, :-1]], dim=1)
