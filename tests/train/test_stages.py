@@ -139,6 +139,8 @@ def test_single_turn_ppo_resumes_after_a_kill_with_the_same_next_step(model_dir,
     # The random tiny model writes no candidate: every episode gets the failure reward, and PPO still updates.
     assert full[0]["reward_mean"] == -1 and full[0]["statuses"] == {"no-candidate": 3}
     assert full[0]["sampled_tokens"] > 0 and full[0]["update_seconds"] > 0
+    # The sampler's logprobs are the policy's own (no top-k truncation; fp32 on both sides).
+    assert full[0]["logprob_mismatch"] < 1e-3
 
     # Killed during step 2's update, after its episodes: the resumed run redoes the update, not the episodes.
     real_step, calls = PPOTrainer.step, []

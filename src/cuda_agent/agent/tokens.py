@@ -67,7 +67,9 @@ class TransformersBackend:
         options = {"do_sample": sample, "max_new_tokens": max_new_tokens, "return_dict_in_generate": True,
                    "output_scores": True, "pad_token_id": self.tokenizer.pad_token_id or self.tokenizer.eos_token_id}
         if sample:
-            options.update(temperature=self.temperature, top_p=self.top_p)
+            # top_k=0 explicitly: transformers otherwise samples from the top 50 tokens (its default), and
+            # the logprobs recorded would be of that truncated distribution, not the policy's.
+            options.update(temperature=self.temperature, top_p=self.top_p, top_k=0)
         with torch.no_grad():
             out = self.model.generate(inputs, attention_mask=torch.ones_like(inputs), **options)
         ids = out.sequences[0, len(prompt_ids):].tolist()
