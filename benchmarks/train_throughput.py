@@ -6,14 +6,15 @@ batch, its seconds split into rollout (generation), evaluation and update.
 
 Per size:
   generation  ``TransformersBackend.generate`` (what ``cuda-agent train`` samples with): ``--new-tokens``
-              tokens after a ``--prompt-tokens`` prompt, end-of-sequence disabled so every token counts
+              tokens after a ``--prompt-tokens`` prompt, end-of-sequence disabled so every token counts; one
+              sequence (as an agentic turn samples) and ``--gen-batch`` together (as single-turn replies do)
   evaluation  the real evaluator on the cuda_gelu example's solution (``Evaluator(prestart=True)``, warm):
               what one correct episode costs the evaluation side
   update      ``PPOTrainer.step`` over ``--batch`` sequences of ``--context`` tokens (prompt + a response of
               ``--new-tokens`` sampled tokens padded out with more sampled tokens), bf16 autocast on fp32
               master weights, gradient checkpointing, the lm_head scored in 4096-position chunks
-A step of ``--batch`` episodes is then estimated as batch x (generation + evaluation) + update: the
-episodes' generation is serialised through one sampler, their evaluations overlap only partly.
+A single-turn step of ``--batch`` episodes is then estimated as their replies sampled together, their
+evaluations one after another (evaluations time under one lock) and the update.
 Writes OUT/train_throughput.json and OUT/train_throughput.png.
 """
 
@@ -83,9 +84,17 @@ def measure(size: str, args: argparse.Namespace, evaluate_s: float | None) -> di
         out = sampler.generate(prompt, args.new_tokens)
         sync()
         generate_s = time.perf_counter() - clock
-    generated = len(out.ids)
-    print(f"[{size}] generation: {generated} tokens in {generate_s:.1f} s ({generated / generate_s:.1f} tokens/s)",
-          flush=True)
+        generated = len(out.ids)
+        print(f"[{size}] generation, one sequence (agentic turns): {generated} tokens in {generate_s:.1f} s "
+              f"({generated / generate_s:.1f} tokens/s)", flush=True)
+        sync()
+        clock = time.perf_counter()
+        outs = sampler.generate_batch([prompt] * args.gen_batch, args.new_tokens)
+        sync()
+        batch_s = time.perf_counter() - clock
+        batch_tokens = sum(len(o.ids) for o in outs)
+        print(f"[{size}] generation, {args.gen_batch} together (single-turn replies): {batch_tokens} tokens in "
+              f"{batch_s:.1f} s ({batch_tokens / batch_s:.1f} tokens/s)", flush=True)
 
     critic = critic_from_actor(actor)
     trainer = PPOTrainer(actor, critic, PPOConfig(micro_batch=1), precision=precision, logits_chunk=4096,
@@ -101,7 +110,7 @@ def measure(size: str, args: argparse.Namespace, evaluate_s: float | None) -> di
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     clock = time.perf_counter()
-    metrics = trainer.step(batch)
+    trainer.step(batch)
     sync()
     update_s = time.perf_counter() - clock
     tokens = args.batch * args.context
@@ -110,11 +119,14 @@ def measure(size: str, args: argparse.Namespace, evaluate_s: float | None) -> di
           f"peak {peak:.1f} GiB", flush=True)
     row = {"size": size, "parameters": params, "prompt_tokens": args.prompt_tokens, "generated_tokens": generated,
            "generate_seconds": generate_s, "generate_tokens_per_s": generated / generate_s,
+           "generate_batch": args.gen_batch, "generate_batch_seconds": batch_s,
+           "generate_batch_tokens_per_s": batch_tokens / batch_s,
            "update_sequences": args.batch, "update_context": args.context, "update_seconds": update_s,
            "update_tokens_per_s": tokens / update_s, "update_peak_gib": peak,
-           "evaluate_seconds": evaluate_s, "logprob_mismatch": metrics["logprob_mismatch"],
-           "step_estimate": {"rollout_s": args.batch * generate_s, "evaluate_s": args.batch * (evaluate_s or 0.0),
-                             "update_s": update_s}}
+           "evaluate_seconds": evaluate_s,
+           # A single-turn step of --batch episodes: replies sampled together, evaluated one after another.
+           "step_estimate": {"rollout_s": batch_s * args.batch / args.gen_batch,
+                             "evaluate_s": args.batch * (evaluate_s or 0.0), "update_s": update_s}}
     del trainer, actor, critic, sampler
     if cuda:
         torch.cuda.empty_cache()
@@ -151,7 +163,9 @@ def plot(rows: list[dict], path: Path) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
     names = [r["size"] for r in rows]
-    axes[0].bar([f"{n}\ngenerate" for n in names], [r["generate_tokens_per_s"] for r in rows], color="tab:blue")
+    axes[0].bar([f"{n}\ngenerate 1" for n in names], [r["generate_tokens_per_s"] for r in rows], color="tab:blue")
+    axes[0].bar([f"{n}\ngenerate {r['generate_batch']}" for n, r in zip(names, rows)],
+                [r["generate_batch_tokens_per_s"] for r in rows], color="tab:cyan")
     axes[0].bar([f"{n}\nupdate" for n in names], [r["update_tokens_per_s"] for r in rows], color="tab:orange")
     axes[0].set_yscale("log")
     axes[0].set_ylabel("tokens / s")
@@ -175,7 +189,8 @@ def main() -> int:
     parser.add_argument("--context", type=int, default=32_768)
     parser.add_argument("--prompt-tokens", type=int, default=2048)
     parser.add_argument("--new-tokens", type=int, default=1024)
-    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=4, help="sequences of --context tokens per update")
+    parser.add_argument("--gen-batch", type=int, default=16, help="prompts sampled together")
     parser.add_argument("--eval-repeats", type=int, default=3)
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     parser.add_argument("--out", type=Path, required=True)

@@ -67,6 +67,24 @@ def test_transformers_backend_logprobs_are_the_models(tokenizer, tiny_model):
     assert all(lp <= 0.0 for lp in sampled.logprobs) and sampled.finish_reason in ("stop", "length")
 
 
+def test_a_batch_of_prompts_samples_what_each_alone_would(tokenizer, tiny_model):
+    import torch
+
+    backend = TransformersBackend(tiny_model, tokenizer, temperature=0.0)
+    prompts = [list(tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                                  tokenize=True, return_dict=False))
+               for text in ("write a kernel", "a much longer request for a fused softmax kernel, please")]
+    assert len(prompts[0]) != len(prompts[1])  # left padding is exercised
+    together = backend.generate_batch(prompts, max_new_tokens=6)
+    for prompt, out in zip(prompts, together):
+        alone = backend.generate(prompt, max_new_tokens=6)
+        assert out.ids == alone.ids and out.finish_reason == alone.finish_reason
+        with torch.no_grad():
+            logits = tiny_model(torch.tensor([prompt + out.ids])).logits[0]
+        expected = torch.log_softmax(logits[len(prompt) - 1:-1].float(), dim=-1)
+        assert out.logprobs == pytest.approx([float(expected[i, t]) for i, t in enumerate(out.ids)], abs=1e-4)
+
+
 class ScriptedTokens:
     """A token backend that answers with fixed texts (a test double for a policy being trained)."""
 

@@ -144,3 +144,17 @@ def test_chunked_scoring_gives_the_same_logprobs_entropy_and_gradients():
     assert torch.allclose(whole[0], chunked[0], atol=1e-5) and torch.allclose(whole[1], chunked[1], atol=1e-5)
     for got, want in zip((p.grad for p in actor.parameters()), expected):
         assert torch.allclose(got, want, atol=1e-5)
+
+
+def test_gradient_checkpointing_gives_the_same_update():
+    """Checkpointing recomputes activations in the backward pass; the step it takes must be the same."""
+    rewards = [3.0, -1.0, 2.0, -1.0]
+    params = []
+    for checkpointing in (False, True):
+        actor = tiny_actor()
+        trainer = PPOTrainer(actor, critic_from_actor(actor), PPOConfig(actor_lr=1e-2, critic_lr=1e-2),
+                             gradient_checkpointing=checkpointing)
+        trainer.step(RolloutBatch.collate(sampled_rollouts(tiny_actor(), rewards)))
+        params.append(torch.cat([p.detach().flatten() for p in actor.parameters()]))
+    assert actor.is_gradient_checkpointing
+    assert torch.allclose(params[0], params[1], atol=1e-5)

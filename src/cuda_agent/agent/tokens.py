@@ -58,25 +58,39 @@ class TransformersBackend:
         return cls(model, tokenizer, **options)
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int) -> TokenOutput:
+        return self.generate_batch([prompt_ids], max_new_tokens)[0]
+
+    def generate_batch(self, prompts: list[list[int]], max_new_tokens: int) -> list[TokenOutput]:
+        """Several prompts in one ``generate`` (left-padded): on a GPU, decoding is bound by the per-step
+        overhead far more than by the batch, so independent episodes (single-turn) sample together."""
         import torch
 
         self.model.eval()  # a trainer may have put it in training mode since
         device = next(self.model.parameters()).device
-        inputs = torch.tensor([prompt_ids], device=device)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        width = max(len(p) for p in prompts)
+        inputs = torch.tensor([[pad or 0] * (width - len(p)) + list(p) for p in prompts], device=device)
+        attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
         sample = self.temperature > 0
         options = {"do_sample": sample, "max_new_tokens": max_new_tokens, "return_dict_in_generate": True,
-                   "output_scores": True, "pad_token_id": self.tokenizer.pad_token_id or self.tokenizer.eos_token_id}
+                   "output_scores": True, "pad_token_id": pad}
         if sample:
             # top_k=0 explicitly: transformers otherwise samples from the top 50 tokens (its default), and
             # the logprobs recorded would be of that truncated distribution, not the policy's.
             options.update(temperature=self.temperature, top_p=self.top_p, top_k=0)
         with torch.no_grad():
-            out = self.model.generate(inputs, attention_mask=torch.ones_like(inputs), **options)
-        ids = out.sequences[0, len(prompt_ids):].tolist()
-        # The scores are the processed logits the sampler drew from (temperature, top-p applied).
-        logprobs = [float(torch.log_softmax(score[0].float(), dim=-1)[token]) for score, token in zip(out.scores, ids)]
-        ended = bool(ids) and ids[-1] in _eos_ids(self.model, self.tokenizer)
-        return TokenOutput(ids, logprobs, "stop" if ended else "length")
+            out = self.model.generate(inputs, attention_mask=attention, **options)
+            new = out.sequences[:, width:]
+            # The scores are the processed logits the sampler drew from (temperature, top-p applied).
+            logprobs = torch.stack([torch.log_softmax(score.float(), dim=-1).gather(-1, new[:, t, None]).squeeze(-1)
+                                    for t, score in enumerate(out.scores)], dim=1).cpu()
+        eos = _eos_ids(self.model, self.tokenizer)
+        outputs = []
+        for row, ids in enumerate(new.tolist()):
+            end = next((i + 1 for i, token in enumerate(ids) if token in eos), None)
+            ids = ids[:end] if end else ids  # after its end-of-sequence a row holds padding
+            outputs.append(TokenOutput(ids, logprobs[row, :len(ids)].tolist(), "stop" if end else "length"))
+        return outputs
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> set[int]:

@@ -63,6 +63,7 @@ class RolloutConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     workers: int = 4  # episodes in flight at once (each with its own evaluator; they share one timing lock)
+    generate_batch: int = 16  # single-turn replies sampled together in one generate call
     wall_clock_s: float | None = None  # per agentic episode
 
 

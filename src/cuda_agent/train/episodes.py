@@ -9,7 +9,9 @@
 ``rollout.workers`` episodes run at once, each thread with an evaluator of its own (an evaluator keeps
 per-evaluation processes; it is not shared between threads). The evaluators share one timing lock, so
 timed regions never overlap, while generation, builds and checks do. Generation goes through one lock
-too: the model is one, and ``generate`` on it from two threads would only contend.
+too: the model is one, and ``generate`` on it from two threads would only contend. Single-turn replies,
+independent of each other, are sampled together first (``generate_batch`` prompts per call, where the
+backend has ``generate_batch``), then evaluated ``workers`` at a time.
 """
 
 from __future__ import annotations
@@ -93,12 +95,13 @@ class EpisodeRunner:
 
     def __init__(self, backend: Any, tokenizer: Any, *, single_turn: bool, workdir: Path,
                  make_evaluator: Callable[[threading.Lock], Any], workers: int = 4, max_new_tokens: int = 8192,
+                 generate_batch: int = 16,
                  context_tokens: int = 32_768, max_turns: int = 150, wall_clock_s: float | None = None,
                  sandbox: str = "auto", model_name: str = ""):
         self.backend, self.tokenizer, self.single_turn = backend, tokenizer, single_turn
         self.workdir = Path(workdir)
         self.make_evaluator, self.workers = make_evaluator, workers
-        self.max_new_tokens, self.context_tokens = max_new_tokens, context_tokens
+        self.max_new_tokens, self.context_tokens, self.generate_batch = max_new_tokens, context_tokens, generate_batch
         self.max_turns, self.wall_clock_s, self.sandbox, self.model_name = max_turns, wall_clock_s, sandbox, model_name
         self._generation_lock = threading.Lock()
         self._timing_lock = threading.Lock()
@@ -122,42 +125,77 @@ class EpisodeRunner:
         """One episode per task, ``workers`` at a time; ``on_episode(index, outcome)`` as each ends (from its
         thread). Indices in ``skip`` are not run (their entry is None)."""
         results: list[EpisodeOutcome | None] = [None] * len(tasks)
+        todo = [i for i in range(len(tasks)) if i not in skip]
+        sampled: dict[int, tuple[list[int], TokenOutput | None, float]] = {}
+        if self.single_turn and self.generate_batch > 1 and hasattr(self.backend, "generate_batch"):
+            sampled = self._sample_replies(tasks, todo)
 
         def one(index: int) -> None:
             folder = self.workdir / f"episode-{index:05d}"
             shutil.rmtree(folder, ignore_errors=True)
             with self._evaluator() as evaluator:
-                run = self._single_turn if self.single_turn else self._agentic
-                outcome = run(tasks[index], evaluator, folder)
+                if self.single_turn:
+                    outcome = self._single_turn(tasks[index], evaluator, folder, sampled.get(index))
+                else:
+                    outcome = self._agentic(tasks[index], evaluator, folder)
             shutil.rmtree(folder, ignore_errors=True)  # the trajectory keeps what matters
             results[index] = outcome
             if on_episode:
                 on_episode(index, outcome)
 
-        todo = [i for i in range(len(tasks)) if i not in skip]
         with ThreadPoolExecutor(max_workers=min(self.workers, max(len(todo), 1))) as pool:
             for future in [pool.submit(one, i) for i in todo]:
                 future.result()  # the first failure is raised here
         return results
 
-    def _single_turn(self, task: Task, evaluator: Any, folder: Path) -> EpisodeOutcome:
-        generation = _Generation(self.backend, self._generation_lock)
-        timed = _TimedEvaluator(evaluator)
+    def _prompt(self, task: Task) -> tuple[list[int], int]:
+        """A single-turn episode's prompt ids and the tokens left for its reply in the context."""
         prompt = list(self.tokenizer.apply_chat_template(single_turn_messages(task), add_generation_prompt=True,
                                                          tokenize=True, return_dict=False))
-        room = min(self.max_new_tokens, self.context_tokens - len(prompt))
-        if room < 1:
+        return prompt, min(self.max_new_tokens, self.context_tokens - len(prompt))
+
+    def _sample_replies(self, tasks: list[Task], todo: list[int]) -> dict[int, tuple[list[int], TokenOutput | None, float]]:
+        """Every single-turn reply, ``generate_batch`` prompts per call (prompts of one room together);
+        each episode is charged its share of its call's seconds."""
+        prompts = {i: self._prompt(tasks[i]) for i in todo}
+        sampled: dict[int, tuple[list[int], TokenOutput | None, float]] = \
+            {i: (prompt, None, 0.0) for i, (prompt, room) in prompts.items() if room < 1}
+        by_room: dict[int, list[int]] = {}
+        for i, (_, room) in prompts.items():
+            if room >= 1:
+                by_room.setdefault(room, []).append(i)
+        for room, indices in by_room.items():
+            for start in range(0, len(indices), self.generate_batch):
+                group = indices[start:start + self.generate_batch]
+                with self._generation_lock:
+                    clock = time.perf_counter()
+                    outs = self.backend.generate_batch([prompts[i][0] for i in group], room)
+                    share = (time.perf_counter() - clock) / len(group)
+                for i, out in zip(group, outs):
+                    sampled[i] = (prompts[i][0], out, share)
+        return sampled
+
+    def _single_turn(self, task: Task, evaluator: Any, folder: Path,
+                     sampled: tuple[list[int], TokenOutput | None, float] | None = None) -> EpisodeOutcome:
+        timed = _TimedEvaluator(evaluator)
+        if sampled is None:
+            prompt, room = self._prompt(task)
+            generation = _Generation(self.backend, self._generation_lock)
+            out = generation.generate(prompt, room) if room >= 1 else None
+            seconds = generation.seconds
+        else:
+            prompt, out, seconds = sampled
+        if out is None:
             return EpisodeOutcome(task.name, FAILURE_REWARD, [], "prompt-too-long",
                                   record={"task": task.name, "prompt_tokens": len(prompt)})
-        out = generation.generate(prompt, room)
         text = self.tokenizer.decode(out.ids, skip_special_tokens=True)
         folder.mkdir(parents=True, exist_ok=True)
         outcome = score_reply(task, text, timed, folder)
         rollouts = [Rollout(tuple(prompt), tuple(out.ids), (1,) * len(out.ids), tuple(out.logprobs), outcome.reward)] \
             if out.ids else []
         status = outcome.evaluation["status"] if outcome.evaluation else "no-candidate"
-        return EpisodeOutcome(task.name, outcome.reward, rollouts, status, 1, generation.clipped, generation.tokens,
-                              generation.seconds, timed.seconds,
+        return EpisodeOutcome(task.name, outcome.reward, rollouts, status, 1, out.finish_reason == "length", len(out.ids),
+                              seconds, timed.seconds,
                               {"task": task.name, "reply": text, "reward": outcome.reward, "reason": outcome.reason,
                                "evaluation": outcome.evaluation})
 

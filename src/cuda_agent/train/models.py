@@ -61,8 +61,10 @@ def prepare_for_training(model: Any, gradient_checkpointing: bool = False) -> An
         if isinstance(getattr(model.config, name, None), float):
             setattr(model.config, name, 0.0)
     if gradient_checkpointing:
-        enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
-        enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x; the old name is deprecated
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model.train()
 
 

@@ -128,10 +128,13 @@ class _PrecisionBackend:
         self.backend, self.precision = backend, precision
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int) -> Any:
+        return self.generate_batch([prompt_ids], max_new_tokens)[0]
+
+    def generate_batch(self, prompts: list[list[int]], max_new_tokens: int) -> Any:
         from cuda_agent.train.models import compute_precision
 
         with compute_precision(self.precision, next(self.backend.model.parameters()).device):
-            return self.backend.generate(prompt_ids, max_new_tokens)
+            return self.backend.generate_batch(prompts, max_new_tokens)
 
 
 def episode_metrics(outcomes: list[EpisodeOutcome]) -> dict[str, Any]:
@@ -212,7 +215,7 @@ def run_ppo(config: StageConfig, out: Path, single_turn: bool, *, say: Say = _st
     runner = EpisodeRunner(_sampler(actor, tokenizer, config, precision), tokenizer, single_turn=single_turn,
                            workdir=out / "work", make_evaluator=make_evaluator or make_evaluator_factory(config),
                            workers=config.rollout.workers, max_new_tokens=config.rollout.max_new_tokens,
-                           context_tokens=config.context_tokens(single_turn), max_turns=config.rollout.max_turns,
+                           generate_batch=config.rollout.generate_batch, context_tokens=config.context_tokens(single_turn), max_turns=config.rollout.max_turns,
                            wall_clock_s=config.rollout.wall_clock_s, sandbox=config.evaluator.sandbox,
                            model_name=config.model.actor)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
