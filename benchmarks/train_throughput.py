@@ -13,8 +13,9 @@ Per size:
   update      ``PPOTrainer.step`` over ``--batch`` sequences of ``--context`` tokens (prompt + a response of
               ``--new-tokens`` sampled tokens padded out with more sampled tokens), bf16 autocast on fp32
               master weights, gradient checkpointing, the lm_head scored in 4096-position chunks
-A single-turn step of ``--batch`` episodes is then estimated as their replies sampled together, their
-evaluations one after another (evaluations time under one lock) and the update.
+A single-turn step of ``--batch`` episodes whose replies fill the context is then estimated
+(``step_estimate``): their replies sampled together, their evaluations one after another (evaluations
+time under one lock) and the update.
 Writes OUT/train_throughput.json and OUT/train_throughput.png.
 """
 
@@ -124,17 +125,29 @@ def measure(size: str, args: argparse.Namespace, evaluate_s: float | None) -> di
            "update_sequences": args.batch, "update_context": args.context, "update_seconds": update_s,
            "update_tokens_per_s": tokens / update_s, "update_peak_gib": peak,
            "evaluate_seconds": evaluate_s,
-           # A single-turn step of --batch episodes: replies sampled together, evaluated one after another.
-           "step_estimate": {"rollout_s": batch_s * args.batch / args.gen_batch,
-                             "evaluate_s": args.batch * (evaluate_s or 0.0), "update_s": update_s}}
+           "step_estimate": step_estimate(batch_s, args.new_tokens, args.context - args.prompt_tokens, args.batch,
+                                          args.gen_batch, evaluate_s, update_s)}
     del trainer, actor, critic, sampler
     if cuda:
         torch.cuda.empty_cache()
     return row
 
 
-def evaluation_seconds(repeats: int) -> float:
-    """A warm evaluation of the cuda_gelu example's solution: the median of ``repeats``."""
+def step_estimate(batch_s: float, new_tokens: int, reply_tokens: int, episodes: int, together: int,
+                  evaluate_s: float | None, update_s: float) -> dict[str, float]:
+    """A single-turn step of ``episodes`` whose replies fill the context (the update's sequences): sampled
+    ``together`` at a time at the measured seconds per decoding step (extrapolated from ``new_tokens`` to
+    ``reply_tokens``; attention over the longer context only adds to it), evaluated one after another,
+    then the update."""
+    calls = -(-episodes // together)
+    return {"rollout_s": calls * batch_s / new_tokens * reply_tokens, "evaluate_s": episodes * (evaluate_s or 0.0),
+            "update_s": update_s}
+
+
+def evaluation_seconds(repeats: int) -> list[float]:
+    """Warm evaluations of the cuda_gelu example's solution, after one that builds and caches: the first
+    of them still starts the task's reference process (what an episode of a task new to the evaluator
+    pays), the later ones find it running (the steady state)."""
     from cuda_agent.candidates import load_candidate
     from cuda_agent.evaluate import Evaluator
     from cuda_agent.tasks import load_task
@@ -152,7 +165,7 @@ def evaluation_seconds(repeats: int) -> float:
             print(f"evaluation: {times[-1]:.1f} s, reward {result.reward}", flush=True)
     finally:
         evaluator.close()
-    return sorted(times)[len(times) // 2]
+    return times
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -163,21 +176,24 @@ def plot(rows: list[dict], path: Path) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
     names = [r["size"] for r in rows]
-    axes[0].bar([f"{n}\ngenerate 1" for n in names], [r["generate_tokens_per_s"] for r in rows], color="tab:blue")
-    axes[0].bar([f"{n}\ngenerate {r['generate_batch']}" for n, r in zip(names, rows)],
+    axes[0].bar([f"{n}\ngen x1" for n in names], [r["generate_tokens_per_s"] for r in rows], color="tab:blue")
+    axes[0].bar([f"{n}\ngen x{r['generate_batch']}" for n, r in zip(names, rows)],
                 [r["generate_batch_tokens_per_s"] for r in rows], color="tab:cyan")
     axes[0].bar([f"{n}\nupdate" for n in names], [r["update_tokens_per_s"] for r in rows], color="tab:orange")
+    axes[0].tick_params(axis="x", labelsize=8)
     axes[0].set_yscale("log")
     axes[0].set_ylabel("tokens / s")
     axes[0].set_title("throughput (one H200)", fontsize=10)
-    bottom = [0.0] * len(rows)
-    for key, label in (("rollout_s", "rollout"), ("evaluate_s", "evaluation"), ("update_s", "update")):
-        values = [r["step_estimate"][key] for r in rows]
-        axes[1].bar(names, values, bottom=bottom, label=label)
-        bottom = [b + v for b, v in zip(bottom, values)]
-    axes[1].set_ylabel("seconds")
-    axes[1].set_title(f"one step of {rows[0]['update_sequences']} episodes at {rows[0]['update_context']} tokens",
-                      fontsize=10)
+    width = 0.25
+    for k, (key, label) in enumerate((("rollout_s", "rollout (sampling)"), ("evaluate_s", "evaluation"),
+                                      ("update_s", "update"))):
+        axes[1].bar([i + (k - 1) * width for i in range(len(rows))], [r["step_estimate"][key] for r in rows], width,
+                    label=label)
+    axes[1].set_xticks(range(len(rows)), names)
+    axes[1].set_yscale("log")
+    axes[1].set_ylabel("seconds (log)")
+    axes[1].set_title(f"a single-turn step: {rows[0]['update_sequences']} replies filling {rows[0]['update_context']} "
+                      "tokens", fontsize=10)
     axes[1].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -194,12 +210,17 @@ def main() -> int:
     parser.add_argument("--eval-repeats", type=int, default=3)
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--replot", action="store_true", help="only redraw OUT/train_throughput.png from its JSON")
     args = parser.parse_args()
+    if args.replot:
+        plot(json.loads((args.out / "train_throughput.json").read_text())["rows"], args.out / "train_throughput.png")
+        return 0
     args.out.mkdir(parents=True, exist_ok=True)
     import transformers
 
-    evaluate_s = evaluation_seconds(args.eval_repeats) if args.eval_repeats else None
-    rows = [measure(size, args, evaluate_s) for size in args.sizes]
+    evaluations = evaluation_seconds(args.eval_repeats) if args.eval_repeats else []
+    rows = [measure(size, args, min(evaluations) if evaluations else None) | {"evaluate_seconds_all": evaluations}
+            for size in args.sizes]
     report = {"date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "torch": torch.__version__,
               "transformers": transformers.__version__, "python": platform.python_version(), "rows": rows}
     (args.out / "train_throughput.json").write_text(json.dumps(report, indent=1))
