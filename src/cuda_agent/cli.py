@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import threading
 import time
@@ -387,20 +388,21 @@ def cmd_train_stage(args: argparse.Namespace) -> int:
     from cuda_agent.train.config import load_config
 
     config = load_config(args.config, args.stage)
+    report = print if os.environ.get("RANK", "0") == "0" else (lambda *a, **k: None)  # torchrun: rank 0 reports
     if args.stage == "ppo":
         rows = stages.run_ppo(config, args.out, single_turn=args.single_turn)
         if rows:
-            print(f"{len(rows)} steps: mean reward {rows[0]['reward_mean']:+.2f} at step 1, "
-                  f"{rows[-1]['reward_mean']:+.2f} at step {len(rows)}; checkpoint {args.out / 'checkpoint'}")
+            report(f"{len(rows)} steps: mean reward {rows[0]['reward_mean']:+.2f} at step 1, "
+                   f"{rows[-1]['reward_mean']:+.2f} at step {len(rows)}; checkpoint {args.out / 'checkpoint'}")
     elif args.stage == "collect":
-        print(stages.run_collect(config, args.out))
+        report(stages.run_collect(config, args.out))
     elif args.stage == "rft":
         stages.run_rft(config, args.out)
-        print(f"actor for agentic PPO: {args.out / 'checkpoint' / 'actor'}")
+        report(f"actor for agentic PPO: {args.out / 'checkpoint' / 'actor'}")
     else:
         rows = stages.run_value(config, args.out)
-        print(f"critic for agentic PPO: {args.out / 'checkpoint' / 'critic'} (held-out explained variance "
-              f"{rows[-1]['heldout_explained_variance']:.3f})")
+        report(f"critic for agentic PPO: {args.out / 'checkpoint' / 'critic'} (held-out explained variance "
+               f"{rows[-1]['heldout_explained_variance']:.3f})")
     return 0
 
 

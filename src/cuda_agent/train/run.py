@@ -131,6 +131,13 @@ class RunDir:
         _set_random_state(state["random"])
         return state["extra"]
 
+    def optimizer_states(self) -> dict[str, Any]:
+        """The last checkpoint's optimiser states by name (to load into sharded optimisers)."""
+        state = self._state()
+        if state is None:
+            raise RunError(f"{self.path}: no checkpoint to resume from")
+        return state["optimizers"]
+
 
 def _write_atomic(path: Path, text: str) -> None:
     staging = path.with_suffix(path.suffix + ".tmp")

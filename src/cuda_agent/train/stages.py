@@ -30,10 +30,14 @@ import torch
 
 from cuda_agent.jsonl import append_jsonl, read_jsonl
 from cuda_agent.tasks import Task, load_tasks
-from cuda_agent.train.config import StageConfig
+from cuda_agent.train.config import ConfigError, StageConfig
+from cuda_agent.train.distributed import (
+    Dist, SavedModel, SavedOptimizer, full_optimizer_state, full_state_dict, init_distributed, load_optimizer_state,
+    pad_rows, shard,
+)
 from cuda_agent.train.episodes import EpisodeOutcome, EpisodeRunner
 from cuda_agent.train.models import resolve_precision
-from cuda_agent.train.rollout import Rollout
+from cuda_agent.train.rollout import Rollout, RolloutBatch
 from cuda_agent.train.run import RunDir, RunError, plot_metrics
 
 Say = Callable[[str], None]
@@ -99,7 +103,60 @@ def _load(kind: str, path: str, device: str) -> Any:
     return cls.from_pretrained(path, dtype=torch.float32, **options).to(device)
 
 
-def make_evaluator_factory(config: StageConfig) -> Callable[[threading.Lock], Any]:
+class Trainables:
+    """A stage's models on this rank: loaded (fp32 masters), restored from the run's checkpoint when it is
+    resumed, sharded with FSDP2 under ``torchrun``, and committed (gathered, then written by rank 0)."""
+
+    def __init__(self, run: RunDir, dist: Dist, done: int, specs: dict[str, tuple[str, str]], precision: str,
+                 sampled: tuple[str, ...] = ()):
+        import copy
+
+        self.run, self.dist, self.done = run, dist, done
+        device = dist.device()
+        self.models = {name: _load(kind, path, device) for name, (kind, path) in specs.items()}
+        if done:
+            run.restore(self.models, {})  # every rank reads the weights before sharding them
+        # Sharded models sample from a full copy of their own, taken before sharding (``refresh`` updates it).
+        self.copies = {name: copy.deepcopy(self.models[name]) for name in sampled} if dist.sharded else {}
+        if dist.sharded:
+            for model in self.models.values():
+                shard(model, precision)
+
+    def sampler_model(self, name: str) -> Any:
+        """The model to sample from: the model itself unless it is sharded, then its full copy."""
+        return self.copies.get(name, self.models[name])
+
+    def refresh(self, name: str) -> None:
+        """The sampling copy takes the model's weights after an update (a collective)."""
+        if name in self.copies:
+            self.copies[name].load_state_dict(full_state_dict(self.models[name], self.dist))
+
+    def restore_optimizers(self, optimizers: dict[str, Any]) -> None:
+        if self.done:
+            states = self.run.optimizer_states()
+            for name, optimizer in optimizers.items():
+                load_optimizer_state(self.models[name], optimizer, states[name], self.dist)
+
+    def commit(self, step: int, line: dict[str, Any], optimizers: dict[str, Any]) -> None:
+        if not self.dist.sharded:
+            self.run.commit(step, line, self.models, optimizers)
+            return
+        weights = {n: SavedModel(m, full_state_dict(m, self.dist)) for n, m in self.models.items()}
+        states = {n: SavedOptimizer(full_optimizer_state(self.models[n], o, self.dist)) for n, o in optimizers.items()}
+        if self.dist.main:
+            self.run.commit(step, line, weights, states)
+        self.dist.barrier()
+
+
+def open_run(out: Path, identity: dict[str, Any], dist: Dist, **options: Any) -> tuple[RunDir, int]:
+    """The run directory (created or checked by rank 0) and the steps already done, on every rank."""
+    run = RunDir(out, identity, **options)
+    done = dist.broadcast(run.open() if dist.main else None)
+    return run, done
+
+
+def make_evaluator_factory(config: StageConfig, dist: Dist = Dist()) -> Callable[[threading.Lock], Any]:
+    """Evaluators on this rank's GPU (``gpu_index``), all of a rank sharing its timing lock."""
     from cuda_agent.evaluate import Evaluator
     from cuda_agent.evaluate.policy import Policy
 
@@ -109,7 +166,8 @@ def make_evaluator_factory(config: StageConfig) -> Callable[[threading.Lock], An
 
     def make(lock: threading.Lock) -> Any:
         return Evaluator(device, policy=Policy.preset(config.evaluator.policy), sandbox=config.evaluator.sandbox,
-                         timing_lock=lock, prestart=device == "cuda")
+                         timing_lock=lock, prestart=device == "cuda",
+                         gpu_index=dist.local_rank if device == "cuda" and dist.sharded else None)
     return make
 
 
@@ -189,46 +247,82 @@ def _load_rollouts(path: Path) -> list[EpisodeOutcome]:
                            row["evaluate_seconds"]) for row in rows]
 
 
+def _seed_step(seed: int, step: int, rank: int) -> None:
+    """Sampling of a step depends on the seed, the step and the rank alone: a resumed run samples what the
+    uninterrupted one would have, and ranks sample apart."""
+    _seed(seed * 1_000_003 + step * 1_009 + rank)
+
+
+def _summary(outcome: EpisodeOutcome) -> EpisodeOutcome:
+    """What the metrics need of an episode, without its rollouts and trajectory (sent between ranks)."""
+    return EpisodeOutcome(outcome.task, outcome.reward, [], outcome.status, outcome.turns, outcome.clipped,
+                          outcome.generated_tokens, outcome.generate_seconds, outcome.evaluate_seconds)
+
+
+def _local_batch(rollouts: list[Rollout], pad: int, dist: Dist) -> RolloutBatch | None:
+    """This rank's rollouts as a batch with as many rows as the largest rank's (FSDP runs every micro-batch
+    on every rank); None when no rank has any."""
+    rows = max(dist.gather(len(rollouts)))
+    if rows == 0:
+        return None
+    if not rollouts:
+        empty = RolloutBatch(*(torch.zeros((0, 1), dtype=d) for d in (torch.long, torch.long, torch.float32,
+                                                                       torch.float32, torch.float32)))
+        return pad_rows(empty, rows)
+    return pad_rows(RolloutBatch.collate(rollouts, pad_id=pad), rows)
+
+
 def run_ppo(config: StageConfig, out: Path, single_turn: bool, *, say: Say = _stderr,
             make_evaluator: Callable[[threading.Lock], Any] | None = None) -> list[dict[str, Any]]:
-    """Stage 1 (``single_turn``) or stage 3: ``config.steps`` PPO steps of ``rollout.batch`` episodes each."""
+    """Stage 1 (``single_turn``) or stage 3: ``config.steps`` PPO steps of ``rollout.batch`` episodes each
+    (under ``torchrun``, each rank runs its share and FSDP2 shards the models)."""
     from cuda_agent.train.ppo import PPOTrainer
 
-    run = RunDir(out, {"stage": "ppo", "single_turn": single_turn} | _identity(config))
-    done = run.open()
+    dist = init_distributed()
+    if config.rollout.batch % dist.world:
+        raise ConfigError(f"rollout.batch {config.rollout.batch} does not split over {dist.world} ranks")
+    say = say if dist.main else (lambda line: None)
+    run, done = open_run(out, {"stage": "ppo", "single_turn": single_turn} | _identity(config), dist)
     _seed(config.seed)
     tasks = select_tasks(config)
-    device = _device("auto")
+    device = dist.device()
     precision = resolve_precision(config.model.precision, device)
-    tokenizer = run.tokenizer = load_tokenizer(config)
-    actor = _load("actor", config.model.actor, device)
-    critic = _load("critic", config.model.critic or config.model.actor, device)
-    trainer = PPOTrainer(actor, critic, config.ppo, precision=precision, logits_chunk=config.model.logits_chunk,
+    tokenizer = load_tokenizer(config)
+    if dist.main:
+        run.tokenizer = tokenizer
+    models = Trainables(run, dist, done, {"actor": ("actor", config.model.actor),
+                                          "critic": ("critic", config.model.critic or config.model.actor)}, precision,
+                        sampled=("actor",))
+    actor, critic = models.models["actor"], models.models["critic"]
+    trainer = PPOTrainer(actor, critic, config.ppo, precision="fp32" if dist.sharded else precision,
+                         logits_chunk=0 if dist.sharded else config.model.logits_chunk,
                          gradient_checkpointing=config.model.gradient_checkpointing)
-    models = {"actor": actor, "critic": critic}
     optimizers = {"actor": trainer.actor_optimizer, "critic": trainer.critic_optimizer}
+    models.restore_optimizers(optimizers)
     if done:
-        run.restore(models, optimizers)
         say(f"resuming {out} after step {done}")
     rollouts_dir = out / "rollouts"
-    rollouts_dir.mkdir(exist_ok=True)
-    runner = EpisodeRunner(_sampler(actor, tokenizer, config, precision), tokenizer, single_turn=single_turn,
-                           workdir=out / "work", make_evaluator=make_evaluator or make_evaluator_factory(config),
+    rollouts_dir.mkdir(parents=True, exist_ok=True)
+    evaluators = make_evaluator or make_evaluator_factory(config, dist)
+    runner = EpisodeRunner(_sampler(models.sampler_model("actor"), tokenizer, config, precision), tokenizer,
+                           single_turn=single_turn, workdir=out / "work" / f"rank-{dist.rank}", make_evaluator=evaluators,
                            workers=config.rollout.workers, max_new_tokens=config.rollout.max_new_tokens,
-                           generate_batch=config.rollout.generate_batch, context_tokens=config.context_tokens(single_turn), max_turns=config.rollout.max_turns,
+                           generate_batch=config.rollout.generate_batch,
+                           context_tokens=config.context_tokens(single_turn), max_turns=config.rollout.max_turns,
                            wall_clock_s=config.rollout.wall_clock_s, sandbox=config.evaluator.sandbox,
                            model_name=config.model.actor)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     try:
         for step in range(done + 1, config.steps + 1):
             started = time.perf_counter()
-            saved = rollouts_dir / f"step-{step:06d}.jsonl"
+            _seed_step(config.seed, step, dist.rank)
+            saved = rollouts_dir / (f"step-{step:06d}.jsonl" if not dist.sharded else f"step-{step:06d}.rank-{dist.rank}.jsonl")
             if saved.exists():
                 outcomes = _load_rollouts(saved)  # rolled out before a kill; only the update is redone
                 say(f"step {step}: the rollouts saved before the interruption")
             else:
-                step_tasks = tasks_for_step(tasks, step, config.rollout.batch, config.rollout.samples_per_task,
-                                            config.seed)
+                step_tasks = dist.share(tasks_for_step(tasks, step, config.rollout.batch,
+                                                       config.rollout.samples_per_task, config.seed))
                 finished = [0]
 
                 def show(index: int, outcome: EpisodeOutcome) -> None:
@@ -238,29 +332,28 @@ def run_ppo(config: StageConfig, out: Path, single_turn: bool, *, say: Say = _st
 
                 outcomes = [o for o in runner.run(step_tasks, show) if o is not None]
                 _save_rollouts(saved, outcomes)
-            rollout_seconds = time.perf_counter() - started
-            rollouts = [r for o in outcomes for r in o.rollouts]
-            line = episode_metrics(outcomes) | {"rollout_seconds": rollout_seconds}
-            if rollouts:
-                from cuda_agent.train.rollout import RolloutBatch
-
-                line |= trainer.step(RolloutBatch.collate(rollouts, pad_id=pad))
+            rollout_seconds = max(dist.gather(time.perf_counter() - started))
+            everyone = [o for part in dist.gather([_summary(o) for o in outcomes]) for o in part]
+            line = episode_metrics(everyone) | {"rollout_seconds": rollout_seconds}
+            batch = _local_batch([r for o in outcomes for r in o.rollouts], pad, dist)
+            if batch is not None:
+                line |= dist.mean(trainer.step(batch))
                 line["update_tokens_per_s"] = line["sampled_tokens"] / max(line["update_seconds"], 1e-9)
+                models.refresh("actor")
             else:
                 say(f"step {step}: no episode produced a sampled token; no update")
-            line["generate_tokens_per_s"] = (sum(o.generated_tokens for o in outcomes)
+            line["generate_tokens_per_s"] = (sum(o.generated_tokens for o in everyone)
                                              / max(line["generate_seconds"], 1e-9))
             line["step_seconds"] = time.perf_counter() - started
-            run.commit(step, line, models, optimizers)
-            for old in rollouts_dir.glob("step-*.jsonl"):
-                old.unlink()  # committed: the checkpoint holds what they taught
+            models.commit(step, line, optimizers)
+            saved.unlink(missing_ok=True)  # committed: the checkpoint holds what they taught
             say(f"step {step}/{config.steps}: reward {line['reward_mean']:+.2f}  pass {line['pass_rate']:.0%}  "
                 f"entropy {line.get('entropy', float('nan')):.3f}  ev {line.get('explained_variance', float('nan')):.2f}  "
                 f"{line['step_seconds']:.0f}s")
     finally:
         runner.close()
     rows = run.metrics()
-    if rows:
+    if rows and dist.main:
         _plot(out, say)
     return rows
 
@@ -270,7 +363,11 @@ def run_ppo(config: StageConfig, out: Path, single_turn: bool, *, say: Say = _st
 def run_collect(config: StageConfig, out: Path, *, say: Say = _stderr,
                 make_evaluator: Callable[[threading.Lock], Any] | None = None) -> Path:
     """Agentic episodes from ``model.actor``: ``steps`` rounds of ``rollout.batch`` episodes, each appended to
-    OUT/trajectories.jsonl as it ends (with ``episode_index``); a resumed run runs only the missing ones."""
+    OUT/trajectories.jsonl as it ends (with ``episode_index``); a resumed run runs only the missing ones.
+    One process: more episodes at once come from ``rollout.workers``, not from ranks."""
+    if init_distributed().sharded:
+        raise ConfigError("train collect runs in one process (no torchrun): raise rollout.workers for more "
+                          "episodes at once")
     run = RunDir(out, {"stage": "collect"} | _identity(config), checkpoints=False)
     run.open()
     _seed(config.seed + len(run.metrics()))  # a resumed collection does not replay the first one's samples
@@ -351,36 +448,43 @@ def _order(n: int, epoch: int, seed: int) -> list[int]:
 
 def run_rft(config: StageConfig, out: Path, *, say: Say = _stderr) -> list[dict[str, Any]]:
     """Stage 2a: SFT of ``model.actor`` on the kept trajectories' sampled tokens, ``sft.epochs`` passes of
-    ``sft.batch`` sequences per step."""
+    ``sft.batch`` sequences per step (under ``torchrun``, each rank takes its share of every batch)."""
     from cuda_agent.train.warmup import SFTTrainer
 
-    run = RunDir(out, {"stage": "rft"} | _identity(config))
-    done = run.open()
+    dist = init_distributed()
+    say = say if dist.main else (lambda line: None)
+    run, done = open_run(out, {"stage": "rft"} | _identity(config), dist)
     _seed(config.seed)
     episodes, reasons = filtered_rollouts(config, say)
-    (out / "filter.json").write_text(json.dumps({"kept": len(episodes), "reasons": reasons}, indent=1))
+    if dist.main:
+        (out / "filter.json").write_text(json.dumps({"kept": len(episodes), "reasons": reasons}, indent=1))
     sequences = [r for e in episodes for r in e]
     per_epoch = math.ceil(len(sequences) / config.sft.batch)
     steps = per_epoch * config.sft.epochs
-    device = _device("auto")
-    tokenizer = run.tokenizer = load_tokenizer(config)
-    actor = _load("actor", config.model.actor, device)
-    trainer = SFTTrainer(actor, config.sft.lr, micro_batch=config.sft.micro_batch, max_grad_norm=config.sft.max_grad_norm,
-                         precision=resolve_precision(config.model.precision, device),
-                         logits_chunk=config.model.logits_chunk,
+    device = dist.device()
+    precision = resolve_precision(config.model.precision, device)
+    tokenizer = load_tokenizer(config)
+    if dist.main:
+        run.tokenizer = tokenizer
+    models = Trainables(run, dist, done, {"actor": ("actor", config.model.actor)}, precision)
+    trainer = SFTTrainer(models.models["actor"], config.sft.lr, micro_batch=config.sft.micro_batch,
+                         max_grad_norm=config.sft.max_grad_norm, precision="fp32" if dist.sharded else precision,
+                         logits_chunk=0 if dist.sharded else config.model.logits_chunk,
                          gradient_checkpointing=config.model.gradient_checkpointing)
+    optimizers = {"actor": trainer.optimizer}
+    models.restore_optimizers(optimizers)
     if done:
-        run.restore({"actor": actor}, {"actor": trainer.optimizer})
         say(f"resuming {out} after step {done}")
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     for step in range(done + 1, steps + 1):
         epoch, index = divmod(step - 1, per_epoch)
         order = _order(len(sequences), epoch, config.seed)
         batch = [sequences[i] for i in order[index * config.sft.batch:(index + 1) * config.sft.batch]]
-        line = {"epoch": epoch + 1} | trainer.step(batch, pad)
-        run.commit(step, line, {"actor": actor}, {"actor": trainer.optimizer})
+        line = {"epoch": epoch + 1} | dist.mean(trainer.step(_local_batch(dist.share(batch), pad, dist), pad))
+        models.commit(step, line, optimizers)
         say(f"step {step}/{steps}: loss {line['sft_loss']:.4f}  token accuracy {line['token_accuracy']:.2f}")
-    _plot(out, say)
+    if dist.main:
+        _plot(out, say)
     return run.metrics()
 
 
@@ -397,40 +501,47 @@ def run_value(config: StageConfig, out: Path, *, say: Say = _stderr) -> list[dic
     itself over ``value.iterations`` passes; held-out explained variance after every step."""
     from cuda_agent.train.warmup import ValueTrainer
 
-    run = RunDir(out, {"stage": "value"} | _identity(config))
-    done = run.open()
+    dist = init_distributed()
+    say = say if dist.main else (lambda line: None)
+    run, done = open_run(out, {"stage": "value"} | _identity(config), dist)
     _seed(config.seed)
     episodes, reasons = filtered_rollouts(config, say)
     train, held = split_holdout(episodes, config.data.holdout, config.seed)
     per_pass = math.ceil(len(train) / config.value.batch)
     steps = per_pass * config.value.iterations
-    device = _device("auto")
-    tokenizer = run.tokenizer = load_tokenizer(config)
-    critic = _load("critic", config.model.critic or config.model.actor, device)
-    trainer = ValueTrainer(critic, config.value.lr, gamma=config.ppo.gamma, lam=config.ppo.lam,
+    device = dist.device()
+    precision = resolve_precision(config.model.precision, device)
+    tokenizer = load_tokenizer(config)
+    if dist.main:
+        run.tokenizer = tokenizer
+    models = Trainables(run, dist, done, {"critic": ("critic", config.model.critic or config.model.actor)}, precision)
+    trainer = ValueTrainer(models.models["critic"], config.value.lr, gamma=config.ppo.gamma, lam=config.ppo.lam,
                            micro_batch=config.value.micro_batch, max_grad_norm=config.value.max_grad_norm,
-                           value_clip=config.value.value_clip,
-                           precision=resolve_precision(config.model.precision, device),
+                           value_clip=config.value.value_clip, precision="fp32" if dist.sharded else precision,
                            gradient_checkpointing=config.model.gradient_checkpointing)
+    optimizers = {"critic": trainer.optimizer}
+    models.restore_optimizers(optimizers)
     if done:
-        run.restore({"critic": critic}, {"critic": trainer.optimizer})
         say(f"resuming {out} after step {done}")
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    evaluated = held or train
+    evaluated = held or train  # every rank scores all of it: a sharded forward is a collective
     if done == 0:
         before = trainer.evaluate(evaluated, pad)
-        (out / "before.json").write_text(json.dumps(before, indent=1))
+        if dist.main:
+            (out / "before.json").write_text(json.dumps(before, indent=1))
         say(f"before: held-out explained variance {before['explained_variance']:.3f} "
             f"(Monte Carlo {before['explained_variance_mc']:.3f})")
     for step in range(done + 1, steps + 1):
         iteration, index = divmod(step - 1, per_pass)
         order = _order(len(train), iteration, config.seed)
         batch = [train[i] for i in order[index * config.value.batch:(index + 1) * config.value.batch]]
-        line = {"iteration": iteration + 1, "heldout_sequences": len(held)} | trainer.step(batch, pad)
+        line = {"iteration": iteration + 1, "heldout_sequences": len(held)}
+        line |= dist.mean(trainer.step(_local_batch(dist.share(batch), pad, dist), pad))
         line |= {f"heldout_{k}": v for k, v in trainer.evaluate(evaluated, pad).items()}
         line["explained_variance"] = line["heldout_explained_variance"]
-        run.commit(step, line, {"critic": critic}, {"critic": trainer.optimizer})
+        models.commit(step, line, optimizers)
         say(f"step {step}/{steps}: value loss {line['value_loss']:.4f}  held-out explained variance "
             f"{line['heldout_explained_variance']:.3f} (Monte Carlo {line['heldout_explained_variance_mc']:.3f})")
-    _plot(out, say)
+    if dist.main:
+        _plot(out, say)
     return run.metrics()

@@ -81,6 +81,10 @@ def episode_rollouts(records: Iterable[dict[str, Any]]) -> list[list[Rollout]]:
     return out
 
 
+def _batch(rollouts: Sequence[Rollout] | RolloutBatch, pad_id: int) -> RolloutBatch:
+    return rollouts if isinstance(rollouts, RolloutBatch) else RolloutBatch.collate(rollouts, pad_id)
+
+
 def _slices(n: int, size: int) -> Iterable[slice]:
     for start in range(0, n, size):
         yield slice(start, min(start + size, n))
@@ -97,9 +101,9 @@ class SFTTrainer:
         self.device = next(actor.parameters()).device
         self.optimizer = torch.optim.AdamW(actor.parameters(), lr=lr)
 
-    def step(self, rollouts: Sequence[Rollout], pad_id: int = 0) -> dict[str, float]:
+    def step(self, rollouts: Sequence[Rollout] | RolloutBatch, pad_id: int = 0) -> dict[str, float]:
         started = time.perf_counter()
-        batch = RolloutBatch.collate(rollouts, pad_id).to(self.device)
+        batch = _batch(rollouts, pad_id).to(self.device)
         self.actor.train()
         tokens = batch.mask.sum().clamp(min=1)
         self.optimizer.zero_grad(set_to_none=True)
@@ -137,9 +141,10 @@ class ValueTrainer:
                 out.append(value_forward(self.critic, batch.ids[part], batch.attention[part]))
         return torch.cat(out)
 
-    def targets(self, rollouts: Sequence[Rollout], pad_id: int = 0) -> tuple[RolloutBatch, torch.Tensor, torch.Tensor]:
+    def targets(self, rollouts: Sequence[Rollout] | RolloutBatch,
+                pad_id: int = 0) -> tuple[RolloutBatch, torch.Tensor, torch.Tensor]:
         """The batch, the critic's current values and the GAE returns they give."""
-        batch = RolloutBatch.collate(rollouts, pad_id).to(self.device)
+        batch = _batch(rollouts, pad_id).to(self.device)
         values = self.values(batch)
         _, returns = gae(batch.rewards, values, batch.mask, self.gamma, self.lam)
         return batch, values, returns
@@ -153,7 +158,7 @@ class ValueTrainer:
                 "explained_variance_mc": explained_variance(values, monte_carlo, batch.mask),
                 "value_mse_mc": float(masked_mean((values - monte_carlo) ** 2, batch.mask))}
 
-    def step(self, rollouts: Sequence[Rollout], pad_id: int = 0) -> dict[str, float]:
+    def step(self, rollouts: Sequence[Rollout] | RolloutBatch, pad_id: int = 0) -> dict[str, float]:
         """One optimiser step toward the targets the current critic gives ``rollouts``."""
         started = time.perf_counter()
         batch, old_values, returns = self.targets(rollouts, pad_id)
