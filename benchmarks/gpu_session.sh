@@ -24,7 +24,8 @@
 #   bash benchmarks/gpu_session.sh train_demo # cuda-agent train demo --device cuda (TRAIN_STEPS), into $OUT/train_demo
 #   bash benchmarks/gpu_session.sh train_tests      # the training stages on the GPU (tests/gpu/test_gpu_train.py)
 #   bash benchmarks/gpu_session.sh train_throughput # 0.5B/1.5B generation, evaluation and update at 32k
-#                                            # (THROUGHPUT_ARGS go to benchmarks/train_throughput.py)
+#                                            # (THROUGHPUT_ARGS go to benchmarks/train_throughput.py,
+#                                            # THROUGHPUT_NAME names the output folder)
 #   bash benchmarks/gpu_session.sh tests -k "illegal or profiler"   # extra arguments go to pytest
 #
 # With the device tool, carry [".data"]. It holds:
@@ -105,8 +106,9 @@ train_tests)
     python3 -m pytest -q -s -m gpu -p no:cacheprovider --timeout 300 tests/gpu/test_gpu_train.py "$@" 2>&1 | tee "$OUT/train_tests.log" | tail -40
     ;;
 train_throughput)
-    python3 benchmarks/train_throughput.py --out "$OUT/train_throughput" ${THROUGHPUT_ARGS:-} 2>&1 \
-        | tee "$OUT/train_throughput.log" | grep -v "^ \|^{\|^}" | tail -30
+    name=${THROUGHPUT_NAME:-train_throughput}
+    python3 benchmarks/train_throughput.py --out "$OUT/$name" ${THROUGHPUT_ARGS:-} 2>&1 \
+        | tee "$OUT/$name.log" | grep -v "^ \|^{\|^}" | tail -30
     ;;
 train_demo)
     python3 -c "import transformers, tokenizers; print('transformers', transformers.__version__)" | tee -a "$OUT/gpu.csv"

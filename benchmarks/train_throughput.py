@@ -98,8 +98,16 @@ def measure(size: str, args: argparse.Namespace, evaluate_s: float | None) -> di
               f"{batch_s:.1f} s ({batch_tokens / batch_s:.1f} tokens/s)", flush=True)
 
     critic = critic_from_actor(actor)
-    trainer = PPOTrainer(actor, critic, PPOConfig(micro_batch=1), precision=precision, logits_chunk=4096,
-                         gradient_checkpointing=True)
+    if args.fsdp:
+        # FSDP2's path on one GPU (a group of one): bf16 parameters in compute, fp32 reduction and masters,
+        # the head scored whole (see train.distributed).
+        from cuda_agent.train.distributed import init_distributed, shard
+
+        init_distributed(fsdp=True)
+        shard(actor, precision)
+        shard(critic, precision)
+    trainer = PPOTrainer(actor, critic, PPOConfig(micro_batch=1), precision="fp32" if args.fsdp else precision,
+                         logits_chunk=0 if args.fsdp else 4096, gradient_checkpointing=True)
     response = args.context - args.prompt_tokens
     rollouts = []
     for row in range(args.batch):
@@ -118,7 +126,7 @@ def measure(size: str, args: argparse.Namespace, evaluate_s: float | None) -> di
     peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan")
     print(f"[{size}] update: {args.batch} x {args.context} tokens in {update_s:.1f} s ({tokens / update_s:.0f} tokens/s), "
           f"peak {peak:.1f} GiB", flush=True)
-    row = {"size": size, "parameters": params, "prompt_tokens": args.prompt_tokens, "generated_tokens": generated,
+    row = {"size": size, "fsdp": args.fsdp, "parameters": params, "prompt_tokens": args.prompt_tokens, "generated_tokens": generated,
            "generate_seconds": generate_s, "generate_tokens_per_s": generated / generate_s,
            "generate_batch": args.gen_batch, "generate_batch_seconds": batch_s,
            "generate_batch_tokens_per_s": batch_tokens / batch_s,
@@ -209,6 +217,7 @@ def main() -> int:
     parser.add_argument("--gen-batch", type=int, default=16, help="prompts sampled together")
     parser.add_argument("--eval-repeats", type=int, default=3)
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    parser.add_argument("--fsdp", action="store_true", help="update through FSDP2 (one rank), the head unchunked")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--replot", action="store_true", help="only redraw OUT/train_throughput.png from its JSON")
     args = parser.parse_args()

@@ -73,3 +73,26 @@ def test_single_turn_ppo_stage_trains_on_the_gpu(tokenizer, tmp_path):
     assert [r["step"] for r in rows] == [1, 2]
     assert rows[0]["sampled_tokens"] > 0 and rows[0]["logprob_mismatch"] < 0.5  # logged; bf16 on both sides
     assert (tmp_path / "run" / "curves.png").exists()
+
+
+def test_ppo_through_fsdp2_on_the_gpu_resumes(tokenizer, tmp_path):
+    """The FSDP2 path (``model.fsdp``: a group of one on this GPU, NCCL): sharded actor and critic, the sampling
+    copy refreshed after each update, gathered checkpoints, and a resume that loads the sharded optimisers."""
+    model_dir = save_tiny_model(tmp_path / "base", tokenizer)
+    values = {"stage": "ppo", "model": {"actor": str(model_dir), "precision": "bf16", "fsdp": True,
+                                        "gradient_checkpointing": True},
+              "tasks": {"source": str(EXAMPLE / "model.py")}, "rollout": {"batch": 4, "max_new_tokens": 64},
+              "evaluator": {"device": "cuda"}, "ppo": {"actor_lr": 1e-3, "critic_lr": 1e-3, "micro_batch": 2},
+              "steps": 1}
+    config = tmp_path / "ppo.json"
+    config.write_text(json.dumps(values))
+    run_ppo(load_config(config, "ppo"), tmp_path / "run", single_turn=True)
+    config.write_text(json.dumps(values | {"steps": 2}))
+    rows = run_ppo(load_config(config, "ppo"), tmp_path / "run", single_turn=True)
+    print("\n" + "\n".join(json.dumps({k: r[k] for k in ("step", "entropy", "logprob_mismatch", "actor_grad_norm",
+                                                          "update_seconds")}) for r in rows))
+    assert [r["step"] for r in rows] == [1, 2] and rows[1]["sampled_tokens"] > 0
+    assert rows[1]["logprob_mismatch"] < 0.05  # the sampling copy holds the updated weights
+    saved = json.loads((tmp_path / "run" / "checkpoint" / "actor" / "config.json").read_text())
+    assert saved["architectures"] == ["Qwen2ForCausalLM"]
+    transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "checkpoint" / "actor")

@@ -268,3 +268,23 @@ def test_collect_appends_trajectories_and_a_resume_runs_only_the_missing(tokeniz
     calls = len(sampler.sampled)
     run_collect(load_config(path, "collect"), tmp_path / "c", say=lambda line: None, make_evaluator=cpu_evaluators)
     assert len(sampler.sampled) == calls and len(out.read_text().splitlines()) == 2
+
+
+@pytest.mark.slow
+def test_agentic_ppo_trains_on_the_agent_loops_sampled_tokens(tokenizer, model_dir, examples, tmp_path, monkeypatch):
+    """Stage 3's path: the agent loop over TokenChat, the real evaluator's final reward, one PPO update on the
+    sampled tokens of every turn (tool results in the sequence, masked out)."""
+    from cuda_agent.train import stages
+
+    solution = examples / "cpu_swish" / "solution"
+    sampler = ScriptedSampler(tokenizer, [tool_calls_text(write_solution(solution))])
+    monkeypatch.setattr(stages, "_sampler", lambda *args: sampler)
+    config = write_config(tmp_path / "ppo.json", {
+        "stage": "ppo", "model": {"actor": str(model_dir)}, "tasks": {"source": str(examples / "cpu_swish" / "model.py")},
+        "rollout": {"batch": 2, "workers": 2, "max_turns": 3, "max_new_tokens": 2048},
+        "evaluator": {"device": "cpu", "sandbox": SANDBOX}, "ppo": {"micro_batch": 1}, "steps": 1})
+    row, = run_ppo(load_config(config, "ppo"), tmp_path / "run", single_turn=False, say=lambda line: None,
+                   make_evaluator=cpu_evaluators)
+    assert row["episodes"] == 2 and row["turns"] == 2 and row["pass_rate"] == 1.0, row["statuses"]
+    assert row["sampled_tokens"] == sum(len(ids) for ids in sampler.sampled)
+    assert row["evaluate_seconds"] > 0 and row["update_seconds"] > 0

@@ -43,7 +43,7 @@ class ModelConfig:
     precision: str = "auto"
     gradient_checkpointing: bool = False
     logits_chunk: int = 4096  # sequence positions per lm_head chunk when scoring (0: whole sequence at once)
-    fsdp: bool = False  # shard with FSDP2 (torch.distributed.fsdp.fully_shard); automatic under torchrun
+    fsdp: bool = False  # shard with FSDP2 even in one process (under torchrun with several ranks: always)
 
 
 @dataclass(frozen=True)

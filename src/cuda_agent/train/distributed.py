@@ -34,6 +34,7 @@ class Dist:
     rank: int = 0
     world: int = 1
     local_rank: int = 0
+    fsdp: bool = False  # shard even alone (``model.fsdp``): the FSDP2 path on one GPU
 
     @property
     def main(self) -> bool:
@@ -41,7 +42,7 @@ class Dist:
 
     @property
     def sharded(self) -> bool:
-        return self.world > 1
+        return self.world > 1 or self.fsdp
 
     def device(self) -> str:
         return f"cuda:{self.local_rank}" if torch.cuda.is_available() else "cpu"
@@ -52,7 +53,7 @@ class Dist:
 
     def broadcast(self, value: Any) -> Any:
         """Rank 0's ``value`` on every rank."""
-        if not self.sharded:
+        if self.world == 1:
             return value
         box = [value]
         torch.distributed.broadcast_object_list(box, src=0)
@@ -60,7 +61,7 @@ class Dist:
 
     def gather(self, value: Any) -> list[Any]:
         """Every rank's ``value``, in rank order, on every rank."""
-        if not self.sharded:
+        if self.world == 1:
             return [value]
         out: list[Any] = [None] * self.world
         torch.distributed.all_gather_object(out, value)
@@ -68,7 +69,7 @@ class Dist:
 
     def mean(self, metrics: dict[str, float]) -> dict[str, float]:
         """Numeric metrics averaged over the ranks (``*_max`` keys: the largest)."""
-        if not self.sharded:
+        if self.world == 1:
             return metrics
         gathered = self.gather(metrics)
         out = {}
@@ -85,21 +86,35 @@ class Dist:
         return out
 
     def barrier(self) -> None:
-        if self.sharded:
+        if self.world > 1:
             torch.distributed.barrier()
 
 
-def init_distributed() -> Dist:
-    """The process group of a ``torchrun`` launch (NCCL on GPUs, gloo on the CPU), or one process alone."""
+def init_distributed(fsdp: bool = False) -> Dist:
+    """The process group of a ``torchrun`` launch (NCCL on GPUs, gloo on the CPU), or one process alone;
+    with ``fsdp``, one process is a group of one and its models are sharded all the same."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world == 1:
+    if world == 1 and not fsdp:
         return Dist()
+    if world == 1:
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        os.environ.setdefault("RANK", "0")
+        os.environ.setdefault("WORLD_SIZE", "1")
     rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
     if not torch.distributed.is_initialized():
         if torch.cuda.is_available():
             torch.cuda.set_device(local)
         torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    return Dist(rank, world, local)
+    return Dist(rank, world, local, fsdp)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def shard(model: Any, precision: str) -> Any:

@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -155,6 +156,34 @@ def open_run(out: Path, identity: dict[str, Any], dist: Dist, **options: Any) ->
     return run, done
 
 
+@dataclass
+class Start:
+    """What every training stage begins with: its ranks, reporting (rank 0 only), its run directory and the
+    steps already done, precision and tokenizer (saved with every checkpoint)."""
+
+    dist: Dist
+    say: Say
+    run: RunDir
+    done: int
+    precision: str
+    tokenizer: Any
+
+    @property
+    def pad(self) -> int:
+        return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+
+
+def start_stage(config: StageConfig, out: Path, identity: dict[str, Any], say: Say) -> Start:
+    dist = init_distributed(config.model.fsdp)
+    run, done = open_run(out, identity | _identity(config), dist)
+    _seed(config.seed)
+    tokenizer = load_tokenizer(config)
+    if dist.main:
+        run.tokenizer = tokenizer
+    return Start(dist, say if dist.main else (lambda line: None), run, done,
+                 resolve_precision(config.model.precision, dist.device()), tokenizer)
+
+
 def make_evaluator_factory(config: StageConfig, dist: Dist = Dist()) -> Callable[[threading.Lock], Any]:
     """Evaluators on this rank's GPU (``gpu_index``), all of a rank sharing its timing lock."""
     from cuda_agent.evaluate import Evaluator
@@ -167,7 +196,7 @@ def make_evaluator_factory(config: StageConfig, dist: Dist = Dist()) -> Callable
     def make(lock: threading.Lock) -> Any:
         return Evaluator(device, policy=Policy.preset(config.evaluator.policy), sandbox=config.evaluator.sandbox,
                          timing_lock=lock, prestart=device == "cuda",
-                         gpu_index=dist.local_rank if device == "cuda" and dist.sharded else None)
+                         gpu_index=dist.local_rank if device == "cuda" and dist.world > 1 else None)
     return make
 
 
@@ -278,18 +307,12 @@ def run_ppo(config: StageConfig, out: Path, single_turn: bool, *, say: Say = _st
     (under ``torchrun``, each rank runs its share and FSDP2 shards the models)."""
     from cuda_agent.train.ppo import PPOTrainer
 
-    dist = init_distributed()
+    begin = start_stage(config, out, {"stage": "ppo", "single_turn": single_turn}, say)
+    dist, say, run, done, precision, tokenizer = begin.dist, begin.say, begin.run, begin.done, begin.precision, \
+        begin.tokenizer
     if config.rollout.batch % dist.world:
         raise ConfigError(f"rollout.batch {config.rollout.batch} does not split over {dist.world} ranks")
-    say = say if dist.main else (lambda line: None)
-    run, done = open_run(out, {"stage": "ppo", "single_turn": single_turn} | _identity(config), dist)
-    _seed(config.seed)
     tasks = select_tasks(config)
-    device = dist.device()
-    precision = resolve_precision(config.model.precision, device)
-    tokenizer = load_tokenizer(config)
-    if dist.main:
-        run.tokenizer = tokenizer
     models = Trainables(run, dist, done, {"actor": ("actor", config.model.actor),
                                           "critic": ("critic", config.model.critic or config.model.actor)}, precision,
                         sampled=("actor",))
@@ -311,12 +334,12 @@ def run_ppo(config: StageConfig, out: Path, single_turn: bool, *, say: Say = _st
                            context_tokens=config.context_tokens(single_turn), max_turns=config.rollout.max_turns,
                            wall_clock_s=config.rollout.wall_clock_s, sandbox=config.evaluator.sandbox,
                            model_name=config.model.actor)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    pad = begin.pad
     try:
         for step in range(done + 1, config.steps + 1):
             started = time.perf_counter()
             _seed_step(config.seed, step, dist.rank)
-            saved = rollouts_dir / (f"step-{step:06d}.jsonl" if not dist.sharded else f"step-{step:06d}.rank-{dist.rank}.jsonl")
+            saved = rollouts_dir / (f"step-{step:06d}.jsonl" if dist.world == 1 else f"step-{step:06d}.rank-{dist.rank}.jsonl")
             if saved.exists():
                 outcomes = _load_rollouts(saved)  # rolled out before a kill; only the update is redone
                 say(f"step {step}: the rollouts saved before the interruption")
@@ -451,21 +474,14 @@ def run_rft(config: StageConfig, out: Path, *, say: Say = _stderr) -> list[dict[
     ``sft.batch`` sequences per step (under ``torchrun``, each rank takes its share of every batch)."""
     from cuda_agent.train.warmup import SFTTrainer
 
-    dist = init_distributed()
-    say = say if dist.main else (lambda line: None)
-    run, done = open_run(out, {"stage": "rft"} | _identity(config), dist)
-    _seed(config.seed)
+    begin = start_stage(config, out, {"stage": "rft"}, say)
+    dist, say, run, done, precision = begin.dist, begin.say, begin.run, begin.done, begin.precision
     episodes, reasons = filtered_rollouts(config, say)
     if dist.main:
         (out / "filter.json").write_text(json.dumps({"kept": len(episodes), "reasons": reasons}, indent=1))
     sequences = [r for e in episodes for r in e]
     per_epoch = math.ceil(len(sequences) / config.sft.batch)
     steps = per_epoch * config.sft.epochs
-    device = dist.device()
-    precision = resolve_precision(config.model.precision, device)
-    tokenizer = load_tokenizer(config)
-    if dist.main:
-        run.tokenizer = tokenizer
     models = Trainables(run, dist, done, {"actor": ("actor", config.model.actor)}, precision)
     trainer = SFTTrainer(models.models["actor"], config.sft.lr, micro_batch=config.sft.micro_batch,
                          max_grad_norm=config.sft.max_grad_norm, precision="fp32" if dist.sharded else precision,
@@ -475,7 +491,7 @@ def run_rft(config: StageConfig, out: Path, *, say: Say = _stderr) -> list[dict[
     models.restore_optimizers(optimizers)
     if done:
         say(f"resuming {out} after step {done}")
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    pad = begin.pad
     for step in range(done + 1, steps + 1):
         epoch, index = divmod(step - 1, per_epoch)
         order = _order(len(sequences), epoch, config.seed)
@@ -501,19 +517,12 @@ def run_value(config: StageConfig, out: Path, *, say: Say = _stderr) -> list[dic
     itself over ``value.iterations`` passes; held-out explained variance after every step."""
     from cuda_agent.train.warmup import ValueTrainer
 
-    dist = init_distributed()
-    say = say if dist.main else (lambda line: None)
-    run, done = open_run(out, {"stage": "value"} | _identity(config), dist)
-    _seed(config.seed)
+    begin = start_stage(config, out, {"stage": "value"}, say)
+    dist, say, run, done, precision = begin.dist, begin.say, begin.run, begin.done, begin.precision
     episodes, reasons = filtered_rollouts(config, say)
     train, held = split_holdout(episodes, config.data.holdout, config.seed)
     per_pass = math.ceil(len(train) / config.value.batch)
     steps = per_pass * config.value.iterations
-    device = dist.device()
-    precision = resolve_precision(config.model.precision, device)
-    tokenizer = load_tokenizer(config)
-    if dist.main:
-        run.tokenizer = tokenizer
     models = Trainables(run, dist, done, {"critic": ("critic", config.model.critic or config.model.actor)}, precision)
     trainer = ValueTrainer(models.models["critic"], config.value.lr, gamma=config.ppo.gamma, lam=config.ppo.lam,
                            micro_batch=config.value.micro_batch, max_grad_norm=config.value.max_grad_norm,
@@ -523,7 +532,7 @@ def run_value(config: StageConfig, out: Path, *, say: Say = _stderr) -> list[dic
     models.restore_optimizers(optimizers)
     if done:
         say(f"resuming {out} after step {done}")
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    pad = begin.pad
     evaluated = held or train  # every rank scores all of it: a sharded forward is a collective
     if done == 0:
         before = trainer.evaluate(evaluated, pad)
