@@ -99,15 +99,14 @@ def measure(size: str, args: argparse.Namespace, evaluate_s: float | None) -> di
 
     critic = critic_from_actor(actor)
     if args.fsdp:
-        # FSDP2's path on one GPU (a group of one): bf16 parameters in compute, fp32 reduction and masters,
-        # the head scored whole (see train.distributed).
+        # FSDP2's path on one GPU (a group of one): bf16 parameters in compute, fp32 reduction and masters.
         from cuda_agent.train.distributed import init_distributed, shard
 
         init_distributed(fsdp=True)
         shard(actor, precision)
         shard(critic, precision)
     trainer = PPOTrainer(actor, critic, PPOConfig(micro_batch=1), precision="fp32" if args.fsdp else precision,
-                         logits_chunk=0 if args.fsdp else 4096, gradient_checkpointing=True)
+                         logits_chunk=4096, gradient_checkpointing=True)
     response = args.context - args.prompt_tokens
     rollouts = []
     for row in range(args.batch):
@@ -217,7 +216,7 @@ def main() -> int:
     parser.add_argument("--gen-batch", type=int, default=16, help="prompts sampled together")
     parser.add_argument("--eval-repeats", type=int, default=3)
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
-    parser.add_argument("--fsdp", action="store_true", help="update through FSDP2 (one rank), the head unchunked")
+    parser.add_argument("--fsdp", action="store_true", help="update through FSDP2 (a group of one)")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--replot", action="store_true", help="only redraw OUT/train_throughput.png from its JSON")
     args = parser.parse_args()

@@ -76,11 +76,12 @@ def test_single_turn_ppo_stage_trains_on_the_gpu(tokenizer, tmp_path):
 
 
 def test_ppo_through_fsdp2_on_the_gpu_resumes(tokenizer, tmp_path):
-    """The FSDP2 path (``model.fsdp``: a group of one on this GPU, NCCL): sharded actor and critic, the sampling
-    copy refreshed after each update, gathered checkpoints, and a resume that loads the sharded optimisers."""
+    """The FSDP2 path (``model.fsdp``: a group of one on this GPU, NCCL): sharded actor and critic, the chunked
+    head inside the sharded forward, the sampling copy refreshed after each update, gathered checkpoints, and
+    a resume that loads the sharded optimisers."""
     model_dir = save_tiny_model(tmp_path / "base", tokenizer)
     values = {"stage": "ppo", "model": {"actor": str(model_dir), "precision": "bf16", "fsdp": True,
-                                        "gradient_checkpointing": True},
+                                        "gradient_checkpointing": True, "logits_chunk": 16},
               "tasks": {"source": str(EXAMPLE / "model.py")}, "rollout": {"batch": 4, "max_new_tokens": 64},
               "evaluator": {"device": "cuda"}, "ppo": {"actor_lr": 1e-3, "critic_lr": 1e-3, "micro_batch": 2},
               "steps": 1}

@@ -67,7 +67,8 @@ def test_two_ranks_take_the_rft_step_one_process_takes(tiny, tmp_path):
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "trajectories.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     config = tmp_path / "rft.json"
-    config.write_text(json.dumps({"stage": "rft", "model": {"actor": str(model_dir)},
+    # logits_chunk 8: the chunked head runs inside the sharded root's forward.
+    config.write_text(json.dumps({"stage": "rft", "model": {"actor": str(model_dir), "logits_chunk": 8},
                                   "data": {"trajectories": [str(tmp_path / "data")]},
                                   "sft": {"lr": 1e-2, "batch": 4, "micro_batch": 1, "epochs": 2}}))
     torchrun(2, "rft", "--config", str(config), "--out", str(tmp_path / "two"), cwd=tmp_path)

@@ -14,8 +14,8 @@ Decisions (docs/TRAINING.md):
     decoding step, and ranks whose replies differ in length would wait on each other forever.
   * Every forward and backward is collective, so every rank must run as many micro-batches: batches are
     padded with rows that hold no sampled token (they change no loss) to the largest rank's size.
-  * The head is scored whole under FSDP (no ``logits_chunk``): the chunked path calls the decoder and the
-    head apart, outside the root module's forward that gathers their parameters.
+  * The head is scored in chunks under FSDP too: the chunked head stands in for the output layer inside
+    the model's own forward (``models._ScoringHead``), where the root unit's parameters are gathered.
 """
 
 from __future__ import annotations

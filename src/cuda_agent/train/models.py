@@ -96,7 +96,39 @@ def _plain_head(actor: Any) -> bool:
     can be applied a chunk of positions at a time."""
     config = actor.config
     return (getattr(config, "final_logit_softcapping", None) is None and getattr(config, "logit_scale", None) is None
-            and actor.get_output_embeddings() is not None and hasattr(actor, "get_decoder"))
+            and actor.get_output_embeddings() is not None)
+
+
+class _ScoringHead(torch.nn.Module):
+    """Stands in for the output head during one forward: instead of logits ``[batch, tokens, vocab]`` it returns
+    ``[batch, tokens, 2]``, each position's logprob of the next target and the entropy it was drawn from,
+    computed ``chunk`` positions at a time and recomputed in the backward pass. It runs inside the model's own
+    forward, so under FSDP2 the head's weight is gathered there as for any forward."""
+
+    def __init__(self, head: torch.nn.Module, targets: torch.Tensor, chunk: int):
+        super().__init__()
+        self.head, self.targets, self.chunk = head, targets, chunk
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        hidden = hidden[:, :-1]
+        parts = []
+        for start in range(0, hidden.shape[1], self.chunk):
+            part = slice(start, start + self.chunk)
+            lp, ent = checkpoint(_head_stats, self.head, hidden[:, part], self.targets[:, part], use_reentrant=False)
+            parts.append(torch.stack([lp, ent], dim=-1))
+        stats = torch.cat(parts, dim=1)
+        return torch.cat([torch.zeros_like(stats[:, :1]), stats], dim=1)
+
+
+@contextlib.contextmanager
+def _scoring_head(actor: Any, ids: torch.Tensor, chunk: int) -> Iterator[None]:
+    head = actor.get_output_embeddings()
+    name = next(n for n, child in actor.named_children() if child is head)
+    setattr(actor, name, _ScoringHead(head, ids[:, 1:], chunk))
+    try:
+        yield
+    finally:
+        setattr(actor, name, head)
 
 
 def policy_forward(actor: Any, ids: torch.Tensor, attention: torch.Tensor,
@@ -104,21 +136,14 @@ def policy_forward(actor: Any, ids: torch.Tensor, attention: torch.Tensor,
     """Each token's logprob and the entropy of the distribution it was drawn from, ``[batch, tokens]``.
 
     With ``chunk``, the head runs over that many positions at a time and is recomputed in the backward
-    pass: the fp32 logits of a 32k-token sequence over a 152k vocabulary would take 20 GB at once."""
-    if not chunk or ids.shape[1] <= chunk or not _plain_head(actor):
-        logits = actor(input_ids=ids, attention_mask=attention, use_cache=False).logits
-        return token_logprobs(logits, ids), token_entropy(logits)
-    # No KV cache: scoring never decodes, and a cache of 32k positions is gigabytes.
-    hidden = actor.get_decoder()(input_ids=ids, attention_mask=attention, use_cache=False).last_hidden_state[:, :-1]
-    head, targets = actor.get_output_embeddings(), ids[:, 1:]
-    logprobs, entropies = [], []
-    for start in range(0, hidden.shape[1], chunk):
-        part = slice(start, start + chunk)
-        lp, ent = checkpoint(_head_stats, head, hidden[:, part], targets[:, part], use_reentrant=False)
-        logprobs.append(lp)
-        entropies.append(ent)
-    zero = torch.zeros_like(logprobs[0][:, :1])
-    return torch.cat([zero, *logprobs], dim=1), torch.cat([zero, *entropies], dim=1)
+    pass: the fp32 logits of a 32k-token sequence over a 152k vocabulary would take 20 GB at once. No KV
+    cache: scoring never decodes, and a cache of 32k positions is gigabytes."""
+    if chunk and ids.shape[1] > chunk and _plain_head(actor):
+        with _scoring_head(actor, ids, chunk):
+            stats = actor(input_ids=ids, attention_mask=attention, use_cache=False).logits
+        return stats[..., 0], stats[..., 1]
+    logits = actor(input_ids=ids, attention_mask=attention, use_cache=False).logits
+    return token_logprobs(logits, ids), token_entropy(logits)
 
 
 def value_forward(critic: Any, ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:

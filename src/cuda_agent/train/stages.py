@@ -318,7 +318,7 @@ def run_ppo(config: StageConfig, out: Path, single_turn: bool, *, say: Say = _st
                         sampled=("actor",))
     actor, critic = models.models["actor"], models.models["critic"]
     trainer = PPOTrainer(actor, critic, config.ppo, precision="fp32" if dist.sharded else precision,
-                         logits_chunk=0 if dist.sharded else config.model.logits_chunk,
+                         logits_chunk=config.model.logits_chunk,
                          gradient_checkpointing=config.model.gradient_checkpointing)
     optimizers = {"actor": trainer.actor_optimizer, "critic": trainer.critic_optimizer}
     models.restore_optimizers(optimizers)
@@ -485,7 +485,7 @@ def run_rft(config: StageConfig, out: Path, *, say: Say = _stderr) -> list[dict[
     models = Trainables(run, dist, done, {"actor": ("actor", config.model.actor)}, precision)
     trainer = SFTTrainer(models.models["actor"], config.sft.lr, micro_batch=config.sft.micro_batch,
                          max_grad_norm=config.sft.max_grad_norm, precision="fp32" if dist.sharded else precision,
-                         logits_chunk=0 if dist.sharded else config.model.logits_chunk,
+                         logits_chunk=config.model.logits_chunk,
                          gradient_checkpointing=config.model.gradient_checkpointing)
     optimizers = {"actor": trainer.optimizer}
     models.restore_optimizers(optimizers)
