@@ -156,5 +156,5 @@ def test_gradient_checkpointing_gives_the_same_update():
                              gradient_checkpointing=checkpointing)
         trainer.step(RolloutBatch.collate(sampled_rollouts(tiny_actor(), rewards)))
         params.append(torch.cat([p.detach().flatten() for p in actor.parameters()]))
-    assert actor.is_gradient_checkpointing
+    assert getattr(actor, "is_activation_checkpointing", None) or actor.is_gradient_checkpointing
     assert torch.allclose(params[0], params[1], atol=1e-5)
