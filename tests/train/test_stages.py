@@ -62,14 +62,21 @@ def test_config_errors_name_the_setting_and_the_fix(tmp_path):
     assert config.model.actor == str(tmp_path / "model")  # relative to the file, where it exists
     assert config.tasks.source == "org/hub-name" and config.tasks.levels == (1,)
     assert config.context_tokens(single_turn=True) == 32_768 and config.context_tokens(single_turn=False) == 131_072
+    with pytest.raises(ConfigError, match=r"model.actor \.\./runs/stage1/checkpoint/actor does not exist.*run the stage"):
+        load_config(write_config(tmp_path / "rft.json", {"stage": "rft", "model": {"actor": "../runs/stage1/checkpoint/actor"},
+                                                        "data": {"trajectories": ["model"]}}), "rft")
 
 
 def test_examples_configs_parse():
+    from cuda_agent.train.config import _resolve_paths, parse_config
+
     root = Path(__file__).resolve().parents[2] / "examples" / "train"
     stages = {p.name: p.read_text().split("stage: ")[1].split()[0] for p in root.glob("*.yaml")}
     assert set(stages.values()) == {"ppo", "collect", "rft", "value"}
-    for name, stage in stages.items():
-        load_config(root / name, stage)
+    import yaml
+
+    for name, stage in stages.items():  # the paths they name are written by the stages before them
+        _resolve_paths(parse_config(yaml.safe_load((root / name).read_text()), stage), root)
 
 
 def test_task_order_covers_each_epoch_and_is_the_same_on_resume():

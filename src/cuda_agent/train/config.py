@@ -187,8 +187,21 @@ def load_config(path: Path, stage: str) -> StageConfig:
             values = yaml.safe_load(text)
         except yaml.YAMLError as exc:
             raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-    config = parse_config(values or {}, stage)
-    return _resolve_paths(config, path.parent)
+    config = _resolve_paths(parse_config(values or {}, stage), path.parent)
+    _check_local_paths(config, path)
+    return config
+
+
+def _check_local_paths(config: StageConfig, path: Path) -> None:
+    """A model written as a path (``./``, ``../``, ``/``, ``~``) that is not there is a stage not yet run, not a
+    Hugging Face hub name; say so before anything starts."""
+    named = {"model.actor": config.model.actor, "model.critic": config.model.critic,
+             "model.tokenizer": config.model.tokenizer}
+    named |= {f"data.trajectories[{i}]": t for i, t in enumerate(config.data.trajectories)}
+    for key, value in named.items():
+        if value and value.startswith((".", "/", "~")) and not Path(value).expanduser().exists():
+            raise ConfigError(f"{path}: {key} {value} does not exist (relative paths are read from the config "
+                              "file's folder); run the stage that writes it first, or correct the path")
 
 
 def _resolve_paths(config: StageConfig, base: Path) -> StageConfig:
