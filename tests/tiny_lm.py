@@ -4,6 +4,9 @@ path of the training stages with no download), and a scripted token-level policy
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -73,3 +76,14 @@ def solution_reply(solution: Path) -> str:
     for path in sorted(p for p in solution.rglob("*") if p.is_file()):
         parts.append(f"### {path.relative_to(solution).as_posix()}\n```\n{path.read_text().rstrip()}\n```")
     return "\n".join(parts)
+
+
+def torchrun(ranks: int, *args: str, cwd: Path) -> str:
+    """``torchrun --standalone --nproc_per_node RANKS -m cuda_agent.cli train ARGS``, as a user launches it; its
+    stderr (the run's report)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks),
+               "-m", "cuda_agent.cli", "train", *args]
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return done.stderr

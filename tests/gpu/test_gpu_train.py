@@ -19,7 +19,7 @@ pytestmark = [
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from scripted_policy import write_solution  # noqa: E402
-from tiny_lm import ScriptedSampler, save_tiny_model, solution_reply, tool_calls_text, train_tokenizer  # noqa: E402
+from tiny_lm import ScriptedSampler, save_tiny_model, solution_reply, tool_calls_text, torchrun, train_tokenizer  # noqa: E402
 
 from cuda_agent.evaluate.evaluator import Evaluator  # noqa: E402
 from cuda_agent.tasks import load_task  # noqa: E402
@@ -97,3 +97,24 @@ def test_ppo_through_fsdp2_on_the_gpu_resumes(tokenizer, tmp_path):
     saved = json.loads((tmp_path / "run" / "checkpoint" / "actor" / "config.json").read_text())
     assert saved["architectures"] == ["Qwen2ForCausalLM"]
     transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "checkpoint" / "actor")
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs (nvidia-h200-x2)")
+def test_ppo_across_the_gpus_of_the_node_with_torchrun(tokenizer, tmp_path):
+    """One rank per GPU (NCCL): each runs its share of the episodes with evaluators on its own GPU, FSDP2
+    shards actor and critic across them, and a second launch resumes the run."""
+    ranks = torch.cuda.device_count()
+    model_dir = save_tiny_model(tmp_path / "base", tokenizer)
+    values = {"stage": "ppo", "model": {"actor": str(model_dir), "precision": "bf16", "logits_chunk": 16},
+              "tasks": {"source": str(EXAMPLE / "model.py")}, "rollout": {"batch": 2 * ranks, "max_new_tokens": 64},
+              "evaluator": {"device": "cuda"}, "ppo": {"micro_batch": 1}, "steps": 1}
+    config = tmp_path / "ppo.json"
+    config.write_text(json.dumps(values))
+    torchrun(ranks, "ppo", "--single-turn", "--config", str(config), "--out", str(tmp_path / "run"), cwd=tmp_path)
+    config.write_text(json.dumps(values | {"steps": 2}))
+    log = torchrun(ranks, "ppo", "--single-turn", "--config", str(config), "--out", str(tmp_path / "run"), cwd=tmp_path)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    print("\n" + "\n".join(json.dumps({k: r[k] for k in ("step", "episodes", "sampled_tokens", "logprob_mismatch",
+                                                          "update_seconds")}) for r in rows))
+    assert "resuming" in log and [r["step"] for r in rows] == [1, 2]
+    assert all(r["episodes"] == 2 * ranks for r in rows) and rows[1]["logprob_mismatch"] < 0.05

@@ -4,10 +4,6 @@ update one process takes, and a sharded run resumes."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -16,7 +12,7 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
 from test_ppo import sampled_rollouts, tiny_actor  # noqa: E402
-from tiny_lm import save_tiny_model, train_tokenizer  # noqa: E402
+from tiny_lm import save_tiny_model, torchrun, train_tokenizer  # noqa: E402
 
 from cuda_agent.train import RolloutBatch  # noqa: E402
 from cuda_agent.train.distributed import pad_rows  # noqa: E402
@@ -37,15 +33,6 @@ def test_padded_rows_change_no_update():
             PPOTrainer(actor, critic_from_actor(actor), PPOConfig(actor_lr=1e-2, agg=agg, micro_batch=2)).step(b)
             params.append(torch.cat([p.detach().flatten() for p in actor.parameters()]))
         assert torch.allclose(params[-2], params[-1], atol=1e-5), agg  # Adam turns float noise into 1e-6
-
-
-def torchrun(ranks: int, *args: str, cwd: Path) -> str:
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks),
-               "-m", "cuda_agent.cli", "train", *args]
-    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-4000:]
-    return done.stderr
 
 
 @pytest.fixture(scope="module")
