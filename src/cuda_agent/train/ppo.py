@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
@@ -21,7 +21,7 @@ from cuda_agent.train.algo import (
     AGGREGATIONS, explained_variance, gae, masked_mean, masked_whiten, ppo_policy_loss, value_loss,
 )
 from cuda_agent.train.models import compute_precision, policy_forward, prepare_for_training, value_forward
-from cuda_agent.train.rollout import RolloutBatch
+from cuda_agent.train.rollout import RolloutBatch, row_slices
 
 
 @dataclass(frozen=True)
@@ -56,11 +56,6 @@ class PPOConfig:
         return dataclasses.asdict(self)
 
 
-def _slices(batch_size: int, size: int) -> Iterator[slice]:
-    for start in range(0, batch_size, size):
-        yield slice(start, min(start + size, batch_size))
-
-
 def _share(mask: torch.Tensor, part: slice, agg: str) -> float:
     """The weight of a micro-batch's aggregated loss in the whole batch's, so that accumulated gradients
     equal those of one pass over the batch."""
@@ -87,7 +82,7 @@ class PPOTrainer:
         """The trainer's own logprobs of the sampled tokens and the critic's values, before any update."""
         logprobs, values = [], []
         with torch.no_grad(), compute_precision(self.precision, self.device):
-            for part in _slices(batch.ids.shape[0], self.config.micro_batch):
+            for part in row_slices(batch.ids.shape[0], self.config.micro_batch):
                 logprobs.append(policy_forward(self.actor, batch.ids[part], batch.attention[part], self.logits_chunk)[0])
                 values.append(value_forward(self.critic, batch.ids[part], batch.attention[part]))
         return torch.cat(logprobs), torch.cat(values)
@@ -111,11 +106,11 @@ class PPOTrainer:
         policy_sums, value_sums, stats, actor_norms, critic_norms = [], [], [], [], []
         entropy_total = 0.0
         for _ in range(config.epochs):
-            for mini in _slices(batch_size, rows):
+            for mini in row_slices(batch_size, rows):
                 ids, attention, part_mask = batch.ids[mini], batch.attention[mini], mask[mini]
                 self.actor_optimizer.zero_grad(set_to_none=True)
                 policy_total = 0.0
-                for part in _slices(ids.shape[0], config.micro_batch):
+                for part in row_slices(ids.shape[0], config.micro_batch):
                     with compute_precision(self.precision, self.device):
                         logprobs, entropy = policy_forward(self.actor, ids[part], attention[part], self.logits_chunk)
                     loss, part_stats = ppo_policy_loss(logprobs, old_logprobs[mini][part], advantages[mini][part],
@@ -132,7 +127,7 @@ class PPOTrainer:
 
                 self.critic_optimizer.zero_grad(set_to_none=True)
                 value_total = 0.0
-                for part in _slices(ids.shape[0], config.micro_batch):
+                for part in row_slices(ids.shape[0], config.micro_batch):
                     with compute_precision(self.precision, self.device):
                         values = value_forward(self.critic, ids[part], attention[part])
                     loss, _ = value_loss(values, old_values[mini][part], returns[mini][part], part_mask[part],

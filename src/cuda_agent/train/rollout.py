@@ -10,7 +10,7 @@ guesses alone: with gamma 1 nothing else reaches them.)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 
@@ -112,3 +112,9 @@ class RolloutBatch:
     def to(self, device: str | torch.device) -> "RolloutBatch":
         return RolloutBatch(*(t.to(device) for t in (self.ids, self.attention, self.mask, self.old_logprobs,
                                                       self.rewards)))
+
+
+def row_slices(rows: int, size: int) -> Iterator[slice]:
+    """``rows`` split into consecutive slices of at most ``size`` (micro- and mini-batches)."""
+    for start in range(0, rows, size):
+        yield slice(start, min(start + size, rows))

@@ -52,7 +52,7 @@ class RunDir:
                 raise RunError(f"{self.path} was started with another config ({details}); resume it with the same "
                                "settings, or give a new --out")
         else:
-            _write_atomic(saved_path, json.dumps(self.config, indent=1, sort_keys=True) + "\n")
+            write_atomic(saved_path, json.dumps(self.config, indent=1, sort_keys=True) + "\n")
         done = len(self.metrics())
         if not self.checkpoints:
             return done
@@ -139,7 +139,8 @@ class RunDir:
         return state["optimizers"]
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str) -> None:
+    """``text`` at ``path`` by a rename: a kill leaves the old file or the new one, never half of one."""
     staging = path.with_suffix(path.suffix + ".tmp")
     staging.write_text(text)
     staging.replace(path)

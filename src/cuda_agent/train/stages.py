@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -39,7 +39,7 @@ from cuda_agent.train.distributed import (
 from cuda_agent.train.episodes import EpisodeOutcome, EpisodeRunner
 from cuda_agent.train.models import resolve_precision
 from cuda_agent.train.rollout import Rollout, RolloutBatch
-from cuda_agent.train.run import RunDir, RunError, plot_metrics
+from cuda_agent.train.run import RunDir, RunError, plot_metrics, write_atomic
 
 Say = Callable[[str], None]
 REWARDS = (-1, 1, 2, 3)
@@ -60,6 +60,13 @@ def select_tasks(config: StageConfig) -> list[Task]:
     return tasks
 
 
+def _order(n: int, epoch: int, seed: int) -> list[int]:
+    """``range(n)`` shuffled by the seed and the pass over the data, the same on every resume."""
+    order = list(range(n))
+    random.Random(seed * 1_000_003 + epoch).shuffle(order)
+    return order
+
+
 def tasks_for_step(tasks: list[Task], step: int, per_step: int, samples: int, seed: int) -> list[Task]:
     """The episodes' tasks of ``step`` (1-based): the tasks in an order shuffled per epoch by the seed,
     ``per_step // samples`` of them, each ``samples`` times; the same for the same step on every resume."""
@@ -67,22 +74,23 @@ def tasks_for_step(tasks: list[Task], step: int, per_step: int, samples: int, se
     chosen = []
     for k in range((step - 1) * distinct, step * distinct):
         epoch, position = divmod(k, len(tasks))
-        order = list(range(len(tasks)))
-        random.Random(seed * 1_000_003 + epoch).shuffle(order)
-        chosen.append(tasks[order[position]])
+        chosen.append(tasks[_order(len(tasks), epoch, seed)[position]])
     return [task for task in chosen for _ in range(samples)]
+
+
+def batch_for_step(items: list[Any], step: int, size: int, seed: int) -> tuple[int, list[Any]]:
+    """The pass over ``items`` that ``step`` (1-based) is in and its batch of ``size``: passes of
+    ``ceil(len / size)`` steps, each over an order shuffled by the seed and the pass."""
+    per_pass = math.ceil(len(items) / size)
+    index, position = divmod(step - 1, per_pass)
+    order = _order(len(items), index, seed)
+    return index, [items[i] for i in order[position * size:(position + 1) * size]]
 
 
 def _seed(seed: int) -> None:
     """Before any model is built: a new critic head (and sampling) then depend on the config alone."""
     random.seed(seed)
     torch.manual_seed(seed)
-
-
-def _device(name: str) -> str:
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return name
 
 
 def load_tokenizer(config: StageConfig) -> Any:
@@ -114,9 +122,9 @@ class Trainables:
 
         self.run, self.dist, self.done = run, dist, done
         device = dist.device()
-        self.models = {name: _load(kind, path, device) for name, (kind, path) in specs.items()}
-        if done:
-            run.restore(self.models, {})  # every rank reads the weights before sharding them
+        # Resumed: every rank loads the checkpoint's weights (once, before sharding them), not the base's.
+        self.models = {name: _load(kind, str(run.checkpoint / name) if done else path, device)
+                       for name, (kind, path) in specs.items()}
         # Sharded models sample from a full copy of their own, taken before sharding (``refresh`` updates it).
         self.copies = {name: copy.deepcopy(self.models[name]) for name in sampled} if dist.sharded else {}
         if dist.sharded:
@@ -169,6 +177,11 @@ class Start:
     tokenizer: Any
 
     @property
+    def autocast(self) -> str:
+        """The trainers' autocast: none where FSDP's mixed precision already casts the parameters."""
+        return "fp32" if self.dist.sharded else self.precision
+
+    @property
     def pad(self) -> int:
         return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
 
@@ -186,12 +199,10 @@ def start_stage(config: StageConfig, out: Path, identity: dict[str, Any], say: S
 
 def make_evaluator_factory(config: StageConfig, dist: Dist = Dist()) -> Callable[[threading.Lock], Any]:
     """Evaluators on this rank's GPU (``gpu_index``), all of a rank sharing its timing lock."""
-    from cuda_agent.evaluate import Evaluator
+    from cuda_agent.evaluate import Evaluator, resolve_device
     from cuda_agent.evaluate.policy import Policy
 
-    device = config.evaluator.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = resolve_device(config.evaluator.device)
 
     def make(lock: threading.Lock) -> Any:
         return Evaluator(device, policy=Policy.preset(config.evaluator.policy), sandbox=config.evaluator.sandbox,
@@ -259,21 +270,15 @@ def _plot(out: Path, say: Say) -> None:
 # ----------------------------------------------------------------------------- stage 1 and 3: PPO
 
 def _save_rollouts(path: Path, outcomes: list[EpisodeOutcome]) -> None:
-    staging = path.with_suffix(".tmp")
-    with staging.open("w") as f:
-        for o in outcomes:
-            f.write(json.dumps({"task": o.task, "reward": o.reward, "status": o.status, "turns": o.turns,
-                                "clipped": o.clipped, "generated_tokens": o.generated_tokens,
-                                "generate_seconds": o.generate_seconds, "evaluate_seconds": o.evaluate_seconds,
-                                "rollouts": [r.to_dict() for r in o.rollouts]}) + "\n")
-    staging.replace(path)
+    """A step's episodes without their trajectories (what the update and the metrics need)."""
+    rows = [{f.name: getattr(o, f.name) for f in fields(o) if f.name not in ("rollouts", "record")}
+            | {"rollouts": [r.to_dict() for r in o.rollouts]} for o in outcomes]
+    write_atomic(path, "".join(json.dumps(row) + "\n" for row in rows))
 
 
 def _load_rollouts(path: Path) -> list[EpisodeOutcome]:
-    rows = read_jsonl(path)
-    return [EpisodeOutcome(row["task"], row["reward"], [Rollout.from_dict(r) for r in row["rollouts"]], row["status"],
-                           row["turns"], row["clipped"], row["generated_tokens"], row["generate_seconds"],
-                           row["evaluate_seconds"]) for row in rows]
+    return [EpisodeOutcome(**(row | {"rollouts": [Rollout.from_dict(r) for r in row["rollouts"]]}))
+            for row in read_jsonl(path)]
 
 
 def _seed_step(seed: int, step: int, rank: int) -> None:
@@ -284,8 +289,7 @@ def _seed_step(seed: int, step: int, rank: int) -> None:
 
 def _summary(outcome: EpisodeOutcome) -> EpisodeOutcome:
     """What the metrics need of an episode, without its rollouts and trajectory (sent between ranks)."""
-    return EpisodeOutcome(outcome.task, outcome.reward, [], outcome.status, outcome.turns, outcome.clipped,
-                          outcome.generated_tokens, outcome.generate_seconds, outcome.evaluate_seconds)
+    return replace(outcome, rollouts=[], record={})
 
 
 def _local_batch(rollouts: list[Rollout], pad: int, dist: Dist) -> RolloutBatch | None:
@@ -317,7 +321,7 @@ def run_ppo(config: StageConfig, out: Path, single_turn: bool, *, say: Say = _st
                                           "critic": ("critic", config.model.critic or config.model.actor)}, precision,
                         sampled=("actor",))
     actor, critic = models.models["actor"], models.models["critic"]
-    trainer = PPOTrainer(actor, critic, config.ppo, precision="fp32" if dist.sharded else precision,
+    trainer = PPOTrainer(actor, critic, config.ppo, precision=begin.autocast,
                          logits_chunk=config.model.logits_chunk,
                          gradient_checkpointing=config.model.gradient_checkpointing)
     optimizers = {"actor": trainer.actor_optimizer, "critic": trainer.critic_optimizer}
@@ -395,7 +399,7 @@ def run_collect(config: StageConfig, out: Path, *, say: Say = _stderr,
     run.open()
     _seed(config.seed + len(run.metrics()))  # a resumed collection does not replay the first one's samples
     tasks = select_tasks(config)
-    device = _device("auto")
+    device = Dist().device()
     precision = resolve_precision(config.model.precision, device)
     tokenizer = load_tokenizer(config)
     actor = _load("actor", config.model.actor, device)
@@ -463,12 +467,6 @@ def filtered_rollouts(config: StageConfig, say: Say) -> tuple[list[list[Rollout]
     return episodes, dict(reasons)
 
 
-def _order(n: int, epoch: int, seed: int) -> list[int]:
-    order = list(range(n))
-    random.Random(seed * 1_000_003 + epoch).shuffle(order)
-    return order
-
-
 def run_rft(config: StageConfig, out: Path, *, say: Say = _stderr) -> list[dict[str, Any]]:
     """Stage 2a: SFT of ``model.actor`` on the kept trajectories' sampled tokens, ``sft.epochs`` passes of
     ``sft.batch`` sequences per step (under ``torchrun``, each rank takes its share of every batch)."""
@@ -480,11 +478,10 @@ def run_rft(config: StageConfig, out: Path, *, say: Say = _stderr) -> list[dict[
     if dist.main:
         (out / "filter.json").write_text(json.dumps({"kept": len(episodes), "reasons": reasons}, indent=1))
     sequences = [r for e in episodes for r in e]
-    per_epoch = math.ceil(len(sequences) / config.sft.batch)
-    steps = per_epoch * config.sft.epochs
+    steps = math.ceil(len(sequences) / config.sft.batch) * config.sft.epochs
     models = Trainables(run, dist, done, {"actor": ("actor", config.model.actor)}, precision)
     trainer = SFTTrainer(models.models["actor"], config.sft.lr, micro_batch=config.sft.micro_batch,
-                         max_grad_norm=config.sft.max_grad_norm, precision="fp32" if dist.sharded else precision,
+                         max_grad_norm=config.sft.max_grad_norm, precision=begin.autocast,
                          logits_chunk=config.model.logits_chunk,
                          gradient_checkpointing=config.model.gradient_checkpointing)
     optimizers = {"actor": trainer.optimizer}
@@ -493,9 +490,7 @@ def run_rft(config: StageConfig, out: Path, *, say: Say = _stderr) -> list[dict[
         say(f"resuming {out} after step {done}")
     pad = begin.pad
     for step in range(done + 1, steps + 1):
-        epoch, index = divmod(step - 1, per_epoch)
-        order = _order(len(sequences), epoch, config.seed)
-        batch = [sequences[i] for i in order[index * config.sft.batch:(index + 1) * config.sft.batch]]
+        epoch, batch = batch_for_step(sequences, step, config.sft.batch, config.seed)
         line = {"epoch": epoch + 1} | dist.mean(trainer.step(_local_batch(dist.share(batch), pad, dist), pad))
         models.commit(step, line, optimizers)
         say(f"step {step}/{steps}: loss {line['sft_loss']:.4f}  token accuracy {line['token_accuracy']:.2f}")
@@ -521,12 +516,11 @@ def run_value(config: StageConfig, out: Path, *, say: Say = _stderr) -> list[dic
     dist, say, run, done, precision = begin.dist, begin.say, begin.run, begin.done, begin.precision
     episodes, reasons = filtered_rollouts(config, say)
     train, held = split_holdout(episodes, config.data.holdout, config.seed)
-    per_pass = math.ceil(len(train) / config.value.batch)
-    steps = per_pass * config.value.iterations
+    steps = math.ceil(len(train) / config.value.batch) * config.value.iterations
     models = Trainables(run, dist, done, {"critic": ("critic", config.model.critic or config.model.actor)}, precision)
     trainer = ValueTrainer(models.models["critic"], config.value.lr, gamma=config.ppo.gamma, lam=config.ppo.lam,
                            micro_batch=config.value.micro_batch, max_grad_norm=config.value.max_grad_norm,
-                           value_clip=config.value.value_clip, precision="fp32" if dist.sharded else precision,
+                           value_clip=config.value.value_clip, precision=begin.autocast,
                            gradient_checkpointing=config.model.gradient_checkpointing)
     optimizers = {"critic": trainer.optimizer}
     models.restore_optimizers(optimizers)
@@ -541,9 +535,7 @@ def run_value(config: StageConfig, out: Path, *, say: Say = _stderr) -> list[dic
         say(f"before: held-out explained variance {before['explained_variance']:.3f} "
             f"(Monte Carlo {before['explained_variance_mc']:.3f})")
     for step in range(done + 1, steps + 1):
-        iteration, index = divmod(step - 1, per_pass)
-        order = _order(len(train), iteration, config.seed)
-        batch = [train[i] for i in order[index * config.value.batch:(index + 1) * config.value.batch]]
+        iteration, batch = batch_for_step(train, step, config.value.batch, config.seed)
         line = {"iteration": iteration + 1, "heldout_sequences": len(held)}
         line |= dist.mean(trainer.step(_local_batch(dist.share(batch), pad, dist), pad))
         line |= {f"heldout_{k}": v for k, v in trainer.evaluate(evaluated, pad).items()}

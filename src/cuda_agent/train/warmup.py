@@ -25,7 +25,7 @@ import torch
 
 from cuda_agent.train.algo import explained_variance, gae, masked_mean, value_loss
 from cuda_agent.train.models import compute_precision, policy_forward, prepare_for_training, value_forward
-from cuda_agent.train.rollout import Rollout, RolloutBatch, RolloutError, rollouts_from_trace
+from cuda_agent.train.rollout import Rollout, RolloutBatch, RolloutError, row_slices, rollouts_from_trace
 
 
 @dataclass(frozen=True)
@@ -85,11 +85,6 @@ def _batch(rollouts: Sequence[Rollout] | RolloutBatch, pad_id: int) -> RolloutBa
     return rollouts if isinstance(rollouts, RolloutBatch) else RolloutBatch.collate(rollouts, pad_id)
 
 
-def _slices(n: int, size: int) -> Iterable[slice]:
-    for start in range(0, n, size):
-        yield slice(start, min(start + size, n))
-
-
 class SFTTrainer:
     """Rejection fine-tuning's update: NLL of the sampled tokens, one optimiser step per ``step``."""
 
@@ -108,7 +103,7 @@ class SFTTrainer:
         tokens = batch.mask.sum().clamp(min=1)
         self.optimizer.zero_grad(set_to_none=True)
         total, correct = 0.0, 0.0
-        for part in _slices(batch.ids.shape[0], self.micro_batch):
+        for part in row_slices(batch.ids.shape[0], self.micro_batch):
             with compute_precision(self.precision, self.device):
                 logprobs, _ = policy_forward(self.actor, batch.ids[part], batch.attention[part], self.logits_chunk)
             loss = -(logprobs * batch.mask[part]).sum() / tokens  # token-mean over the whole batch
@@ -137,7 +132,7 @@ class ValueTrainer:
     def values(self, batch: RolloutBatch) -> torch.Tensor:
         out = []
         with torch.no_grad(), compute_precision(self.precision, self.device):
-            for part in _slices(batch.ids.shape[0], self.micro_batch):
+            for part in row_slices(batch.ids.shape[0], self.micro_batch):
                 out.append(value_forward(self.critic, batch.ids[part], batch.attention[part]))
         return torch.cat(out)
 
@@ -166,7 +161,7 @@ class ValueTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         tokens = batch.mask.sum().clamp(min=1)
         total = 0.0
-        for part in _slices(batch.ids.shape[0], self.micro_batch):
+        for part in row_slices(batch.ids.shape[0], self.micro_batch):
             with compute_precision(self.precision, self.device):
                 values = value_forward(self.critic, batch.ids[part], batch.attention[part])
             loss, _ = value_loss(values, old_values[part], returns[part], batch.mask[part], self.value_clip, "token-mean")
