@@ -11,6 +11,8 @@
 #                                            # previous commit: git archive REV src | tar -x -C .data/prev),
 #                                            # alternating, in one call (SPEED_EXAMPLES, VS_REPEATS)
 #   bash benchmarks/gpu_session.sh stability # end-of-region variants: rewards and spread over repeats
+#   bash benchmarks/gpu_session.sh compile_noise # torch.compile's baseline: within a process, over time, fresh
+#                                            # compilations (benchmarks/compile_noise_probe.py)
 #   bash benchmarks/gpu_session.sh drift     # candidate timing over successive evaluations, with the clocks
 #   bash benchmarks/gpu_session.sh precision # precision calibration (~1 min)
 #   bash benchmarks/gpu_session.sh bench     # all three (over the device tool's 10-minute limit per call)
@@ -125,6 +127,11 @@ overhead)
             --repeats ${VS_REPEATS:-3} --remeasured 0 --out "$OUT/overhead_$run.json" 2>&1 \
             | tee -a "$OUT/overhead.log" | tail -4
     done
+    ;;
+compile_noise)
+    # torch.compile's baseline measured again and again: one process, with gaps, fresh compilations.
+    python3 benchmarks/compile_noise_probe.py --out "$OUT/compile_noise.jsonl" "$@" 2>&1 \
+        | tee "$OUT/compile_noise.log" | grep -v '^{' | tail -20
     ;;
 stability)
     # The end of the timed region, variant by variant (benchmarks/timing_stability.py).

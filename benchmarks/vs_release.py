@@ -91,6 +91,8 @@ def ours(model: Path, candidate: Path, repeats: int, gap: float) -> dict[str, ob
             warm.append((time.perf_counter() - start, result))
     shutil.rmtree(cache, ignore_errors=True)
     bad = [r for _, r in [(cold_s, cold), (cached_s, cached), *warm] if r.status != "correct"]
+    for r in bad:
+        print(f"not correct: {r.status} ({r.rule}): {r.reason}", flush=True)
     speedups = {side: [r.decision["speedups"][side]["estimate"] for _, r in warm if r.decision
                        and side in r.decision["speedups"]] for side in ("eager", "compile")}
     return {
@@ -106,7 +108,7 @@ def ours(model: Path, candidate: Path, repeats: int, gap: float) -> dict[str, ob
         "speedup": {side: {"values": [round(v, 4) for v in values], "cv": round(cv(values), 4)}
                     for side, values in speedups.items() if values},
         "intervals": [r.decision["speedups"] if r.decision else None for _, r in warm[:3]],
-        "candidate_ms": [r.times["candidate"]["median_ms"] for _, r in warm],
+        "candidate_ms": [r.times.get("candidate", {}).get("median_ms") for _, r in warm],
         "failures": [f"{r.status}: {r.reason}" for r in bad],
     }
 

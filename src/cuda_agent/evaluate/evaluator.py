@@ -41,7 +41,7 @@ from cuda_agent.evaluate.protocol import (
 from cuda_agent.evaluate.references import LiveReference, ReferencePool
 from cuda_agent.evaluate.result import EvalResult
 from cuda_agent.evaluate.reward import compute_reward, milestone
-from cuda_agent.evaluate.timing import trial_seed
+from cuda_agent.evaluate.timing import host_hold, trial_seed
 from cuda_agent.evaluate.records import RECORDED_PER_REGION
 from cuda_agent.build.probe import probe_candidate
 from cuda_agent.guard import Violation, audit_symbols, check_candidate
@@ -82,6 +82,19 @@ class CandidateLog:
     walls_ms: list[float] = field(default_factory=list)  # each round by the evaluator's clock
     claimed_ms: list[float] = field(default_factory=list)  # each round's regions as the candidate reported them
     empty_ms: list[float] = field(default_factory=list)  # rounds of its plan without the calls (reference)
+    hold_us: float | None = None  # before each of its regions and the empty rounds' (Evaluator._candidate_hold)
+
+
+def _tally_host(hosts: dict[str, dict[str, float]], side: str, reply: TimeReply, trials: int) -> None:
+    """Each side's host over its rounds (``timing.HostLaunch``): the longest region enqueue and hold,
+    and how many regions the GPU waited for the host in."""
+    if reply.host is None:
+        return
+    tally = hosts.setdefault(side, {"enqueue_us": 0.0, "hold_us": 0.0, "late": 0, "regions": 0})
+    tally["enqueue_us"] = max(tally["enqueue_us"], reply.host.enqueue_us)
+    tally["hold_us"] = max(tally["hold_us"], reply.host.hold_us)
+    tally["late"] += reply.host.late
+    tally["regions"] += trials
 
 
 @dataclass(frozen=True)
@@ -558,6 +571,7 @@ class Evaluator:
         fixed = {side: stats["median_ms"] for side, stats in baseline["fixed"].items()}
         sides: dict[str, Callable[[int, int, int], list[float]]] = {}
         plans: dict[str, Plan] = {}
+        hosts: dict[str, dict[str, float]] = {}
         log: CandidateLog | None = None
         with self.timing_lock, self._spares_stopped():
             if baseline.get("sides") and baseline.get("cache"):
@@ -571,14 +585,18 @@ class Evaluator:
                 self._pause(candidate)
                 plans["candidate"] = plan = Plan.for_call(self._positive(estimate, "warm-up time"), config)
                 log = CandidateLog(plan)
-                sides["candidate"] = self._candidate_side(candidate, base, log, handlers or {})
-                self._time_empty(reference, log)
+                sides["candidate"] = self._candidate_side(candidate, base, log, handlers or {}, hosts)
+            host_us: dict[str, float] = {}
             for side in baseline.get("sides", []):
                 self.on_stage("baseline", f"warming {side} up")
                 request = CalibrateRequest(side=side, seed=secrets.randbits(62), timing=config.to_dict())
-                estimate = reference.ask_typed("baseline", request, CalibrateReply, self.timeouts.profile_s).estimate_ms
-                plans[side] = Plan.for_call(estimate, config)
-                sides[side] = self._baseline_side(reference, side, secrets.randbits(62))
+                calibrated = reference.ask_typed("baseline", request, CalibrateReply, self.timeouts.profile_s)
+                plans[side] = Plan.for_call(calibrated.estimate_ms, config)
+                host_us[side] = calibrated.host_us
+                sides[side] = self._baseline_side(reference, side, secrets.randbits(62), hosts)
+            if log is not None:
+                log.hold_us = self._candidate_hold(reference, log.plan, host_us.get("eager"))
+                self._time_empty(reference, log)
             rounds = Rounds(fixed=fixed)
             if undecided is None:
                 undecided = lambda r: not self._settled(self._speedups(r))  # noqa: E731
@@ -591,15 +609,34 @@ class Evaluator:
                 self._check_no_new_threads(candidate, threads_before, "while it was timed")
                 for _ in range(EMPTY_ROUNDS - 1):
                     self._time_empty(reference, log)
-        result.timing = result.timing | {"plans": {side: vars(plan) for side, plan in plans.items()}}
+        result.timing = result.timing | {"plans": {side: vars(plan) for side, plan in plans.items()}, "host": hosts}
+        late = hosts.get("candidate", {})
+        if late.get("late") and log is not None and log.hold_us:
+            result.notes.append(
+                f"the candidate's host took up to {late['enqueue_us']:.0f} us to enqueue a timed region, longer than the "
+                f"GPU is held before it ({log.hold_us:.0f} us, from twice eager's host time per call): the GPU waited "
+                f"for the host in {late['late']} of {late['regions']} regions, and that time counts (fewer launches or "
+                "less Python per call shorten it)")
         return rounds, log
+
+    def _candidate_hold(self, reference: Channel, plan: Plan, eager_host_us: float | None) -> float:
+        """The candidate's hold before each region: what covers eager's host time per call (measured in
+        the trusted reference, in the cached-baselines mode too) for the candidate's calls per region,
+        as the baselines' own holds cover theirs. Never from the candidate's word: a hold is time its
+        process could compute in, unseen by the outside clock."""
+        if self.timing.baseline_hold != "adaptive" or self.device != "cuda":
+            return self.timing.hold_us  # a host clock (CPU backend) holds nothing
+        if eager_host_us is None:
+            request = CalibrateRequest(side="eager", seed=secrets.randbits(62), timing=self.timing.to_dict())
+            eager_host_us = reference.ask_typed("baseline", request, CalibrateReply, self.timeouts.profile_s).host_us
+        return host_hold(plan.calls, eager_host_us, self.timing)
 
     def _time_empty(self, reference: Channel, log: CandidateLog) -> None:
         """A round of the candidate's plan in the reference with the calls left out, timed from here:
         what the outside clock sees of the harness alone (draws, flushes, holds, records, the reply)."""
         plan = log.plan
         request = TimeRequest(side="empty", seed=secrets.randbits(62), first=0, trials=plan.trials, calls=plan.calls,
-                              probe=secrets.randbits(62), timing=self.timing.to_dict())
+                              probe=secrets.randbits(62), timing=self.timing.to_dict(), hold_us=log.hold_us)
         started = time.perf_counter()
         reference.ask_typed("baseline", request, TimeReply, self.timeouts.baseline_s)
         log.empty_ms.append((time.perf_counter() - started) * 1e3)
@@ -660,12 +697,12 @@ class Evaluator:
             raise Stop("failed", "profile", "the candidate's processes did not stop while the baselines were timed",
                        rule="baseline-interference")
 
-    def _candidate_side(self, candidate: Channel, base: int, log: CandidateLog,
-                        handlers: dict[int, int]) -> Callable[[int, int, int], list[float]]:
+    def _candidate_side(self, candidate: Channel, base: int, log: CandidateLog, handlers: dict[int, int],
+                        hosts: dict[str, dict[str, float]]) -> Callable[[int, int, int], list[float]]:
         def time_candidate(first: int, trials: int, calls: int) -> list[float]:
             probe = secrets.randbits(62)
             request = TimeRequest(seed=base, first=first, trials=trials, calls=calls, probe=probe,
-                                  timing=self.timing.to_dict())
+                                  timing=self.timing.to_dict(), hold_us=log.hold_us)
             candidate.worker.resume()
             try:
                 started = time.perf_counter()
@@ -688,16 +725,20 @@ class Evaluator:
                 raise Stop("failed", "profile", f"the timing reply does not hold {wanted} records of this round's calls",
                            rule="forged-reply")
             log.records.extend((probe, record) for record in reply.records)
+            _tally_host(hosts, "candidate", reply, trials)  # what its process says: a diagnostic only
             log.walls_ms.append(wall_ms)
             log.claimed_ms.append(sum(samples) * calls)
             return [float(x) for x in samples]
         return time_candidate
 
-    def _baseline_side(self, reference: Channel, side: str, seed: int) -> Callable[[int, int, int], list[float]]:
+    def _baseline_side(self, reference: Channel, side: str, seed: int,
+                       hosts: dict[str, dict[str, float]]) -> Callable[[int, int, int], list[float]]:
         def time_baseline(first: int, trials: int, calls: int) -> list[float]:
             request = TimeRequest(side=side, seed=seed, first=first, trials=trials, calls=calls,
                                   timing=self.timing.to_dict())
-            return reference.ask_typed("baseline", request, TimeReply, self.timeouts.baseline_s).samples
+            reply = reference.ask_typed("baseline", request, TimeReply, self.timeouts.baseline_s)
+            _tally_host(hosts, side, reply, trials)
+            return reply.samples
         return time_baseline
 
     @staticmethod

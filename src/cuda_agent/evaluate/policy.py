@@ -160,6 +160,16 @@ class TimingConfig:
     # guards, Python dispatch) moves by tens of us from one process to the next, and left in the
     # region it moved whole evaluations by 2-5% (benchmarks/timing_stability.py). 0: off.
     hold_us: float = 200.0
+    # torch.compile's guards and launcher take 110-520 us a call on the H200's host, more than hold_us:
+    # the GPU then waits for the host inside the region, which made compile's time move by up to 19%
+    # between evaluations while eager's stayed within 0.1% (benchmarks/compile_slow_probe.py).
+    # "adaptive" grows each baseline's hold to cover its host's enqueue time (timing.HostLaunch), up to
+    # hold_max_us, and the candidate's to cover twice eager's host time per call; "fixed" (the
+    # default) holds hold_us everywhere. Adaptive is not the default: a hold is time the candidate's
+    # process could compute in unseen by the outside clock, and on the launch-bound axpby it made
+    # rewards flip (docs/ARCHITECTURE.md, "Holds stay fixed").
+    baseline_hold: str = "fixed"
+    hold_max_us: float = 20000.0
     # The outside clock (evaluate.decide.clock_check): the time of a candidate's round that neither its
     # reported regions nor the same round without the calls explain may be at most clock_slack of the
     # reported regions, plus clock_trial_us per timed region, plus clock_noise times the rounds' own
@@ -182,6 +192,10 @@ class TimingConfig:
             raise ValueError(f"unknown end_fence {self.end_fence!r}; use device or stream.")
         if not 0 <= self.hold_us <= 1000:
             raise ValueError("TimingConfig.hold_us is between 0 and 1000 microseconds.")
+        if self.baseline_hold not in ("adaptive", "fixed"):
+            raise ValueError(f"unknown baseline_hold {self.baseline_hold!r}; use adaptive or fixed.")
+        if not self.hold_us <= self.hold_max_us <= 100_000:
+            raise ValueError("TimingConfig.hold_max_us is between hold_us and 100000 microseconds.")
         if self.min_trials < 20:
             raise ValueError("TimingConfig.min_trials must be at least 20.")
         if not 3 <= self.rounds_min <= self.rounds_max:

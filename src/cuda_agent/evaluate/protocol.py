@@ -237,6 +237,7 @@ class TimeRequest(_Request):
     timing: dict[str, Any]
     side: str | None = None  # reference: the baseline, or "empty" (the round without the calls)
     probe: int | None = None  # the secret the recorded positions are drawn from (evaluate.records)
+    hold_us: float | None = None  # candidate and empty rounds: the hold the evaluator set (timing.HostLaunch)
 
 
 @dataclass(frozen=True)
@@ -395,12 +396,23 @@ class RunReply(_Reply):
 @dataclass(frozen=True)
 class CalibrateReply(_Reply):
     estimate_ms: float
+    host_us: float = 0.0  # the longest recent host enqueue per call (us), learned in the warm-up
+
+
+@dataclass(frozen=True)
+class HostReport(_Reply):
+    """A round's host side (``timing.HostLaunch``): the longest region enqueue, the longest hold, and
+    the regions whose enqueue outlasted their hold (the GPU waited for the host inside them)."""
+    enqueue_us: float = 0.0
+    hold_us: float = 0.0
+    late: int = 0
 
 
 @dataclass(frozen=True)
 class TimeReply(_Reply):
     samples: list[float]
     records: list[CallRecord] = dataclasses.field(default_factory=list)  # candidate: its calls' records
+    host: HostReport | None = None
 
 
 @dataclass(frozen=True)

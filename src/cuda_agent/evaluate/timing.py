@@ -5,7 +5,10 @@ buffer larger than it. Device events surround each trial: the GPU is held busy
 briefly before the start event (the host's launch time stays out), the end
 event follows the calls in stream order, and a fence recorded after a
 device-wide synchronise catches work left running on other streams (such a
-trial is timed to the fence). An
+trial is timed to the fence). The hold only keeps the host out while the host
+enqueues a region faster than the hold lasts: torch.compile's guards and
+launcher take 110-520 us a call on the H200's host, so the trusted baselines'
+holds grow with what their host was seen to take (``HostLaunch``). An
 evaluation times candidate and baselines in interleaved rounds (``time_round``,
 driven by the evaluator) so that the machine's slow spells fall on both sides
 of every speedup; ``evaluate.decide`` turns the rounds into a decision.
@@ -17,7 +20,8 @@ import functools
 import math
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from collections import deque
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from cuda_agent.evaluate.policy import TimingConfig
@@ -75,6 +79,58 @@ class TimingStats:
         )
 
 
+@dataclass
+class HostLaunch:
+    """How long the host takes to enqueue a side's calls (launches, guards, Python), learned from its
+    warm-up and from every region it enqueues. A region whose enqueue outlasts the GPU's hold starts
+    with the GPU idle, waiting for the host: host time inside the region. With ``adaptive`` (the
+    trusted baselines: eager, torch.compile), each region's hold covers ``HOLD_FACTOR`` times the
+    longest recent enqueue per call. The candidate's process could claim any enqueue time, and a
+    hold is time it could compute in unseen by the outside clock, so its hold (``fixed_us``) is set
+    by the evaluator from eager's host time per call, measured in the trusted reference: a candidate
+    whose host path per call is at most twice eager's keeps it out as the baselines do. ``late``
+    counts the regions that outlasted their hold."""
+
+    adaptive: bool = False
+    fixed_us: float | None = None  # a hold the evaluator set for this round (the candidate's), else hold_us
+    recent: deque = field(default_factory=lambda: deque(maxlen=HOST_WINDOW))  # us per call
+    late: int = 0  # regions of this round whose enqueue outlasted their hold
+    enqueue_us: float = 0.0  # the longest region enqueue of this round
+    hold_us: float = 0.0  # the longest hold of this round
+
+    @property
+    def per_call_us(self) -> float:
+        return max(self.recent, default=0.0)
+
+    def hold_for(self, calls: int, config: TimingConfig) -> float:
+        if not self.adaptive:
+            return config.hold_us if self.fixed_us is None else self.fixed_us
+        return host_hold(calls, self.per_call_us, config)
+
+    def begin_round(self) -> None:
+        self.late, self.enqueue_us, self.hold_us = 0, 0.0, 0.0
+
+    def region(self, enqueue_us: float, calls: int, hold_us: float) -> None:
+        self.recent.append(enqueue_us / calls)
+        self.late += enqueue_us > hold_us
+        self.enqueue_us = max(self.enqueue_us, enqueue_us)
+        self.hold_us = max(self.hold_us, hold_us)
+
+    def report(self) -> dict[str, Any]:
+        return {"enqueue_us": round(self.enqueue_us, 1), "hold_us": round(self.hold_us, 1), "late": self.late}
+
+
+def host_hold(calls: int, per_call_us: float, config: TimingConfig) -> float:
+    """The hold that covers ``calls`` calls whose host path takes ``per_call_us`` each, with room to
+    spare, within ``hold_us`` and ``hold_max_us``."""
+    return min(config.hold_max_us, max(config.hold_us, HOLD_FACTOR * calls * per_call_us + HOLD_MARGIN_US))
+
+
+HOLD_FACTOR = 2.0
+HOLD_MARGIN_US = 50.0
+HOST_WINDOW = 20  # enqueue times remembered: an old stall (a GC pause) stops widening the holds
+
+
 def trial_seed(base: int, index: int) -> int:
     """The input seed of call ``index`` of a timing run (warm-up calls included), shared by
     the process that times and the one that checks what it returned."""
@@ -102,35 +158,44 @@ def measure(fn: Callable[[], Any], device: str, config: TimingConfig,
 
 
 def calibrate(fn: Callable[[], Any], device: str, config: TimingConfig,
-              setup: Callable[[], None] | None = None) -> float:
+              setup: Callable[[], None] | None = None, host: HostLaunch | None = None) -> float:
     """Warm ``fn`` up (at least ``warmup`` calls and ``warmup_ms``); return its wall time per call
-    in ms (synchronised, ``setup`` included: an upper bound used to size the trials)."""
+    in ms (synchronised, ``setup`` included: an upper bound used to size the trials). ``host``
+    learns the enqueue time of the later half of the calls (the first ones compile, autotune and
+    initialise lazily)."""
     setup = setup or (lambda: None)
     sync = _synchronizer(device)
     warm_start = time.perf_counter()
-    calls = 0
-    while calls < config.warmup or (time.perf_counter() - warm_start) * 1e3 < config.warmup_ms:
+    enqueues: list[float] = []
+    while len(enqueues) < config.warmup or (time.perf_counter() - warm_start) * 1e3 < config.warmup_ms:
         setup()
+        begin = time.perf_counter_ns()
         fn()
+        enqueues.append((time.perf_counter_ns() - begin) / 1e3)
         sync()
-        calls += 1
-        if calls >= 1000:
+        if len(enqueues) >= 1000:
             break
-    return max((time.perf_counter() - warm_start) * 1e3 / calls, 1e-3)
+    if host is not None:
+        host.recent.extend(enqueues[len(enqueues) // 2:])
+    return max((time.perf_counter() - warm_start) * 1e3 / len(enqueues), 1e-3)
 
 
 def time_round(prepare: Callable[[], Callable[[], Any]], device: str, config: TimingConfig, trials: int,
-               calls: int = 1, after_end: Callable[[], None] | None = None) -> list[float]:
+               calls: int = 1, after_end: Callable[[], None] | None = None,
+               host: HostLaunch | None = None) -> list[float]:
     """One round of ``trials`` timed regions; each region runs ``calls`` calls back to back and
     gives one sample, its time per call in ms. ``prepare()`` runs outside the timed region (before
     the L2 flush) and returns the next call, inputs drawn: every call gets fresh inputs, and a
     launch-bound call (microseconds) is timed over many calls so that launch jitter averages out.
     ``after_end()`` runs as soon as each region has ended, before anything else (on a GPU: queued
-    in stream order right after the end event, before the synchronise)."""
+    in stream order right after the end event, before the synchronise). ``host`` sizes each
+    region's hold and learns from it (GPU only; its counts start again with each round)."""
     import torch
 
     config = config.resolved(device)
     after_end = after_end or (lambda: None)
+    host = host or HostLaunch()
+    host.begin_round()
     if config.method == "profiler":
         samples = []
         for _ in range(trials):
@@ -141,7 +206,7 @@ def time_round(prepare: Callable[[], Callable[[], Any]], device: str, config: Ti
     flush = _flush_buffer(device, config)
     samples: list[float] = []
     if cuda:
-        samples = _time_regions_cuda(prepare, config, trials, calls, flush, after_end)
+        samples = _time_regions_cuda(prepare, config, trials, calls, flush, after_end, host)
     else:
         for _ in range(trials):
             ready = [prepare() for _ in range(calls)]
@@ -156,26 +221,29 @@ def time_round(prepare: Callable[[], Callable[[], Any]], device: str, config: Ti
 
 
 def _time_regions_cuda(prepare: Callable[[], Callable[[], Any]], config: TimingConfig, trials: int, calls: int,
-                       flush: Any, after_end: Callable[[], None]) -> list[float]:
+                       flush: Any, after_end: Callable[[], None], host: HostLaunch) -> list[float]:
     import torch
 
     stream_end = config.end_fence == "stream"
-    hold_cycles = int(config.hold_us * _sm_clock_ghz() * 1e3)
+    cycles_per_us = _sm_clock_ghz() * 1e3
     # An empty region gives the fence's own lateness (the host's wake-up after the synchronise);
     # a region whose fence is later than that was followed by work the end event did not wait for.
-    allowance_ms = _empty_fence_ms(hold_cycles) * 2 + 0.005 if stream_end else 0.0
+    allowance_ms = _empty_fence_ms(int(config.hold_us * cycles_per_us)) * 2 + 0.005 if stream_end else 0.0
     events = [[torch.cuda.Event(enable_timing=True) for _ in range(3)] for _ in range(trials)]
     for start, end, fence in events:
         ready = [prepare() for _ in range(calls)]
         reset_persisting_l2()  # persisting lines would survive the flush
         if flush is not None:
             flush.zero_()
+        hold_us = host.hold_for(calls, config)
         torch.cuda.synchronize()
-        if hold_cycles:
-            torch.cuda._sleep(hold_cycles)
+        if hold_us:
+            torch.cuda._sleep(int(hold_us * cycles_per_us))
+        begin = time.perf_counter_ns()
         start.record()
         for call in ready:
             call()
+        host.region((time.perf_counter_ns() - begin) / 1e3, calls, hold_us)
         if stream_end:
             end.record()
             after_end()  # queued behind the end event: what the outputs hold when the region ended

@@ -32,7 +32,7 @@ from cuda_agent.evaluate.protocol import (REQUESTS, CalibrateRequest, CompareReq
                                           parse_request)
 from cuda_agent.evaluate.records import RECORDED_PER_REGION, Recorder, compare_record
 from cuda_agent.evaluate.shared import SharedBuffer, SharedError
-from cuda_agent.evaluate.timing import calibrate, profile_call, time_round, trial_seed
+from cuda_agent.evaluate.timing import HostLaunch, calibrate, profile_call, time_round, trial_seed
 from cuda_agent.evaluate.transfer import TransferError, manifest_devices, packed_bytes, read_outputs, write_outputs
 from cuda_agent.sandbox.process import receive_fd, send_fd
 from cuda_agent.guard.runtime import RuleBroken, find_overlap
@@ -134,7 +134,15 @@ class _Side:
     def inputs(self, seed: int) -> list[Any]:
         return make_inputs(self.task_module, seed, self.device, self.source)
 
-    def calibrate(self, fn: Any, msg: CalibrateRequest) -> float:
+    def launch(self, side: str, adaptive: bool = False) -> HostLaunch:
+        """What the host takes to enqueue ``side``'s calls, learned over this process's warm-ups and
+        rounds (``timing.HostLaunch``)."""
+        launches: dict[str, HostLaunch] = self.__dict__.setdefault("launches", {})
+        host = launches.setdefault(side, HostLaunch())
+        host.adaptive = adaptive  # as the request's timing asks
+        return host
+
+    def calibrate(self, fn: Any, msg: CalibrateRequest, host: HostLaunch | None = None) -> float:
         """Warm ``fn`` up on fresh inputs from ``msg.seed``; its wall time per call (ms)."""
         import torch
 
@@ -146,10 +154,10 @@ class _Side:
             drawn[1] += 1
 
         with torch.no_grad():
-            return calibrate(lambda: fn(*drawn[0]), self.device, TimingConfig.from_dict(msg.timing), setup)
+            return calibrate(lambda: fn(*drawn[0]), self.device, TimingConfig.from_dict(msg.timing), setup, host)
 
-    def time_calls(self, fn: Any, msg: TimeRequest,
-                   on_record: Any = None) -> tuple[list[float], list[dict[str, Any]]]:
+    def time_calls(self, fn: Any, msg: TimeRequest, on_record: Any = None,
+                   host: HostLaunch | None = None) -> tuple[list[float], list[dict[str, Any]]]:
         """One round: ``msg.trials`` regions of ``msg.calls`` calls of ``fn``, call ``first + i``
         on the inputs of ``trial_seed(seed, first + i)``. Right after each region ends, up to
         ``RECORDED_PER_REGION`` of its calls, chosen then, are recorded (``evaluate.records``);
@@ -181,7 +189,7 @@ class _Side:
 
         with torch.no_grad():
             samples = time_round(prepare, self.device, TimingConfig.from_dict(msg.timing), msg.trials, msg.calls,
-                                 after_end)
+                                 after_end, host)
         synchronize(self.device)
         return samples, recorder.finish()
 
@@ -219,12 +227,14 @@ class ReferenceSide(_Side):
         if op == "compile":
             return self.compile(msg)
         if op == "calibrate":
-            return {"estimate_ms": self.calibrate(self._baseline(msg.side), msg)}
+            host = self._launch(msg)
+            return {"estimate_ms": self.calibrate(self._baseline(msg.side), msg, host), "host_us": host.per_call_us}
         if op == "time":
-            samples = self.time_calls(self._baseline(msg.side), msg)[0]
+            host = self._launch(msg)
+            samples = self.time_calls(self._baseline(msg.side), msg, host=host)[0]
             if msg.side == "empty" and self.device == "cuda":
                 torch.cuda.empty_cache()  # its outputs were never the Model's: hold no memory for them
-            return {"samples": samples}
+            return {"samples": samples, "host": host.report()}
         if op == "records":
             return {"verdicts": self.check_records(msg)}
         if op == "expect":
@@ -353,6 +363,14 @@ class ReferenceSide(_Side):
             del expected, inputs  # one call's tensors at a time: outputs of GBs each
         return verdicts
 
+    def _launch(self, msg: CalibrateRequest | TimeRequest) -> HostLaunch:
+        """Eager's and torch.compile's holds cover their host's enqueue time; the empty round keeps
+        the candidate's fixed hold, since it stands for the candidate's harness time."""
+        adaptive = msg.side in ("eager", "compile") and TimingConfig.from_dict(msg.timing).baseline_hold == "adaptive"
+        host = self.launch(msg.side or "", adaptive)
+        host.fixed_us = getattr(msg, "hold_us", None)
+        return host
+
     def _baseline(self, side: str | None) -> Any:
         """The function a baseline side times: eager Model, torch.compile(Model), or nothing
         ("empty": the round's draws, flushes and holds alone, which the outside clock subtracts)."""
@@ -435,7 +453,7 @@ class CandidateSide(_Side):
             reply = {"fingerprint": prints, "manifest": self._write(output, Path(msg.dir))}
             return reply | ({"kernels": kernels} if kernels is not None else {})
         if op == "calibrate":
-            estimate = self.calibrate(self.model, msg)
+            estimate = self.calibrate(self.model, msg, self.launch("candidate"))
             self.guard.verify_harness("during warm-up")
             return {"estimate_ms": estimate}
         if op == "time":
@@ -482,11 +500,13 @@ class CandidateSide(_Side):
 
         # The previous round's last call was not the last: its tensors (GBs for some tasks) go now.
         self.latest = self.final_call = None
-        samples, records = self.time_calls(self.model, msg, on_record)
+        host = self.launch("candidate")
+        host.fixed_us = msg.hold_us
+        samples, records = self.time_calls(self.model, msg, on_record, host)
         index, inputs, box = self.final_call
         self.latest = {"index": index, "inputs": inputs} | ({"output": box["output"]} if "output" in box else {})
         self.guard.verify_harness("during timing")
-        return {"samples": samples, "records": records}
+        return {"samples": samples, "records": records, "host": host.report()}
 
     def timed(self) -> list[dict[str, Any]]:
         """After the last round: the last call's inputs unchanged, and the outputs kept (the last call's,
