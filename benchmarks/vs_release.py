@@ -110,6 +110,8 @@ def ours(model: Path, candidate: Path, repeats: int, gap: float) -> dict[str, ob
         "intervals": [r.decision["speedups"] if r.decision else None for _, r in warm[:3]],
         "candidate_ms": [r.times.get("candidate", {}).get("median_ms") for _, r in warm],
         "failures": [f"{r.status}: {r.reason}" for r in bad],
+        "host": [r.timing.get("host") for _, r in warm],  # each side's longest enqueue, hold, late regions
+        "notes": sorted({n for _, r in warm for n in r.notes}),
     }
 
 
