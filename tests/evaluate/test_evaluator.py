@@ -81,6 +81,8 @@ def test_end_to_end_correct(example, evaluator):
         rounds = result.decision["rounds"]
         assert stats["trials"] == rounds * timing["plans"][which]["trials"] >= timing["rounds_min"] * timing["round_trials"][0]
         assert stats["min_ms"] <= stats["median_ms"] <= stats["max_ms"]
+        # Each side's host figures, over all its regions (a host clock holds nothing: none late).
+        assert timing["host"][which]["regions"] == stats["trials"] and timing["host"][which]["late"] == 0
     # Interleaved rounds: each speedup is the geometric mean of the rounds' speedups, inside its interval.
     for which, speedup in (("eager", result.speedup_eager), ("compile", result.speedup_compile)):
         decided = result.decision["speedups"][which]
