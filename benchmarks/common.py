@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 import time
 from pathlib import Path
 from typing import Iterator
@@ -16,6 +17,11 @@ def examples(device: str, names: list[str] | None = None) -> Iterator[tuple[str,
     prefix = "cuda_" if device == "cuda" else "cpu_"
     for name in names or sorted(p.name for p in (ROOT / "examples").glob(prefix + "*")):
         yield name, load_task(ROOT / "examples" / name / "model.py"), load_candidate(ROOT / "examples" / name / "solution")
+
+
+def cv(values: list[float]) -> float:
+    """Coefficient of variation (population): how far repeated measurements spread."""
+    return statistics.pstdev(values) / statistics.fmean(values) if len(values) > 1 else 0.0
 
 
 def timed(evaluator: Evaluator, task, candidate) -> tuple[float, EvalResult]:

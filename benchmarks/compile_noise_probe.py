@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import examples
+from common import cv, examples
 
 from cuda_agent import Evaluator
 
@@ -29,10 +29,6 @@ def measure(evaluator: Evaluator, task, phase: str, process: int) -> dict:
     return {"phase": phase, "process": process, "eager_ms": eager, "compile_ms": compiled,
             "ratio": round(compiled / eager, 5), "rounds": record.get("rounds"), "spread": record.get("spread"),
             "seconds": round(time.perf_counter() - start, 2)}
-
-
-def cv(values: list[float]) -> float:
-    return statistics.pstdev(values) / statistics.fmean(values) if len(values) > 1 else 0.0
 
 
 def main() -> None:

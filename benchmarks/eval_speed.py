@@ -27,13 +27,9 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from common import examples, timed
+from common import cv, examples, timed
 
 from cuda_agent import Evaluator
-
-
-def cv(values: list[float]) -> float:
-    return statistics.pstdev(values) / statistics.fmean(values) if len(values) > 1 else 0.0
 
 
 def main() -> None:

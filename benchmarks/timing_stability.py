@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import examples, timed
+from common import cv, examples, timed
 
 from cuda_agent import Evaluator
 from cuda_agent.evaluate.policy import TimingConfig
@@ -32,10 +32,6 @@ VARIANTS = {
     "stream+hold200": TimingConfig(end_fence="stream", hold_us=200.0),
     "stream+hold500": TimingConfig(end_fence="stream", hold_us=500.0),
 }
-
-
-def cv(values: list[float]) -> float:
-    return statistics.pstdev(values) / statistics.fmean(values) if len(values) > 1 else 0.0
 
 
 def run(name: str, task, candidate, variant: str, repeats: int, gap: float, cache: Path) -> dict:

@@ -30,13 +30,9 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from common import ROOT
+from common import ROOT, cv
 
 from cuda_agent import Evaluator, load_candidate, load_task
-
-
-def cv(values: list[float]) -> float:
-    return statistics.pstdev(values) / statistics.fmean(values) if len(values) > 1 else 0.0
 
 
 def workspaces(release: Path, names: list[str]) -> list[tuple[str, Path, Path]]:

@@ -134,12 +134,12 @@ class _Side:
     def inputs(self, seed: int) -> list[Any]:
         return make_inputs(self.task_module, seed, self.device, self.source)
 
-    def launch(self, side: str, adaptive: bool = False) -> HostLaunch:
+    def launch(self, side: str, adaptive: bool = False, fixed_us: float | None = None) -> HostLaunch:
         """What the host takes to enqueue ``side``'s calls, learned over this process's warm-ups and
-        rounds (``timing.HostLaunch``)."""
+        rounds (``timing.HostLaunch``), with the hold this request asks for."""
         launches: dict[str, HostLaunch] = self.__dict__.setdefault("launches", {})
         host = launches.setdefault(side, HostLaunch())
-        host.adaptive = adaptive  # as the request's timing asks
+        host.adaptive, host.fixed_us = adaptive, fixed_us
         return host
 
     def calibrate(self, fn: Any, msg: CalibrateRequest, host: HostLaunch | None = None) -> float:
@@ -367,9 +367,7 @@ class ReferenceSide(_Side):
         """Eager's and torch.compile's holds cover their host's enqueue time; the empty round keeps
         the candidate's fixed hold, since it stands for the candidate's harness time."""
         adaptive = msg.side in ("eager", "compile") and TimingConfig.from_dict(msg.timing).baseline_hold == "adaptive"
-        host = self.launch(msg.side or "", adaptive)
-        host.fixed_us = getattr(msg, "hold_us", None)
-        return host
+        return self.launch(msg.side or "", adaptive, getattr(msg, "hold_us", None))
 
     def _baseline(self, side: str | None) -> Any:
         """The function a baseline side times: eager Model, torch.compile(Model), or nothing
@@ -500,8 +498,7 @@ class CandidateSide(_Side):
 
         # The previous round's last call was not the last: its tensors (GBs for some tasks) go now.
         self.latest = self.final_call = None
-        host = self.launch("candidate")
-        host.fixed_us = msg.hold_us
+        host = self.launch("candidate", fixed_us=msg.hold_us)
         samples, records = self.time_calls(self.model, msg, on_record, host)
         index, inputs, box = self.final_call
         self.latest = {"index": index, "inputs": inputs} | ({"output": box["output"]} if "output" in box else {})
