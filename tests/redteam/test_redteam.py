@@ -116,7 +116,10 @@ static void halve_clock() {
 }
 """
 # A helper thread, started inside a checked call and named like torch's own, finishes the second half
-# of the output after forward returned, on calls no dispatch mode watches.
+# of the output after forward returned, on calls no dispatch mode watches. The records catch the
+# unfinished half only when the harness reads them before the helper is done, which a busy machine does
+# not promise (a CI run once saw all 8 checked records complete); the thread itself, counted from
+# outside after the checks whatever its name, is what fails it every time.
 LATER = r"""
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <torch/csrc/profiler/orchestration/observer.h>
@@ -314,7 +317,7 @@ CASES = [
                  "y.data_ptr<float>(), half, s); auto* l = later(); { std::lock_guard<std::mutex> g(l->m); "
                  "l->job = [xc, y, half, n, s] { scaled_swish_launch(xc.data_ptr<float>() + half, "
                  "y.data_ptr<float>() + half, n - half, s); }; l->ready = true; } l->cv.notify_one(); return y; }",
-         runtime=True, status="incorrect", rule="timed-output"),
+         runtime=True, rule="thread", reason="seen from outside"),
     Case("native-phase-detection-runtime", "Checked-vs-timed phase detection",
          cpp_prelude=LATER,
          binding="auto y = torch::empty_like(xc); static int64_t unwatched = 0; "

@@ -454,6 +454,7 @@ class Evaluator:
         # read from outside, once its own start-up is over.
         candidate.ask("load", ReadyRequest(), self.timeouts.load_s)
         handlers = candidate.worker.signal_handlers()
+        threads = candidate.worker.threads()  # the harness's own, started before the first request
         candidate.send("load", LoadRequest(**self._task_message(task, job, reference.init_seed),
                                            model_new_file=str(job / "model_new.py"), modules=modules))
         if fresh:
@@ -474,9 +475,11 @@ class Evaluator:
         self._share(reference, candidate, result)
         result.durations["load"] = round(time.monotonic() - clock, 3)
         self._check_signals(candidate, handlers, "load", "while model_new.py was imported")
+        self._check_no_new_threads(candidate, threads, "load", "while model_new.py was imported")
 
         self._verify(reference.channel, candidate, job, own_kernels, result)
         self._check_signals(candidate, handlers, "verify", "during the checks")
+        self._check_no_new_threads(candidate, threads, "verify", "during the checks")
         if not timed:
             result.correct = True
             result.status = "correct"
@@ -609,7 +612,7 @@ class Evaluator:
                 if candidate is not None:
                     candidate.worker.resume()
             if candidate is not None and log is not None:
-                self._check_no_new_threads(candidate, threads_before, "while it was timed")
+                self._check_no_new_threads(candidate, threads_before, "profile", "while it was timed")
                 for _ in range(EMPTY_ROUNDS - 1):
                     self._time_empty(reference, log)
         result.timing = result.timing | {"plans": {side: vars(plan) for side, plan in plans.items()}, "host": hosts}
@@ -670,14 +673,17 @@ class Evaluator:
                        "outside it; a solution handles no signals", rule="signal-handler")
 
     @staticmethod
-    def _check_no_new_threads(candidate: Channel, before: dict[int, str], when: str) -> None:
-        """Threads of the candidate's process tree, counted from outside, before the warm-up and
-        after the rounds: the harness starts none in between, so a new one is the candidate's, whatever
-        its name (the in-process check sees only the checked calls, and trusts runtime-like names)."""
+    def _check_no_new_threads(candidate: Channel, before: dict[int, str], stage: str, when: str) -> None:
+        """Threads of the candidate's process tree, counted from outside, against ``before``: the
+        worker starts the threads torch, the runtime and the profiler start on first use before its
+        first request (``worker.warm_up_runtime``), so a thread that appears later is the candidate's,
+        whatever its name. The in-process check trusts runtime-like names; this one trusts none, and
+        does not depend on which thread wins a race (a helper that finishes an output after forward
+        returned can beat the records' read on a busy machine)."""
         started = {tid: name for tid, name in candidate.worker.threads().items() if tid not in before}
         if started:
             names = ", ".join(sorted(set(started.values())))
-            raise Stop("failed", "profile", f"{len(started)} thread(s) or process(es) started {when}, seen from "
+            raise Stop("failed", stage, f"{len(started)} thread(s) or process(es) started {when}, seen from "
                        f"outside the candidate's process ({names})", rule="thread")
 
     @contextlib.contextmanager
