@@ -19,10 +19,11 @@ from cuda_agent.evaluate.policy import PRESETS
 from cuda_agent.evaluate.result import EvalResult
 from cuda_agent.paths import EXAMPLES
 from cuda_agent.sandbox import SANDBOX_CHOICES, SandboxUnavailable
+from cuda_agent.service.messages import ServiceError
 from cuda_agent.tasks import TaskError, load_task, load_tasks
 
 # Errors in what the user gave (files, settings, the machine): one line and exit status 2, no traceback.
-USER_ERRORS = (TaskError, CandidateError, SandboxUnavailable, BackendError, ValueError, OSError)
+USER_ERRORS = (TaskError, CandidateError, SandboxUnavailable, BackendError, ServiceError, ValueError, OSError)
 
 
 def _status_line(quiet: bool):
@@ -42,7 +43,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         overrides = {k: getattr(args, k) for k in ("checks", "atol", "rtol", "reward") if getattr(args, k) is not None}
         policy = Policy.preset(args.policy, **overrides)
         timing = TimingConfig(method=args.timing)
-        evaluator = Evaluator(
+        evaluator = _remote_evaluator(args, policy) if args.remote else Evaluator(
             args.device,
             policy=policy,
             timing=timing,
@@ -62,6 +63,62 @@ def cmd_eval(args: argparse.Namespace) -> int:
     result = evaluator.evaluate(task, candidate)
     print(result.to_json() if args.json else result.summary())
     return 0 if result.status == "correct" else 1
+
+
+def _remote_evaluator(args: argparse.Namespace, policy: Policy):
+    """The service at ``--remote``, refused when the options ask for what it does not do: the service's
+    slots evaluate under the policy it was started with (``cuda-agent serve --policy``)."""
+    from cuda_agent.service import RemoteEvaluator
+
+    local_only = [flag for flag, value in (("--device", args.device != "auto"), ("--timing", args.timing != "auto"),
+                                           ("--no-compile", args.no_compile), ("--cache-dir", args.cache_dir),
+                                           ("--timeout", args.timeout is not None)) if value]
+    if local_only:
+        raise ValueError(f"{', '.join(local_only)} set how a local evaluation runs; with --remote the service decides "
+                         "(start it with those options instead).")
+    evaluator = RemoteEvaluator(args.remote)
+    served = evaluator.policy
+    if served != policy:
+        differ = sorted(k for k, v in policy.to_dict().items() if served.to_dict().get(k) != v)
+        raise ValueError(f"the service at {args.remote} evaluates under policy {served.name!r}, which differs from the "
+                         f"one asked for in {', '.join(differ)}; start a service with `cuda-agent serve --policy "
+                         f"{policy.name}` or drop those options.")
+    return evaluator
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """An evaluation service: local slots (or Ray actors with --ray) behind an HTTP front."""
+    from cuda_agent.service import local_service, make_server, ray_service
+
+    policy = Policy.preset(args.policy)
+    options = {"policy": policy, "cache_dir": args.cache_dir, "sandbox": args.sandbox, "timeouts": _timeouts(args)}
+
+    def on_reply(job, reply) -> None:
+        result = reply.result if reply.ok and isinstance(reply.result, dict) else {}
+        outcome = (f"{result.get('status')} reward {result.get('reward')}" if "status" in result
+                   else "ok" if reply.ok else f"{reply.kind}: {reply.error}")
+        print(f"[{time.strftime('%H:%M:%S')}] {job.describe()} -> {outcome} ({reply.slot}, {reply.seconds:.1f} s, "
+              f"attempt {reply.attempts})", file=sys.stderr, flush=True)
+
+    common = {"queue_size": args.queue_size, "job_timeout_s": args.job_timeout, "on_reply": on_reply}
+    if args.ray:
+        service = ray_service(args.ray, "cuda" if args.device == "auto" else args.device, slots=args.slots,
+                              **common, **options)
+    else:
+        service = local_service(args.device, slots=args.slots, gpus=args.gpus, **common, **options)
+    server = make_server(service, args.host, args.port)
+    host, port = server.server_address[:2]
+    info = service.info
+    print(f"serving {info['slots_total']} {info['device']} slot(s) ({info['backend']}, policy {policy.name}) on "
+          f"http://{host}:{port}  (cuda-agent eval TASK CANDIDATE --remote http://{host}:{port})", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+        service.close()
+    return 0
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
@@ -247,9 +304,22 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if (args.solutions is None) == (args.model is None):
         raise ValueError("give --solutions DIR (evaluate a solution set) or --model NAME (run the agent live).")
     tasks = load_tasks(args.source, levels=args.level)
-    device = resolve_device(args.device)
+    remote = None
+    if args.remote:
+        from cuda_agent.service import RemoteEvaluator
+
+        if args.baselines:
+            raise ValueError("--baselines seeds this machine's cache; with --remote the service times and caches its "
+                             "own (seed its --cache-dir instead, or drop --baselines).")
+        remote = RemoteEvaluator(args.remote)
+        if remote.policy.name != args.policy:
+            raise ValueError(f"the service at {args.remote} evaluates under policy {remote.policy.name!r}, not "
+                             f"{args.policy!r}; start it with `cuda-agent serve --policy {args.policy}`.")
+    device = remote.device if remote is not None else resolve_device(args.device)
     backend = _chat_backend(args) if args.model is not None else None  # before any baseline or evaluation
-    policy = Policy.preset(args.policy)
+    policy = remote.policy if remote is not None else Policy.preset(args.policy)
+    # Enough jobs in flight to keep every slot of the service busy while replies travel back.
+    concurrency = args.concurrency or (2 * remote.info.get("slots_total", 1) if remote is not None else 1)
     if args.solutions is not None:
         solutions = find_solutions(tasks, args.solutions)
         print(f"{len(tasks)} tasks; {len(solutions.by_task)} with solutions ({len(solutions.entries())} entries); "
@@ -279,14 +349,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     settings = {"device": device, "policy": policy.name, "degenerate": degenerate}
     if args.model is None:
         run_bench(args.out, tasks, solutions, device, gpus=args.gpus, evaluator_options=options, settings=settings,
-                  progress=show)
+                  progress=show, evaluator=remote, concurrency=concurrency)
     else:
         from cuda_agent.agent.loop import AgentConfig
 
         config = AgentConfig(max_turns=args.max_turns)
         run_agent_bench(args.out, tasks, backend, device, model=args.model, gpus=args.gpus, evaluator_options=options,
                         config=config, sandbox=args.sandbox, settings=settings | {"max_turns": args.max_turns},
-                        progress=show)
+                        progress=show, evaluator=remote, concurrency=concurrency)
     write_report(args.out, exclude_degenerate=args.exclude_degenerate)
     print((args.out / "report.md").read_text().split("\n## ")[0])
     print(f"reports in {args.out}: report.md, metrics.json, levels.csv, per_task.csv, *.png", file=sys.stderr)
@@ -432,9 +502,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
     p.add_argument("--cache-dir", type=Path, default=None)
     p.add_argument("--json", action="store_true", help="print the JSON record instead of the summary")
+    p.add_argument("--remote", default=None, metavar="URL",
+                   help="evaluate on an evaluation service (cuda-agent serve) at URL, e.g. http://HOST:8470")
     add_timeout_option(p)
     add_sandbox_option(p)
     p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("serve", help="run an evaluation service: evaluators behind a queue and an HTTP front")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for other machines)")
+    p.add_argument("--port", type=int, default=8470, help="port (0 picks a free one, printed at start)")
+    p.add_argument("--slots", type=int, default=None,
+                   help="evaluators: default one per GPU (cuda) or 1 (cpu); with --ray, actors (default: the cluster's GPUs)")
+    p.add_argument("--gpus", type=int, nargs="+", default=None, help="GPU indices to serve on (default: all visible)")
+    p.add_argument("--ray", default=None, metavar="ADDRESS",
+                   help="run the slots as Ray actors on the cluster at ADDRESS ('local' starts one here; needs "
+                        "cuda-agent[ray])")
+    p.add_argument("--policy", default="fair", choices=sorted(PRESETS))
+    p.add_argument("--queue-size", type=int, default=64, help="jobs that may wait; past it clients are told to retry")
+    p.add_argument("--job-timeout", type=float, default=3600.0, metavar="SECONDS",
+                   help="a job a slot holds longer fails as 'timeout' and the slot is replaced")
+    p.add_argument("--cache-dir", type=Path, default=None,
+                   help="build and baseline cache (a shared filesystem path shares it across nodes)")
+    add_timeout_option(p)
+    add_sandbox_option(p)
+    p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("compile", help="compile-only check of a candidate's sources (no GPU needed)")
     p.add_argument("candidate")
@@ -523,6 +615,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--level", type=int, action="append", help="only these levels (repeatable)")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--gpus", type=int, nargs="+", default=None, help="GPU indices, one evaluator each (default: all)")
+    p.add_argument("--remote", default=None, metavar="URL",
+                   help="evaluate on an evaluation service (cuda-agent serve) at URL instead of local evaluators")
+    p.add_argument("--concurrency", type=int, default=None,
+                   help="with --remote: evaluations (or agent episodes) in flight (default: twice the service's slots)")
     p.add_argument("--policy", default="fair", choices=sorted(PRESETS))
     p.add_argument("--baselines", type=Path, default=None,
                    help="a table from `cuda-agent baselines` on this machine: its times are reused, its degenerate "

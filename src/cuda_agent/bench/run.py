@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import threading
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any, Callable
 
@@ -88,8 +89,11 @@ def start_run(run_dir: Path, tasks: list[Task], solutions: str, settings: dict[s
 def run_bench(run_dir: Path, tasks: list[Task], solutions: SolutionSet, device: str, *,
               gpus: list[int] | None = None, evaluator_options: dict[str, Any] | None = None,
               settings: dict[str, Any] | None = None,
-              progress: Callable[[int, int, dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
-    """Evaluate every entry of ``solutions`` not yet in the run; the rows written now."""
+              progress: Callable[[int, int, dict[str, Any]], None] | None = None,
+              evaluator: EvaluatorLike | None = None, concurrency: int = 1) -> list[dict[str, Any]]:
+    """Evaluate every entry of ``solutions`` not yet in the run; the rows written now. With
+    ``evaluator`` (an evaluation service's ``RemoteEvaluator``), ``concurrency`` evaluations are sent
+    to it at once instead of running local evaluators."""
     from cuda_agent.candidates import CandidateError, load_candidate
     from cuda_agent.evaluate.pool import evaluate_many
     from cuda_agent.evaluate.result import EvalResult
@@ -120,7 +124,12 @@ def run_bench(run_dir: Path, tasks: list[Task], solutions: SolutionSet, device: 
             policy = (evaluator_options or {}).get("policy") or Policy()
             record = EvalResult.unloadable(task.to_dict(), str(path), device, policy.to_dict(), {}, str(exc))
             write({"entry": entry} | record.to_dict())
-    if pairs:
+    if pairs and evaluator is not None:
+        with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+            sent = {pool.submit(evaluator.evaluate, task, candidate): i for i, (task, candidate) in enumerate(pairs)}
+            for future in as_completed(sent):
+                write({"entry": entries[sent[future]]} | future.result().to_dict())
+    elif pairs:
         evaluate_many(pairs, device, gpus=gpus, on_result=lambda i, result: write({"entry": entries[i]} | result.to_dict()),
                       **(evaluator_options or {}))
     return written
@@ -137,12 +146,14 @@ AGENT_FINAL = "agent/final"
 def run_agent_bench(run_dir: Path, tasks: list[Task], make_backend: Callable[[], Any], device: str, *,
                     model: str, gpus: list[int] | None = None, evaluator_options: dict[str, Any] | None = None,
                     config: Any = None, sandbox: Any = "auto", settings: dict[str, Any] | None = None,
-                    progress: Callable[[int, int, dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+                    progress: Callable[[int, int, dict[str, Any]], None] | None = None,
+                    evaluator: EvaluatorLike | None = None, concurrency: int = 1) -> list[dict[str, Any]]:
     """Live: one agent episode per task not yet in the run, one evaluator (and episode) per GPU at a
     time. Each evaluation the agent asked for is a sample of the task (``agent/turn-N-verify``), the
     final fresh evaluation too (``agent/final``): the report takes the best, as the paper does. A
     task's rows are written together when its episode ends; its trajectory goes to
-    ``trajectories.jsonl``. An episode cut off by an interruption is run again from the start."""
+    ``trajectories.jsonl``. An episode cut off by an interruption is run again from the start. With
+    ``evaluator`` (an evaluation service), ``concurrency`` episodes run at once, all evaluated there."""
     import shutil
 
     from cuda_agent.agent.loop import run_episode
@@ -155,7 +166,9 @@ def run_agent_bench(run_dir: Path, tasks: list[Task], make_backend: Callable[[],
     lock = threading.Lock()
     written: list[dict[str, Any]] = []
 
-    def setup(gpu: int | None) -> Evaluator:
+    def setup(gpu: int | None) -> EvaluatorLike:
+        if evaluator is not None:
+            return evaluator
         # On a GPU machine, the processes of the agent's next evaluation start while it thinks.
         return Evaluator(device, gpu_index=gpu, **({"prestart": device == "cuda"} | (evaluator_options or {})))
 
@@ -172,5 +185,5 @@ def run_agent_bench(run_dir: Path, tasks: list[Task], make_backend: Callable[[],
             if progress:
                 progress(len({r["task"]["name"] for r in written}), len(todo), rows[-1])
 
-    drain(todo, device_slots(device, gpus), setup, episode_of)
+    drain(todo, [None] * max(1, concurrency) if evaluator is not None else device_slots(device, gpus), setup, episode_of)
     return written

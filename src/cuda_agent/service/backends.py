@@ -1,0 +1,120 @@
+"""Where the service's slots live: in this process (``local_service``) or in Ray actors
+(``ray_service``, ``pip install 'cuda-agent[ray]'``). Both return the same ``EvalService``.
+
+One slot per GPU, each an ``Evaluator(prestart=True)`` that owns its GPU: on a cluster an actor asks
+Ray for a whole GPU (``num_gpus=1``), so the pool's GPUs are never shared with training. On the CPU
+backend each slot takes a core. Every slot points at the same ``cache_dir``: builds and baselines
+are content-addressed and written atomically, so a shared filesystem path is a cache shared across
+nodes.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from cuda_agent.evaluate import Evaluator, Policy, TimingConfig, resolve_device
+from cuda_agent.evaluate.pool import device_slots
+from cuda_agent.service.messages import Job
+from cuda_agent.service.pool import EvalService, LocalSlot, SlotLost, execute
+
+
+def _info(device: str, backend: str, slots: int, options: dict[str, Any]) -> dict[str, Any]:
+    """What ``GET /info`` tells a client: the policy and timing every slot evaluates under."""
+    policy = options.get("policy") or Policy()
+    timing = (options.get("timing") or TimingConfig()).resolved(device)
+    return {"device": device, "backend": backend, "slots_total": slots, "policy": policy.to_dict(),
+            "timing": timing.to_dict()}
+
+
+def local_service(device: str = "auto", *, slots: int | None = None, gpus: list[int] | None = None,
+                  queue_size: int = 64, job_timeout_s: float = 3600.0, build_workers: int | None = None,
+                  on_reply: Any = None, **options: Any) -> EvalService:
+    """The service on this machine: one slot per GPU in ``gpus`` (default every visible one), or
+    ``slots`` CPU slots (default 1); ``options`` go to each ``Evaluator``."""
+    device = resolve_device(device)
+    indices = device_slots(device, gpus) if device == "cuda" else [None] * max(1, slots or 1)
+    # The same prestart choice as evaluate_many: on the CPU a prestarted process competes for the cores.
+    options = {"prestart": device == "cuda"} | options
+
+    def make_slot(i: int) -> LocalSlot:
+        return LocalSlot(f"local-{i}" + (f"-gpu{indices[i]}" if indices[i] is not None else ""),
+                         Evaluator(device, gpu_index=indices[i], **options))
+
+    builder = Evaluator(device, **(options | {"prestart": False}))
+    workers = (max(1, (os.cpu_count() or 2) // 2) if device == "cuda" else 0) if build_workers is None else build_workers
+    return EvalService(make_slot, len(indices), queue_size=queue_size, job_timeout_s=job_timeout_s,
+                       builder=builder.build, build_workers=workers, on_reply=on_reply,
+                       info=_info(device, "local", len(indices), options))
+
+
+class _EvaluatorActor:
+    """A Ray actor that owns one evaluator (and, on a GPU node, one GPU)."""
+
+    def __init__(self, device: str, options: dict[str, Any]):
+        self.evaluator = Evaluator(device, **({"prestart": device == "cuda"} | options))
+
+    def run(self, job: dict[str, Any]) -> Any:
+        return execute(self.evaluator, Job.from_dict(job))
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def close(self) -> None:
+        self.evaluator.close()
+
+
+class RaySlot:
+    """One actor behind the slot interface: an actor or node that dies is ``SlotLost``; an exception
+    the evaluator raised comes back as itself."""
+
+    def __init__(self, name: str, actor: Any):
+        self.name = name
+        self.actor = actor
+
+    def run(self, job: Job, built: Any = None) -> Any:
+        import ray
+
+        try:
+            return ray.get(self.actor.run.remote(job.to_dict()))
+        except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError,
+                ray.exceptions.ObjectLostError) as exc:
+            raise SlotLost(f"{self.name}: {type(exc).__name__}") from None
+        except ray.exceptions.RayTaskError as exc:
+            cause = getattr(exc, "cause", None)
+            raise RuntimeError(str(cause or exc).strip().splitlines()[-1][:500]) from None
+
+    def close(self) -> None:
+        import ray
+
+        try:
+            ray.kill(self.actor, no_restart=True)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+
+
+def ray_service(address: str = "local", device: str = "cuda", *, slots: int | None = None, queue_size: int = 256,
+                job_timeout_s: float = 3600.0, on_reply: Any = None, **options: Any) -> EvalService:
+    """The service on the Ray cluster at ``address`` ("local" starts one here): ``slots`` actors
+    (default: one per GPU of the cluster on ``cuda``, one per CPU on ``cpu``)."""
+    try:
+        import ray
+    except ImportError:
+        raise ValueError("--ray needs Ray: pip install 'cuda-agent[ray]' (or drop --ray for the local service).") from None
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"a Ray service needs --device cpu or cuda (the cluster's, not this machine's), got {device!r}")
+    if not ray.is_initialized():
+        ray.init(address=None if address == "local" else address, log_to_driver=False, include_dashboard=False)
+    resources = ray.cluster_resources()
+    if slots is None:
+        slots = int(resources.get("GPU", 0)) if device == "cuda" else max(1, int(resources.get("CPU", 1)) - 1)
+    if slots < 1:
+        raise ValueError(f"the Ray cluster at {address!r} has no GPU for a cuda service; add GPU nodes or use --device cpu")
+    actor_class = ray.remote(num_gpus=1, num_cpus=1)(_EvaluatorActor) if device == "cuda" \
+        else ray.remote(num_cpus=1)(_EvaluatorActor)
+
+    def make_slot(i: int) -> RaySlot:
+        return RaySlot(f"ray-{i}", actor_class.remote(device, options))
+
+    return EvalService(make_slot, slots, queue_size=queue_size, job_timeout_s=job_timeout_s, on_reply=on_reply,
+                       info=_info(device, f"ray {address}", slots, options))

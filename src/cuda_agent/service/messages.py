@@ -1,0 +1,130 @@
+"""What travels between a client and the evaluation service, typed in one place.
+
+A ``Job`` is one call of the evaluator interface (``evaluate.interface.EvaluatorLike``) with its task
+and candidate carried whole (sources, not paths: the service may run on other machines); a ``Reply``
+is its answer, the same JSON that ``cuda-agent eval --json`` prints for an evaluation. The HTTP front,
+the Ray actors and the local slots all speak these, so there is one wire format.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from cuda_agent.candidates import Candidate
+from cuda_agent.candidates.candidate import Extension
+from cuda_agent.tasks import Task
+
+OPS = ("evaluate", "verify", "build", "baseline", "degenerate")
+# What a failed reply's ``kind`` says, so a client can tell what to do about it.
+ERROR_KINDS = ("input", "overloaded", "timeout", "lost", "internal")
+
+
+def task_to_wire(task: Task) -> dict[str, Any]:
+    return {"name": task.name, "code": task.code, "source": task.source, "level": task.level,
+            "problem_id": task.problem_id, "metadata": task.metadata}
+
+
+def task_from_wire(data: dict[str, Any]) -> Task:
+    _require(data, ("name", "code", "source"), "task")
+    return Task(name=data["name"], code=data["code"], source=data["source"], level=data.get("level"),
+                problem_id=data.get("problem_id"), metadata=dict(data.get("metadata") or {}))
+
+
+def candidate_to_wire(candidate: Candidate) -> dict[str, Any]:
+    return {"model_new": candidate.model_new, "kind": candidate.kind, "origin": candidate.origin,
+            "notes": list(candidate.notes), "extensions": [dataclasses.asdict(e) for e in candidate.extensions]}
+
+
+def candidate_from_wire(data: dict[str, Any]) -> Candidate:
+    _require(data, ("model_new", "kind", "origin", "extensions"), "candidate")
+    extensions = tuple(Extension(name=e["name"], sources=dict(e["sources"]), cflags=tuple(e.get("cflags", ())),
+                                 cuda_cflags=tuple(e.get("cuda_cflags", ())), ldflags=tuple(e.get("ldflags", ())))
+                       for e in data["extensions"])
+    return Candidate(model_new=data["model_new"], extensions=extensions, kind=data["kind"], origin=data["origin"],
+                     notes=tuple(data.get("notes", ())))
+
+
+def _require(data: Any, keys: tuple[str, ...], what: str) -> None:
+    if not isinstance(data, dict):
+        raise ValueError(f"a job's {what} must be a JSON object, got {type(data).__name__}")
+    missing = [k for k in keys if k not in data]
+    if missing:
+        raise ValueError(f"a job's {what} lacks {', '.join(missing)}; send what service.messages.{what}_to_wire writes")
+
+
+@dataclass
+class Job:
+    """One request: ``op`` is an ``EvaluatorLike`` method; ``id`` names it across retries, so a job run
+    again after its slot died is still answered once."""
+
+    op: str
+    task: Task | None = None
+    candidate: Candidate | None = None
+    timed: bool = True  # evaluate
+    refresh: bool = False  # baseline
+    degenerate: bool = False  # baseline
+    draws: int = 3  # degenerate
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    def __post_init__(self) -> None:
+        if self.op not in OPS:
+            raise ValueError(f"unknown job op {self.op!r}; use one of {', '.join(OPS)}")
+        needs_task = self.op != "build"
+        needs_candidate = self.op in ("evaluate", "verify", "build")
+        if needs_task and self.task is None:
+            raise ValueError(f"a {self.op!r} job needs a task")
+        if needs_candidate and self.candidate is None:
+            raise ValueError(f"a {self.op!r} job needs a candidate")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"op": self.op, "id": self.id, "timed": self.timed, "refresh": self.refresh,
+                "degenerate": self.degenerate, "draws": self.draws,
+                "task": task_to_wire(self.task) if self.task is not None else None,
+                "candidate": candidate_to_wire(self.candidate) if self.candidate is not None else None}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "Job":
+        if not isinstance(data, dict) or "op" not in data:
+            raise ValueError("a job is a JSON object with an 'op' (and its task and candidate); see service.messages.Job")
+        return cls(op=data["op"], id=str(data.get("id") or uuid.uuid4().hex), timed=bool(data.get("timed", True)),
+                   refresh=bool(data.get("refresh", False)), degenerate=bool(data.get("degenerate", False)),
+                   draws=int(data.get("draws", 3)),
+                   task=task_from_wire(data["task"]) if data.get("task") is not None else None,
+                   candidate=candidate_from_wire(data["candidate"]) if data.get("candidate") is not None else None)
+
+    def describe(self) -> str:
+        what = self.task.name if self.task is not None else (self.candidate.origin if self.candidate else "")
+        return f"{self.op} {what} [{self.id[:8]}]"
+
+
+@dataclass
+class Reply:
+    """A job's answer: ``result`` is what the evaluator method returned, as JSON (an ``EvalResult``'s
+    ``to_dict()`` for evaluate/verify); a failed reply has ``error`` and its ``kind``."""
+
+    id: str
+    ok: bool
+    result: Any = None
+    error: str | None = None
+    kind: str | None = None
+    slot: str | None = None  # which slot answered
+    attempts: int = 1  # slots it was sent to (more than 1 after a slot died with it)
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Reply":
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+
+class ServiceError(RuntimeError):
+    """A job the service could not answer (not a candidate's failure: that is a result)."""
+
+    def __init__(self, message: str, kind: str = "internal"):
+        super().__init__(message)
+        self.kind = kind

@@ -1,0 +1,178 @@
+"""The service's scheduler with scripted slots (test doubles for evaluators): back-pressure, retry
+when a slot dies, exactly-once answers, timeouts and counters."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from cuda_agent.service import EvalService, Job, ServiceError, SlotLost
+from cuda_agent.tasks import Task
+
+TASK = Task(name="t", code="class Model: pass", source="t.py")
+
+
+class ScriptedSlot:
+    """Answers ``{"job": id, "slot": name}``; ``script[n]`` (by the slot's creation order) may say what
+    its jobs do instead: "die" (SlotLost), "hang" (never answers until closed), "raise", or an Event
+    to wait for."""
+
+    def __init__(self, name: str, behaviour=None, log=None):
+        self.name = name
+        self.behaviour = behaviour
+        self.log = log if log is not None else []
+        self.closed = threading.Event()
+
+    def run(self, job: Job, built=None):
+        self.log.append((self.name, job.id))
+        if isinstance(self.behaviour, threading.Event):
+            self.behaviour.wait(10)
+        elif self.behaviour == "die":
+            raise SlotLost(f"{self.name} died")
+        elif self.behaviour == "hang":
+            self.closed.wait(10)
+            return {"job": job.id, "slot": self.name, "late": True}
+        elif self.behaviour == "raise":
+            raise RuntimeError("the harness broke")
+        return {"job": job.id, "slot": self.name}
+
+    def close(self):
+        self.closed.set()
+
+
+def factory(behaviours, log):
+    """make_slot: the n-th slot created gets ``behaviours[n]`` (None once they run out)."""
+    made = []
+
+    def make_slot(index):
+        behaviour = behaviours[len(made)] if len(made) < len(behaviours) else None
+        slot = ScriptedSlot(f"s{index}-{len(made)}", behaviour, log)
+        made.append(slot)
+        return slot
+    return make_slot, made
+
+
+def baseline_job():
+    return Job("baseline", TASK)
+
+
+def test_every_job_is_answered_once_with_its_own_result():
+    log = []
+    make_slot, made = factory([], log)
+    with EvalService(make_slot, 2) as service:
+        jobs = [baseline_job() for _ in range(20)]
+        replies = [f.result(10) for f in [service.submit(j) for j in jobs]]
+    assert [r.result["job"] for r in replies] == [j.id for j in jobs]
+    assert all(r.ok and r.attempts == 1 for r in replies)
+    assert sorted(job for _, job in log) == sorted(j.id for j in jobs)  # each ran exactly once
+    assert {r.slot for r in replies} == {"s0-0", "s1-1"}  # both slots worked
+
+
+def test_a_full_queue_refuses_or_waits():
+    gate = threading.Event()
+    make_slot, _ = factory([gate], [])
+    service = EvalService(make_slot, 1, queue_size=2)
+    try:
+        first = service.submit(baseline_job())
+        deadline = time.monotonic() + 5
+        while service.stats()["in_flight"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        queued = [service.submit(baseline_job()) for _ in range(2)]
+        with pytest.raises(ServiceError) as refused:
+            service.submit(baseline_job(), block=False)
+        assert refused.value.kind == "overloaded"
+        with pytest.raises(ServiceError):
+            service.submit(baseline_job(), timeout=0.2)
+        assert service.stats()["queue"] == 2 and service.stats()["counts"]["refused"] == 2
+        gate.set()
+        assert all(f.result(10).ok for f in [first, *queued])
+    finally:
+        service.close()
+
+
+def test_a_job_whose_slot_dies_runs_again_on_a_fresh_slot_and_is_answered_once():
+    log = []
+    make_slot, made = factory(["die"], log)
+    with EvalService(make_slot, 1, retries=2) as service:
+        job = baseline_job()
+        reply = service.run(job, timeout=10)
+        stats = service.stats()
+    assert reply.ok and reply.attempts == 2 and reply.result["job"] == job.id
+    assert [name for name, _ in log] == ["s0-0", "s0-1"]  # ran on the dead slot, then on its replacement
+    assert made[0].closed.is_set()
+    assert stats["counts"]["retried"] == 1 and stats["counts"]["done"] == 1 and stats["counts"]["slot_lost"] == 1
+    assert stats["slots"][0]["lost"] == 1
+
+
+def test_a_job_that_kills_every_slot_fails_as_lost_after_its_retries():
+    make_slot, made = factory(["die", "die", "die", "die"], [])
+    with EvalService(make_slot, 1, retries=2) as service:
+        reply = service.run(baseline_job(), timeout=10)
+        follow = service.run(baseline_job(), timeout=10)  # the slot after that serves again
+    assert not reply.ok and reply.kind == "lost" and reply.attempts == 3
+    assert follow.ok and len(made) == 5
+
+
+def test_a_timed_out_job_fails_once_and_its_late_answer_is_dropped():
+    make_slot, made = factory(["hang"], [])
+    with EvalService(make_slot, 1, job_timeout_s=0.3) as service:
+        hung = service.submit(baseline_job())
+        reply = hung.result(10)
+        after = service.run(baseline_job(), timeout=10)
+        time.sleep(0.2)  # the hung call returns once its slot is closed; nothing may change
+        stats = service.stats()
+    assert not reply.ok and reply.kind == "timeout"
+    assert hung.result() is reply
+    assert after.ok and after.slot == "s0-1"
+    assert stats["counts"].get("done") == 1 and stats["counts"]["failed_timeout"] == 1
+
+
+def test_an_exception_in_a_slot_is_the_jobs_answer_and_the_slot_stays():
+    make_slot, made = factory(["raise"], [])
+    with EvalService(make_slot, 1) as service:
+        reply = service.run(baseline_job(), timeout=10)
+    assert not reply.ok and reply.kind == "internal" and "the harness broke" in reply.error
+    assert len(made) == 1
+
+
+def test_counters_show_rate_and_busy_share():
+    gate = threading.Event()
+    make_slot, _ = factory([gate], [])
+    with EvalService(make_slot, 1, info={"device": "cpu"}) as service:
+        blocked = service.submit(baseline_job())
+        time.sleep(0.2)
+        busy = service.stats()
+        gate.set()
+        blocked.result(10)
+        for _ in range(5):
+            service.run(baseline_job(), timeout=10)
+        stats = service.stats()
+    assert busy["in_flight"] == 1 and busy["slots"][0]["busy"] and busy["device"] == "cpu"
+    assert stats["counts"]["done"] == 6 and stats["per_second"] > 0
+    assert 0 < stats["busy_share"] <= 1
+
+
+def test_close_answers_what_is_still_waiting():
+    gate = threading.Event()
+    make_slot, _ = factory([gate], [])
+    service = EvalService(make_slot, 1)
+    running = service.submit(baseline_job())
+    time.sleep(0.1)
+    waiting = service.submit(baseline_job())
+    gate.set()
+    service.close()
+    assert waiting.result(5).kind == "lost" or waiting.result(5).ok
+    assert running.result(5).ok
+    with pytest.raises(ServiceError):
+        service.submit(baseline_job())
+
+
+def test_bad_jobs_are_refused_with_what_is_missing():
+    with pytest.raises(ValueError, match="unknown job op"):
+        Job("train", TASK)
+    with pytest.raises(ValueError, match="needs a candidate"):
+        Job("evaluate", TASK)
+    with pytest.raises(ValueError, match="lacks code"):
+        Job.from_dict({"op": "baseline", "task": {"name": "x", "source": "x.py"}})
