@@ -176,3 +176,44 @@ def test_bad_jobs_are_refused_with_what_is_missing():
         Job("evaluate", TASK)
     with pytest.raises(ValueError, match="lacks code"):
         Job.from_dict({"op": "baseline", "task": {"name": "x", "source": "x.py"}})
+
+
+def test_a_free_slot_prefers_jobs_of_the_tasks_it_served():
+    log = []
+
+    class Slow(ScriptedSlot):
+        def run(self, job, built=None):
+            time.sleep(0.02)
+            log.append((self.name, job.task.name))
+            return {}
+
+    tasks = [Task(name=n, code=f"# {n}\nclass Model: pass", source=f"{n}.py") for n in ("a", "b")]
+    service = EvalService(lambda i: Slow(f"s{i}"), 2)
+    try:
+        futures = [service.submit(Job("baseline", tasks[i % 2])) for i in range(12)]
+        assert all(f.result(10).ok for f in futures)
+        stats = service.stats()
+    finally:
+        service.close()
+    served = {name: {task for slot, task in log if slot == name} for name in ("s0", "s1")}
+    assert sorted(map(sorted, served.values())) == [["a"], ["b"]], log  # each slot kept to one task
+    assert stats["counts"]["affine"] >= 8
+
+
+def test_affinity_never_starves_the_head_of_the_queue(monkeypatch):
+    import cuda_agent.service.pool as pool
+
+    monkeypatch.setattr(pool, "AFFINITY_WAIT_S", 0.0)  # the head has always waited long enough
+    log = []
+    make_slot, _ = factory([], log)
+    tasks = [Task(name=n, code=f"# {n}", source=f"{n}.py") for n in ("a", "b")]
+    with EvalService(make_slot, 1) as service:
+        jobs = [Job("baseline", tasks[i % 2]) for i in range(6)]
+        gate = threading.Event()
+        service._slots[0].slot.behaviour = gate  # hold the first job so the rest queue up in order
+        futures = [service.submit(job) for job in jobs]
+        time.sleep(0.1)
+        service._slots[0].slot.behaviour = None
+        gate.set()
+        assert all(f.result(10).ok for f in futures)
+    assert [job for _, job in log] == [j.id for j in jobs]  # strict order: no job skipped
