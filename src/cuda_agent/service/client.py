@@ -52,7 +52,12 @@ class RemoteEvaluator:
                 with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
                     reply = Reply.from_dict(json.loads(response.read()))
             except urllib.error.HTTPError as exc:
-                reply = Reply.from_dict(json.loads(exc.read() or b"{}") | {"ok": False})
+                try:
+                    data = json.loads(exc.read() or b"{}")
+                except ValueError:
+                    data = {}
+                reply = Reply.from_dict({"id": job.id, "error": f"HTTP {exc.code}", "kind": "internal"}
+                                        | (data if isinstance(data, dict) else {}) | {"ok": False})
                 if exc.code == 503 and time.monotonic() + wait < deadline:
                     time.sleep(wait)
                     wait = min(wait * 2, 10.0)
