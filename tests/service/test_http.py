@@ -147,3 +147,17 @@ def test_remote_evaluator_offers_the_client_interface_with_the_same_signatures()
             wanted, offered = inspect.signature(member), inspect.signature(getattr(RemoteEvaluator, name))
             assert list(wanted.parameters) == list(offered.parameters)[:len(wanted.parameters)], name
             assert all(offered.parameters[p].default == wanted.parameters[p].default for p in wanted.parameters), name
+
+
+def test_training_stages_take_the_service_as_their_evaluator(served):
+    import threading as _threading
+
+    from cuda_agent.train.config import EvaluatorConfig, StageConfig
+    from cuda_agent.train.stages import make_evaluator_factory
+
+    url, _, _ = served
+    make = make_evaluator_factory(StageConfig(evaluator=EvaluatorConfig(policy="strict", remote=url)))
+    first, second = make(_threading.Lock()), make(_threading.Lock())
+    assert isinstance(first, RemoteEvaluator) and first is second and first.policy.name == "strict"
+    with pytest.raises(ValueError, match="evaluates under policy 'strict'"):
+        make_evaluator_factory(StageConfig(evaluator=EvaluatorConfig(policy="fair", remote=url)))

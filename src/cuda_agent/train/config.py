@@ -72,6 +72,7 @@ class EvaluatorConfig:
     device: str = "auto"
     policy: str = "fair"
     sandbox: str = "auto"
+    remote: str | None = None  # URL of an evaluation service (cuda-agent serve): rewards come from its pool
 
 
 @dataclass(frozen=True)

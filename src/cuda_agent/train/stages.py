@@ -198,10 +198,21 @@ def start_stage(config: StageConfig, out: Path, identity: dict[str, Any], say: S
 
 
 def make_evaluator_factory(config: StageConfig, dist: Dist = Dist()) -> Callable[[threading.Lock], Any]:
-    """Evaluators on this rank's GPU (``gpu_index``), all of a rank sharing its timing lock."""
+    """Evaluators on this rank's GPU (``gpu_index``), all of a rank sharing its timing lock; with
+    ``evaluator.remote``, the evaluation service at that URL for every episode of every rank (its pool
+    owns its GPUs and times one job per GPU, so no lock is needed here)."""
     from cuda_agent.evaluate import Evaluator, resolve_device
     from cuda_agent.evaluate.policy import Policy
 
+    if config.evaluator.remote:
+        from cuda_agent.service import RemoteEvaluator
+
+        remote = RemoteEvaluator(config.evaluator.remote)
+        if remote.policy.name != config.evaluator.policy:
+            raise ValueError(f"evaluator.remote {config.evaluator.remote} evaluates under policy {remote.policy.name!r}, "
+                             f"the config asks for {config.evaluator.policy!r}: set evaluator.policy to match, or start "
+                             f"the service with `cuda-agent serve --policy {config.evaluator.policy}`")
+        return lambda lock: remote
     device = resolve_device(config.evaluator.device)
 
     def make(lock: threading.Lock) -> Any:
