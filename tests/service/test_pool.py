@@ -217,3 +217,27 @@ def test_affinity_never_starves_the_head_of_the_queue(monkeypatch):
         gate.set()
         assert all(f.result(10).ok for f in futures)
     assert [job for _, job in log] == [j.id for j in jobs]  # strict order: no job skipped
+
+
+def test_jobs_being_built_when_the_service_closes_are_answered():
+    started, release = threading.Event(), threading.Event()
+
+    def builder(candidate):
+        started.set()
+        release.wait(10)
+        return None
+
+    from cuda_agent.candidates import Candidate
+
+    candidate = Candidate(model_new="class ModelNew: pass", extensions=(), kind="python", origin="x")
+    make_slot, _ = factory([], [])
+    service = EvalService(make_slot, 1, builder=builder, build_workers=1)
+    future = service.submit(Job("evaluate", TASK, candidate))
+    assert started.wait(5) and service.stats()["building"] == 1
+    closer = threading.Thread(target=service.close)
+    closer.start()
+    time.sleep(0.1)
+    release.set()
+    closer.join(10)
+    reply = future.result(5)
+    assert not reply.ok and reply.kind == "lost"

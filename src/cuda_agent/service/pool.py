@@ -219,8 +219,12 @@ class EvalService:
             entry.built = None
         with self._lock:
             self._building -= 1
-            self._pending.append(entry)
+            closed = self._closed
+            if not closed:
+                self._pending.append(entry)
             self._lock.notify_all()
+        if closed:
+            self._answer(entry, Reply(entry.job.id, False, error="the service closed before the job ran", kind="lost"))
 
     def _answer(self, entry: _Entry, reply: Reply) -> bool:
         """Set the job's reply unless it has one: every job is answered exactly once."""
