@@ -1,0 +1,15 @@
+"""verl (https://github.com/volcengine/verl) as the RL engine at cluster scale: its trainer, rollout servers
+and Ray workers; our tasks, workspace, tools, ReAct loop and evaluator.
+
+    data        ``tasks_to_parquet``: any task source -> the parquet rows verl's ``RLHFDataset`` reads, each
+                carrying its task (code, name) and the agent loop that runs it
+    agent_loop  ``CudaAgentLoop`` (registered as ``cuda_agent``): one agentic episode per row, our loop
+                (``agent.loop.run_episode`` over ``TokenChat``) against verl's rollout server token-in/token-out,
+                returned as verl's ``AgentLoopOutput``; imports verl
+    reward      ``compute_score``: verl's ``custom_reward_function`` for single-turn rows (stage 1)
+    evaluators  the evaluator an episode or a reward uses: the evaluation service (``RemoteEvaluator``) when a
+                URL is configured or ``CUDA_AGENT_SERVICE`` is set, else local evaluators, one per thread
+
+Only ``agent_loop`` imports verl, and nothing outside this package imports ``agent_loop``: the rest of
+``cuda_agent`` runs without verl (``pip install 'cuda-agent[verl]'`` adds it).
+"""

@@ -1,0 +1,106 @@
+"""Tasks as verl's training data: one parquet row per task, in the shape ``verl.utils.dataset.RLHFDataset`` reads.
+
+    data_source   a name for verl's per-source metrics
+    prompt        chat messages (``data.prompt_key``): the single-turn prompt of the task
+                  (``single_turn.single_turn_messages``). verl's single-turn loop samples from it; our agent loop
+                  builds its own conversation (system prompt, SKILL.md, the task) and only reads ``extra_info``
+    ability       "cuda"
+    reward_model  {"style": "rule", "ground_truth": the task's digest}: verl's reward managers read
+                  ``ground_truth``; the judge is the evaluator, so it only names the task's content
+    extra_info    the task itself (name, code, source, level, problem_id) and ``index`` (verl's sample index)
+    agent_name    the agent loop verl runs for the row: ``cuda_agent`` (``agent_loop.CudaAgentLoop``), or
+                  ``single_turn_agent`` (verl's own, with ``reward.compute_score``)
+
+``python -m cuda_agent.train.verl.data SOURCE OUT.parquet`` converts from the command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any, Iterable
+
+from cuda_agent.tasks import Task, TaskError, load_tasks
+from cuda_agent.train.single_turn import single_turn_messages
+
+AGENT_NAME = "cuda_agent"  # the name CudaAgentLoop is registered under
+SINGLE_TURN_AGENT = "single_turn_agent"  # verl's single-turn loop (verl/experimental/agent_loop)
+_TASK_FIELDS = ("name", "code", "source", "level", "problem_id")
+
+
+def task_row(task: Task, index: int, *, agent_name: str = AGENT_NAME, data_source: str = "cuda_agent",
+             split: str = "train") -> dict[str, Any]:
+    """One dataset row for ``task``."""
+    return {
+        "data_source": data_source,
+        "prompt": single_turn_messages(task),
+        "ability": "cuda",
+        "reward_model": {"style": "rule", "ground_truth": task.digest},
+        "extra_info": {"index": index, "split": split, **{name: getattr(task, name) for name in _TASK_FIELDS}},
+        "agent_name": agent_name,
+    }
+
+
+def task_from_extra_info(extra_info: Any) -> Task:
+    """The task a row carries (its ``extra_info``, as verl hands it to an agent loop or a reward function)."""
+    if not isinstance(extra_info, dict) or not extra_info.get("code") or not extra_info.get("name"):
+        raise TaskError("the verl row carries no task: its extra_info needs the task's name and code; write the "
+                        "data with cuda_agent.train.verl.data.tasks_to_parquet")
+
+    def optional_int(value: Any) -> int | None:
+        return None if value is None else int(value)
+
+    return Task(name=str(extra_info["name"]), code=str(extra_info["code"]),
+                source=str(extra_info.get("source") or extra_info["name"]),
+                level=optional_int(extra_info.get("level")), problem_id=optional_int(extra_info.get("problem_id")))
+
+
+def tasks_to_parquet(source: str | Path, out_path: str | Path, *, levels: Iterable[int] | None = None,
+                     agent_name: str = AGENT_NAME, data_source: str = "cuda_agent", split: str = "train") -> Path:
+    """Every task of ``source`` (anything ``tasks.load_tasks`` reads) as a verl dataset at ``out_path``."""
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ImportError("writing verl's parquet needs pyarrow: pip install 'cuda-agent[verl]'") from None
+    tasks = load_tasks(source, levels)
+    rows = [task_row(task, i, agent_name=agent_name, data_source=data_source, split=split)
+            for i, task in enumerate(tasks)]
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows, schema=_schema(pa)), out)
+    return out
+
+
+def _schema(pa: Any) -> Any:
+    # Stated, not inferred: a file whose tasks have no level would get a null column, and verl concatenates
+    # its data files, which needs one schema.
+    text = pa.string()
+    return pa.schema([
+        ("data_source", text),
+        ("prompt", pa.list_(pa.struct([("role", text), ("content", text)]))),
+        ("ability", text),
+        ("reward_model", pa.struct([("style", text), ("ground_truth", text)])),
+        ("extra_info", pa.struct([("index", pa.int64()), ("split", text), ("name", text), ("code", text),
+                                  ("source", text), ("level", pa.int64()), ("problem_id", pa.int64())])),
+        ("agent_name", text),
+    ])
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m cuda_agent.train.verl.data", description=__doc__.split("\n")[0])
+    parser.add_argument("source", help="tasks: a .py file, a KernelBench directory, JSONL/parquet, a hub dataset")
+    parser.add_argument("out", help="the parquet file to write (verl's data.train_files / data.val_files)")
+    parser.add_argument("--levels", type=int, nargs="*", help="only these KernelBench levels")
+    parser.add_argument("--agent", default=AGENT_NAME,
+                        help=f"the agent loop per row: {AGENT_NAME} (agentic) or {SINGLE_TURN_AGENT} (single-turn)")
+    parser.add_argument("--data-source", default="cuda_agent")
+    parser.add_argument("--split", default="train")
+    args = parser.parse_args(argv)
+    out = tasks_to_parquet(args.source, args.out, levels=args.levels or None, agent_name=args.agent,
+                           data_source=args.data_source, split=args.split)
+    print(out)
+
+
+if __name__ == "__main__":
+    main()

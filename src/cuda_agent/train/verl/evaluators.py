@@ -1,0 +1,113 @@
+"""The evaluator behind verl's episodes and rewards: the evaluation service, or evaluators on this machine.
+
+verl calls an agent loop or a reward function many times at once (asyncio tasks whose blocking work runs in
+threads) and gives it no place to keep state between calls, so the evaluators live here, per process:
+
+* a service URL (the loop's or reward's ``service`` option, else ``CUDA_AGENT_SERVICE``): one
+  ``RemoteEvaluator`` shared by every thread (each call is its own HTTP request). This is the setting for a
+  cluster: the rollout servers and the trainer hold the GPUs of verl's workers, the service has its own.
+* otherwise local ``Evaluator``s, one lent per call at a time (an evaluator keeps per-evaluation processes; it
+  is not shared between threads), all sharing one timing lock so that timed regions never overlap.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import queue
+import threading
+from typing import Any, Iterator
+
+SERVICE_ENV = "CUDA_AGENT_SERVICE"
+
+
+def service_url(service: str | None = None) -> str | None:
+    """The evaluation service to use: ``service`` if given, else ``$CUDA_AGENT_SERVICE``, else None (local)."""
+    return service or os.environ.get(SERVICE_ENV) or None
+
+
+class LocalEvaluators:
+    """Local evaluators made on demand and lent one per caller at a time; they share one timing lock."""
+
+    def __init__(self, device: str = "auto", policy: str = "fair", sandbox: str = "auto"):
+        self.device, self.policy, self.sandbox = device, policy, sandbox
+        self.timing_lock = threading.Lock()
+        self._idle: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
+        self._made: list[Any] = []
+        self._guard = threading.Lock()
+
+    def _make(self) -> Any:
+        from cuda_agent.evaluate import Evaluator, resolve_device
+        from cuda_agent.evaluate.policy import Policy
+
+        device = resolve_device(self.device)
+        # As the training stages make theirs: candidates prestarted where a process start costs seconds.
+        evaluator = Evaluator(device, policy=Policy.preset(self.policy), sandbox=self.sandbox,
+                              timing_lock=self.timing_lock, prestart=device == "cuda")
+        with self._guard:
+            self._made.append(evaluator)
+        return evaluator
+
+    @contextlib.contextmanager
+    def lend(self) -> Iterator[Any]:
+        try:
+            evaluator = self._idle.get_nowait()
+        except queue.Empty:
+            evaluator = self._make()
+        try:
+            yield evaluator
+        finally:
+            self._idle.put(evaluator)
+
+    def close(self) -> None:
+        with self._guard:
+            made, self._made = self._made, []
+        for evaluator in made:
+            evaluator.close()
+
+
+_remote: dict[str, Any] = {}
+_local: dict[tuple[str, str, str], LocalEvaluators] = {}
+_lock = threading.Lock()
+
+
+def remote_evaluator(url: str) -> Any:
+    """The process's ``RemoteEvaluator`` for ``url`` (made once: it asks the service for its settings)."""
+    with _lock:
+        if url not in _remote:
+            from cuda_agent.service import RemoteEvaluator
+
+            _remote[url] = RemoteEvaluator(url)
+        return _remote[url]
+
+
+def local_evaluators(device: str = "auto", policy: str = "fair", sandbox: str = "auto") -> LocalEvaluators:
+    with _lock:
+        key = (device, policy, sandbox)
+        if key not in _local:
+            _local[key] = LocalEvaluators(device, policy, sandbox)
+        return _local[key]
+
+
+@contextlib.contextmanager
+def lend_evaluator(service: str | None = None, *, device: str = "auto", policy: str = "fair", sandbox: str = "auto",
+                   evaluator: Any = None) -> Iterator[Any]:
+    """An evaluator for one episode or one reward: ``evaluator`` as given (an ``EvaluatorLike`` its owner
+    made safe to share), else the service (``service_url``), else a local one lent for the ``with`` block."""
+    if evaluator is not None:
+        yield evaluator
+        return
+    url = service_url(service)
+    if url:
+        yield remote_evaluator(url)
+        return
+    with local_evaluators(device, policy, sandbox).lend() as local:
+        yield local
+
+
+@atexit.register
+def _close_local() -> None:
+    # A Ray worker exits without closing what it holds: stop the prestarted candidate and reference processes.
+    for pool in list(_local.values()):
+        pool.close()

@@ -1,0 +1,38 @@
+"""verl's ``custom_reward_function`` for single-turn rows (the paper's stage 1): the reply's files -> a workspace
+candidate -> the evaluator's reward (``single_turn.score_reply``, as ``train ppo --single-turn`` scores).
+
+In verl's config::
+
+    reward:
+      custom_reward_function:
+        path: pkg://cuda_agent.train.verl.reward   # verl's load_module imports pkg:// paths by name
+        name: compute_score
+        reward_kwargs: {service: http://HOST:PORT}   # or CUDA_AGENT_SERVICE; without either, local evaluators
+
+verl's reward managers call it with keywords (``data_source``, ``solution_str``: the decoded response,
+``ground_truth``, ``extra_info``: the row's, holding the task) plus ``reward_kwargs``, from worker threads.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from cuda_agent.train.single_turn import score_reply
+from cuda_agent.train.verl.data import task_from_extra_info
+from cuda_agent.train.verl.evaluators import lend_evaluator
+
+
+def compute_score(data_source: Any, solution_str: str, ground_truth: Any, extra_info: dict[str, Any] | None = None,
+                  *, service: str | None = None, device: str = "auto", policy: str = "fair", sandbox: str = "auto",
+                  evaluator: Any = None, **kwargs: Any) -> dict[str, float]:
+    """``score``: the reward (the failure reward for a reply without a usable candidate); ``acc``: 1.0 when the
+    candidate is correct (verl reports ``acc`` per data source)."""
+    task = task_from_extra_info(extra_info)
+    with lend_evaluator(service, device=device, policy=policy, sandbox=sandbox, evaluator=evaluator) as judge, \
+            tempfile.TemporaryDirectory(prefix="cuda-agent-reply-") as where:
+        outcome = score_reply(task, solution_str, judge, Path(where))
+    correct = outcome.evaluation is not None and outcome.evaluation.get("status") == "correct"
+    # Always both keys: verl stacks each key of the reward's extra info across the whole batch.
+    return {"score": outcome.reward, "acc": 1.0 if correct else 0.0}
