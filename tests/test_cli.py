@@ -220,3 +220,20 @@ def test_eval_timeout_stops_a_hung_candidate(tmp_path, capsys, examples, cache_d
     # The stages are shown as they go (the build, the reference, the checks), not only the verdict.
     assert " build " in captured.err and " reference " in captured.err and " verify " in captured.err, captured.err
     assert time.monotonic() - started < 240
+
+
+def test_train_stages_on_verl_print_the_command_they_run(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", "ppo", "--single-turn", "--engine", "verl", "--out", str(out), "--dry-run",
+                 "--set", "trainer.nnodes=2"]) == 0
+    command = capsys.readouterr().out.split()
+    assert command[1:3] == ["-m", "verl.trainer.main_ppo"] and "ppo_single_turn" in command
+    assert f"trainer.default_local_dir={out.resolve()}" in command and command[-1] == "trainer.nnodes=2"
+    assert main(["train", "ppo", "--engine", "verl", "--out", str(out), "--dry-run"]) == 0
+    assert "ppo_agentic" in capsys.readouterr().out
+    assert main(["train", "rft", "--engine", "verl", "--out", str(out), "--dry-run"]) == 0
+    assert "verl.trainer.sft_trainer" in capsys.readouterr().out
+    assert main(["train", "value", "--engine", "verl", "--out", str(out), "--dry-run"]) == 2
+    assert "has no verl stage" in capsys.readouterr().err
+    assert main(["train", "rft", "--out", str(out)]) == 2  # our engine needs its config file
+    assert "needs --config" in capsys.readouterr().err

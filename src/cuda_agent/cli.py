@@ -453,10 +453,35 @@ def cmd_train_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train_verl(args: argparse.Namespace) -> int:
+    """The stage on verl: the command from the packaged override files (``train.verl.launch``), run here."""
+    import shlex
+    import subprocess
+
+    from cuda_agent.train.verl.launch import verl_command
+
+    if args.stage in ("collect", "value"):
+        raise ValueError(f"`train {args.stage}` has no verl stage (verl has no offline value pretraining, and "
+                         "collection is our agent loop): run it without --engine verl; its output feeds the verl "
+                         "stages by path (data.train_files for rft, critic.model.path for agentic ppo).")
+    stage = "rft" if args.stage == "rft" else ("ppo-single-turn" if args.single_turn else "ppo-agentic")
+    command = verl_command(stage, args.config, args.out, args.overrides)
+    print(shlex.join(command), flush=True)
+    if args.dry_run:
+        return 0
+    return subprocess.run(command).returncode
+
+
 def cmd_train_stage(args: argparse.Namespace) -> int:
     from cuda_agent.train import stages
     from cuda_agent.train.config import load_config
 
+    if args.engine == "verl":
+        return cmd_train_verl(args)
+    if args.overrides or args.dry_run:
+        raise ValueError("--set and --dry-run are for --engine verl; our stages read everything from --config.")
+    if args.config is None:
+        raise ValueError(f"`train {args.stage}` needs --config FILE (examples/train/ has one per stage).")
     config = load_config(args.config, args.stage)
     report = print if os.environ.get("RANK", "0") == "0" else (lambda *a, **k: None)  # torchrun: rank 0 reports
     if args.stage == "ppo":
@@ -692,12 +717,20 @@ def build_parser() -> argparse.ArgumentParser:
     }
     for name, text in stage_help.items():
         q = stages.add_parser(name, help=text, description=text)
-        q.add_argument("--config", type=Path, required=True, help="the stage's YAML or JSON config (examples/train/)")
+        q.add_argument("--config", type=Path, default=None,
+                       help="the stage's YAML or JSON config (examples/train/); with --engine verl, an override file "
+                            "for verl's trainer (default: the packaged one, cuda_agent/train/verl/configs/)")
         q.add_argument("--out", type=Path, required=True, help="run directory (resumed if it holds the same run)")
         if name == "ppo":
             q.add_argument("--single-turn", action="store_true",
                            help="stage 1: the model writes the whole solution in one reply, no tools")
-        q.set_defaults(func=cmd_train_stage)
+        q.add_argument("--engine", choices=("ours", "verl"), default="ours",
+                       help="ours (default: one node, torchrun + FSDP2) or verl (clusters: pip install "
+                            "'cuda-agent[verl]'; ppo and rft)")
+        q.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                       help="--engine verl: a hydra override for verl's trainer (repeatable), e.g. trainer.nnodes=4")
+        q.add_argument("--dry-run", action="store_true", help="--engine verl: print the command, run nothing")
+        q.set_defaults(func=cmd_train_stage, single_turn=False)
     q = stages.add_parser("demo", help="PPO on a tiny model learns to pick the fastest correct kernel (real rewards)")
     q.add_argument("--out", type=Path, required=True, help="run directory (resumed if it holds the same run)")
     q.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))

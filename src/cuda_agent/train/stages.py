@@ -471,7 +471,9 @@ def filtered_rollouts(config: StageConfig, say: Say) -> tuple[list[list[Rollout]
     reasons = Counter(v.reason.split(":")[0].split(" (")[0] for v in verdicts)
     kept = [r for r, v in zip(records, verdicts) if v.keep]
     episodes = [e for e in episode_rollouts(kept) if e]
-    say(f"{len(records)} trajectories: {len(episodes)} kept; " + "; ".join(f"{n} {why}" for why, n in reasons.items()))
+    # The verdicts' reasons count the kept ones too ("kept"), already said first.
+    say(f"{len(records)} trajectories: {len(episodes)} kept; "
+        + "; ".join(f"{n} {why}" for why, n in reasons.items() if why != "kept"))
     if not episodes:
         raise RunError(f"no trajectory in {', '.join(config.data.trajectories)} passes the filter (reward above "
                        f"{config.data.min_reward}, no redundant loop, no invalid tool call); collect more")
