@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -108,6 +109,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         service = local_service(args.device, slots=args.slots, gpus=args.gpus, **common, **options)
     server = make_server(service, args.host, args.port)
     host, port = server.server_address[:2]
+
+    def stop(signum, frame) -> None:
+        # SIGTERM (a supervisor's stop) closes the slots as Ctrl-C does; a second one must not cut that short.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
     info = service.info
     print(f"serving {info['slots_total']} {info['device']} slot(s) ({info['backend']}, policy {policy.name}) on "
           f"http://{host}:{port}  (cuda-agent eval TASK CANDIDATE --remote http://{host}:{port})", flush=True)
