@@ -78,12 +78,7 @@ def _remote_evaluator(args: argparse.Namespace, policy: Policy):
         raise ValueError(f"{', '.join(local_only)} set how a local evaluation runs; with --remote the service decides "
                          "(start it with those options instead).")
     evaluator = RemoteEvaluator(args.remote)
-    served = evaluator.policy
-    if served != policy:
-        differ = sorted(k for k, v in policy.to_dict().items() if served.to_dict().get(k) != v)
-        raise ValueError(f"the service at {args.remote} evaluates under policy {served.name!r}, which differs from the "
-                         f"one asked for in {', '.join(differ)}; start a service with `cuda-agent serve --policy "
-                         f"{policy.name}` or drop those options.")
+    evaluator.require_policy(policy, "--policy (and --checks, --atol, --rtol, --reward)")
     return evaluator
 
 
@@ -320,9 +315,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             raise ValueError("--baselines seeds this machine's cache; with --remote the service times and caches its "
                              "own (seed its --cache-dir instead, or drop --baselines).")
         remote = RemoteEvaluator(args.remote)
-        if remote.policy.name != args.policy:
-            raise ValueError(f"the service at {args.remote} evaluates under policy {remote.policy.name!r}, not "
-                             f"{args.policy!r}; start it with `cuda-agent serve --policy {args.policy}`.")
+        remote.require_policy(Policy.preset(args.policy), "--policy")
     device = remote.device if remote is not None else resolve_device(args.device)
     backend = _chat_backend(args) if args.model is not None else None  # before any baseline or evaluation
     policy = remote.policy if remote is not None else Policy.preset(args.policy)

@@ -38,6 +38,15 @@ class RemoteEvaluator:
             raise ServiceError(f"no evaluation service at {self.url} ({getattr(exc, 'reason', exc)}); start one with "
                                "`cuda-agent serve --port P` and pass --remote http://HOST:P", "lost") from None
 
+    def require_policy(self, wanted: Policy, how: str) -> None:
+        """Refuse a client that asks for another policy than the service's (its slots evaluate under the
+        one it was started with): ``how`` names where the client asked, for the fix."""
+        if self.policy != wanted:
+            differ = sorted(k for k, v in wanted.to_dict().items() if self.policy.to_dict().get(k) != v)
+            raise ValueError(f"the service at {self.url} evaluates under policy {self.policy.name!r}, which differs from "
+                             f"the one {how} asks for in {', '.join(differ)}; start a service with `cuda-agent serve "
+                             f"--policy {wanted.name}` or change {how}.")
+
     def stats(self) -> dict[str, Any]:
         return self._get("/stats")
 

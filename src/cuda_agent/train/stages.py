@@ -208,10 +208,7 @@ def make_evaluator_factory(config: StageConfig, dist: Dist = Dist()) -> Callable
         from cuda_agent.service import RemoteEvaluator
 
         remote = RemoteEvaluator(config.evaluator.remote)
-        if remote.policy.name != config.evaluator.policy:
-            raise ValueError(f"evaluator.remote {config.evaluator.remote} evaluates under policy {remote.policy.name!r}, "
-                             f"the config asks for {config.evaluator.policy!r}: set evaluator.policy to match, or start "
-                             f"the service with `cuda-agent serve --policy {config.evaluator.policy}`")
+        remote.require_policy(Policy.preset(config.evaluator.policy), "evaluator.policy")
         return lambda lock: remote
     device = resolve_device(config.evaluator.device)
 
