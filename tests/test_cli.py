@@ -237,3 +237,15 @@ def test_train_stages_on_verl_print_the_command_they_run(tmp_path, capsys):
     assert "has no verl stage" in capsys.readouterr().err
     assert main(["train", "rft", "--out", str(out)]) == 2  # our engine needs its config file
     assert "needs --config" in capsys.readouterr().err
+
+
+def test_example_gives_eval_every_option_eval_reads(monkeypatch):
+    """`cuda-agent example` (the README's quick start) builds eval's arguments itself: one eval gains
+    must be there too (eval --remote once broke it)."""
+    import cuda_agent.cli as cli
+
+    seen = {}
+    monkeypatch.setattr(cli, "cmd_eval", lambda ns: seen.update(vars(ns)) or 0)
+    assert main(["example", "--device", "cpu"]) == 0
+    wanted = set(vars(cli.build_parser().parse_args(["eval", "task.py", "candidate"]))) - {"func", "command"}
+    assert wanted <= set(seen), wanted - set(seen)

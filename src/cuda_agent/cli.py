@@ -185,7 +185,7 @@ def cmd_example(args: argparse.Namespace) -> int:
     ns = argparse.Namespace(
         task=str(root / "model.py"), candidate=str(root / "solution"), device=device, policy="fair",
         checks=None, atol=None, rtol=None, reward=None, timing="auto", cache_dir=args.cache_dir,
-        no_compile=False, json=args.json, sandbox=args.sandbox, timeout=None,
+        no_compile=False, json=args.json, sandbox=args.sandbox, timeout=None, remote=None,
     )
     return cmd_eval(ns)
 
