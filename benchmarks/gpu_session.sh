@@ -23,6 +23,8 @@
 #                                            # resumes from a carried .data/baselines_h200/baselines.jsonl
 #   bash benchmarks/gpu_session.sh bench_own # cuda-agent bench over our KernelBench solutions, then the
 #                                            # baselines table's retries (into $OUT/baselines_h200)
+#   bash benchmarks/gpu_session.sh counters  # hardware counters (tests/gpu/test_gpu_counters.py), raw ncu CSVs kept
+#   bash benchmarks/gpu_session.sh service   # the evaluation service (local backend) vs evaluate_many (SERVICE_REPEATS)
 #   bash benchmarks/gpu_session.sh train_demo # cuda-agent train demo --device cuda (TRAIN_STEPS), into $OUT/train_demo
 #   bash benchmarks/gpu_session.sh train_tests      # the training stages on the GPU (tests/gpu/test_gpu_train.py)
 #   bash benchmarks/gpu_session.sh train_throughput # 0.5B/1.5B generation, evaluation and update at 32k
@@ -117,6 +119,17 @@ train_demo)
     python3 -m cuda_agent.cli train demo --device cuda --out "$OUT/train_demo" --steps "${TRAIN_STEPS:-30}" 2>&1 \
         | tee "$OUT/train_demo.log" | grep -v "^ " | tail -40
     rm -rf "$OUT/train_demo/checkpoint" "$OUT/train_demo/menu"  # weights and sources: not worth the transfer
+    ;;
+counters)
+    # Hardware counters (issue 16): the GPU tests, with each case's raw ncu CSV kept as a fixture
+    CUDA_AGENT_COUNTERS_FIXTURES=$OUT/counters_fixtures CUDA_AGENT_GPU_REPORT=$OUT/gpu_records_counters.jsonl \
+        python3 -m pytest -m gpu -q -s -p no:cacheprovider --timeout 600 -rf "$@" tests/gpu/test_gpu_counters.py 2>&1 \
+        | tee "$OUT/gpu_counters.log" | grep -vE "^\s*$" | tail -150
+    ;;
+service)
+    # The evaluation service's local backend against evaluate_many (SERVICE_REPEATS jobs per example)
+    python3 benchmarks/service_throughput.py --device cuda --repeats "${SERVICE_REPEATS:-6}" \
+        --out "$OUT/service_throughput.json" 2>&1 | tail -30
     ;;
 overhead)
     [ -d .data/prev/src ] || { echo "carry .data/prev/src (the tree to compare with)" >&2; exit 2; }

@@ -18,6 +18,7 @@ from cuda_agent.candidates import Candidate, CandidateError, load_candidate
 from cuda_agent.evaluate import Evaluator, Policy, TimingConfig, Timeouts, resolve_device
 from cuda_agent.evaluate.policy import PRESETS
 from cuda_agent.evaluate.result import EvalResult
+from cuda_agent.evaluate.counters import times_of, unavailable
 from cuda_agent.paths import EXAMPLES
 from cuda_agent.sandbox import SANDBOX_CHOICES, SandboxUnavailable
 from cuda_agent.service.messages import ServiceError
@@ -62,7 +63,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
                              status="error", stage="input", reason=str(exc)).to_json())
         raise
     result = evaluator.evaluate(task, candidate)
-    print(result.to_json() if args.json else result.summary())
+    report = None
+    if args.counters:
+        report = (evaluator.counters(task, candidate, times_of(result)) if result.status == "correct"
+                  else unavailable(f"only a correct candidate is profiled (this one is {result.status})"))
+        result.counters = report.to_dict()
+    print(result.to_json() if args.json else result.summary() + (f"\n{report.text()}" if report else ""))
     return 0 if result.status == "correct" else 1
 
 
@@ -185,7 +191,7 @@ def cmd_example(args: argparse.Namespace) -> int:
     ns = argparse.Namespace(
         task=str(root / "model.py"), candidate=str(root / "solution"), device=device, policy="fair",
         checks=None, atol=None, rtol=None, reward=None, timing="auto", cache_dir=args.cache_dir,
-        no_compile=False, json=args.json, sandbox=args.sandbox, timeout=None, remote=None,
+        no_compile=False, json=args.json, sandbox=args.sandbox, timeout=None, remote=None, counters=False,
     )
     return cmd_eval(ns)
 
@@ -530,6 +536,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the JSON record instead of the summary")
     p.add_argument("--remote", default=None, metavar="URL",
                    help="evaluate on an evaluation service (cuda-agent serve) at URL, e.g. http://HOST:8470")
+    p.add_argument("--counters", action="store_true",
+                   help="GPU: then profile one call with Nsight Compute: per-kernel counters, bottlenecks, speed of "
+                        "light (advice, not part of the reward; ~10 s more)")
     add_timeout_option(p)
     add_sandbox_option(p)
     p.set_defaults(func=cmd_eval)

@@ -70,6 +70,11 @@ def test_episode_writes_compiles_verifies_profiles_and_is_rewarded(tmp_path, exa
     assert "compile: ok" in tool_results[calls[11]["id"]]
     assert "verify: correct" in tool_results[calls[12]["id"]]
     assert "speedup:" in tool_results[calls[13]["id"]] or "reward:" in tool_results[calls[13]["id"]]
+    # The profile ends with the counters' report: on the CPU it says what there is (times only), and the
+    # trajectory keeps it structured.
+    assert "counters: not available: the CPU backend reports times only" in tool_results[calls[13]["id"]]
+    counters = record["evaluations"][1]["result"]["counters"]
+    assert counters["available"] is False and "candidate" in counters["times_ms"]
     assert (tmp_path / "ep" / "workspace" / "model.py").read_text() == task.code
 
     # The requests carried the tools and the skill; usage was counted; the record renders.

@@ -17,6 +17,7 @@ from cuda_agent.evaluate import Policy, TimingConfig
 from cuda_agent.evaluate.degenerate import DegenerateReport
 from cuda_agent.evaluate.interface import EvaluatorLike
 from cuda_agent.evaluate.result import EvalResult
+from cuda_agent.evaluate.counters import CounterReport
 from cuda_agent.service import EvalService, Job, LocalSlot, RemoteEvaluator, ServiceError, make_server
 from cuda_agent.service.messages import candidate_from_wire, candidate_to_wire, task_from_wire, task_to_wire
 
@@ -45,6 +46,9 @@ class EchoEvaluator:
 
     def check_degenerate(self, task, draws=3):
         return DegenerateReport(task=task.name, policy="fair", passing=["zeros"] * draws)
+
+    def counters(self, task, candidate, times=None):
+        return CounterReport(available=False, reason=f"echo {task.name}", times_ms=dict(times or {}))
 
     def close(self):
         pass
@@ -94,7 +98,10 @@ def test_remote_evaluator_is_an_evaluator_with_the_services_policy(served, examp
     assert remote.build(candidate).key == candidate.digest[:16]
     assert remote.baseline(task, refresh=True) == {"task": task.name, "refresh": True}
     assert remote.check_degenerate(task, draws=2).passing == ["zeros", "zeros"]
-    assert remote.stats()["counts"]["done"] == 5
+    report = remote.counters(task, candidate, {"candidate": 1.5})
+    assert isinstance(report, CounterReport) and report.reason == f"echo {task.name}"
+    assert report.times_ms == {"candidate": 1.5}
+    assert remote.stats()["counts"]["done"] == 6
 
 
 def test_the_front_answers_a_plain_http_client_and_refuses_what_is_not_a_job(served):

@@ -24,6 +24,7 @@ from typing import Any, Callable
 from cuda_agent.evaluate.interface import EvaluatorLike
 from cuda_agent.candidates import CandidateError, load_workspace
 from cuda_agent.candidates.candidate import Candidate
+from cuda_agent.evaluate.counters import times_of
 from cuda_agent.evaluate.result import EvalResult
 from cuda_agent.tasks.task import Task
 
@@ -64,8 +65,10 @@ class CommandServer:
     """Serves compile / verify / profile for one workspace; ``turn`` is set by the loop."""
 
     def __init__(self, workspace: Path, task: Task, evaluator: EvaluatorLike,
-                 on_evaluation: Callable[[Evaluation], None] | None = None):
+                 on_evaluation: Callable[[Evaluation], None] | None = None, counters: bool = True):
         self.workspace = Path(workspace)
+        # profile ends with the hardware counters of a correct candidate (GPU; the CPU says it has none)
+        self.counters = counters
         self.task = task
         self.evaluator = evaluator
         self.on_evaluation = on_evaluation
@@ -125,10 +128,15 @@ class CommandServer:
             # verify asks only "is it correct": the checks without the timing rounds.
             judge = self.evaluator.verify if command == "verify" else self.evaluator.evaluate
             result = judge(self.task, candidate)
+            report = None
+            if command == "profile" and self.counters and result.status == "correct":
+                report = self.evaluator.counters(self.task, candidate, times_of(result))
+                result.counters = report.to_dict()  # into the trajectory, structured
             evaluation = Evaluation(command, self.turn, round(time.monotonic() - clock, 3), result.to_dict(),
                                     candidate_files(candidate))
             self.record(evaluation)
-        return result_text(command, result), 0 if result.status == "correct" else 1
+        text = result_text(command, result) + (f"\n{report.text()}" if report is not None else "")
+        return text, 0 if result.status == "correct" else 1
 
     def record(self, evaluation: Evaluation) -> None:
         self.evaluations.append(evaluation)

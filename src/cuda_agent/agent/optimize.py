@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
+from cuda_agent.evaluate.counters import CounterReport
 from cuda_agent.evaluate.interface import EvaluatorLike
 from cuda_agent.agent.llm import ChatBackend
 from cuda_agent.agent.loop import AgentConfig, Episode, run_episode, save_solution
@@ -82,6 +83,10 @@ def write_outputs(out: Path, task: Task, results: list[Episode]) -> None:
                       f"{_x(best.result.get('speedup_compile'))} vs torch.compile.", "",
                   "Use it: build `solution/` with `cuda-agent eval model.py solution/` (it verifies and times it "
                   "again), or import `ModelNew` from `solution/model_new.py` once `cuda_extension` is built."]
+        if best.result.get("counters"):
+            # What the agent last read of it through utils/profile.py: where the remaining time goes.
+            lines += ["", "## Hardware counters of the best solution", "", "```",
+                      CounterReport.from_dict(best.result["counters"]).text(), "```"]
     (out / "report.md").write_text("\n".join(lines) + "\n")
 
 

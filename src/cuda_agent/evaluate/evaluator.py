@@ -12,6 +12,7 @@ interleaved rounds until each reward decision is confident (``evaluate.decide``)
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import secrets
@@ -21,7 +22,7 @@ import sys
 import tempfile
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -29,6 +30,7 @@ from cuda_agent.build import BuildResult, build
 from cuda_agent.candidates import Candidate
 from cuda_agent.evaluate.baseline import BaselineCache, baseline_key
 from cuda_agent.evaluate.channel import Channel, Stop
+from cuda_agent.evaluate.counters import METRICS, NCU_FLAGS, CounterReport, CountersError, build_report, unavailable
 from cuda_agent.evaluate.decide import Plan, Rounds, Speedup, clock_check, run_rounds, settled, speedup
 from cuda_agent.evaluate.environment import describe_environment
 from cuda_agent.evaluate.policy import Policy, TimingConfig
@@ -47,14 +49,14 @@ from cuda_agent.build.probe import probe_candidate
 from cuda_agent.guard import Violation, audit_symbols, check_candidate
 from cuda_agent.guard.symbols import imported_symbols
 from cuda_agent.guard.attribution import (
-    Attribution, AttributionError, attribute, coverage_reason, decoy_reason, extension_kernels, parse_kernel_report,
-    stream_reason,
+    Attribution, AttributionError, attribute, coverage_reason, decoy_reason, extension_kernels, own_matcher,
+    parse_kernel_report, stream_reason,
 )
 from cuda_agent.guard.device_state import can_check_idle, gpu_busy
 from cuda_agent.evaluate.degenerate import DegenerateReport
 from cuda_agent.evaluate.plausibility import MemorySystem, below_speed_of_light, memory_system
 from cuda_agent.paths import PACKAGE_ROOT, cache_root, worker_env
-from cuda_agent.sandbox import Limits, Sandbox, WorkerProcess, make_sandbox
+from cuda_agent.sandbox import Limits, Sandbox, WorkerProcess, make_sandbox, run_command
 from cuda_agent.tasks import Task, TaskError
 
 SPARE_CANDIDATES = 3  # candidate processes started ahead by a prestarted evaluator
@@ -107,6 +109,7 @@ class Timeouts:
     check_s: float = 300.0
     baseline_s: float = 1200.0
     profile_s: float = 600.0
+    counters_s: float = 600.0  # the Nsight Compute run of Evaluator.counters (each kernel is replayed)
 
 
 def resolve_device(device: str) -> str:
@@ -289,6 +292,68 @@ class Evaluator:
             while len(self._spare) < self.prestart:
                 # Started now, so they are ready when the next evaluations come.
                 self._spare.append(self._start_workers())
+
+    # -- hardware counters (advice for the agent; never part of a reward) ----------------------
+    def counters(self, task: Task, candidate: Candidate, times: dict[str, float] | None = None,
+                 build_result: BuildResult | None = None, raw_to: Path | None = None) -> CounterReport:
+        """Profile one call of ``candidate`` with Nsight Compute, in the sandbox: per-kernel counters,
+        what limits each kernel, and the task's speed of light (``evaluate.counters``). ``times`` (median
+        ms of candidate/eager/compile: ``counters.times_of(result)`` of its evaluation) are set against
+        the speed of light; profile only a candidate that evaluated correct. Where there is nothing to
+        profile with, the report says why instead of failing. ``raw_to`` keeps ncu's CSV and the task's
+        facts there (test fixtures)."""
+        times = dict(times or {})
+        if self.device != "cuda":
+            return unavailable("the CPU backend reports times only; hardware counters need an NVIDIA GPU "
+                               "and Nsight Compute (--device cuda)", times)
+        ncu = find_ncu()
+        if ncu is None:
+            return unavailable("Nsight Compute (ncu) was not found: it ships with the CUDA toolkit "
+                               "(CUDA_HOME/bin/ncu); put it on PATH or set CUDA_AGENT_NCU", times)
+        built = build_result or self.build(candidate)
+        if not built.ok:
+            return unavailable(f"the build failed: {(built.error or '')[:300]}", times)
+        try:
+            own = extension_kernels([Path(p) for p in built.modules.values()])
+        except AttributionError:
+            own = frozenset()  # every kernel then shows as library/other; the counters still stand
+        job = self._new_job("cuda-agent-counters-")
+        started = time.monotonic()
+        try:
+            (job / "task.py").write_text(task.code)
+            (job / "model_new.py").write_text(candidate.model_new)
+            request = LoadRequest(**self._task_message(task, job, secrets.randbits(31)),
+                                  model_new_file=str(job / "model_new.py"), modules=self._copy_modules(built, job))
+            (job / "spec.json").write_text(json.dumps({"request": asdict(request), "seed": secrets.randbits(31)}))
+            env = worker_env(job)
+            if self.gpu_index is not None:
+                env["CUDA_VISIBLE_DEVICES"] = str(self.gpu_index)
+            argv = [ncu, *NCU_FLAGS, "--metrics", ",".join(METRICS), "--log-file", str(job / "ncu.csv"),
+                    sys.executable, "-m", "cuda_agent.evaluate.counters_target", str(job / "spec.json")]
+            self.on_stage("counters", "one call under Nsight Compute")
+            with self.timing_lock:  # its replays would disturb another evaluator's timing on this GPU
+                ran = run_command(argv, cwd=job, env=env, sandbox=self.sandbox, gpu=True, writable=[job],
+                                  readable=[PACKAGE_ROOT],
+                                  limits=Limits(timeout_s=self.timeouts.counters_s, output_bytes=self.output_limit,
+                                                memory_bytes=self.memory_limit))
+            log = (job / "ncu.csv").read_text(errors="replace") if (job / "ncu.csv").exists() else ""
+            if raw_to is not None:
+                raw_to.mkdir(parents=True, exist_ok=True)
+                for name in ("ncu.csv", "facts.json"):
+                    if (job / name).exists():
+                        shutil.copy2(job / name, raw_to / name)
+            if ran.timed_out or ran.returncode != 0 or not (job / "facts.json").exists():
+                why = "timed out" if ran.timed_out else f"exit status {ran.returncode}"
+                return unavailable(f"the profile run failed ({why}): {(log + ran.output)[-1500:].strip()}", times)
+            try:
+                facts = json.loads((job / "facts.json").read_text())
+                report = build_report(log, facts, own_matcher(own), times)
+            except (CountersError, ValueError) as exc:
+                return unavailable(f"ncu's output could not be read: {exc}; {(log + ran.output)[-800:].strip()}", times)
+            report.seconds = round(time.monotonic() - started, 2)
+            return report
+        finally:
+            shutil.rmtree(job, ignore_errors=True)
 
     def _take_workers(self) -> "_Workers":
         """The oldest started spare candidate process (the likeliest to have finished starting) if it
@@ -1057,6 +1122,20 @@ class Evaluator:
             readable=[*readable, PACKAGE_ROOT],
             fd_channel=True,
         )
+
+
+def find_ncu() -> str | None:
+    """Nsight Compute's command line: $CUDA_AGENT_NCU, PATH, then the CUDA toolkit's bin."""
+    named = os.environ.get("CUDA_AGENT_NCU")
+    if named:
+        return named if os.access(named, os.X_OK) else None
+    found = shutil.which("ncu")
+    if found:
+        return found
+    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if home and os.access(os.path.join(home, "bin", "ncu"), os.X_OK):
+            return os.path.join(home, "bin", "ncu")
+    return None
 
 
 def default_memory_limit() -> int:

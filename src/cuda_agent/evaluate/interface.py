@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:
     from cuda_agent.build import BuildResult
     from cuda_agent.candidates import Candidate
+    from cuda_agent.evaluate.counters import CounterReport
     from cuda_agent.evaluate.degenerate import DegenerateReport
     from cuda_agent.evaluate.policy import Policy, TimingConfig
     from cuda_agent.evaluate.result import EvalResult
@@ -38,6 +39,9 @@ class EvaluatorLike(Protocol):
 
     def check_degenerate(self, task: "Task", draws: int = 3) -> "DegenerateReport":
         """Which trivial candidates pass ``task``."""
+
+    def counters(self, task: "Task", candidate: "Candidate", times: dict[str, float] | None = None) -> "CounterReport":
+        """Hardware counters of one call of a correct candidate (advice for the agent, never a reward)."""
 
     def close(self) -> None:
         """Stop the processes kept for later evaluations."""

@@ -43,6 +43,9 @@ class EvalResult:
     output: str = ""
     traceback: str | None = None
     notes: list[str] = field(default_factory=list)
+    # GPU, when asked for (``eval --counters``, the agent's profile): ``CounterReport.to_dict()`` of one
+    # profiled call. Advice for the agent; the reward never reads it.
+    counters: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -467,6 +467,12 @@ class CandidateSide(_Side):
             return self.attach(msg)
         raise ValueError(f"unknown request {op!r}")
 
+    def load_unguarded(self, msg: LoadRequest) -> None:
+        """After ``load_task``: the candidate without the guard, for the counters' profile run (advice
+        that never enters a reward; ``counters_target``)."""
+        self._load_candidate(msg)
+        self.model = self.model.to(self.device).eval()
+
     def _load_candidate(self, msg: LoadRequest) -> None:
         if msg.model_new_file is None:
             raise ValueError("'load' request: the candidate needs the field 'model_new_file'")

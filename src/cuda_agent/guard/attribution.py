@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -110,7 +110,7 @@ def _demangle(cxxfilt: str, names: str) -> str:
 def base_name(kernel: str) -> str:
     """The qualified name without return type, template arguments or parameters:
     ``void ns::scale<float>(float const*, int)`` -> ``ns::scale``."""
-    text = kernel.strip().replace("(anonymous namespace)", "{anonymous}")
+    text = _anonymous(kernel.strip())
     text = text[5:] if text.startswith("void ") else text
     depth, out = 0, []
     for ch in text:
@@ -135,11 +135,10 @@ def attribute(kernels: Iterable[tuple[str, int, float] | tuple[str, int, float, 
     Names in torch's namespaces cannot be the candidate's: the symbol audit refuses
     extensions that define anything there.
     """
-    exact = {_squash(n) for n in own}
-    bases = {base_name(n) for n in own}
+    is_own = own_matcher(own)
     rows, own_ms, other_ms, own_launches, own_side = [], 0.0, 0.0, 0, 0
     for name, launches, ms, *side in kernels:
-        mine = _squash(name) in exact or base_name(name) in bases
+        mine = is_own(name)
         side_launches = int(side[0]) if side else 0
         rows.append(KernelTime(name, int(launches), float(ms), mine, side_launches))
         if mine:
@@ -151,8 +150,22 @@ def attribute(kernels: Iterable[tuple[str, int, float] | tuple[str, int, float, 
     return Attribution(len(own), own_ms, other_ms, own_launches, tuple(rows), own_side)
 
 
+def own_matcher(own: frozenset[str]) -> Callable[[str], bool]:
+    """Whether a profiled kernel name is one of ``own`` (the extension's kernels): the same name, or
+    the same qualified base name (demanglers differ in spacing of template arguments)."""
+    exact = {_squash(n) for n in own}
+    bases = {base_name(n) for n in own}
+    return lambda name: _squash(name) in exact or base_name(name) in bases
+
+
+def _anonymous(name: str) -> str:
+    """One spelling of the anonymous namespace: c++filt and torch's profiler write "(anonymous namespace)",
+    Nsight Compute "<unnamed>"."""
+    return name.replace("(anonymous namespace)", "{anonymous}").replace("<unnamed>", "{anonymous}")
+
+
 def _squash(name: str) -> str:
-    return re.sub(r"\s+", "", name.removeprefix("void "))
+    return re.sub(r"\s+", "", _anonymous(name).removeprefix("void "))
 
 
 def decoy_reason(attribution: Attribution) -> str | None:

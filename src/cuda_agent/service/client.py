@@ -12,6 +12,7 @@ from typing import Any
 
 from cuda_agent.build import BuildResult
 from cuda_agent.evaluate import Policy, TimingConfig
+from cuda_agent.evaluate.counters import CounterReport
 from cuda_agent.evaluate.degenerate import DegenerateReport
 from cuda_agent.evaluate.result import EvalResult
 from cuda_agent.service.messages import Job, Reply, ServiceError
@@ -94,6 +95,9 @@ class RemoteEvaluator:
     def check_degenerate(self, task: Any, draws: int = 3) -> DegenerateReport:
         data = self.run(Job("degenerate", task, draws=draws))
         return DegenerateReport(**{f.name: data[f.name] for f in fields(DegenerateReport)})
+
+    def counters(self, task: Any, candidate: Any, times: dict[str, float] | None = None) -> CounterReport:
+        return CounterReport.from_dict(self.run(Job("counters", task, candidate, times=times)))
 
     def close(self) -> None:
         """Nothing to stop here: the service's slots are its own."""

@@ -17,7 +17,7 @@ from cuda_agent.candidates import Candidate
 from cuda_agent.candidates.candidate import Extension
 from cuda_agent.tasks import Task
 
-OPS = ("evaluate", "verify", "build", "baseline", "degenerate")
+OPS = ("evaluate", "verify", "build", "baseline", "degenerate", "counters")
 # What a failed reply's ``kind`` says, so a client can tell what to do about it.
 ERROR_KINDS = ("input", "overloaded", "timeout", "lost", "internal")
 
@@ -55,6 +55,14 @@ def _require(data: Any, keys: tuple[str, ...], what: str) -> None:
         raise ValueError(f"a job's {what} lacks {', '.join(missing)}; send what service.messages.{what}_to_wire writes")
 
 
+def _times(data: Any) -> dict[str, float] | None:
+    if data is None:
+        return None
+    if not isinstance(data, dict) or not all(isinstance(v, (int, float)) for v in data.values()):
+        raise ValueError("a counters job's 'times' maps candidate/eager/compile to milliseconds")
+    return {str(k): float(v) for k, v in data.items()}
+
+
 @dataclass
 class Job:
     """One request: ``op`` is an ``EvaluatorLike`` method; ``id`` names it across retries, so a job run
@@ -67,13 +75,14 @@ class Job:
     refresh: bool = False  # baseline
     degenerate: bool = False  # baseline
     draws: int = 3  # degenerate
+    times: dict[str, float] | None = None  # counters: the evaluation's median times
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     def __post_init__(self) -> None:
         if self.op not in OPS:
             raise ValueError(f"unknown job op {self.op!r}; use one of {', '.join(OPS)}")
         needs_task = self.op != "build"
-        needs_candidate = self.op in ("evaluate", "verify", "build")
+        needs_candidate = self.op in ("evaluate", "verify", "build", "counters")
         if needs_task and self.task is None:
             raise ValueError(f"a {self.op!r} job needs a task")
         if needs_candidate and self.candidate is None:
@@ -81,7 +90,7 @@ class Job:
 
     def to_dict(self) -> dict[str, Any]:
         return {"op": self.op, "id": self.id, "timed": self.timed, "refresh": self.refresh,
-                "degenerate": self.degenerate, "draws": self.draws,
+                "degenerate": self.degenerate, "draws": self.draws, "times": self.times,
                 "task": task_to_wire(self.task) if self.task is not None else None,
                 "candidate": candidate_to_wire(self.candidate) if self.candidate is not None else None}
 
@@ -91,7 +100,7 @@ class Job:
             raise ValueError("a job is a JSON object with an 'op' (and its task and candidate); see service.messages.Job")
         return cls(op=data["op"], id=str(data.get("id") or uuid.uuid4().hex), timed=bool(data.get("timed", True)),
                    refresh=bool(data.get("refresh", False)), degenerate=bool(data.get("degenerate", False)),
-                   draws=int(data.get("draws", 3)),
+                   draws=int(data.get("draws", 3)), times=_times(data.get("times")),
                    task=task_from_wire(data["task"]) if data.get("task") is not None else None,
                    candidate=candidate_from_wire(data["candidate"]) if data.get("candidate") is not None else None)
 

@@ -64,6 +64,8 @@ def execute(evaluator: Any, job: Job, built: Any = None) -> Any:
         return evaluator.build(job.candidate).to_dict()
     if job.op == "baseline":
         return evaluator.baseline(job.task, refresh=job.refresh, degenerate=job.degenerate)
+    if job.op == "counters":
+        return evaluator.counters(job.task, job.candidate, job.times).to_dict()
     return evaluator.check_degenerate(job.task, draws=job.draws).to_dict()
 
 
