@@ -1,6 +1,7 @@
 """The counters' report (issue 16): ncu's raw CSV parsed, kernels named and judged, the speed of light, the
 text an agent reads. The fixtures are ncu output captured on the H200 (tests/gpu/test_gpu_counters.py with
-CUDA_AGENT_COUNTERS_FIXTURES) for the gelu example and the KernelBench level 1 / 19 (ReLU) solution."""
+CUDA_AGENT_COUNTERS_FIXTURES) for the gelu example and our KernelBench solutions of level 1 / 19 (ReLU) and
+level 2 / 76 (GEMM + bias + ReLU)."""
 
 import json
 from pathlib import Path
@@ -49,6 +50,28 @@ def test_a_memory_bound_elementwise_kernel_is_named_so_and_is_the_candidates():
     text = report.text()
     assert "speed of light: 0.4474 ms" in text and "candidate 0.5180 ms = 1.2x" in text
     assert "gelu_vec4_kernel" in text and "own 100%" in text
+
+
+def test_a_gemm_on_cuda_cores_is_compute_bound_against_a_tf32_speed_of_light():
+    text, facts = fixture("level2_76")  # KernelBench 2/76: our fp32 GEMM + bias + ReLU, on CUDA cores
+    report = build_report(text, facts, own_matcher(frozenset({"(anonymous namespace)::sgemm_nt_kernel<1, "
+                                                               "(anonymous namespace)::BiasRelu>(float const*, float "
+                                                               "const*, float*, int, int, int, (anonymous namespace)::BiasRelu)"})),
+                          {"candidate": 3.47, "eager": 0.374})
+    (kernel,) = report.kernels
+    assert kernel.origin == "own" and kernel.bound == "compute" and kernel.tensor_pct == 0
+    assert "tensor cores" in kernel.why
+    sol = report.speed_of_light
+    assert sol.limit == "compute" and facts["tf32"] and "TF32" in sol.flop_unit
+    assert "candidate 3.4700 ms = 13.5x" in report.text()
+
+
+def test_a_call_below_one_launch_is_held_against_the_launch():
+    report = CounterReport(available=True, gpu="G", kernels=[kernel(duration_us=2.0)], times_ms={"candidate": 0.0023},
+                           speed_of_light=speed_of_light({"bytes": 2048, "flops": 0, "dtype": "float32"},
+                                                         {"gpu": "NVIDIA H200", "cc": (9, 0)}))
+    text = report.text()
+    assert "speed of light: 0.00 us" in text and "candidate 0.0023 ms = 1.1x one kernel launch" in text
 
 
 def test_kernels_of_another_origin_are_not_the_candidates():

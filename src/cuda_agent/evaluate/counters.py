@@ -73,6 +73,7 @@ TENSOR_FLOPS_PER_SM_CLOCK: dict[tuple[int, int], int] = {
     (8, 0): 2048, (8, 6): 1024, (8, 7): 1024, (8, 9): 1024, (9, 0): 4096, (10, 0): 8192,
 }
 TINY_KERNEL_NS = 5_000  # below this, a kernel's launch costs about as much as its work
+LAUNCH_FLOOR_US = 2.0  # one kernel launch, end to end (2.0 us measured on the H200): no call is faster
 SATURATED_PCT = 60.0  # ncu's own line: a unit above 60% of its peak is what limits the kernel
 NEAR_PEAK_PCT = 80.0
 
@@ -229,7 +230,8 @@ def classify(k: KernelCounters, launches_us: float) -> tuple[str, str]:
             return "memory", (f"DRAM at {_pct(k.dram_pct)} of peak: wider loads (float4), more bytes in flight per "
                               "thread, fewer passes over the data")
         return "memory", (f"caches/shared memory at {_pct(k.memory_pct)} of peak, DRAM {_pct(k.dram_pct)}: the "
-                          "bottleneck is L1/L2/shared traffic (bank conflicts, uncoalesced or repeated access)")
+                          "bottleneck is L1/L2/shared traffic: data read again and again (tile it into shared "
+                          "memory/registers and reuse it), uncoalesced access or bank conflicts")
     if sm >= SATURATED_PCT:
         if (k.tensor_pct or 0.0) >= SATURATED_PCT:
             return "compute", f"tensor pipe at {_pct(k.tensor_pct)}: near the tensor cores' peak"
@@ -341,6 +343,10 @@ def _short(name: str, width: int = 44) -> str:
     return cut if len(cut) <= width else cut[: width - 3] + "..."
 
 
+def _ms(us: float) -> str:
+    return f"{us / 1e3:.4f} ms" if us >= 10 else f"{us:.2f} us"
+
+
 def _bytes(n: float | None) -> str:
     if n is None:
         return "?"
@@ -361,14 +367,17 @@ def render(report: CounterReport, max_lines: int = 40) -> str:
     head = [f"counters ({report.gpu or 'GPU'}, one call under Nsight Compute, cold caches; advice, not scored)"]
     sol = report.speed_of_light
     if sol and sol.time_us:
-        head.append(f"speed of light: {sol.time_us / 1e3:.4f} ms ({sol.limit}: {_bytes(sol.bytes)} at "
+        head.append(f"speed of light: {_ms(sol.time_us)} ({sol.limit}: {_bytes(sol.bytes)} at "
                     f"{sol.bandwidth_gbs:.0f} GB/s" + (f", {sol.flops / 1e9:.2f} GFLOP at {sol.peak_tflops:.0f} TFLOP/s "
                                                        f"{sol.flop_unit.split(' (')[0]}" if sol.flops and sol.peak_tflops else "")
                     + ")")
-        standing = [f"{side} {report.times_ms[side]:.4f} ms = {report.times_ms[side] * 1e3 / sol.time_us:.1f}x"
+        # Below one launch the launch is the floor: multiples of a nanosecond figure would mislead.
+        floor_us, floor = (sol.time_us, "the speed of light") if sol.time_us >= LAUNCH_FLOOR_US else \
+            (LAUNCH_FLOOR_US, f"one kernel launch (~{LAUNCH_FLOOR_US:g} us), the real floor here")
+        standing = [f"{side} {report.times_ms[side]:.4f} ms = {report.times_ms[side] * 1e3 / floor_us:.1f}x"
                     for side in ("candidate", "eager", "compile") if report.times_ms.get(side)]
         if standing:
-            head.append("  " + ", ".join(standing) + " the speed of light")
+            head.append("  " + ", ".join(standing) + f" {floor}")
     head.append(f"GPU time {report.gpu_us / 1e3:.4f} ms in {sum(k.launches for k in report.kernels)} launch(es): "
                 f"own {report.share('own'):.0%}, library {report.share('library'):.0%}, other {report.share('other'):.0%}"
                 + (f" (first {MAX_KERNELS} launches only)" if report.truncated else ""))
