@@ -44,6 +44,9 @@ class AgentConfig:
     wall_clock_s: float | None = None
     command_timeout_s: float = 300.0
     max_output_chars: int = 20_000
+    # utils/profile.py ends with the hardware counters of a correct candidate (GPU only; 10-14 s more
+    # per profile on the H200, docs/COUNTERS.md)
+    counters: bool = True
 
 
 @dataclass
@@ -120,7 +123,7 @@ def run_episode(task: Task, backend: ChatBackend, evaluator: EvaluatorLike, work
     def evaluated(evaluation: Evaluation) -> None:
         record["evaluations"].append(_evaluation_record(evaluation))
 
-    with CommandServer(workspace.root, task, evaluator, on_evaluation=evaluated) as server:
+    with CommandServer(workspace.root, task, evaluator, on_evaluation=evaluated, counters=config.counters) as server:
         # Only what the commands need: the toolbox's own minimal environment keeps API keys out of the shell.
         env = {SOCKET_ENV: str(server.socket_path)}
         with Toolbox(workspace.root, protected=workspace.protected, sandbox=sandbox, gpu=evaluator.device == "cuda",
