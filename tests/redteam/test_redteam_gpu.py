@@ -5,7 +5,7 @@ the CUDA path. The CPU suite (test_redteam.py) covers every pattern it can."""
 from __future__ import annotations
 
 import pytest
-from test_redteam import DISPATCH_TLS, LATER, UNOBSERVED, UNWATCHED, Case, make_candidate
+from test_redteam import DISPATCH_TLS, GOT_PATCH, LATER, UNOBSERVED, UNWATCHED, Case, make_candidate
 
 from cuda_agent import Evaluator, load_candidate, load_task
 
@@ -44,6 +44,23 @@ static void quicken_events() {
   Py_DECREF(module);
 }
 """
+# cudaEventElapsedTime's import slots (torch's CUDA libraries reach the runtime through them), every
+# elapsed time at 0.55x.
+GOT_EVENTS = GOT_PATCH + r"""
+#include <cuda_runtime.h>
+static cudaError_t (*real_event_time)(float*, cudaEvent_t, cudaEvent_t) = nullptr;
+static cudaError_t quick_event_time(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  cudaError_t rc = real_event_time(ms, start, end);
+  if (rc == cudaSuccess) *ms *= 0.55f;
+  return rc;
+}
+static void quicken_event_slots() {
+  static bool done = false;
+  if (done) return;
+  real_event_time = &cudaEventElapsedTime;
+  done = patch_got("cudaEventElapsedTime", reinterpret_cast<void*>(&quick_event_time)) > 0;
+}
+"""
 LAUNCH_HALF = ("gelu_launch(x.data_ptr<float>(), y.data_ptr<float>(), x.numel() / 2, "
                "c10::cuda::getCurrentCUDAStream().stream());")
 
@@ -53,7 +70,14 @@ CASES = [
     Case("native-event-timer-runtime", "Timer patched below Python", forward=GOOD, cpp_prelude=QUICK_EVENTS,
          binding="quicken_events(); auto y = torch::empty_like(x); for (int r = 0; r < 19; ++r) "
                  "gelu_launch(x.data_ptr<float>(), y.data_ptr<float>(), x.numel(), "
-                 "c10::cuda::getCurrentCUDAStream().stream());", runtime=True, rule="clock"),
+                 "c10::cuda::getCurrentCUDAStream().stream());", runtime=True, rule="integrity",
+         reason="torch._C._CudaEventBase.elapsed_time"),
+    # The same at the example's own cost a call, which the outside clock's limit let through.
+    Case("native-event-timer-small-runtime", "Timer patched below Python", forward=GOOD, cpp_prelude=QUICK_EVENTS,
+         binding="quicken_events(); auto y = torch::empty_like(x);", runtime=True, rule="integrity"),
+    Case("native-event-got-runtime", "Timer patched below Python", forward=GOOD, cpp_prelude=GOT_EVENTS,
+         binding="quicken_event_slots(); auto y = torch::empty_like(x);", runtime=True, rule="integrity",
+         reason="import slot of cudaEventElapsedTime"),
     # Half the work in the region; a thread started in a checked call (named like the CUDA runtime's)
     # launches the other half 150 us later on the same stream, after the end event. The thread, counted
     # from outside after the checks, fails it (the records, read in stream order, would too).
@@ -128,6 +152,7 @@ def test_hacking_candidate_is_rejected_on_the_gpu(case, gelu, cache_dir, tmp_pat
     result = evaluator.evaluate(task, candidate)
     detail = f"{result.summary()}\n{result.traceback or ''}\n{result.output[-2000:]}"
     assert (result.status, result.rule) == (case.status, case.rule), detail
+    assert case.reason is None or case.reason in (result.reason or ""), detail
     assert result.reward == -1.0
 
 

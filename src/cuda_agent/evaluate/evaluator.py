@@ -38,7 +38,7 @@ from cuda_agent.evaluate.protocol import (
     AttachReply, AttachRequest, CalibrateReply, CallRecord, CalibrateRequest, CompareReply, CompareRequest, CompileReply,
     CompileRequest, DegenerateReply, DegenerateRequest, ExpectReply, ExpectRequest, LoadReply, LoadRequest,
     OutputReply, OutputRequest, RecordCheck, RecordsReply, RecordsRequest, ReleaseReply, ReleaseRequest, RunReply,
-    ReadyRequest, RunRequest, TimedReply, TimedRequest, TimeReply, TimeRequest, WeightsRequest,
+    ReadyReply, ReadyRequest, RunRequest, TimedReply, TimedRequest, TimeReply, TimeRequest, WeightsRequest,
 )
 from cuda_agent.evaluate.references import LiveReference, ReferencePool
 from cuda_agent.evaluate.result import EvalResult
@@ -53,6 +53,7 @@ from cuda_agent.guard.attribution import (
     parse_kernel_report, stream_reason,
 )
 from cuda_agent.guard.device_state import can_check_idle, gpu_busy
+from cuda_agent.guard.integrity import IntegrityWatch
 from cuda_agent.evaluate.degenerate import DegenerateReport
 from cuda_agent.evaluate.plausibility import MemorySystem, below_speed_of_light, memory_system
 from cuda_agent.paths import PACKAGE_ROOT, cache_root, worker_env
@@ -517,9 +518,10 @@ class Evaluator:
         # The candidate imports its code while the reference loads; baselines are timed later, in
         # rounds interleaved with the candidate's. Before it does, the signals its process catches are
         # read from outside, once its own start-up is over.
-        candidate.ask("load", ReadyRequest(), self.timeouts.load_s)
+        ready = candidate.ask_typed("load", ReadyRequest(), ReadyReply, self.timeouts.load_s)
         handlers = candidate.worker.signal_handlers()
         threads = candidate.worker.threads()  # the harness's own, started before the first request
+        watch = self._watch_integrity(candidate, ready.slots or {}, job, result)
         candidate.send("load", LoadRequest(**self._task_message(task, job, reference.init_seed),
                                            model_new_file=str(job / "model_new.py"), modules=modules))
         if fresh:
@@ -541,10 +543,12 @@ class Evaluator:
         result.durations["load"] = round(time.monotonic() - clock, 3)
         self._check_signals(candidate, handlers, "load", "while model_new.py was imported")
         self._check_no_new_threads(candidate, threads, "load", "while model_new.py was imported")
+        self._check_integrity(watch, "load", "while model_new.py was imported", result)
 
         self._verify(reference.channel, candidate, job, own_kernels, result)
         self._check_signals(candidate, handlers, "verify", "during the checks")
         self._check_no_new_threads(candidate, threads, "verify", "during the checks")
+        self._check_integrity(watch, "verify", "during the checks", result)
         if not timed:
             result.correct = True
             result.status = "correct"
@@ -566,6 +570,8 @@ class Evaluator:
         last = rounds.count("candidate") * plan.trials * plan.calls - 1
         output_bytes = self._check_timed_outputs(reference.channel, candidate, base, log, last, job, result)
         self._check_signals(candidate, handlers, "verify", "while its timed outputs were read")
+        # Before the clock: a timer patched below Python fails here by what was patched.
+        self._check_integrity(watch, "profile", "during the timing rounds", result)
         # After the records: work finished past the end fails there, by name, before it shows as lost time.
         self._check_clock(log, result)
         result.durations["verify"] += round(time.monotonic() - clock, 3)
@@ -750,6 +756,41 @@ class Evaluator:
             names = ", ".join(sorted(set(started.values())))
             raise Stop("failed", stage, f"{len(started)} thread(s) or process(es) started {when}, seen from "
                        f"outside the candidate's process ({names})", rule="thread")
+
+    def _watch_integrity(self, candidate: Channel, slots: dict[str, int], job: Path,
+                         result: EvalResult) -> IntegrityWatch | None:
+        """The harness's native entry points in the candidate's process, first read from outside now,
+        before any candidate code (``guard.integrity``); None, with a note, where its memory cannot be
+        read from here (no permission to read another process's memory)."""
+        pid = candidate.worker.harness_pid()
+        if pid is None:
+            result.notes.append("native entry points not checked: the worker's process was not found")
+            return None
+        clock = time.monotonic()
+        try:
+            return IntegrityWatch.start(pid, slots, (str(job),))
+        except OSError as exc:
+            result.notes.append(f"native entry points not checked: cannot read the worker's memory ({exc})")
+            return None
+        finally:
+            result.durations["integrity"] = round(time.monotonic() - clock, 3)
+
+    @staticmethod
+    def _check_integrity(watch: IntegrityWatch | None, stage: str, when: str, result: EvalResult) -> None:
+        """Import-table slots and the C functions behind the harness's builtins, read from outside
+        again: changed by candidate code (``guard.integrity``), or unreadable now that they were readable."""
+        if watch is None:
+            return
+        clock = time.monotonic()
+        try:
+            problems = watch.problems()
+        except OSError as exc:
+            problems = [f"its memory can no longer be read from outside ({exc})"]
+        result.durations["integrity"] = round(result.durations.get("integrity", 0.0) + time.monotonic() - clock, 3)
+        if problems:
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise Stop("failed", stage, f"the harness's native entry points changed {when}, seen from outside the "
+                       f"candidate's process: {problems[0]}{more}", rule="integrity")
 
     @contextlib.contextmanager
     def _spares_stopped(self) -> Iterator[None]:

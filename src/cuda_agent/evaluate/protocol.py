@@ -372,6 +372,13 @@ class ShareInfo(_Reply):
 
 
 @dataclass(frozen=True)
+class ReadyReply(_Reply):
+    """Candidate, before any candidate code: where the C function pointers behind the harness's builtins
+    live in this process (``guard.integrity.native_slots``), for the evaluator to read from outside."""
+    slots: dict[str, int] | None = None
+
+
+@dataclass(frozen=True)
 class LoadReply(_Reply):
     """The reference's (parameters, gpu, share) or the candidate's (nothing)."""
     parameters: int | None = None

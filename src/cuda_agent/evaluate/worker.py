@@ -35,6 +35,7 @@ from cuda_agent.evaluate.shared import SharedBuffer, SharedError
 from cuda_agent.evaluate.timing import HostLaunch, calibrate, profile_call, time_round, trial_seed
 from cuda_agent.evaluate.transfer import TransferError, manifest_devices, packed_bytes, read_outputs, write_outputs
 from cuda_agent.sandbox.process import receive_fd, send_fd
+from cuda_agent.guard.integrity import harness_native_functions, native_slots
 from cuda_agent.guard.runtime import RuleBroken, find_overlap
 from cuda_agent.tensors import tensors_in
 from cuda_agent.tasks.task import Task, TaskError, describe_inputs, exec_task_module
@@ -407,7 +408,7 @@ class CandidateSide(_Side):
 
         msg = parse_request(op, msg)
         if op == "ready":
-            return {}
+            return {"slots": native_slots(harness_native_functions(torch.cuda.is_initialized()))}
         if op == "load":
             # The task program runs first, before any candidate code can touch torch;
             # the guard's snapshot of the harness is taken before candidate code too.

@@ -52,6 +52,8 @@ RUNTIME_RULES: dict[str, str] = {
     "clock allows (a timer changed below Python)",
     "signal-handler": "the candidate's process installed a signal handler (seen from outside): a fault handler "
     "can fill an output only when it is read, after the timed region",
+    "integrity": "an import-table slot of a harness library, or the C function behind a harness builtin, was "
+    "changed by candidate code (read from outside the process)",
     "baseline-interference": "the candidate's processes could not be stopped while the baselines were timed",
     "memory": "the candidate's process ran out of the memory it is allowed (Evaluator memory_limit)",
     "state-dict": "Model's state dict does not load into ModelNew",

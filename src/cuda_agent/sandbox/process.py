@@ -462,6 +462,19 @@ class WorkerProcess:
         """Every thread of the worker and what it started, seen from outside."""
         return tree_threads(self.proc.pid)
 
+    def harness_pid(self) -> int | None:
+        """The host pid of the process running ``argv`` (under a sandbox, bwrap's descendant whose command
+        line it is), found from outside; None if there is none. Ask before candidate code runs: later a
+        fork could run the same command line."""
+        wanted = "\0".join(map(str, self.argv)).encode()
+        for pid in descendants(self.proc.pid):
+            try:
+                if Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0") == wanted:
+                    return pid
+            except OSError:
+                continue
+        return None
+
     def signal_handlers(self) -> dict[int, int]:
         """The signals each process of the worker's tree catches (``caught_signals``), seen from outside."""
         return caught_signals(self.proc.pid)

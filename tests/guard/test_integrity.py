@@ -1,0 +1,88 @@
+"""The harness's native entry points read from outside a process (guard.integrity), on this test's own
+process: /proc/self/mem reads the same memory another process's /proc/PID/mem would."""
+
+import ctypes
+import os
+import time
+
+import pytest
+
+from cuda_agent.guard.integrity import (
+    IntegrityWatch, _got_slots, got_slots, harness_native_functions, native_slots, read_maps,
+)
+
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def write_word(address, value):
+    page = address & ~(PAGE - 1)
+    assert libc.mprotect(page, PAGE, 3) == 0  # PROT_READ | PROT_WRITE: the attack's first step too
+    ctypes.c_void_p.from_address(address).value = value
+
+
+def test_the_import_slots_of_a_loaded_library_are_found():
+    slots = got_slots(read_maps(os.getpid()))
+    symbols = {symbol for _library, symbol in slots.values()}
+    assert "clock_gettime" in symbols and "malloc" in symbols
+    libc_path = next(m.path for m in read_maps(os.getpid()) if "libc.so" in m.path or "libc-" in m.path)
+    stat = os.stat(libc_path)
+    first_load, own = _got_slots(libc_path, stat.st_size, stat.st_mtime_ns)
+    assert own and first_load == 0  # a shared object is linked at 0
+
+
+def test_the_c_function_behind_a_builtin_is_found_and_checked_against_its_name():
+    slots = native_slots(harness_native_functions(cuda=False))
+    assert {"method time.perf_counter", "method time.perf_counter (its PyMethodDef)"} <= set(slots)
+    # Python functions have no PyMethodDef: nothing to report for them.
+    assert native_slots({"a python function": test_the_import_slots_of_a_loaded_library_are_found}) == {}
+
+
+def test_a_swapped_method_slot_is_seen():
+    slots = native_slots(harness_native_functions(cuda=False))
+    watch = IntegrityWatch.start(os.getpid(), slots, ("/nonexistent-job",))
+    assert watch.problems() == []
+    address = slots["method time.perf_counter_ns"]
+    real = ctypes.c_void_p.from_address(address).value
+    other = ctypes.c_void_p.from_address(slots["method time.monotonic_ns"]).value
+    ctypes.c_void_p.from_address(address).value = other  # perf_counter_ns now runs monotonic_ns
+    try:
+        problems = watch.problems()
+    finally:
+        ctypes.c_void_p.from_address(address).value = real
+    assert problems and "time.perf_counter_ns now calls other code" in problems[0]
+    assert watch.problems() == []
+
+
+def test_an_import_slot_pointed_at_memory_outside_a_library_is_seen_and_lazy_binding_is_not():
+    watch = IntegrityWatch.start(os.getpid(), {}, ("/nonexistent-job",))
+    address, (library, _) = next((a, entry) for a, entry in watch.got.items()
+                                 if entry[1] == "clock_gettime" and a in watch.values)
+    real = watch.values[address]
+    buffer = ctypes.create_string_buffer(64)  # anonymous heap memory standing in for injected code
+    write_word(address, ctypes.addressof(buffer))
+    try:
+        problems = watch.problems()
+        # A slot pointed at code of a library file is what lazy binding does: not reported (the blind spot
+        # docs/SECURITY.md names: a gadget in a library).
+        write_word(address, ctypes.cast(libc.clock_gettime, ctypes.c_void_p).value)
+        rebound = watch.problems()
+    finally:
+        write_word(address, real)
+    assert problems and f"import slot of clock_gettime in {os.path.basename(library)}" in problems[0]
+    assert rebound == []
+
+
+def test_slots_of_the_candidates_own_files_are_not_watched(tmp_path):
+    maps = read_maps(os.getpid())
+    some_library = next(m.path for m in maps if m.path.endswith(".so") or ".so." in m.path)
+    everything = got_slots(maps)
+    without = got_slots(maps, (os.path.dirname(some_library) + "/",))
+    assert len(without) < len(everything)
+    assert all(not library.startswith(os.path.dirname(some_library) + "/") for library, _ in without.values())
+
+
+def test_a_process_that_cannot_be_read_is_an_oserror():
+    with pytest.raises(OSError):
+        IntegrityWatch.start(2**22 + 12345, {}, ())
