@@ -57,9 +57,9 @@ def test_a_swapped_method_slot_is_seen():
 
 def test_an_import_slot_pointed_at_memory_outside_a_library_is_seen_and_lazy_binding_is_not():
     watch = IntegrityWatch.start(os.getpid(), {}, ("/nonexistent-job",))
-    address, (library, _) = next((a, entry) for a, entry in watch.got.items()
-                                 if entry[1] == "clock_gettime" and a in watch.values)
-    real = watch.values[address]
+    address, (library, _) = next((a, entry) for a, entry in got_slots(read_maps(os.getpid())).items()
+                                 if entry[1] == "clock_gettime")
+    real = ctypes.c_void_p.from_address(address).value
     buffer = ctypes.create_string_buffer(64)  # anonymous heap memory standing in for injected code
     write_word(address, ctypes.addressof(buffer))
     try:

@@ -21,6 +21,7 @@ read; the outside clock and the records still stand behind it.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import os
 import struct
@@ -93,46 +94,60 @@ def _got_slots(path: str, size: int, mtime_ns: int) -> tuple[int, tuple[tuple[in
         return first_load, tuple(slots)
 
 
-def got_slots(mappings: list[Mapping], skip: tuple[str, ...] = ()) -> dict[int, tuple[str, str]]:
-    """Address -> (library, symbol) of every GOT slot of the ELF files mapped, except those under ``skip``."""
+def _libraries(mappings: list[Mapping], skip: tuple[str, ...]) -> list[tuple[int, str]]:
+    """(load base, path) of every ELF file mapped, except those under ``skip``."""
     bases: dict[str, int] = {}
     for m in mappings:
         if m.offset == 0 and m.path.startswith("/") and m.path not in bases and not m.path.startswith(skip):
             bases[m.path] = m.start
+    return [(start, path) for path, start in bases.items()]
+
+
+@functools.lru_cache(maxsize=1024)
+def _library_runs(path: str, size: int, mtime_ns: int) -> tuple[int, tuple[tuple[int, int], ...], tuple[int, ...], tuple[str, ...]]:
+    """(first load vaddr, runs of its GOT slots, slot offsets sorted, their symbols): per file, once."""
+    first_load, slots = _got_slots(path, size, mtime_ns)
+    ordered = sorted(slots)
+    return first_load, tuple(_runs([offset for offset, _ in ordered])), tuple(o for o, _ in ordered), \
+        tuple(n for _, n in ordered)
+
+
+def _library(path: str) -> tuple[int, tuple[tuple[int, int], ...], tuple[int, ...], tuple[str, ...]]:
+    try:
+        stat = os.stat(path)
+        return _library_runs(path, stat.st_size, stat.st_mtime_ns)
+    except (OSError, struct.error, ValueError, IndexError):
+        return 0, (), (), ()  # not a readable ELF file: nothing of it to check
+
+
+def got_slots(mappings: list[Mapping], skip: tuple[str, ...] = ()) -> dict[int, tuple[str, str]]:
+    """Address -> (library, symbol) of every GOT slot of the ELF files mapped, except those under ``skip``."""
     out: dict[int, tuple[str, str]] = {}
-    for path, start in bases.items():
-        try:
-            stat = os.stat(path)
-            first_load, slots = _got_slots(path, stat.st_size, stat.st_mtime_ns)
-        except (OSError, struct.error, ValueError, IndexError):
-            continue  # not a readable ELF file: nothing of it to check
-        base = start - first_load
-        for offset, symbol in slots:
-            out[base + offset] = (path, symbol)
+    for start, path in _libraries(mappings, skip):
+        first_load, _runs_of, offsets, symbols = _library(path)
+        for offset, symbol in zip(offsets, symbols):
+            out[start - first_load + offset] = (path, symbol)
     return out
 
 
-def read_words(pid: int, addresses: list[int]) -> dict[int, int]:
-    """The 8-byte words at ``addresses`` in ``pid``'s memory, read in runs (GOT slots sit together)."""
-    values: dict[int, int] = {}
+def _runs(addresses: list[int]) -> list[tuple[int, int]]:
+    """[start, end) spans covering ``addresses`` (8-byte words): GOT slots sit together, so a library's
+    are a span or a few, read and compared as one."""
+    runs: list[tuple[int, int]] = []
+    for address in sorted(set(addresses)):
+        if runs and address - runs[-1][1] <= 4096 and address + 8 - runs[-1][0] <= 1 << 22:
+            runs[-1] = (runs[-1][0], address + 8)
+        else:
+            runs.append((address, address + 8))
+    return runs
+
+
+def read_runs(pid: int, runs: list[tuple[int, int]]) -> list[bytes]:
     fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY)
     try:
-        ordered = sorted(addresses)
-        i = 0
-        while i < len(ordered):
-            j = i
-            while j + 1 < len(ordered) and ordered[j + 1] - ordered[i] < 1 << 20 and ordered[j + 1] - ordered[j] <= 4096:
-                j += 1
-            start = ordered[i]
-            data = os.pread(fd, ordered[j] + 8 - start, start)
-            for address in ordered[i:j + 1]:
-                at = address - start
-                if at + 8 <= len(data):
-                    values[address] = struct.unpack_from("<Q", data, at)[0]
-            i = j + 1
+        return [os.pread(fd, end - start, start) for start, end in runs]
     finally:
         os.close(fd)
-    return values
 
 
 def _target(mappings: list[Mapping], address: int) -> Mapping | None:
@@ -156,32 +171,57 @@ class IntegrityWatch:
     pid: int
     candidate_dirs: tuple[str, ...]
     slots: dict[int, str]  # address -> what it is ("method time.perf_counter_ns", ...)
-    got: dict[int, tuple[str, str]]
-    values: dict[int, int] = field(default_factory=dict)
+    libraries: list[tuple[int, str]] = field(default_factory=list)  # (address of offset 0, path)
+    runs: list[tuple[int, int]] = field(default_factory=list)
+    first: list[bytes] = field(default_factory=list)  # the runs' bytes as first read
 
     @classmethod
     def start(cls, pid: int, method_slots: dict[str, int], candidate_dirs: tuple[str, ...]) -> "IntegrityWatch":
         """Raises OSError where this process may not read the candidate's memory."""
         dirs = tuple(os.path.realpath(d).rstrip("/") + "/" for d in candidate_dirs)
-        watch = cls(pid, dirs, {address: name for name, address in method_slots.items()},
-                    got_slots(read_maps(pid), dirs))
-        watch.values = read_words(pid, [*watch.slots, *watch.got])
+        watch = cls(pid, dirs, {address: name for name, address in method_slots.items()})
+        watch.runs = _runs(list(watch.slots))
+        for start, path in _libraries(read_maps(pid), dirs):
+            first_load, runs, _, _ = _library(path)
+            base = start - first_load
+            watch.libraries.append((base, path))
+            watch.runs += [(base + a, base + b) for a, b in runs]
+        watch.first = read_runs(pid, watch.runs)
         return watch
 
+    def _slot(self, address: int) -> tuple[str, str] | None:
+        """(library, symbol) of the GOT slot at ``address``, if it is one."""
+        for base, path in self.libraries:
+            _, runs, offsets, symbols = _library(path)
+            if runs and base + runs[0][0] <= address < base + runs[-1][1]:
+                i = bisect.bisect_left(offsets, address - base)
+                if i < len(offsets) and offsets[i] == address - base:
+                    return path, symbols[i]
+        return None
+
     def problems(self) -> list[str]:
-        """What changed since ``start``, worded for a verdict; empty when nothing did."""
-        now = read_words(self.pid, [*self.slots, *self.got])
-        found = [f"{name} now calls other code (0x{self.values[a]:x} -> 0x{now.get(a, 0):x})"
-                 for a, name in self.slots.items() if a in self.values and now.get(a) != self.values[a]]
-        changed = [a for a in self.got if a in self.values and now.get(a) != self.values[a]]
-        if changed:
-            mappings = read_maps(self.pid)
-            for address in changed:
-                target = _target(mappings, now.get(address, 0))
+        """What changed since ``start``, worded for a verdict; empty when nothing did. The runs are
+        compared whole (a bytes comparison), word by word only where they differ."""
+        found: list[str] = []
+        mappings: list[Mapping] | None = None
+        for (start, _), before, now in zip(self.runs, self.first, read_runs(self.pid, self.runs)):
+            if now == before:
+                continue
+            for at in range(0, min(len(before), len(now)) - 7, 8):
+                if now[at:at + 8] == before[at:at + 8]:
+                    continue
+                address, old, new = start + at, *struct.unpack_from("<Q", before, at), *struct.unpack_from("<Q", now, at)
+                if address in self.slots:
+                    found.append(f"{self.slots[address]} now calls other code (0x{old:x} -> 0x{new:x})")
+                    continue
+                slot = self._slot(address)
+                if slot is None:
+                    continue  # a word between two slots, not a slot
+                mappings = mappings if mappings is not None else read_maps(self.pid)
+                target = _target(mappings, new)
                 if not _acceptable(target, self.candidate_dirs):
-                    library, symbol = self.got[address]
                     where = "unmapped memory" if target is None else (target.path or "anonymous memory")
-                    found.append(f"the import slot of {symbol} in {Path(library).name} now points into {where}")
+                    found.append(f"the import slot of {slot[1]} in {Path(slot[0]).name} now points into {where}")
         return found
 
 
