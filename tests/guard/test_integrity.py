@@ -3,7 +3,7 @@ process: /proc/self/mem reads the same memory another process's /proc/PID/mem wo
 
 import ctypes
 import os
-import time
+import shutil
 
 import pytest
 
@@ -75,6 +75,26 @@ def test_an_import_slot_pointed_at_memory_outside_a_library_is_seen_and_lazy_bin
     assert problems and f"import slot of abort in {os.path.basename(library)}" in problems[0]
     assert "heap" in problems[0] or "anonymous" in problems[0]
     assert rebound == []
+
+
+def test_an_import_slot_pointed_at_a_library_written_to_tmp_after_start_is_seen(tmp_path):
+    """A library file the candidate wrote where the sandbox lets it write (its private /tmp) is not a
+    library lazy binding could reach: pointing a slot into one is reported, unlike one mapped before."""
+    if not str(tmp_path).startswith("/tmp/"):
+        pytest.skip(f"the test's directory {tmp_path} is not under /tmp")
+    watch = IntegrityWatch.start(os.getpid(), {}, ("/nonexistent-job",))
+    address = next(a for a, entry in got_slots(read_maps(os.getpid())).items() if entry[1] == "abort")
+    real = ctypes.c_void_p.from_address(address).value
+    source = next(m.path for m in read_maps(os.getpid()) if "libm.so" in m.path or "libm-" in m.path)
+    copy = tmp_path / "libcopy.so"
+    shutil.copy(source, copy)
+    injected = ctypes.CDLL(str(copy))
+    write_word(address, ctypes.cast(injected.cos, ctypes.c_void_p).value)
+    try:
+        problems = watch.problems()
+    finally:
+        write_word(address, real)
+    assert problems and "libcopy.so" in problems[0]
 
 
 def test_slots_of_the_candidates_own_files_are_not_watched(tmp_path):

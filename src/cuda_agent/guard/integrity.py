@@ -12,8 +12,9 @@ process. Both are plain memory, so the evaluator reads them from outside (``/pro
 * ``IntegrityWatch.start`` reads, from outside, those pointers and every GOT slot of every library
   mapped at start-up (relocations ``GLOB_DAT`` and ``JUMP_SLOT`` of its dynamic symbol table);
 * ``IntegrityWatch.check`` reads them again. A method slot must not change. A GOT slot may change only
-  as lazy binding changes it: to code in a library file (not the candidate's own extension in its job
-  directory, not anonymous or deleted memory, not a memfd).
+  as lazy binding changes it: to code in a library file the candidate could not have written (not its
+  own extension in its job directory, not a file in the sandbox's private /tmp or /dev/shm unless the
+  harness had it mapped already, not anonymous or deleted memory, not a memfd).
 
 It cannot see a slot pointed at other existing library code (a gadget), or a patch undone before the
 read; the outside clock and the records still stand behind it.
@@ -157,11 +158,17 @@ def _target(mappings: list[Mapping], address: int) -> Mapping | None:
     return None
 
 
-def _acceptable(target: Mapping | None, candidate_dirs: tuple[str, ...]) -> bool:
-    """Code a lazily bound slot may come to point at: executable, from a library file, not the candidate's."""
+# Where the sandbox lets a candidate write files (its job directory besides): private tmpfs mounts.
+_WRITABLE = ("/tmp/", "/dev/shm/", "/run/", "/var/run/")
+
+
+def _acceptable(target: Mapping | None, candidate_dirs: tuple[str, ...], harness_files: frozenset[str]) -> bool:
+    """Code a lazily bound slot may come to point at: executable, from a library file the candidate could
+    not have written (mapped before its code ran, or outside every place it can write), never its own."""
     return (target is not None and "x" in target.perms and target.path.startswith("/")
             and not target.path.endswith("(deleted)") and not target.path.startswith(("/memfd:", "/dev/", "/SYSV"))
-            and not target.path.startswith(candidate_dirs))
+            and not target.path.startswith(candidate_dirs)
+            and (target.path in harness_files or not target.path.startswith(_WRITABLE)))
 
 
 @dataclass
@@ -172,6 +179,7 @@ class IntegrityWatch:
     candidate_dirs: tuple[str, ...]
     slots: dict[int, str]  # address -> what it is ("method time.perf_counter_ns", ...)
     libraries: list[tuple[int, str]] = field(default_factory=list)  # (address of offset 0, path)
+    harness_files: frozenset[str] = frozenset()  # every file mapped before candidate code
     runs: list[tuple[int, int]] = field(default_factory=list)
     first: list[bytes] = field(default_factory=list)  # the runs' bytes as first read
 
@@ -181,7 +189,9 @@ class IntegrityWatch:
         dirs = tuple(os.path.realpath(d).rstrip("/") + "/" for d in candidate_dirs)
         watch = cls(pid, dirs, {address: name for name, address in method_slots.items()})
         watch.runs = _runs(list(watch.slots))
-        for start, path in _libraries(read_maps(pid), dirs):
+        mappings = read_maps(pid)
+        watch.harness_files = frozenset(m.path for m in mappings if m.path.startswith("/"))
+        for start, path in _libraries(mappings, dirs):
             first_load, runs, _, _ = _library(path)
             base = start - first_load
             watch.libraries.append((base, path))
@@ -219,7 +229,7 @@ class IntegrityWatch:
                     continue  # a word between two slots, not a slot
                 mappings = mappings if mappings is not None else read_maps(self.pid)
                 target = _target(mappings, new)
-                if not _acceptable(target, self.candidate_dirs):
+                if not _acceptable(target, self.candidate_dirs, self.harness_files):
                     where = "unmapped memory" if target is None else (target.path or "anonymous memory")
                     found.append(f"the import slot of {slot[1]} in {Path(slot[0]).name} now points into {where}")
         return found
