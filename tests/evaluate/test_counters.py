@@ -135,6 +135,19 @@ def test_output_without_a_kernel_table_is_a_clear_error():
         parse_ncu_raw("==PROF== Connected to process 1\n==ERROR== something went wrong\n")
 
 
+def test_output_written_by_candidate_code_is_refused_or_read_never_crashes():
+    text, _ = fixture("cuda_gelu")
+    with pytest.raises(CountersError, match="malformed"):
+        parse_ncu_raw(text.replace("gelu_vec4_kernel", "gelu" * 50_000))  # a field past csv's limit
+    with pytest.raises(CountersError, match="more than"):
+        parse_ncu_raw("x" * (64 * 2**20 + 1))
+    # Facts of the wrong shape: no speed of light, the counters still stand.
+    report = build_report(text, ["not", "a", "dict"], own_matcher(GELU_OWN), {})
+    assert report.speed_of_light is None and report.kernels[0].bound == "memory"
+    # A launch without a grid size still reads.
+    assert classify(kernel(memory_pct=10, sm_pct=10, waves=0.2, grid=None), 100.0)[0] == "latency"
+
+
 def test_a_mostly_idle_gpu_is_called_launch_bound():
     text, facts = fixture("cuda_gelu")
     report = build_report(text, facts, own_matcher(GELU_OWN), {"candidate": 5.0})  # kernels 0.5 ms of a 5 ms call

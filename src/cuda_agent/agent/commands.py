@@ -24,7 +24,7 @@ from typing import Any, Callable
 from cuda_agent.evaluate.interface import EvaluatorLike
 from cuda_agent.candidates import CandidateError, load_workspace
 from cuda_agent.candidates.candidate import Candidate
-from cuda_agent.evaluate.counters import times_of
+from cuda_agent.evaluate.counters import times_of, unavailable
 from cuda_agent.evaluate.result import EvalResult
 from cuda_agent.tasks.task import Task
 
@@ -130,7 +130,10 @@ class CommandServer:
             result = judge(self.task, candidate)
             report = None
             if command == "profile" and self.counters and result.status == "correct":
-                report = self.evaluator.counters(self.task, candidate, times_of(result))
+                try:
+                    report = self.evaluator.counters(self.task, candidate, times_of(result))
+                except Exception as exc:  # noqa: BLE001 - advice: its failure must not cost the agent its times
+                    report = unavailable(f"the profile under Nsight Compute failed: {type(exc).__name__}: {exc}")
                 result.counters = report.to_dict()  # into the trajectory, structured
             evaluation = Evaluation(command, self.turn, round(time.monotonic() - clock, 3), result.to_dict(),
                                     candidate_files(candidate))

@@ -63,6 +63,7 @@ METRICS: dict[str, str] = {
     "sm__sass_thread_inst_executed_op_ffma_pred_on.sum.peak_sustained": "ffma_per_cycle",
 }
 MAX_KERNELS = 200  # launches profiled in one call; each is replayed several times
+MAX_NCU_BYTES = 64 * 2**20  # ncu's CSV for MAX_KERNELS launches is well under 10 MB
 NCU_FLAGS = ("--clock-control", "none", "--profile-from-start", "off", "--csv", "--page", "raw",
              "--print-units", "base", "--launch-count", str(MAX_KERNELS))
 
@@ -98,12 +99,18 @@ def _number(text: str) -> float | None:
 def parse_ncu_raw(text: str) -> list[dict[str, Any]]:
     """Rows of ``ncu --csv --page raw --print-units base`` output, one per profiled launch: the
     identifying columns as text, every metric as a float (None where ncu printed n/a). Lines before
-    the header (ncu's ``==PROF==`` messages, the program's own output) are skipped."""
+    the header (ncu's ``==PROF==`` messages, the program's own output) are skipped. The text comes from
+    a process that ran candidate code: anything malformed is a ``CountersError``, never another error."""
+    if len(text) > MAX_NCU_BYTES:
+        raise CountersError(f"ncu's output is {len(text)} bytes, more than {MAX_NCU_BYTES} (not ncu's)")
     start = text.find('"ID","Process ID"')
     if start < 0:
         raise CountersError("no kernel table in ncu's output (no kernel ran between the profiler's start and stop, "
                             "or ncu failed before profiling)")
-    rows = list(csv.reader(io.StringIO(text[start:])))
+    try:
+        rows = list(csv.reader(io.StringIO(text[start:])))
+    except csv.Error as exc:
+        raise CountersError(f"ncu's CSV is malformed: {exc}") from None
     header = rows[0]
     out = []
     for row in rows[1:]:
@@ -239,7 +246,7 @@ def classify(k: KernelCounters, launches_us: float) -> tuple[str, str]:
                            f"{_pct(k.tensor_pct)}): cut instructions, or move the math onto tensor cores (mma/WMMA)")
     parts = [f"neither memory ({_pct(k.memory_pct)}) nor SM ({_pct(k.sm_pct)}) is busy: stalls on latency"]
     if k.waves is not None and k.waves < 1:
-        parts.append(f"grid too small: {k.grid:.0f} blocks fill {k.waves:.2f} of one wave of the GPU's SMs")
+        parts.append(f"grid too small: {k.grid or 0:.0f} blocks fill {k.waves:.2f} of one wave of the GPU's SMs")
     if k.achieved_occupancy_pct is not None:
         parts.append(f"occupancy {_pct(k.achieved_occupancy_pct)} achieved of {_pct(k.theoretical_occupancy_pct)} "
                      f"possible" + (f", capped by {k.occupancy_limiter}" if k.occupancy_limiter else ""))
@@ -330,6 +337,7 @@ def _call_verdict(report: CounterReport) -> str:
 def build_report(text: str, facts: dict[str, Any], is_own: Callable[[str], bool],
                  times_ms: dict[str, float]) -> CounterReport:
     rows = parse_ncu_raw(text)
+    facts = facts if isinstance(facts, dict) else {}  # written where candidate code ran: trust its shape to nothing
     peaks = _device_peaks(rows)
     report = CounterReport(available=True, gpu=peaks["gpu"], kernels=kernels_from_rows(rows, is_own),
                            truncated=len(rows) >= MAX_KERNELS, speed_of_light=speed_of_light(facts, peaks),

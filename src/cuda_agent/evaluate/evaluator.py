@@ -30,7 +30,9 @@ from cuda_agent.build import BuildResult, build
 from cuda_agent.candidates import Candidate
 from cuda_agent.evaluate.baseline import BaselineCache, baseline_key
 from cuda_agent.evaluate.channel import Channel, Stop
-from cuda_agent.evaluate.counters import METRICS, NCU_FLAGS, CounterReport, CountersError, build_report, unavailable
+from cuda_agent.evaluate.counters import (
+    MAX_NCU_BYTES, METRICS, NCU_FLAGS, CounterReport, CountersError, build_report, unavailable,
+)
 from cuda_agent.evaluate.decide import Plan, Rounds, Speedup, clock_check, run_rounds, settled, speedup
 from cuda_agent.evaluate.environment import describe_environment
 from cuda_agent.evaluate.policy import Policy, TimingConfig
@@ -337,7 +339,10 @@ class Evaluator:
                                   readable=[PACKAGE_ROOT],
                                   limits=Limits(timeout_s=self.timeouts.counters_s, output_bytes=self.output_limit,
                                                 memory_bytes=self.memory_limit))
-            log = (job / "ncu.csv").read_text(errors="replace") if (job / "ncu.csv").exists() else ""
+            log = ""
+            if (job / "ncu.csv").exists():
+                with open(job / "ncu.csv", "rb") as handle:  # bounded: the sandbox could have written it
+                    log = handle.read(MAX_NCU_BYTES + 1).decode(errors="replace")
             if raw_to is not None:
                 raw_to.mkdir(parents=True, exist_ok=True)
                 for name in ("ncu.csv", "facts.json"):
@@ -349,7 +354,7 @@ class Evaluator:
             try:
                 facts = json.loads((job / "facts.json").read_text())
                 report = build_report(log, facts, own_matcher(own), times)
-            except (CountersError, ValueError) as exc:
+            except (CountersError, ValueError, TypeError) as exc:
                 return unavailable(f"ncu's output could not be read: {exc}; {(log + ran.output)[-800:].strip()}", times)
             report.seconds = round(time.monotonic() - started, 2)
             return report
