@@ -2,6 +2,7 @@
 and the failure modes a hostile or broken candidate can produce."""
 
 import copy
+import importlib.util
 import json
 import shutil
 
@@ -76,6 +77,10 @@ def test_end_to_end_correct(example, evaluator):
     # The outside clock saw the rounds and found them explained by the reported regions.
     clock = timing["clock"]
     assert clock["ok"] and clock["rounds"] == result.decision["rounds"] and clock["claimed_ms"] > 0
+    # The CPU time of its threads over the rounds, read from outside: the calling thread ran the calls.
+    assert timing["threads"]["main_ms"] > 0 and timing["threads"]["others_ms"] >= 0
+    # The candidate's process ran with its code locked (sandbox.nocode) wherever libseccomp is installed.
+    assert not [n for n in result.notes if "code pages not locked" in n] or importlib.util.find_spec("pyseccomp") is None
     for which in ("candidate", "eager", "compile"):
         stats = result.times[which]
         rounds = result.decision["rounds"]

@@ -109,3 +109,84 @@ def test_slots_of_the_candidates_own_files_are_not_watched(tmp_path):
 def test_a_process_that_cannot_be_read_is_an_oserror():
     with pytest.raises(OSError):
         IntegrityWatch.start(2**22 + 12345, {}, ())
+
+
+def test_an_import_slot_pointed_at_other_library_code_is_seen():
+    """The gadget route: code in a library file, but not the slot's own symbol's definition, which is all
+    lazy binding ever writes there."""
+    watch = IntegrityWatch.start(os.getpid(), {}, ("/nonexistent-job",))
+    address = next(a for a, entry in got_slots(read_maps(os.getpid())).items() if entry[1] == "abort")
+    real = ctypes.c_void_p.from_address(address).value
+    write_word(address, ctypes.cast(libc.exit, ctypes.c_void_p).value)
+    try:
+        problems = watch.problems()
+    finally:
+        write_word(address, real)
+    assert any("import slot of abort" in p and "elsewhere than its definition" in p for p in problems), problems
+
+
+def test_lazy_binding_is_told_from_a_redirected_slot():
+    """A JUMP_SLOT moved from its PLT stub to its symbol's definition is what the loader does on first
+    call; the same slot moved to another function of that library is not."""
+    maps = read_maps(os.getpid())
+    watch = IntegrityWatch.start(os.getpid(), {}, ("/nonexistent-job",))
+    libc_path = next(m.path for m in maps if "libc.so" in m.path or "libc-" in m.path)
+    target = next(m for m in maps if m.start <= ctypes.cast(libc.abort, ctypes.c_void_p).value < m.end)
+    assert watch._bound("*abort", ctypes.cast(libc.abort, ctypes.c_void_p).value, target)
+    assert not watch._bound("*abort", ctypes.cast(libc.exit, ctypes.c_void_p).value, target)
+    assert not watch._bound("abort", ctypes.cast(libc.abort, ctypes.c_void_p).value, target)  # GLOB_DAT: never
+    assert libc_path == target.path
+
+
+def _library_code(name):
+    """(mapping, address of a function) of an executable mapping of the library ``name`` in this process."""
+    lib = ctypes.CDLL(name)
+    address = ctypes.cast(lib.cos, ctypes.c_void_p).value
+    mapping = next(m for m in read_maps(os.getpid()) if m.start <= address < m.end)
+    assert "x" in mapping.perms and mapping.path.startswith("/")
+    return mapping, address
+
+
+def test_a_code_page_written_through_proc_mem_is_seen_even_with_its_bytes_put_back():
+    """Writing code pages copies them (copy on write): the copy stays anonymous memory in the file's
+    mapping whatever the bytes, which smaps counts. The sandbox refuses the write itself (read-only /proc)."""
+    mapping, address = _library_code("libm.so.6")
+    watch = IntegrityWatch.start(os.getpid(), {}, ("/nonexistent-job",))
+    assert watch.problems() == []
+    try:
+        fd = os.open("/proc/self/mem", os.O_RDWR)
+    except OSError as exc:
+        pytest.skip(f"/proc/self/mem cannot be opened for writing here: {exc}")
+    try:
+        os.pwrite(fd, os.pread(fd, 1, address), address)  # the same byte: nothing runs differently
+    finally:
+        os.close(fd)
+    problems = watch.problems()
+    assert any(f"the code of {os.path.basename(mapping.path)} was written (4 kB" in p for p in problems), problems
+
+
+def test_a_copy_of_a_library_mapped_over_its_code_is_seen(tmp_path):
+    mapping, _ = _library_code("libm.so.6")
+    copy = tmp_path / "libm-copy.so"
+    shutil.copy(mapping.path, copy)
+    watch = IntegrityWatch.start(os.getpid(), {}, ("/nonexistent-job",))
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long)
+    with open(copy, "rb") as f:
+        # The same bytes at the same place (PROT_READ|PROT_EXEC, MAP_PRIVATE|MAP_FIXED): only the file differs.
+        placed = libc.mmap(mapping.start, PAGE, 5, 0x12, f.fileno(), mapping.offset)
+    assert placed == mapping.start
+    problems = watch.problems()
+    assert any("was replaced by" in p and "libm-copy.so" in p for p in problems), problems
+
+
+def test_code_made_writable_is_seen():
+    mapping, _ = _library_code("libm.so.6")
+    watch = IntegrityWatch.start(os.getpid(), {}, ("/nonexistent-job",))
+    assert libc.mprotect(mapping.start, PAGE, 7) == 0  # PROT_READ | PROT_WRITE | PROT_EXEC
+    try:
+        problems = watch.problems()
+    finally:
+        assert libc.mprotect(mapping.start, PAGE, 5) == 0
+    assert any("was made writable (rwxp)" in p for p in problems), problems
+    assert watch.problems() == []  # made executable again, never written: the file's pages still

@@ -151,20 +151,25 @@ static int patch_got(const char* symbol, void* replacement) {
   return patched;
 }
 """
-# clock_gettime, halved for CLOCK_MONOTONIC (what perf_counter reads) in every object's import table.
-GOT_CLOCK = GOT_PATCH + r"""
+# CLOCK_MONOTONIC (what perf_counter reads) made to run at half speed from its first reading.
+HALVE_MONOTONIC = r"""
 #include <time.h>
-static long long got_origin = 0;
+static long long halving_origin = 0;
+static void halve_monotonic(clockid_t id, struct timespec* ts) {
+  if (id != CLOCK_MONOTONIC) return;
+  long long ns = ts->tv_sec * 1000000000LL + ts->tv_nsec;
+  if (halving_origin == 0) halving_origin = ns;
+  ns = halving_origin + (ns - halving_origin) / 2;
+  ts->tv_sec = ns / 1000000000LL;
+  ts->tv_nsec = ns % 1000000000LL;
+}
+"""
+# clock_gettime, halved for CLOCK_MONOTONIC (what perf_counter reads) in every object's import table.
+GOT_CLOCK = GOT_PATCH + HALVE_MONOTONIC + r"""
 static int (*real_gettime)(clockid_t, struct timespec*) = nullptr;
 static int halved_gettime(clockid_t id, struct timespec* ts) {
   int rc = real_gettime(id, ts);
-  if (rc == 0 && id == CLOCK_MONOTONIC) {
-    long long ns = ts->tv_sec * 1000000000LL + ts->tv_nsec;
-    if (got_origin == 0) got_origin = ns;
-    ns = got_origin + (ns - got_origin) / 2;
-    ts->tv_sec = ns / 1000000000LL;
-    ts->tv_nsec = ns % 1000000000LL;
-  }
+  if (rc == 0) halve_monotonic(id, ts);
   return rc;
 }
 static void halve_got_clock() {
@@ -174,6 +179,89 @@ static void halve_got_clock() {
   done = patch_got("clock_gettime", reinterpret_cast<void*>(&halved_gettime)) > 0;
 }
 """
+# A library function's own code rewritten (x86-64: a jump to the attacker's function) by one of three
+# routes: in place after mprotect(RWX); through /proc/self/mem, which writes through page protections;
+# or a patched copy of the library written to /tmp and mapped over the page. The sandbox refuses the
+# first two (sandbox.nocode, a read-only /proc); the third is seen from outside (guard.integrity: the
+# code mapping is another file). A route that is refused raises, naming why. TARGET_CODE() is the code
+# rewritten, REPLACEMENT() where it jumps now.
+CODE_REWRITE_ROUTES = r"""
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <link.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+static void jump_code(unsigned char* code) {  // movabs rax, target; jmp rax
+  void* target = REPLACEMENT();
+  code[0] = 0x48; code[1] = 0xB8; std::memcpy(code + 2, &target, 8); code[10] = 0xFF; code[11] = 0xE0;
+}
+static unsigned char* target_code() { return reinterpret_cast<unsigned char*>(TARGET_CODE()); }
+static uintptr_t page_of(unsigned char* p) { return reinterpret_cast<uintptr_t>(p) & ~static_cast<uintptr_t>(4095); }
+static size_t span_of(unsigned char* p) { return reinterpret_cast<uintptr_t>(p) + 12 - page_of(p) > 4096 ? 8192 : 4096; }
+static void refused(const char* route) { throw std::runtime_error(std::string("code rewrite refused: ") + route + ": " + std::strerror(errno)); }
+static void rewrite_in_place() {
+  unsigned char* fn = target_code();
+  if (mprotect(reinterpret_cast<void*>(page_of(fn)), span_of(fn), PROT_READ | PROT_WRITE | PROT_EXEC) != 0) refused("mprotect");
+  jump_code(fn);
+}
+static void rewrite_through_proc() {
+  unsigned char code[12];
+  jump_code(code);
+  int fd = open("/proc/self/mem", O_RDWR);
+  if (fd < 0) refused("/proc/self/mem");
+  if (pwrite(fd, code, 12, static_cast<off_t>(reinterpret_cast<uintptr_t>(target_code()))) != 12) refused("/proc/self/mem write");
+  close(fd);
+}
+struct Segment { uintptr_t address; uintptr_t file_offset; bool found; };
+static void rewrite_from_copy() {
+  unsigned char* fn = target_code();
+  Dl_info info;
+  if (dladdr(fn, &info) == 0) refused("dladdr");
+  Segment seg{reinterpret_cast<uintptr_t>(fn), 0, false};
+  dl_iterate_phdr([](dl_phdr_info* i, size_t, void* data) -> int {
+    auto* s = static_cast<Segment*>(data);
+    for (int k = 0; k < i->dlpi_phnum; ++k) {
+      const auto& ph = i->dlpi_phdr[k];
+      uintptr_t start = i->dlpi_addr + ph.p_vaddr;
+      if (ph.p_type == PT_LOAD && s->address >= start && s->address < start + ph.p_memsz) {
+        s->file_offset = s->address - start + ph.p_offset; s->found = true; return 1;
+      }
+    }
+    return 0;
+  }, &seg);
+  if (!seg.found) refused("dl_iterate_phdr");
+  int in = open(info.dli_fname, O_RDONLY);
+  if (in < 0) refused("open");
+  std::string bytes;
+  char chunk[1 << 16];
+  for (ssize_t n; (n = read(in, chunk, sizeof chunk)) > 0;) bytes.append(chunk, static_cast<size_t>(n));
+  close(in);
+  jump_code(reinterpret_cast<unsigned char*>(&bytes[seg.file_offset]));
+  int out = open("/tmp/patched-copy.so", O_CREAT | O_RDWR | O_TRUNC, 0700);
+  if (out < 0 || write(out, bytes.data(), bytes.size()) != static_cast<ssize_t>(bytes.size())) refused("/tmp");
+  void* at = mmap(reinterpret_cast<void*>(page_of(fn)), span_of(fn), PROT_READ | PROT_EXEC, MAP_PRIVATE | MAP_FIXED,
+                  out, static_cast<off_t>(seg.file_offset & ~static_cast<uintptr_t>(4095)));
+  close(out);
+  if (at != reinterpret_cast<void*>(page_of(fn))) refused("mmap");
+}
+"""
+# CPU: clock_gettime in libc, halved (the replacement asks the kernel itself).
+CODE_REWRITE = HALVE_MONOTONIC + r"""
+#include <sys/syscall.h>
+#include <unistd.h>
+static int halved_raw_clock(clockid_t id, struct timespec* ts) {
+  int rc = static_cast<int>(syscall(SYS_clock_gettime, id, ts));
+  if (rc == 0) halve_monotonic(id, ts);
+  return rc;
+}
+#define TARGET_CODE() reinterpret_cast<void*>(&clock_gettime)
+#define REPLACEMENT() reinterpret_cast<void*>(&halved_raw_clock)
+""" + CODE_REWRITE_ROUTES
 # A helper thread, started inside a checked call and named like torch's own, finishes the second half
 # of the output after forward returned, on calls no dispatch mode watches. The records catch the
 # unfinished half only when the harness reads them before the helper is done, which a busy machine does
@@ -184,6 +272,7 @@ LATER = r"""
 #include <torch/csrc/profiler/orchestration/observer.h>
 #include <condition_variable>
 #include <functional>
+#include <future>
 #include <mutex>
 #include <pthread.h>
 #include <thread>
@@ -191,14 +280,18 @@ struct Later { std::mutex m; std::condition_variable cv; std::function<void()> j
 static Later* later() {
   static Later* box = [] {
     auto* l = new Later();
-    std::thread t([l] {
+    auto* named = new std::promise<void>();  // kept: the helper may still be inside set_value
+    std::thread t([l, named] {
+      // Named from inside (prctl): naming another thread writes /proc/self/task/TID/comm, read-only here.
+      pthread_setname_np(pthread_self(), "pt_helper");
+      named->set_value();
       for (;;) {
         std::function<void()> job;
         { std::unique_lock<std::mutex> g(l->m); l->cv.wait(g, [l] { return l->ready; }); job = std::move(l->job); l->ready = false; }
         job();
       }
     });
-    pthread_setname_np(t.native_handle(), "pt_helper");
+    named->get_future().wait();
     t.detach();
     return l;
   }();
@@ -373,6 +466,18 @@ CASES = [
     Case("native-got-clock-runtime", "Timer patched below Python",
          cpp_prelude=GOT_CLOCK, binding="halve_got_clock(); auto y = torch::empty_like(xc);",
          runtime=True, rule="integrity", reason="import slot of clock_gettime"),
+    Case("native-code-rewrite-runtime", "Timer patched below Python",
+         cpp_prelude=CODE_REWRITE, binding="static bool patched = false; if (!patched) { patched = true; "
+                                           "rewrite_in_place(); } auto y = torch::empty_like(xc);",
+         runtime=True, rule=None, reason="code rewrite refused: mprotect: Permission denied"),
+    Case("native-proc-mem-rewrite-runtime", "Timer patched below Python",
+         cpp_prelude=CODE_REWRITE, binding="static bool patched = false; if (!patched) { patched = true; "
+                                           "rewrite_through_proc(); } auto y = torch::empty_like(xc);",
+         runtime=True, rule=None, reason="code rewrite refused: /proc/self/mem: Read-only file system"),
+    Case("native-library-copy-runtime", "Timer patched below Python",
+         cpp_prelude=CODE_REWRITE, binding="static bool patched = false; if (!patched) { patched = true; "
+                                           "rewrite_from_copy(); } auto y = torch::empty_like(xc);",
+         runtime=True, rule="integrity", reason="replaced by /tmp/patched-copy.so"),
     Case("native-deferred-half-runtime", "Work deferred past the end",
          cpp_prelude=LATER,
          binding="auto y = torch::empty_like(xc); later(); if (" + UNOBSERVED + ") { int64_t n = xc.numel(), "

@@ -129,6 +129,56 @@ except OSError as e:
     assert "sysctl denied 30" in result.output  # EROFS: /proc/sys is read-only
 
 
+def test_own_memory_cannot_be_written_through_proc(tmp_path):
+    """/proc/self/mem opened for writing writes through page protections (code pages included): CPU jobs
+    get a read-only /proc (the CUDA driver needs it writable: GPU jobs keep it)."""
+    code = """
+import os
+print('reads', len(open('/proc/self/maps').read()) > 0)
+try:
+    os.open('/proc/self/mem', os.O_RDWR)
+    print('opened for writing')
+except OSError as e:
+    print('refused', e.errno)
+"""
+    result = run(tmp_path, code)
+    assert result.ok, result.output
+    assert "reads True" in result.output and "refused 30" in result.output, result.output  # EROFS
+
+
+def test_nothing_becomes_executable_once_the_code_is_locked(tmp_path):
+    """sandbox.nocode inside the sandbox: a page can no longer be made executable, from any thread,
+    and writable code cannot be mapped; plain memory, torch and later imports still work."""
+    code = """
+import ctypes, threading, torch
+from cuda_agent.sandbox.nocode import forbid_new_code
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long)
+page = libc.mmap(None, 4096, 3, 0x22, -1, 0)
+started = threading.Event(); go = threading.Event(); seen = []
+def earlier_thread():  # started before the lock: the filter must reach it too
+    started.set(); go.wait()
+    seen.append(libc.mprotect(page, 4096, 5)); seen.append(ctypes.get_errno())
+t = threading.Thread(target=earlier_thread); t.start(); started.wait()
+print('lock', forbid_new_code())
+go.set(); t.join()
+print('thread', seen)
+print('rx', libc.mprotect(page, 4096, 5), ctypes.get_errno())
+print('ro', libc.mprotect(page, 4096, 1))
+print('rwx', libc.mmap(None, 4096, 7, 0x22, -1, 0) == 2**64 - 1, ctypes.get_errno())
+print('torch', float((torch.ones(1000, 1000) @ torch.ones(1000, 1000)).sum()))
+import decimal, sqlite3
+print('imports ok')
+"""
+    src = Path(__file__).resolve().parents[2] / "src"
+    result = run(tmp_path, code, env=dict(os.environ, PYTHONPATH=str(src)), readable=[src])
+    assert result.ok, result.output
+    for line in ("lock None", "thread [-1, 13]", "rx -1 13", "ro 0", "rwx True 13", "torch 1000000000.0", "imports ok"):
+        assert line in result.output, result.output
+
+
 def test_denied_syscalls_fail_with_eperm(tmp_path):
     code = """
 import ctypes, errno, os

@@ -114,3 +114,29 @@ def test_signal_handlers_are_read_from_outside(tmp_path):
         w.request({"op": "handle", "value": 2}, 10)
         after = w.signal_handlers()
         assert after[w.proc.pid] & ~before[w.proc.pid] == 1 << (signal.SIGUSR1 - 1)
+
+
+def test_cpu_time_of_each_thread_is_read_from_outside(tmp_path):
+    """A thread that existed before and is handed work shows with the CPU time it used, apart from the
+    thread that answers the requests (``other_threads_ms``, the evaluator's borrowed-thread check)."""
+    from cuda_agent.evaluate.decide import other_threads_ms
+
+    code = ("import threading, time\n"
+            "go = threading.Event()\n"
+            "def borrowed():\n"
+            "    go.wait()\n"
+            "    end = time.process_time() + 0.3\n"
+            "    while time.process_time() < end: pass\n"
+            "    threading.Event().wait()\n"
+            "threading.Thread(target=borrowed, daemon=True, name='pool').start()\n"
+            + ECHO.replace("        if msg['op'] == 'crash':\n",
+                           "        if msg['op'] == 'hand':\n            go.set()\n            time.sleep(1.0)\n"
+                           "        if msg['op'] == 'crash':\n"))
+    with WorkerProcess(argv=[sys.executable, "-c", code], cwd=tmp_path, env={"PATH": "/usr/bin:/bin"}) as w:
+        w.request({"op": "echo", "value": 1}, 10)
+        before = w.thread_cpu()
+        assert w.proc.pid in before and len(before) == 2
+        w.request({"op": "hand", "value": 2}, 10)
+        main_ms, others = other_threads_ms(before, w.thread_cpu(), w.proc.pid)
+    assert main_ms < 150  # it slept
+    assert len(others) == 1 and others[0][0] > 150, others

@@ -249,3 +249,13 @@ def _robust_sd(values: list[float]) -> float:
         return abs(values[0] - values[1]) / math.sqrt(2)
     middle = statistics.median(values)
     return 1.4826 * statistics.median(abs(v - middle) for v in values)
+
+
+def other_threads_ms(before: dict[int, tuple[str, int]], after: dict[int, tuple[str, int]],
+                     main: int) -> tuple[float, list[tuple[float, str, int]]]:
+    """CPU milliseconds between two readings of a process tree's threads (``sandbox.process.tree_thread_cpu``):
+    the ``main`` thread's, and (ms, name, tid) of every other thread present in both, busiest last."""
+    main_ms = (after.get(main, ("", 0))[1] - before.get(main, ("", 0))[1]) / 1e6
+    others = sorted(((after[tid][1] - ran) / 1e6, name, tid) for tid, (name, ran) in before.items()
+                    if tid != main and tid in after)
+    return main_ms, others

@@ -33,7 +33,9 @@ from cuda_agent.evaluate.channel import Channel, Stop
 from cuda_agent.evaluate.counters import (
     MAX_NCU_BYTES, METRICS, NCU_FLAGS, CounterReport, CountersError, build_report, unavailable,
 )
-from cuda_agent.evaluate.decide import Plan, Rounds, Speedup, clock_check, run_rounds, settled, speedup
+from cuda_agent.evaluate.decide import (
+    Plan, Rounds, Speedup, clock_check, other_threads_ms, run_rounds, settled, speedup,
+)
 from cuda_agent.evaluate.environment import describe_environment
 from cuda_agent.evaluate.policy import Policy, TimingConfig
 from cuda_agent.evaluate.protocol import (
@@ -60,6 +62,7 @@ from cuda_agent.evaluate.degenerate import DegenerateReport
 from cuda_agent.evaluate.plausibility import MemorySystem, below_speed_of_light, memory_system
 from cuda_agent.paths import PACKAGE_ROOT, cache_root, worker_env
 from cuda_agent.sandbox import Limits, Sandbox, WorkerProcess, make_sandbox, run_command
+from cuda_agent.sandbox.nocode import LOCK_CODE_ENV
 from cuda_agent.tasks import Task, TaskError
 
 SPARE_CANDIDATES = 3  # candidate processes started ahead by a prestarted evaluator
@@ -91,6 +94,13 @@ class CandidateLog:
 
 
 LATE_SHARE = 0.25  # of the candidate's regions outlasting their hold before its result says so
+# CPU time a thread of the candidate's process that existed before its code loaded (not the one that
+# calls it) may use while it is timed on a GPU: this much, or this share of the calling thread's, whichever
+# is more (_check_borrowed_threads). Measured on the H200, legitimate candidates: at most 2.7 ms and 0.3%
+# alone, 20.8 ms and 2.8% with other evaluations on the machine (torch's CPU pool spinning after the
+# harness's own CPU work).
+BORROWED_THREAD_MS = 50.0
+BORROWED_THREAD_SHARE = 0.25
 
 
 def _tally_host(hosts: dict[str, dict[str, float]], side: str, reply: TimeReply, trials: int) -> None:
@@ -527,6 +537,8 @@ class Evaluator:
         handlers = candidate.worker.signal_handlers()
         threads = candidate.worker.threads()  # the harness's own, started before the first request
         watch = self._watch_integrity(candidate, ready.slots or {}, job, result)
+        if ready.code_lock != "on":
+            result.notes.append(f"code pages not locked in the candidate's process: {ready.code_lock}")
         candidate.send("load", LoadRequest(**self._task_message(task, job, reference.init_seed),
                                            model_new_file=str(job / "model_new.py"), modules=modules))
         if fresh:
@@ -548,7 +560,7 @@ class Evaluator:
         result.durations["load"] = round(time.monotonic() - clock, 3)
         self._check_signals(candidate, handlers, "load", "while model_new.py was imported")
         self._check_no_new_threads(candidate, threads, "load", "while model_new.py was imported")
-        self._check_integrity(watch, "load", "while model_new.py was imported", result)
+        self._check_integrity(watch, "load", "while model_new.py was imported", result, pages=False)
 
         self._verify(reference.channel, candidate, job, own_kernels, result)
         self._check_signals(candidate, handlers, "verify", "during the checks")
@@ -567,7 +579,8 @@ class Evaluator:
 
         clock = time.monotonic()
         base = secrets.randbits(62)
-        rounds, log = self._time_rounds(reference.channel, candidate, base, baseline, result, handlers=handlers)
+        rounds, log = self._time_rounds(reference.channel, candidate, base, baseline, result, handlers=handlers,
+                                        main_pid=watch.pid if watch is not None else None)
         result.durations["profile"] = round(time.monotonic() - clock, 3)
 
         clock = time.monotonic()
@@ -646,9 +659,11 @@ class Evaluator:
 
     def _time_rounds(self, reference: Channel, candidate: Channel | None, base: int, baseline: dict[str, Any],
                      result: EvalResult, undecided: Callable[[Rounds], bool] | None = None,
-                     handlers: dict[int, int] | None = None) -> tuple[Rounds, CandidateLog | None]:
+                     handlers: dict[int, int] | None = None, main_pid: int | None = None,
+                     ) -> tuple[Rounds, CandidateLog | None]:
         """Time the candidate (if any) and the baselines in interleaved rounds until every decision is
-        confident. Returns the rounds and what the candidate's rounds left: records, outside clock."""
+        confident. Returns the rounds and what the candidate's rounds left: records, outside clock.
+        ``main_pid``: the candidate's worker process, whose main thread answers the requests."""
         config = self.timing
         fixed = {side: stats["median_ms"] for side, stats in baseline["fixed"].items()}
         sides: dict[str, Callable[[int, int, int], list[float]]] = {}
@@ -660,6 +675,7 @@ class Evaluator:
                 result.notes.extend(f"baselines timed on a busy GPU and not cached: {busy}"
                                     for busy in [self._wait_until_idle()] if busy)
             threads_before = candidate.worker.threads() if candidate is not None else {}
+            cpu_before = candidate.worker.thread_cpu() if candidate is not None else {}
             if candidate is not None:
                 self.on_stage("profile", "warming the candidate up")
                 estimate = candidate.ask_typed("profile", CalibrateRequest(seed=secrets.randbits(62), timing=config.to_dict()),
@@ -689,6 +705,7 @@ class Evaluator:
                     candidate.worker.resume()
             if candidate is not None and log is not None:
                 self._check_no_new_threads(candidate, threads_before, "profile", "while it was timed")
+                self._check_borrowed_threads(candidate, cpu_before, main_pid, result)
                 for _ in range(EMPTY_ROUNDS - 1):
                     self._time_empty(reference, log)
         result.timing = result.timing | {"plans": {side: vars(plan) for side, plan in plans.items()}, "host": hosts}
@@ -748,6 +765,30 @@ class Evaluator:
             raise Stop("failed", stage, f"the candidate's process installed a handler for {names} {when}, seen from "
                        "outside it; a solution handles no signals", rule="signal-handler")
 
+    def _check_borrowed_threads(self, candidate: Channel, before: dict[int, tuple[str, int]], main_pid: int | None,
+                                result: EvalResult) -> None:
+        """CPU time, read from outside, of the candidate's threads that existed before its code loaded,
+        over its timing rounds. A new thread fails anyway (``_check_no_new_threads``); one of the
+        harness's own (the CUDA runtime's, torch's pool) could be handed work that ends after the end
+        event. On a GPU the harness gives them none while it times (inputs are drawn on the device), so
+        one that ran more than ``BORROWED_THREAD_MS``, and more than ``BORROWED_THREAD_SHARE`` of the
+        calling thread's time, fails as ``thread``. That catches work of a size, not a few launches (the
+        calling thread's own time includes its waits for the GPU). On the CPU backend torch's pool draws
+        the inputs, so the figures are recorded only."""
+        if main_pid is None:
+            return
+        main_ms, others = other_threads_ms(before, candidate.worker.thread_cpu(), main_pid)
+        result.timing = result.timing | {"threads": {
+            "main_ms": round(main_ms, 3), "others_ms": round(sum(ms for ms, _, _ in others), 3),
+            "busiest": {f"{name} ({tid})": round(ms, 3) for ms, name, tid in others[-3:] if ms > 0}}}
+        limit = max(BORROWED_THREAD_MS, BORROWED_THREAD_SHARE * main_ms)
+        if self.device == "cuda" and others and others[-1][0] > limit:
+            ms, name, tid = others[-1]
+            raise Stop("failed", "profile", f"thread {tid} ({name}) of the candidate's process, there before its code "
+                       f"loaded, ran {ms:.1f} ms on a CPU while the candidate was timed (limit {limit:.0f} ms; the "
+                       f"thread that calls it ran {main_ms:.1f} ms): work handed to another thread is not timed",
+                       rule="thread")
+
     @staticmethod
     def _check_no_new_threads(candidate: Channel, before: dict[int, str], stage: str, when: str) -> None:
         """Threads of the candidate's process tree, counted from outside, against ``before``: the
@@ -781,14 +822,16 @@ class Evaluator:
             result.durations["integrity"] = round(time.monotonic() - clock, 3)
 
     @staticmethod
-    def _check_integrity(watch: IntegrityWatch | None, stage: str, when: str, result: EvalResult) -> None:
-        """Import-table slots and the C functions behind the harness's builtins, read from outside
-        again: changed by candidate code (``guard.integrity``), or unreadable now that they were readable."""
+    def _check_integrity(watch: IntegrityWatch | None, stage: str, when: str, result: EvalResult,
+                         pages: bool = True) -> None:
+        """Import-table slots, the C functions behind the harness's builtins and the code mappings, read
+        from outside again: changed by candidate code (``guard.integrity``), or unreadable now that they
+        were readable. ``pages`` (written code pages) on the evaluation's last check."""
         if watch is None:
             return
         clock = time.monotonic()
         try:
-            problems = watch.problems()
+            problems = watch.problems(pages)
         except OSError as exc:
             problems = [f"its memory can no longer be read from outside ({exc})"]
         result.durations["integrity"] = round(result.durations.get("integrity", 0.0) + time.monotonic() - clock, 3)
@@ -1156,6 +1199,8 @@ class Evaluator:
         env = worker_env(home, inductor)
         if self.gpu_index is not None:
             env["CUDA_VISIBLE_DEVICES"] = str(self.gpu_index)
+        if role == "candidate":
+            env[LOCK_CODE_ENV] = "1"  # nothing may become executable once its start-up is over (sandbox.nocode)
         limits = Limits(timeout_s=self.timeouts.baseline_s, output_bytes=self.output_limit, memory_bytes=self.memory_limit)
         return WorkerProcess(
             argv=[sys.executable, "-m", "cuda_agent.evaluate.worker", "--role", role, "--device", self.device],

@@ -36,6 +36,7 @@ from cuda_agent.evaluate.timing import HostLaunch, calibrate, profile_call, time
 from cuda_agent.evaluate.transfer import TransferError, manifest_devices, packed_bytes, read_outputs, write_outputs
 from cuda_agent.sandbox.process import receive_fd, send_fd
 from cuda_agent.guard.integrity import harness_native_functions, native_slots
+from cuda_agent.sandbox.nocode import LOCK_CODE_ENV, forbid_new_code
 from cuda_agent.guard.runtime import RuleBroken, find_overlap
 from cuda_agent.tensors import tensors_in
 from cuda_agent.tasks.task import Task, TaskError, describe_inputs, exec_task_module
@@ -401,6 +402,7 @@ class CandidateSide(_Side):
         self.latest: dict[str, Any] | None = None
         self.held: dict[int, dict[str, Any]] = {}
         self.recorded = 0
+        self.code_lock = "not asked"  # "on", or why not (sandbox.nocode), reported with "ready"
 
     def handle(self, op: str, msg: Any) -> dict[str, Any]:
         """Answer request ``op``: its dataclass (``protocol.REQUESTS``), or a dict it is parsed from."""
@@ -408,7 +410,8 @@ class CandidateSide(_Side):
 
         msg = parse_request(op, msg)
         if op == "ready":
-            return {"slots": native_slots(harness_native_functions(torch.cuda.is_initialized()))}
+            return {"slots": native_slots(harness_native_functions(torch.cuda.is_initialized())),
+                    "code_lock": self.code_lock}
         if op == "load":
             # The task program runs first, before any candidate code can touch torch;
             # the guard's snapshot of the harness is taken before candidate code too.
@@ -663,7 +666,10 @@ def main(argv: list[str] | None = None) -> None:
     # kernels loaded on first use), done before the first request: a started worker is ready sooner,
     # and the candidate's guard counts these threads as the harness's.
     warm_up_runtime(args.device, profiler=args.role == "candidate")
-    serve(ReferenceSide() if args.role == "reference" else CandidateSide())
+    side: Any = ReferenceSide() if args.role == "reference" else CandidateSide()
+    if args.role == "candidate" and os.environ.pop(LOCK_CODE_ENV, None):
+        side.code_lock = forbid_new_code() or "on"
+    serve(side)
 
 
 if __name__ == "__main__":

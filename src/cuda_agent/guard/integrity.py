@@ -11,13 +11,25 @@ process. Both are plain memory, so the evaluator reads them from outside (``/pro
   C function pointers behind the harness's builtins live (addresses are the harness's own facts then);
 * ``IntegrityWatch.start`` reads, from outside, those pointers and every GOT slot of every library
   mapped at start-up (relocations ``GLOB_DAT`` and ``JUMP_SLOT`` of its dynamic symbol table);
-* ``IntegrityWatch.check`` reads them again. A method slot must not change. A GOT slot may change only
-  as lazy binding changes it: to code in a library file the candidate could not have written (not its
-  own extension in its job directory, not a file in the sandbox's private /tmp or /dev/shm unless the
-  harness had it mapped already, not anonymous or deleted memory, not a memfd).
+* ``IntegrityWatch.problems`` reads them again. A method slot must not change. A GOT slot may change
+  only as lazy binding changes it: a ``GLOB_DAT`` slot never (the loader fills it at load), a
+  ``JUMP_SLOT`` slot only to the address of a definition of its own symbol in a library mapped at start
+  (for an indirect function, ``STT_GNU_IFUNC``, whatever its resolver chose: code of the defining
+  library, or the vDSO), so a slot pointed at other code already in a library (a gadget) is seen too.
+  (Binding every slot at start, ``LD_BIND_NOW``, would make any change a verdict too, at the price of
+  changing how the harness's process loads; this check needs nothing of the process.)
+* The code itself: every executable mapping of a file (and the vDSO) present at start must not be
+  replaced by code the candidate could have written, nor made writable, and must hold no more anonymous memory
+  (``/proc/PID/smaps``) than at start. Code pages are private file mappings, so any write to one,
+  through ``mprotect`` or ``/proc/self/mem``, leaves a copy-on-write page behind even once the bytes
+  are put back; a patched copy of a library mapped over its code shows as another file.
 
-It cannot see a slot pointed at other existing library code (a gadget), or a patch undone before the
-read; the outside clock and the records still stand behind it.
+The sandbox makes most writes fail (``sandbox/nocode.py``: nothing may become executable after the
+harness's start-up; for CPU jobs ``/proc`` is read-only, so ``/proc/self/mem`` cannot be opened for
+writing; the CUDA driver does not start with a read-only ``/proc``, so on a GPU such a write is seen
+here rather than refused). What is left: a patched copy of a library mapped over its code and the original mapped back
+before each read, and a data pointer this module does not know; the outside clock and the records
+still stand behind it.
 """
 
 from __future__ import annotations
@@ -25,6 +37,7 @@ from __future__ import annotations
 import bisect
 import functools
 import os
+import re
 import struct
 import sys
 from dataclasses import dataclass, field
@@ -42,22 +55,51 @@ class Mapping:
     perms: str
     offset: int
     path: str
+    inode: int = 0
+    anonymous_kb: int = 0  # only from read_smaps: pages of it that are no longer the file's
+
+
+def _mapping(line: str) -> Mapping:
+    parts = line.split(None, 5)
+    start, end = (int(x, 16) for x in parts[0].split("-"))
+    return Mapping(start, end, parts[1], int(parts[2], 16), parts[5].strip() if len(parts) > 5 else "",
+                   int(parts[4]))
 
 
 def read_maps(pid: int) -> list[Mapping]:
-    out = []
-    for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
-        parts = line.split(None, 5)
-        start, end = (int(x, 16) for x in parts[0].split("-"))
-        out.append(Mapping(start, end, parts[1], int(parts[2], 16), parts[5].strip() if len(parts) > 5 else ""))
+    return [_mapping(line) for line in Path(f"/proc/{pid}/maps").read_text().splitlines()]
+
+
+_HEADER = re.compile(r"[0-9a-f]+-[0-9a-f]+ ")
+
+
+def read_smaps(pid: int) -> list[Mapping]:
+    """``read_maps`` with each mapping's ``Anonymous`` size (a few ms for a CUDA process's ~2,000)."""
+    out: list[Mapping] = []
+    head: Mapping | None = None
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        if _HEADER.match(line):
+            if head is not None:
+                out.append(head)
+            head = _mapping(line)
+        elif head is not None and line.startswith("Anonymous:"):
+            head = Mapping(head.start, head.end, head.perms, head.offset, head.path, head.inode, int(line.split()[1]))
+    if head is not None:
+        out.append(head)
     return out
+
+
+def _code(mappings: list[Mapping], skip: tuple[str, ...]) -> list[Mapping]:
+    """The executable mappings of files (and the vDSO) a watch keeps: not the candidate's own files."""
+    return [m for m in mappings if "x" in m.perms and (m.path.startswith("/") or m.path == "[vdso]")
+            and not m.path.startswith(skip)]
 
 
 @functools.lru_cache(maxsize=1024)
 def _got_slots(path: str, size: int, mtime_ns: int) -> tuple[int, tuple[tuple[int, str], ...]]:
     """(vaddr of the first loadable segment, page-aligned; ((slot vaddr, symbol), ...)) of an ELF64
-    little-endian shared object or executable; (0, ()) for anything else. ``size`` and ``mtime_ns`` key
-    the cache."""
+    little-endian shared object or executable; (0, ()) for anything else. A ``JUMP_SLOT`` slot's symbol
+    is marked with a leading ``*`` (only those are bound lazily). ``size`` and ``mtime_ns`` key the cache."""
     with open(path, "rb") as f:
         head = f.read(64)
         if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
@@ -91,8 +133,37 @@ def _got_slots(path: str, size: int, mtime_ns: int) -> tuple[int, tuple[tuple[in
                 if info & 0xFFFFFFFF not in wanted or not info >> 32:
                     continue
                 name_at = struct.unpack_from("<I", symbols, (info >> 32) * 24)[0]
-                slots.append((offset, strings[name_at:strings.index(b"\0", name_at)].decode(errors="replace")))
+                name = strings[name_at:strings.index(b"\0", name_at)].decode(errors="replace")
+                slots.append((offset, ("*" if info & 0xFFFFFFFF == wanted[1] else "") + name))
         return first_load, tuple(slots)
+
+
+@functools.lru_cache(maxsize=256)
+def _definitions(path: str, size: int, mtime_ns: int) -> dict[str, tuple[int, bool]]:
+    """Symbol -> (value, indirect) of every function an ELF file's dynamic symbol table defines
+    (``STT_FUNC``, or ``STT_GNU_IFUNC``: indirect, its slot gets what its resolver returns)."""
+    out: dict[str, tuple[int, bool]] = {}
+    with open(path, "rb") as f:
+        head = f.read(64)
+        if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
+            return out
+        shoff = struct.unpack_from("<Q", head, 40)[0]
+        shentsize, shnum = struct.unpack_from("<HH", head, 58)
+        f.seek(shoff)
+        sections = [struct.unpack_from("<IIQQQQIIQQ", f.read(shentsize)) for _ in range(shnum)]
+        for _name, kind, _flags, _addr, offset, length, link, *_ in sections:
+            if kind != _SHT_DYNSYM or link >= len(sections):
+                continue
+            f.seek(offset)
+            symbols = f.read(length)
+            f.seek(sections[link][4])
+            strings = f.read(sections[link][5])
+            for at in range(0, len(symbols) - 23, 24):
+                name_at, info, _other, index, value = struct.unpack_from("<IBBHQ", symbols, at)
+                if index and value and info & 0xF in (2, 10):
+                    name = strings[name_at:strings.index(b"\0", name_at)].decode(errors="replace")
+                    out.setdefault(name, (value, info & 0xF == 10))
+    return out
 
 
 def _libraries(mappings: list[Mapping], skip: tuple[str, ...]) -> list[tuple[int, str]]:
@@ -127,7 +198,7 @@ def got_slots(mappings: list[Mapping], skip: tuple[str, ...] = ()) -> dict[int, 
     for start, path in _libraries(mappings, skip):
         first_load, _runs_of, offsets, symbols = _library(path)
         for offset, symbol in zip(offsets, symbols):
-            out[start - first_load + offset] = (path, symbol)
+            out[start - first_load + offset] = (path, symbol.lstrip("*"))
     return out
 
 
@@ -182,6 +253,9 @@ class IntegrityWatch:
     harness_files: frozenset[str] = frozenset()  # every file mapped before candidate code
     runs: list[tuple[int, int]] = field(default_factory=list)
     first: list[bytes] = field(default_factory=list)  # the runs' bytes as first read
+    code: list[Mapping] = field(default_factory=list)  # executable mappings of files at start
+    # Slots lazily bound since start stay changed at every later read: each (address, value) is judged once.
+    judged: dict[tuple[int, int], bool] = field(default_factory=dict)
 
     @classmethod
     def start(cls, pid: int, method_slots: dict[str, int], candidate_dirs: tuple[str, ...]) -> "IntegrityWatch":
@@ -189,7 +263,8 @@ class IntegrityWatch:
         dirs = tuple(os.path.realpath(d).rstrip("/") + "/" for d in candidate_dirs)
         watch = cls(pid, dirs, {address: name for name, address in method_slots.items()})
         watch.runs = _runs(list(watch.slots))
-        mappings = read_maps(pid)
+        mappings = read_smaps(pid)
+        watch.code = _code(mappings, dirs)
         watch.harness_files = frozenset(m.path for m in mappings if m.path.startswith("/"))
         for start, path in _libraries(mappings, dirs):
             first_load, runs, _, _ = _library(path)
@@ -209,11 +284,13 @@ class IntegrityWatch:
                     return path, symbols[i]
         return None
 
-    def problems(self) -> list[str]:
+    def problems(self, pages: bool = True) -> list[str]:
         """What changed since ``start``, worded for a verdict; empty when nothing did. The runs are
-        compared whole (a bytes comparison), word by word only where they differ."""
-        found: list[str] = []
-        mappings: list[Mapping] | None = None
+        compared whole (a bytes comparison), word by word only where they differ. ``pages``: also count
+        the code's copy-on-write pages (``/proc/PID/smaps``, a few times the cost of ``maps`` in a CUDA
+        process; a written page stays counted, so the last check of an evaluation is enough)."""
+        mappings = read_smaps(self.pid) if pages else read_maps(self.pid)
+        found = self._code_problems(mappings, pages)
         for (start, _), before, now in zip(self.runs, self.first, read_runs(self.pid, self.runs)):
             if now == before:
                 continue
@@ -227,11 +304,57 @@ class IntegrityWatch:
                 slot = self._slot(address)
                 if slot is None:
                     continue  # a word between two slots, not a slot
-                mappings = mappings if mappings is not None else read_maps(self.pid)
                 target = _target(mappings, new)
-                if not _acceptable(target, self.candidate_dirs, self.harness_files):
+                if (address, new) not in self.judged:
+                    self.judged[address, new] = self._bound(slot[1], new, target)
+                if not self.judged[address, new]:
                     where = "unmapped memory" if target is None else (target.path or "anonymous memory")
-                    found.append(f"the import slot of {slot[1]} in {Path(slot[0]).name} now points into {where}")
+                    found.append(f"the import slot of {slot[1].lstrip('*')} in {Path(slot[0]).name} now points "
+                                 f"elsewhere than its definition (0x{new:x}, in {where})")
+        return found
+
+    def _bound(self, symbol: str, new: int, target: Mapping | None) -> bool:
+        """Whether lazy binding could have written ``new`` into a slot for ``symbol``: a ``JUMP_SLOT``
+        (marked ``*``) pointed at the symbol's definition in a library mapped at start (for an indirect
+        function, anywhere in the defining library's code or the vDSO)."""
+        if not symbol.startswith("*") or target is None or "x" not in target.perms:
+            return False
+        if target.path != "[vdso]" and not _acceptable(target, self.candidate_dirs, self.harness_files):
+            return False
+        for base, path in self.libraries:
+            try:
+                stat = os.stat(path)
+                defined = _definitions(path, stat.st_size, stat.st_mtime_ns).get(symbol[1:])
+            except (OSError, struct.error, ValueError, IndexError):
+                continue
+            if defined is not None and (base + defined[0] == new or defined[1] and target.path in (path, "[vdso]")):
+                return True
+        return False
+
+    def _code_problems(self, mappings: list[Mapping], pages: bool = True) -> list[str]:
+        """Each executable mapping of a file kept at start: not made writable, no page of it written since
+        (copy-on-write pages count as anonymous), and no part of it replaced by code the candidate could
+        have written. Code unmapped, or its addresses reused by memory that cannot run or by another
+        library file, is left alone: a library unloaded and its place reused is no attack."""
+        ordered = sorted(mappings, key=lambda m: m.start)
+        starts = [m.start for m in ordered]
+        found = []
+        for kept in self.code:
+            name = Path(kept.path).name if kept.path.startswith("/") else kept.path
+            written = 0
+            for now in ordered[max(0, bisect.bisect_right(starts, kept.start) - 1):bisect.bisect_left(starts, kept.end)]:
+                if now.end <= kept.start:
+                    continue
+                at = max(now.start, kept.start)
+                if (now.path, now.inode) == (kept.path, kept.inode) and now.offset - now.start == kept.offset - kept.start:
+                    if "w" in now.perms:
+                        found.append(f"the code of {name} at 0x{at:x} was made writable ({now.perms})")
+                    written += now.anonymous_kb
+                elif "x" in now.perms and not _acceptable(now, self.candidate_dirs, self.harness_files):
+                    found.append(f"the code of {name} at 0x{at:x} was replaced by {now.path or 'anonymous memory'}")
+            if pages and written > kept.anonymous_kb:
+                found.append(f"the code of {name} was written ({written - kept.anonymous_kb} kB of its pages no "
+                             "longer the file's)")
         return found
 
 

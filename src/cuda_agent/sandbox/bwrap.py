@@ -20,7 +20,8 @@ process group; bwrap then runs the job with
   capability are therefore remounted read-only explicitly: ``/proc/sys`` (bwrap
   leaves it writable, and a job could otherwise set ``kernel.core_pattern``),
   ``/proc/sysrq-trigger`` and the other global ``/proc`` directories
-  (``_PROC_READ_ONLY``). Files the job creates in ``cwd`` are owned by the
+  (``_PROC_READ_ONLY``), and for CPU jobs ``/proc`` itself (``/proc/self/mem`` writes through page
+  protections; the CUDA driver does not start without a writable ``/proc``). Files the job creates in ``cwd`` are owned by the
   caller's uid outside, which keeps clean-up simple.
 * a seccomp filter (``DENIED_SYSCALLS`` and the socket/clone rules below),
   built with PyPI ``pyseccomp`` over ``libseccomp.so.2``;
@@ -397,6 +398,12 @@ class BwrapSandbox:
         args += ["--proc", "/proc"]
         for entry in _PROC_READ_ONLY:
             args += ["--ro-bind-try", f"/proc/{entry}", f"/proc/{entry}"]
+        if not gpu:
+            # The process's own entries too: /proc/self/mem opened for writing writes through any page
+            # protection (code included). Not for GPU jobs: the CUDA driver does not start with a
+            # read-only /proc (cudaGetDeviceCount: error 304, on the H200); there such a write leaves
+            # copy-on-write pages the integrity watch sees (guard.integrity).
+            args += ["--remount-ro", "/proc"]
         size = str(self.tmpfs_bytes)
         args += ["--size", size, "--tmpfs", "/tmp", "--size", size, "--tmpfs", "/dev/shm", "--tmpfs", "/run"]
         if os.path.isdir("/var/run") and not os.path.islink("/var/run"):

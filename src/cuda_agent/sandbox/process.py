@@ -195,18 +195,33 @@ def descendants(pid: int) -> list[int]:
 def tree_threads(pid: int) -> dict[int, str]:
     """Thread id -> name of every thread of ``pid`` and the processes below it, read from outside
     (``/proc/PID/task``): what the process tree says of itself cannot change this view."""
-    threads: dict[int, str] = {}
+    return {tid: name for tid, (name, _) in tree_thread_cpu(pid).items()}
+
+
+def tree_thread_cpu(pid: int) -> dict[int, tuple[str, int]]:
+    """Thread id -> (name, nanoseconds it has run on a CPU) for every thread of ``pid`` and the processes
+    below it, read from outside (``/proc/PID/task/TID/schedstat``; where the kernel keeps no schedstat,
+    ``stat``'s user and system ticks)."""
+    tick_ns = 10**9 // os.sysconf("SC_CLK_TCK")
+    out: dict[int, tuple[str, int]] = {}
     for process in descendants(pid):
         try:
             tids = os.listdir(f"/proc/{process}/task")
         except OSError:
             continue
         for tid in tids:
+            task = f"/proc/{process}/task/{tid}"
             try:
-                threads[int(tid)] = Path(f"/proc/{process}/task/{tid}/comm").read_text().strip()
-            except OSError:
+                name = Path(f"{task}/comm").read_text().strip()
+                try:
+                    ran = int(Path(f"{task}/schedstat").read_text().split()[0])
+                except (OSError, ValueError, IndexError):
+                    fields = Path(f"{task}/stat").read_text().rsplit(")", 1)[1].split()
+                    ran = (int(fields[11]) + int(fields[12])) * tick_ns
+            except (OSError, ValueError, IndexError):
                 continue
-    return threads
+            out[int(tid)] = (name, ran)
+    return out
 
 
 def caught_signals(pid: int) -> dict[int, int]:
@@ -461,6 +476,10 @@ class WorkerProcess:
     def threads(self) -> dict[int, str]:
         """Every thread of the worker and what it started, seen from outside."""
         return tree_threads(self.proc.pid)
+
+    def thread_cpu(self) -> dict[int, tuple[str, int]]:
+        """Every thread of the worker's tree with the CPU time it has used (``tree_thread_cpu``)."""
+        return tree_thread_cpu(self.proc.pid)
 
     def harness_pid(self) -> int | None:
         """The host pid of the process running ``argv`` (under a sandbox, bwrap's descendant whose command
