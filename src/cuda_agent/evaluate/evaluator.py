@@ -674,8 +674,8 @@ class Evaluator:
             if baseline.get("sides") and baseline.get("cache"):
                 result.notes.extend(f"baselines timed on a busy GPU and not cached: {busy}"
                                     for busy in [self._wait_until_idle()] if busy)
-            threads_before = candidate.worker.threads() if candidate is not None else {}
             cpu_before = candidate.worker.thread_cpu() if candidate is not None else {}
+            threads_before = {tid: name for tid, (name, _) in cpu_before.items()}
             if candidate is not None:
                 self.on_stage("profile", "warming the candidate up")
                 estimate = candidate.ask_typed("profile", CalibrateRequest(seed=secrets.randbits(62), timing=config.to_dict()),

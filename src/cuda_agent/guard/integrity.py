@@ -40,10 +40,11 @@ import os
 import re
 import struct
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
+T = TypeVar("T")
 _GOT_RELOCATIONS = {62: (6, 7), 183: (1025, 1026)}  # e_machine -> (GLOB_DAT, JUMP_SLOT): x86-64, aarch64
 _SHT_RELA, _SHT_DYNSYM = 4, 11
 
@@ -83,7 +84,7 @@ def read_smaps(pid: int) -> list[Mapping]:
                 out.append(head)
             head = _mapping(line)
         elif head is not None and line.startswith("Anonymous:"):
-            head = Mapping(head.start, head.end, head.perms, head.offset, head.path, head.inode, int(line.split()[1]))
+            head = replace(head, anonymous_kb=int(line.split()[1]))
     if head is not None:
         out.append(head)
     return out
@@ -95,45 +96,59 @@ def _code(mappings: list[Mapping], skip: tuple[str, ...]) -> list[Mapping]:
             and not m.path.startswith(skip)]
 
 
+def _elf(f: Any) -> tuple[bytes, list[tuple[int, ...]]] | None:
+    """(ELF header, section headers) of an open ELF64 little-endian file; None for anything else."""
+    head = f.read(64)
+    if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
+        return None
+    shoff = struct.unpack_from("<Q", head, 40)[0]
+    shentsize, shnum = struct.unpack_from("<HH", head, 58)
+    f.seek(shoff)
+    return head, [struct.unpack_from("<IIQQQQIIQQ", f.read(shentsize)) for _ in range(shnum)]
+
+
+def _section(f: Any, sections: list[tuple[int, ...]], index: int) -> bytes:
+    _, _, _, _, offset, length, *_ = sections[index]
+    f.seek(offset)
+    return f.read(length)
+
+
+def _string(strings: bytes, at: int) -> str:
+    return strings[at:strings.index(b"\0", at)].decode(errors="replace")
+
+
 @functools.lru_cache(maxsize=1024)
 def _got_slots(path: str, size: int, mtime_ns: int) -> tuple[int, tuple[tuple[int, str], ...]]:
     """(vaddr of the first loadable segment, page-aligned; ((slot vaddr, symbol), ...)) of an ELF64
     little-endian shared object or executable; (0, ()) for anything else. A ``JUMP_SLOT`` slot's symbol
     is marked with a leading ``*`` (only those are bound lazily). ``size`` and ``mtime_ns`` key the cache."""
     with open(path, "rb") as f:
-        head = f.read(64)
-        if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
+        elf = _elf(f)
+        if elf is None:
             return 0, ()
+        head, sections = elf
         machine = struct.unpack_from("<H", head, 18)[0]
         if machine not in _GOT_RELOCATIONS:
             return 0, ()
-        phoff, shoff = struct.unpack_from("<QQ", head, 32)
-        phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", head, 54)
+        phoff = struct.unpack_from("<Q", head, 32)[0]
+        phentsize, phnum = struct.unpack_from("<HH", head, 54)
         f.seek(phoff)
         programs = f.read(phentsize * phnum)
         loads = [struct.unpack_from("<Q", programs, i * phentsize + 16)[0] for i in range(phnum)
                  if struct.unpack_from("<I", programs, i * phentsize)[0] == 1]
         first_load = (min(loads) & ~0xFFF) if loads else 0
-        f.seek(shoff)
-        sections = [struct.unpack_from("<IIQQQQIIQQ", f.read(shentsize)) for _ in range(shnum)]
-
-        def section(index: int) -> bytes:
-            _, _, _, _, offset, length, *_ = sections[index]
-            f.seek(offset)
-            return f.read(length)
-
         wanted = _GOT_RELOCATIONS[machine]
         slots: list[tuple[int, str]] = []
         for index, (_name, kind, _flags, _addr, _offset, _size, link, _info, _align, entsize) in enumerate(sections):
             if kind != _SHT_RELA or link >= len(sections) or sections[link][1] != _SHT_DYNSYM:
                 continue
-            symbols, strings, data = section(link), section(sections[link][6]), section(index)
+            symbols = _section(f, sections, link)
+            strings, data = _section(f, sections, sections[link][6]), _section(f, sections, index)
             for i in range(0, len(data) - 23, entsize or 24):
                 offset, info = struct.unpack_from("<QQ", data, i)
                 if info & 0xFFFFFFFF not in wanted or not info >> 32:
                     continue
-                name_at = struct.unpack_from("<I", symbols, (info >> 32) * 24)[0]
-                name = strings[name_at:strings.index(b"\0", name_at)].decode(errors="replace")
+                name = _string(strings, struct.unpack_from("<I", symbols, (info >> 32) * 24)[0])
                 slots.append((offset, ("*" if info & 0xFFFFFFFF == wanted[1] else "") + name))
         return first_load, tuple(slots)
 
@@ -144,25 +159,18 @@ def _definitions(path: str, size: int, mtime_ns: int) -> dict[str, tuple[int, bo
     (``STT_FUNC``, or ``STT_GNU_IFUNC``: indirect, its slot gets what its resolver returns)."""
     out: dict[str, tuple[int, bool]] = {}
     with open(path, "rb") as f:
-        head = f.read(64)
-        if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
+        elf = _elf(f)
+        if elf is None:
             return out
-        shoff = struct.unpack_from("<Q", head, 40)[0]
-        shentsize, shnum = struct.unpack_from("<HH", head, 58)
-        f.seek(shoff)
-        sections = [struct.unpack_from("<IIQQQQIIQQ", f.read(shentsize)) for _ in range(shnum)]
-        for _name, kind, _flags, _addr, offset, length, link, *_ in sections:
+        sections = elf[1]
+        for index, (_name, kind, _flags, _addr, _offset, _size, link, *_) in enumerate(sections):
             if kind != _SHT_DYNSYM or link >= len(sections):
                 continue
-            f.seek(offset)
-            symbols = f.read(length)
-            f.seek(sections[link][4])
-            strings = f.read(sections[link][5])
+            symbols, strings = _section(f, sections, index), _section(f, sections, link)
             for at in range(0, len(symbols) - 23, 24):
-                name_at, info, _other, index, value = struct.unpack_from("<IBBHQ", symbols, at)
-                if index and value and info & 0xF in (2, 10):
-                    name = strings[name_at:strings.index(b"\0", name_at)].decode(errors="replace")
-                    out.setdefault(name, (value, info & 0xF == 10))
+                name_at, info, _other, defined_in, value = struct.unpack_from("<IBBHQ", symbols, at)
+                if defined_in and value and info & 0xF in (2, 10):
+                    out.setdefault(_string(strings, name_at), (value, info & 0xF == 10))
     return out
 
 
@@ -184,12 +192,18 @@ def _library_runs(path: str, size: int, mtime_ns: int) -> tuple[int, tuple[tuple
         tuple(n for _, n in ordered)
 
 
-def _library(path: str) -> tuple[int, tuple[tuple[int, int], ...], tuple[int, ...], tuple[str, ...]]:
+def _per_file(table: Callable[[str, int, int], T], path: str, empty: T) -> T:
+    """``table(path, size, mtime_ns)``, cached per version of the file; ``empty`` where it is not a
+    readable ELF file (nothing of it to check)."""
     try:
         stat = os.stat(path)
-        return _library_runs(path, stat.st_size, stat.st_mtime_ns)
+        return table(path, stat.st_size, stat.st_mtime_ns)
     except (OSError, struct.error, ValueError, IndexError):
-        return 0, (), (), ()  # not a readable ELF file: nothing of it to check
+        return empty
+
+
+def _library(path: str) -> tuple[int, tuple[tuple[int, int], ...], tuple[int, ...], tuple[str, ...]]:
+    return _per_file(_library_runs, path, (0, (), (), ()))
 
 
 def got_slots(mappings: list[Mapping], skip: tuple[str, ...] = ()) -> dict[int, tuple[str, str]]:
@@ -322,11 +336,7 @@ class IntegrityWatch:
         if target.path != "[vdso]" and not _acceptable(target, self.candidate_dirs, self.harness_files):
             return False
         for base, path in self.libraries:
-            try:
-                stat = os.stat(path)
-                defined = _definitions(path, stat.st_size, stat.st_mtime_ns).get(symbol[1:])
-            except (OSError, struct.error, ValueError, IndexError):
-                continue
+            defined = _per_file(_definitions, path, {}).get(symbol[1:])
             if defined is not None and (base + defined[0] == new or defined[1] and target.path in (path, "[vdso]")):
                 return True
         return False
