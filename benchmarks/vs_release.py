@@ -68,13 +68,16 @@ def run_release(release: Path, model: Path, candidate: Path) -> dict[str, object
     return row
 
 
-def ours(model: Path, candidate: Path, repeats: int, gap: float) -> dict[str, object]:
+def ours(model: Path, candidate: Path, repeats: int, gap: float, cold_run: bool = True) -> dict[str, object]:
     task, cand = load_task(model), load_candidate(candidate)
     cache = Path(tempfile.mkdtemp(prefix="cuda-agent-vs-"))
     with Evaluator("cuda", cache_dir=cache, prestart=True) as evaluator:
         start = time.perf_counter()
-        cold = evaluator.evaluate(task, cand)
+        # Without the cold run the build still happens here (a check-only evaluation), not reported.
+        cold = evaluator.evaluate(task, cand, timed=cold_run)
         cold_s = time.perf_counter() - start
+    if not cold_run:
+        cold, cold_s = None, None
     with Evaluator("cuda", cache_dir=cache, prestart=True) as evaluator:
         start = time.perf_counter()
         cached = evaluator.evaluate(task, cand)
@@ -86,13 +89,13 @@ def ours(model: Path, candidate: Path, repeats: int, gap: float) -> dict[str, ob
             result = evaluator.evaluate(task, cand)
             warm.append((time.perf_counter() - start, result))
     shutil.rmtree(cache, ignore_errors=True)
-    bad = [r for _, r in [(cold_s, cold), (cached_s, cached), *warm] if r.status != "correct"]
+    bad = [r for _, r in [(cold_s, cold), (cached_s, cached), *warm] if r is not None and r.status != "correct"]
     for r in bad:
         print(f"not correct: {r.status} ({r.rule}): {r.reason}", flush=True)
     speedups = {side: [r.decision["speedups"][side]["estimate"] for _, r in warm if r.decision
                        and side in r.decision["speedups"]] for side in ("eager", "compile")}
     return {
-        "seconds_cold": round(cold_s, 2),
+        "seconds_cold": round(cold_s, 2) if cold_s is not None else None,
         "seconds_cached_build_new_evaluator": round(cached_s, 2),
         "seconds_warm": [round(s, 2) for s, _ in warm],
         "seconds_warm_median": round(statistics.median(s for s, _ in warm), 2) if warm else None,
@@ -119,6 +122,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--gap", type=float, default=1.0, help="seconds between warm evaluations")
     parser.add_argument("--no-release", action="store_true", help="skip the release's scripts")
+    parser.add_argument("--release-for", nargs="*", default=None,
+                        help="workspaces the release's scripts run for (default: all; a device call is 10 minutes)")
+    parser.add_argument("--no-cold", action="store_true", help="skip the cold evaluation (the build is not timed)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     if not (args.release / "utils" / "profiling.py").is_file():
@@ -133,10 +139,10 @@ def main() -> None:
         if args.only and name not in args.only:
             continue
         row: dict[str, object] = {"workspace": name, **header}
-        if not args.no_release:
+        if not args.no_release and (args.release_for is None or name in args.release_for):
             row["release"] = run_release(args.release, model, candidate)
             print(json.dumps({"workspace": name, "release": row["release"]}), flush=True)
-        row["ours"] = ours(model, candidate, args.repeats, args.gap)
+        row["ours"] = ours(model, candidate, args.repeats, args.gap, cold_run=not args.no_cold)
         print(json.dumps({"workspace": name, "ours": row["ours"]}), flush=True)
         if args.out:
             with args.out.open("a") as handle:

@@ -156,3 +156,19 @@ def test_the_clock_check_passes_an_honest_round_and_fails_regions_reported_short
     # And a share of the harness's own time (the default: half of it).
     shared = clock_check([13.1, 13.0, 13.2], [5.5, 5.5, 5.5], [3.0, 3.2], 10, TimingConfig())
     assert shared.limit_ms == pytest.approx(forged.limit_ms + 0.5 * 3.1)
+
+
+def test_the_clock_judges_short_regions_only_by_a_gross_excess():
+    """axpby on the H200: rounds reporting 0.06-0.4 ms of regions against a harness that moves by
+    10-20 ms between processes. Over the limit there is not evidence of a forged report, unless the
+    excess is several times the limit."""
+    from cuda_agent.evaluate.decide import CLOCK_GROSS, clock_check
+    from cuda_agent.evaluate.policy import TimingConfig
+
+    config = TimingConfig()
+    long_regions = clock_check([13.1, 13.0, 13.2], [5.5, 5.5, 5.5], [3.0, 3.2], 10, config)
+    assert long_regions.decisive and not long_regions.ok  # judged as before
+    launch_bound = clock_check([40.3, 37.1, 40.6, 40.8, 41.4], [0.14] * 5, [16.6, 18.1, 18.1], 8, config)
+    assert not launch_bound.ok and not launch_bound.decisive and not launch_bound.gross
+    forged = clock_check([140.0, 141.0, 139.0], [0.14] * 3, [16.6, 18.1, 18.1], 8, config)
+    assert not forged.decisive and forged.gross and forged.unexplained_ms > CLOCK_GROSS * forged.limit_ms

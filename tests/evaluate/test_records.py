@@ -63,3 +63,19 @@ def test_a_record_read_with_another_probe_does_not_match():
     x = torch.randn(4096)
     verdict = compare_record(x * 2, [x], _record(x * 2, [x], probe=12), 11, 1e-5, 1e-5, scale=False)
     assert not verdict["ok"]
+
+
+def test_a_primed_recorder_reads_the_same_values_and_carries_its_shapes():
+    x, y = torch.randn(8, 16), torch.randn(3, 5, dtype=torch.complex64)
+    first = Recorder(11)
+    first.record(0, (x * 2, y), [x])
+    assert sorted(key[0] for key in first.keys()) == ["input", "output", "output"]
+    primed = Recorder(12)
+    primed.prime(first.keys())
+    plain = Recorder(12)
+    for recorder in (primed, plain):
+        recorder.record(5, (x * 2, y), [x])
+    assert primed.finish() == plain.finish()
+    first.finish()
+    # Another round's probe reads other positions: priming builds the indices for the new probe.
+    assert positions(11, "output", 0, x.numel(), OUTPUT_VALUES) != positions(12, "output", 0, x.numel(), OUTPUT_VALUES)

@@ -73,3 +73,76 @@ def test_a_baselines_hold_grows_to_cover_a_slow_host_path():
     assert fixed.late == 9 and fixed_ms > 0.3  # the host's 600 us, less the hold, is inside
     assert adaptive.late == 0 and adaptive.hold_us > 1200
     assert adaptive_ms < 0.1  # the kernel alone (about 10 us)
+
+
+def test_slow_reads_after_the_end_are_not_taken_for_work_left_running():
+    """The harness's reads after a region (``after_end``: the records) can take the host longer than
+    what is left of the hold, and the GPU then idles after the end event until they arrive. Taken for
+    work left running, that timed a launch-bound call (2.5 us) to the fence at 30-100 us in whole
+    rounds on the H200 (axpby). Work really left on a side stream is still timed to the fence."""
+    import time
+
+    from cuda_agent.evaluate.timing import HostLaunch
+
+    scratch = torch.zeros(16, device="cuda")
+    side = torch.cuda.Stream()
+
+    def slow_reads():
+        began = time.perf_counter()
+        while time.perf_counter() - began < 0.0005:  # 500 us of host work, then a read on the stream
+            pass
+        scratch.add_(1.0)
+
+    def tiny():
+        scratch.mul_(1.0)
+
+    def left_running():
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(SLEEP_CYCLES * 2)
+
+    config = TimingConfig(method="events", flush_l2=False)
+    host = HostLaunch()
+    tiny_ms = statistics.median(time_round(lambda: tiny, "cuda", config, trials=9, calls=3, after_end=slow_reads,
+                                           host=host))
+    assert tiny_ms < 0.05 and host.fenced == 0
+    left_ms = statistics.median(time_round(lambda: left_running, "cuda", config, trials=9, after_end=slow_reads,
+                                           host=host))
+    assert left_ms > 1.0 and host.fenced == 9
+    # The trusted baselines (torch's own calls) are timed to their end: nothing of theirs runs past it.
+    trusted = HostLaunch()
+    assert statistics.median(time_round(lambda: left_running, "cuda", config, trials=9, host=trusted,
+                                        fence=False)) < 0.1
+    assert trusted.fenced == 0
+
+
+def test_a_first_call_hold_keeps_a_streams_host_out_only_where_the_gpu_hides_it():
+    """The default baselines' hold covers one call's host path. Host 300 us before each 1 ms kernel,
+    3 calls a region: a stream of such calls waits for the first enqueue only, and the region is the
+    GPU's 3 ms. Host 300 us before a 10 us kernel, 10 calls: the stream waits for the host between
+    calls, and that time still counts (the launch-bound case, as fixed holds time it)."""
+    import time
+
+    from cuda_agent.evaluate.timing import HostLaunch, calibrate
+
+    def host_then(cycles):
+        def call():
+            began = time.perf_counter()
+            while time.perf_counter() - began < 0.0003:
+                pass
+            torch.cuda._sleep(cycles)
+        return call
+
+    config = TimingConfig(method="events", flush_l2=False)
+    hidden, fixed = HostLaunch(adaptive=True, first_call=True), HostLaunch()
+    long_call = host_then(SLEEP_CYCLES)
+    calibrate(long_call, "cuda", config, host=hidden)
+    gpu_ms = median_ms(long_call, hold_us=1000.0)  # what the GPU itself takes per call
+    hidden_ms = statistics.median(time_round(lambda: long_call, "cuda", config, trials=7, calls=3, host=hidden))
+    fixed_ms = statistics.median(time_round(lambda: long_call, "cuda", config, trials=7, calls=3, host=fixed))
+    assert hidden.late == 0 and hidden_ms == pytest.approx(gpu_ms, rel=0.02)
+    assert fixed_ms > hidden_ms + 0.02  # the first call's 100 us past the 200 us hold, over 3 calls
+    bound = HostLaunch(adaptive=True, first_call=True)
+    short_call = host_then(20_000)
+    calibrate(short_call, "cuda", config, host=bound)
+    bound_ms = statistics.median(time_round(lambda: short_call, "cuda", config, trials=7, calls=10, host=bound))
+    assert bound_ms > 0.2  # about (10 x 300 - 650) / 10 us: the host, not the kernel's 10 us

@@ -15,10 +15,11 @@ BASELINE_FORMAT = 2
 _NOT_IN_KEY = ("baselines", "plans", "confidence", "budget_s", "rounds_max", "clock_slack", "clock_trial_us", "clock_noise", "clock_harness_share")
 
 
-def _unchanged_hold(timing: dict[str, Any]) -> tuple[str, ...]:
-    """With fixed holds (the default) the baselines are timed as before these settings existed, so
-    they stay out of the key and the tables measured then still serve."""
-    return ("baseline_hold", "hold_max_us") if timing.get("baseline_hold", "fixed") == "fixed" else ()
+def _unchanged_hold(timing: dict[str, Any], device: str) -> tuple[str, ...]:
+    """With fixed holds the baselines are timed as before these settings existed, so they stay out
+    of the key and the tables measured then still serve; a host clock (CPU backend) holds nothing."""
+    unchanged = timing.get("baseline_hold", "fixed") == "fixed" or device != "cuda"
+    return ("baseline_hold", "hold_max_us") if unchanged else ()
 
 
 def baseline_key(task_digest: str, environment: dict[str, Any], policy: dict[str, Any], timing: dict[str, Any], device: str) -> str:
@@ -32,7 +33,7 @@ def baseline_key(task_digest: str, environment: dict[str, Any], policy: dict[str
         "device": device,
         "env": relevant_env,
         "precision": {"tf32": policy.get("tf32")},
-        "timing": {k: v for k, v in timing.items() if k not in _NOT_IN_KEY and k not in _unchanged_hold(timing)},
+        "timing": {k: v for k, v in timing.items() if k not in _NOT_IN_KEY and k not in _unchanged_hold(timing, device)},
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:32]
 

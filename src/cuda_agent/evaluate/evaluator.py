@@ -105,13 +105,16 @@ BORROWED_THREAD_SHARE = 0.25
 
 def _tally_host(hosts: dict[str, dict[str, float]], side: str, reply: TimeReply, trials: int) -> None:
     """Each side's host over its rounds (``timing.HostLaunch``): the longest region enqueue and hold,
-    and how many regions the GPU waited for the host in."""
+    how many regions the GPU waited for the host in, how many were timed to the fence, and whether
+    its warm-up found it launch-bound (``HostLaunch.host_bound``)."""
     if reply.host is None:
         return
-    tally = hosts.setdefault(side, {"enqueue_us": 0.0, "hold_us": 0.0, "late": 0, "regions": 0})
+    tally = hosts.setdefault(side, {"enqueue_us": 0.0, "hold_us": 0.0, "late": 0, "fenced": 0, "regions": 0})
     tally["enqueue_us"] = max(tally["enqueue_us"], reply.host.enqueue_us)
     tally["hold_us"] = max(tally["hold_us"], reply.host.hold_us)
     tally["late"] += reply.host.late
+    tally["fenced"] += reply.host.fenced
+    tally["host_bound"] = reply.host.host_bound
     tally["regions"] += trials
 
 
@@ -721,10 +724,11 @@ class Evaluator:
         return rounds, log
 
     def _candidate_hold(self, reference: Channel, plan: Plan, eager_host_us: float | None) -> float:
-        """The candidate's hold before each region: what covers eager's host time per call (measured in
-        the trusted reference, in the cached-baselines mode too) for the candidate's calls per region,
-        as the baselines' own holds cover theirs. Never from the candidate's word: a hold is time its
-        process could compute in, unseen by the outside clock."""
+        """The candidate's hold before each region: ``hold_us``, except with ``baseline_hold="adaptive"``:
+        what covers eager's host time per call (measured in the trusted reference, in the
+        cached-baselines mode too) for the candidate's calls per region, as the baselines' own holds
+        cover theirs. Never from the candidate's word: a hold is time its process could compute in,
+        unseen by the outside clock."""
         if self.timing.baseline_hold != "adaptive" or self.device != "cuda":
             return self.timing.hold_us  # a host clock (CPU backend) holds nothing
         if eager_host_us is None:
@@ -745,8 +749,14 @@ class Evaluator:
     def _check_clock(self, log: CandidateLog, result: EvalResult) -> None:
         """The candidate's reported regions against the evaluator's own clock (``decide.clock_check``)."""
         check = clock_check(log.walls_ms, log.claimed_ms, log.empty_ms, log.plan.trials, self.timing)
-        result.timing = result.timing | {"clock": check.to_dict()}
-        if not check.ok:
+        result.timing = result.timing | {"clock": check.to_dict() | {"decisive": check.decisive}}
+        if not check.ok and not (check.decisive or check.gross):
+            result.notes.append(
+                f"the outside clock cannot resolve regions this short: the candidate's rounds took {check.unexplained_ms:.1f} "
+                f"ms more than its reported regions ({check.claimed_ms:.3f} ms) and the harness explain, over the "
+                f"limit of {check.limit_ms:.1f} ms, but the harness alone moves by that much between processes: "
+                "not judged (an excess over three times the limit would be)")
+        elif not check.ok:
             raise Stop("failed", "profile", f"the candidate's process reported timed regions {check.unexplained_ms:.3f} ms "
                        f"per round shorter than the evaluator's own clock allows (limit {check.limit_ms:.3f} ms; "
                        f"reported {check.claimed_ms:.3f} ms, round {check.wall_ms:.3f} ms, empty round "

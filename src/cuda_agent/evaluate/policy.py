@@ -107,6 +107,9 @@ PRESETS = {
 }
 
 
+BASELINE_HOLDS = ("first-call", "adaptive", "fixed")
+
+
 @dataclass(frozen=True)
 class TimingConfig:
     """One timing method for candidate and baselines alike.
@@ -163,12 +166,16 @@ class TimingConfig:
     # torch.compile's guards and launcher take 110-520 us a call on the H200's host, more than hold_us:
     # the GPU then waits for the host inside the region, which made compile's time move by up to 19%
     # between evaluations while eager's stayed within 0.1% (benchmarks/compile_slow_probe.py).
-    # "adaptive" grows each baseline's hold to cover its host's enqueue time (timing.HostLaunch), up to
-    # hold_max_us, and the candidate's to cover twice eager's host time per call; "fixed" (the
-    # default) holds hold_us everywhere. Adaptive is not the default: a hold is time the candidate's
-    # process could compute in unseen by the outside clock, and on the launch-bound axpby it made
-    # rewards flip (docs/ARCHITECTURE.md, "Holds stay fixed").
-    baseline_hold: str = "fixed"
+    # "first-call" (the default) grows eager's and compile's holds to cover their first call's
+    # enqueue (timing.HostLaunch): the first call of a region is the only one a stream of calls waits
+    # for when the host enqueues faster than the GPU runs; a launch-bound side (host over twice its GPU
+    # time) keeps hold_us, since a stream of its calls waits for the host. The candidate keeps hold_us:
+    # a hold is time its process could compute in unseen by the outside clock, so it never grows on
+    # its word.
+    # "adaptive" covers a baseline's whole region and the candidate's with twice eager's host time
+    # per call; on the launch-bound axpby that made rewards flip (docs/ARCHITECTURE.md, "Holds").
+    # "fixed" holds hold_us everywhere (the tables measured before 2026-11-25).
+    baseline_hold: str = "first-call"
     hold_max_us: float = 20000.0
     # The outside clock (evaluate.decide.clock_check): the time of a candidate's round that neither its
     # reported regions nor the same round without the calls explain may be at most clock_slack of the
@@ -192,8 +199,8 @@ class TimingConfig:
             raise ValueError(f"unknown end_fence {self.end_fence!r}; use device or stream.")
         if not 0 <= self.hold_us <= 1000:
             raise ValueError("TimingConfig.hold_us is between 0 and 1000 microseconds.")
-        if self.baseline_hold not in ("adaptive", "fixed"):
-            raise ValueError(f"unknown baseline_hold {self.baseline_hold!r}; use adaptive or fixed.")
+        if self.baseline_hold not in BASELINE_HOLDS:
+            raise ValueError(f"unknown baseline_hold {self.baseline_hold!r}; use one of {', '.join(BASELINE_HOLDS)}.")
         if not self.hold_us <= self.hold_max_us <= 100_000:
             raise ValueError("TimingConfig.hold_max_us is between hold_us and 100000 microseconds.")
         if self.min_trials < 20:

@@ -411,10 +411,14 @@ class CalibrateReply(_Reply):
 @dataclass(frozen=True)
 class HostReport(_Reply):
     """A round's host side (``timing.HostLaunch``): the longest region enqueue, the longest hold, and
-    the regions whose enqueue outlasted their hold (the GPU waited for the host inside them)."""
+    the regions whose enqueue outlasted their hold (the GPU waited for the host inside them), and
+    those timed to the fence (``TimeReply.samples`` holds the fence's time for them), and whether
+    the side's warm-up found it launch-bound."""
     enqueue_us: float = 0.0
     hold_us: float = 0.0
     late: int = 0
+    fenced: int = 0
+    host_bound: bool = False
 
 
 @dataclass(frozen=True)

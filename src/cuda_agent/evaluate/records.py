@@ -12,6 +12,7 @@ for the expected output and compares them there (``ReferenceSide.check_records``
 
 from __future__ import annotations
 
+import math
 import random
 from typing import Any
 
@@ -31,20 +32,21 @@ def positions(probe: int, role: str, leaf: int, numel: int, count: int) -> list[
     return sorted(rng.sample(range(numel), min(count, numel)))
 
 
-def _index(data: Any, flat: list[int]) -> Any:
-    """The index that reads ``flat`` (row-major positions) of ``data``; None for a 0-dim tensor."""
+def _index(flat: list[int], device: Any) -> Any:
+    """``flat`` (row-major positions) as the index tensor ``_values_at`` takes, on ``device``."""
     import torch
 
-    if not data.dim():
-        return None
-    return torch.unravel_index(torch.tensor(flat, dtype=torch.long, device=data.device), data.shape)
+    return torch.tensor(flat, dtype=torch.long, device=device)
 
 
 def _values_at(data: Any, index: Any) -> Any:
-    """``data`` read at ``index`` (``_index``), flat, complex values as their real and imaginary parts."""
+    """``data`` read at ``index`` (``_index``: row-major positions, whatever its strides), flat,
+    complex values as their real and imaginary parts. One gather: on a GPU the records of a region
+    are queued while the region runs, and a record that costs the host more than the region lasts
+    leaves the GPU idle after the end event, which reads as work run past the end."""
     import torch
 
-    values = data.reshape(1) if index is None else data[index]
+    values = torch.take(data, index)
     if values.is_complex():
         values = torch.view_as_real(values)
     return values.reshape(-1)
@@ -54,7 +56,11 @@ class Recorder:
     """Reads records during one round; ``finish()`` (after the round's synchronise) returns them.
 
     The reads are queued on the device and copied back once per round: a record costs one small
-    gather per tensor, outside the timed region."""
+    gather per tensor, outside the timed region. Building an index costs a host-to-device copy
+    (milliseconds the first time in a process): ``prime`` builds, before the round's first region,
+    those of the shapes the previous round recorded (``keys``), for this round's probe."""
+
+    MAX_KEYS = 64  # shapes primed for the next round: a task whose shapes change every call primes nothing useful
 
     def __init__(self, probe: int) -> None:
         self.probe = probe
@@ -65,15 +71,27 @@ class Recorder:
         self._pending.append((index, self._take(output, "output", OUTPUT_VALUES),
                               self._take(inputs, "input", INPUT_VALUES)))
 
+    def prime(self, keys: list[tuple[Any, ...]]) -> None:
+        """Build the indices of ``keys`` (from a previous round's ``keys()``) for this probe."""
+        for key in keys[:self.MAX_KEYS]:
+            role, leaf, shape, device = key
+            numel = math.prod(shape)
+            count = OUTPUT_VALUES if role == "output" else INPUT_VALUES
+            self._indices[key] = _index(positions(self.probe, role, leaf, numel, count), device)
+
+    def keys(self) -> list[tuple[Any, ...]]:
+        return list(self._indices)
+
     def _take(self, value: Any, role: str, count: int) -> list[tuple[list[int], str, Any]]:
         taken = []
         for leaf, tensor in enumerate(tensors_in(value)):
             data = tensor.detach()
-            shape = list(data.shape)
-            key = (role, leaf, tuple(shape), str(data.device))
-            if key not in self._indices:
-                self._indices[key] = _index(data, positions(self.probe, role, leaf, data.numel(), count))
-            taken.append((shape, str(data.dtype).removeprefix("torch."), _values_at(data, self._indices[key])))
+            shape = tuple(data.shape)
+            key = (role, leaf, shape, data.device)
+            index = self._indices.get(key)
+            if index is None:
+                index = self._indices[key] = _index(positions(self.probe, role, leaf, data.numel(), count), data.device)
+            taken.append((list(shape), str(data.dtype).removeprefix("torch."), _values_at(data, index)))
         return taken
 
     def finish(self) -> list[dict[str, Any]]:
@@ -119,7 +137,7 @@ def compare_record(expected: Any, inputs: list[Any], record: Any, probe: int, at
                                                              f"{dtype}{list(tensor.shape)}"}
             flat = positions(probe, role, leaf, tensor.numel(), count)
             data = tensor.detach()
-            truth_values = _values_at(data, _index(data, flat)).cpu()
+            truth_values = _values_at(data, _index(flat, data.device)).cpu()
             if len(sample.values) != truth_values.numel():
                 return {"ok": False, "rule": None, "reason": f"{where}: {len(sample.values)} values recorded, "
                                                              f"expected {truth_values.numel()}"}

@@ -8,7 +8,7 @@ device-wide synchronise catches work left running on other streams (such a
 trial is timed to the fence). The hold only keeps the host out while the host
 enqueues a region faster than the hold lasts: torch.compile's guards and
 launcher take 110-520 us a call on the H200's host, so the trusted baselines'
-holds grow with what their host was seen to take (``HostLaunch``). An
+holds grow to cover one call of what their host was seen to take (``HostLaunch``). An
 evaluation times candidate and baselines in interleaved rounds (``time_round``,
 driven by the evaluator) so that the machine's slow spells fall on both sides
 of every speedup; ``evaluate.decide`` turns the rounds into a decision.
@@ -88,15 +88,30 @@ class HostLaunch:
     longest recent enqueue per call. The candidate's process could claim any enqueue time, and a
     hold is time it could compute in unseen by the outside clock, so its hold (``fixed_us``) is set
     by the evaluator from eager's host time per call, measured in the trusted reference: a candidate
-    whose host path per call is at most twice eager's keeps it out as the baselines do. ``late``
-    counts the regions that outlasted their hold."""
+    whose host path per call is at most twice eager's keeps it out as the baselines do. With
+    ``first_call`` (``baseline_hold="first-call"``, the default) a baseline's hold covers its first
+    call's enqueue, learned from first calls, with a margin and no more: in a stream of calls the host
+    enqueues each next call while the GPU runs the last, so only the first waits for the host, and a
+    region of several calls (launch-bound ones) still counts the host time that a stream of them
+    would wait for. A hold twice as long covered a second call too: on the H100's host torch.compile
+    of axpby (2-3 calls a region, 250 us of host and 3 us of GPU each) was then timed at its GPU time
+    alone, and its reward moved between 1 and 3. A side whose host takes more than ``HOST_BOUND``
+    times what its GPU has left once a call is enqueued (``learn_bound``, from the warm-up) is
+    launch-bound: in a stream of its calls the host is the cost, and it keeps the fixed hold, as
+    every side did before (torch.compile's axpby: 400 us of host, 3 us of GPU, and one call a region,
+    since its synchronised wall time is over ``region_ms``). ``late``
+    counts the regions that outlasted their hold; ``fenced`` those timed to the fence (work seen
+    running past the end event, or the harness's own reads after it queued too late)."""
 
     adaptive: bool = False
+    first_call: bool = False  # an adaptive hold covers the region's first call only
     fixed_us: float | None = None  # a hold the evaluator set for this round (the candidate's), else hold_us
     recent: deque = field(default_factory=lambda: deque(maxlen=HOST_WINDOW))  # us per call
     late: int = 0  # regions of this round whose enqueue outlasted their hold
     enqueue_us: float = 0.0  # the longest region enqueue of this round
     hold_us: float = 0.0  # the longest hold of this round
+    fenced: int = 0  # regions of this round timed to the fence rather than to the end event
+    host_bound: bool = False  # the warm-up's host enqueue is over HOST_BOUND times its GPU tail
 
     @property
     def per_call_us(self) -> float:
@@ -105,19 +120,30 @@ class HostLaunch:
     def hold_for(self, calls: int, config: TimingConfig) -> float:
         if not self.adaptive:
             return config.hold_us if self.fixed_us is None else self.fixed_us
+        if self.first_call and not self.host_bound:
+            return min(config.hold_max_us, max(config.hold_us, self.per_call_us + HOLD_MARGIN_US))
+        if self.first_call:
+            return config.hold_us
         return host_hold(calls, self.per_call_us, config)
 
-    def begin_round(self) -> None:
-        self.late, self.enqueue_us, self.hold_us = 0, 0.0, 0.0
+    def learn_bound(self, enqueue_us: float, tail_us: float) -> None:
+        """From the warm-up's median enqueue and GPU tail per call (``calibrate``)."""
+        self.host_bound = enqueue_us > HOST_BOUND * tail_us
 
-    def region(self, enqueue_us: float, calls: int, hold_us: float) -> None:
-        self.recent.append(enqueue_us / calls)
-        self.late += enqueue_us > hold_us
+    def begin_round(self) -> None:
+        self.late, self.enqueue_us, self.hold_us, self.fenced = 0, 0.0, 0.0, 0
+
+    def region(self, enqueue_us: float, calls: int, hold_us: float, first_us: float | None = None) -> None:
+        """A region's enqueue; ``first_us``: its first call's (the whole region's when not given)."""
+        first_us = enqueue_us if first_us is None else first_us
+        self.recent.append(first_us if self.first_call else enqueue_us / calls)
+        self.late += (first_us if self.first_call else enqueue_us) > hold_us
         self.enqueue_us = max(self.enqueue_us, enqueue_us)
         self.hold_us = max(self.hold_us, hold_us)
 
     def report(self) -> dict[str, Any]:
-        return {"enqueue_us": round(self.enqueue_us, 1), "hold_us": round(self.hold_us, 1), "late": self.late}
+        return {"enqueue_us": round(self.enqueue_us, 1), "hold_us": round(self.hold_us, 1), "late": self.late,
+                "fenced": self.fenced, "host_bound": self.host_bound}
 
 
 def host_hold(calls: int, per_call_us: float, config: TimingConfig) -> float:
@@ -127,6 +153,7 @@ def host_hold(calls: int, per_call_us: float, config: TimingConfig) -> float:
 
 
 HOLD_FACTOR = 2.0
+HOST_BOUND = 2.0  # a side whose host enqueue is over this many times its GPU tail is launch-bound
 HOLD_MARGIN_US = 50.0
 HOST_WINDOW = 20  # enqueue times remembered: an old stall (a GC pause) stops widening the holds
 
@@ -167,29 +194,37 @@ def calibrate(fn: Callable[[], Any], device: str, config: TimingConfig,
     sync = _synchronizer(device)
     warm_start = time.perf_counter()
     enqueues: list[float] = []
+    tails: list[float] = []  # from the end of each enqueue to the call's end: what the GPU had left
     while len(enqueues) < config.warmup or (time.perf_counter() - warm_start) * 1e3 < config.warmup_ms:
         setup()
+        sync()  # the input draw's device work is not the call's
         begin = time.perf_counter_ns()
         fn()
-        enqueues.append((time.perf_counter_ns() - begin) / 1e3)
+        enqueued = time.perf_counter_ns()
         sync()
+        enqueues.append((enqueued - begin) / 1e3)
+        tails.append((time.perf_counter_ns() - enqueued) / 1e3)
         if len(enqueues) >= 1000:
             break
     if host is not None:
-        host.recent.extend(enqueues[len(enqueues) // 2:])
+        later = len(enqueues) // 2
+        host.recent.extend(enqueues[later:])
+        host.learn_bound(statistics.median(enqueues[later:]), statistics.median(tails[later:]))
     return max((time.perf_counter() - warm_start) * 1e3 / len(enqueues), 1e-3)
 
 
 def time_round(prepare: Callable[[], Callable[[], Any]], device: str, config: TimingConfig, trials: int,
                calls: int = 1, after_end: Callable[[], None] | None = None,
-               host: HostLaunch | None = None) -> list[float]:
+               host: HostLaunch | None = None, fence: bool = True) -> list[float]:
     """One round of ``trials`` timed regions; each region runs ``calls`` calls back to back and
     gives one sample, its time per call in ms. ``prepare()`` runs outside the timed region (before
     the L2 flush) and returns the next call, inputs drawn: every call gets fresh inputs, and a
     launch-bound call (microseconds) is timed over many calls so that launch jitter averages out.
     ``after_end()`` runs as soon as each region has ended, before anything else (on a GPU: queued
     in stream order right after the end event, before the synchronise). ``host`` sizes each
-    region's hold and learns from it (GPU only; its counts start again with each round)."""
+    region's hold and learns from it (GPU only; its counts start again with each round). ``fence``:
+    the calls may leave work running past the end event (the candidate's), so a region whose fence
+    is late is timed to the fence; the trusted baselines' regions are always timed to their end."""
     import torch
 
     config = config.resolved(device)
@@ -206,7 +241,7 @@ def time_round(prepare: Callable[[], Callable[[], Any]], device: str, config: Ti
     flush = _flush_buffer(device, config)
     samples: list[float] = []
     if cuda:
-        samples = _time_regions_cuda(prepare, config, trials, calls, flush, after_end, host)
+        samples = _time_regions_cuda(prepare, config, trials, calls, flush, after_end, host, fence)
     else:
         for _ in range(trials):
             ready = [prepare() for _ in range(calls)]
@@ -221,15 +256,20 @@ def time_round(prepare: Callable[[], Callable[[], Any]], device: str, config: Ti
 
 
 def _time_regions_cuda(prepare: Callable[[], Callable[[], Any]], config: TimingConfig, trials: int, calls: int,
-                       flush: Any, after_end: Callable[[], None], host: HostLaunch) -> list[float]:
+                       flush: Any, after_end: Callable[[], None], host: HostLaunch, check_fence: bool) -> list[float]:
     import torch
 
     stream_end = config.end_fence == "stream"
     cycles_per_us = _sm_clock_ghz() * 1e3
     # An empty region gives the fence's own lateness (the host's wake-up after the synchronise);
     # a region whose fence is later than that was followed by work the end event did not wait for.
-    allowance_ms = _empty_fence_ms(int(config.hold_us * cycles_per_us)) * 2 + 0.005 if stream_end else 0.0
+    allowance_ms = _empty_fence_ms(int(config.hold_us * cycles_per_us)) * 2 + 0.005 if stream_end and check_fence else 0.0
     events = [[torch.cuda.Event(enable_timing=True) for _ in range(3)] for _ in range(trials)]
+    # The host's time queueing each region's reads (``after_end``): when it outlasts what is left of the
+    # hold, the GPU reaches the end event first and idles until the reads arrive, and the fence is that
+    # much later with nothing left running. Not allowed for, a launch-bound call (microseconds a
+    # region) was timed to the fence in whole rounds and not in others, 2.5 or 30-100 us a call.
+    reads_ms: list[float] = []
     for start, end, fence in events:
         ready = [prepare() for _ in range(calls)]
         reset_persisting_l2()  # persisting lines would survive the flush
@@ -241,12 +281,16 @@ def _time_regions_cuda(prepare: Callable[[], Callable[[], Any]], config: TimingC
             torch.cuda._sleep(int(hold_us * cycles_per_us))
         begin = time.perf_counter_ns()
         start.record()
-        for call in ready:
+        ready[0]()
+        first = time.perf_counter_ns()
+        for call in ready[1:]:
             call()
-        host.region((time.perf_counter_ns() - begin) / 1e3, calls, hold_us)
+        host.region((time.perf_counter_ns() - begin) / 1e3, calls, hold_us, (first - begin) / 1e3)
         if stream_end:
             end.record()
+            reads = time.perf_counter_ns()
             after_end()  # queued behind the end event: what the outputs hold when the region ended
+            reads_ms.append((time.perf_counter_ns() - reads) / 1e6)
             torch.cuda.synchronize()
             fence.record()
         else:
@@ -255,13 +299,17 @@ def _time_regions_cuda(prepare: Callable[[], Callable[[], Any]], config: TimingC
             after_end()
     torch.cuda.synchronize()
     samples = []
-    for start, end, fence in events:
+    for (start, end, fence), reads in zip(events, reads_ms or [0.0] * trials):
         to_fence = start.elapsed_time(fence)
         if stream_end:
             # Measured from the end event, not from the harness's reads after it: work left running on
             # another stream delays those reads too (it holds the SMs), and would hide behind them.
+            # The reads are queued as the host gets to them, so an output still being written when the
+            # first one runs is recorded unfinished: the fence catches work that outlasts them all.
             to_end = start.elapsed_time(end)
-            samples.append(to_end if to_fence - to_end <= allowance_ms else to_fence)
+            fenced = check_fence and to_fence - to_end > allowance_ms + reads
+            host.fenced += fenced
+            samples.append(to_fence if fenced else to_end)
         else:
             samples.append(to_fence)
     return [sample / calls for sample in samples]

@@ -136,12 +136,13 @@ class _Side:
     def inputs(self, seed: int) -> list[Any]:
         return make_inputs(self.task_module, seed, self.device, self.source)
 
-    def launch(self, side: str, adaptive: bool = False, fixed_us: float | None = None) -> HostLaunch:
+    def launch(self, side: str, adaptive: bool = False, fixed_us: float | None = None,
+               first_call: bool = False) -> HostLaunch:
         """What the host takes to enqueue ``side``'s calls, learned over this process's warm-ups and
         rounds (``timing.HostLaunch``), with the hold this request asks for."""
         launches: dict[str, HostLaunch] = self.__dict__.setdefault("launches", {})
         host = launches.setdefault(side, HostLaunch())
-        host.adaptive, host.fixed_us = adaptive, fixed_us
+        host.adaptive, host.fixed_us, host.first_call = adaptive, fixed_us, first_call
         return host
 
     def calibrate(self, fn: Any, msg: CalibrateRequest, host: HostLaunch | None = None) -> float:
@@ -158,8 +159,8 @@ class _Side:
         with torch.no_grad():
             return calibrate(lambda: fn(*drawn[0]), self.device, TimingConfig.from_dict(msg.timing), setup, host)
 
-    def time_calls(self, fn: Any, msg: TimeRequest, on_record: Any = None,
-                   host: HostLaunch | None = None) -> tuple[list[float], list[dict[str, Any]]]:
+    def time_calls(self, fn: Any, msg: TimeRequest, on_record: Any = None, host: HostLaunch | None = None,
+                   fence: bool = True) -> tuple[list[float], list[dict[str, Any]]]:
         """One round: ``msg.trials`` regions of ``msg.calls`` calls of ``fn``, call ``first + i``
         on the inputs of ``trial_seed(seed, first + i)``. Right after each region ends, up to
         ``RECORDED_PER_REGION`` of its calls, chosen then, are recorded (``evaluate.records``);
@@ -168,6 +169,8 @@ class _Side:
 
         count = iter(range(msg.first, msg.first + msg.trials * msg.calls))
         recorder = Recorder(msg.probe or 0)
+        keys: dict[str, list[Any]] = self.__dict__.setdefault("record_keys", {})
+        recorder.prime(keys.get(msg.side or "", []))
         region: list[tuple[int, list[Any], dict[str, Any]]] = []
         chooser = secrets.SystemRandom()
 
@@ -191,8 +194,9 @@ class _Side:
 
         with torch.no_grad():
             samples = time_round(prepare, self.device, TimingConfig.from_dict(msg.timing), msg.trials, msg.calls,
-                                 after_end, host)
+                                 after_end, host, fence)
         synchronize(self.device)
+        keys[msg.side or ""] = recorder.keys()
         return samples, recorder.finish()
 
 
@@ -233,7 +237,9 @@ class ReferenceSide(_Side):
             return {"estimate_ms": self.calibrate(self._baseline(msg.side), msg, host), "host_us": host.per_call_us}
         if op == "time":
             host = self._launch(msg)
-            samples = self.time_calls(self._baseline(msg.side), msg, host=host)[0]
+            # torch's own calls leave nothing running past the end event: no fence to judge them by. The
+            # empty round stands for the candidate's harness time, fence measurements included.
+            samples = self.time_calls(self._baseline(msg.side), msg, host=host, fence=msg.side == "empty")[0]
             if msg.side == "empty" and self.device == "cuda":
                 torch.cuda.empty_cache()  # its outputs were never the Model's: hold no memory for them
             return {"samples": samples, "host": host.report()}
@@ -366,10 +372,12 @@ class ReferenceSide(_Side):
         return verdicts
 
     def _launch(self, msg: CalibrateRequest | TimeRequest) -> HostLaunch:
-        """Eager's and torch.compile's holds cover their host's enqueue time; the empty round keeps
-        the candidate's fixed hold, since it stands for the candidate's harness time."""
-        adaptive = msg.side in ("eager", "compile") and TimingConfig.from_dict(msg.timing).baseline_hold == "adaptive"
-        return self.launch(msg.side or "", adaptive, getattr(msg, "hold_us", None))
+        """Eager's and torch.compile's holds cover their host's enqueue time (a region's or, by
+        default, its first call's); the empty round keeps the candidate's hold, since it stands for
+        the candidate's harness time."""
+        mode = TimingConfig.from_dict(msg.timing).baseline_hold
+        adaptive = msg.side in ("eager", "compile") and mode != "fixed"
+        return self.launch(msg.side or "", adaptive, getattr(msg, "hold_us", None), first_call=mode == "first-call")
 
     def _baseline(self, side: str | None) -> Any:
         """The function a baseline side times: eager Model, torch.compile(Model), or nothing
