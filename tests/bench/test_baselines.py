@@ -54,6 +54,39 @@ def test_table_is_measured_resumed_and_reported(tmp_path, examples, cache_dir):
     assert len(final) == len(tasks) and final[-1]["name"] == table[0]["name"]
 
 
+def test_rows_timed_by_another_method_are_timed_again(tmp_path, examples):
+    """The committed H200 table was timed with fixed holds; the default now covers the baselines'
+    first calls, so resuming that table must time every task again, and rows of the same method
+    (written resolved: method "events") count as done."""
+    from cuda_agent.bench.baselines import task_key, to_measure
+    from cuda_agent.evaluate.policy import TimingConfig
+
+    task = load_task(examples / "cpu_swish" / "model.py")
+    out = tmp_path / "baselines.jsonl"
+    old = TimingConfig(baseline_hold="fixed").resolved("cuda").to_dict()
+    out.write_text(json.dumps({"key": task_key(task), "timing": old, "eager_ms": 1.0}) + "\n")
+    assert to_measure([task], out, TimingConfig(), "cuda") == [task]
+    assert to_measure([task], out, TimingConfig(baseline_hold="fixed"), "cuda") == []
+    # On the CPU a hold changes nothing: the same row serves either setting.
+    cpu = TimingConfig(baseline_hold="fixed").resolved("cpu").to_dict()
+    out.write_text(json.dumps({"key": task_key(task), "timing": cpu, "eager_ms": 1.0}) + "\n")
+    assert to_measure([task], out, TimingConfig(), "cpu") == []
+    assert to_measure([task], out, TimingConfig(rounds_min=7), "cpu") == [task]
+
+
+def test_the_committed_h200_table_is_keyed_as_fixed_holds_time_it():
+    from pathlib import Path
+
+    from cuda_agent.evaluate.baseline import baseline_timing
+    from cuda_agent.evaluate.policy import TimingConfig
+
+    table = Path(__file__).parents[2] / "benchmarks" / "results" / "baselines_h200" / "baselines.jsonl"
+    rows = read_table(table)
+    fixed = baseline_timing(TimingConfig(baseline_hold="fixed").to_dict(), "cuda")
+    assert rows and all(baseline_timing(r["timing"], "cuda") == fixed for r in rows)
+    assert baseline_timing(TimingConfig().to_dict(), "cuda") != fixed
+
+
 def test_spearman_and_published_comparison(tmp_path):
     assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
     assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)

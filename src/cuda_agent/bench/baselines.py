@@ -5,8 +5,8 @@ version) by up to 8.7x on some KernelBench problems, so speedups are only
 meaningful against baselines measured here. ``measure_baselines`` times each
 task once with the evaluation core (the same cache and timing method that
 evaluations use), checks whether it is degenerate, and appends one JSON line per
-task as it finishes; a rerun skips the tasks already in the file, so a table
-can be built over several device calls or sessions. With several GPUs, one
+task as it finishes; a rerun skips the tasks already in the file (timed by the
+same method), so a table can be built over several device calls or sessions. With several GPUs, one
 evaluator per GPU works through a shared queue.
 
 ``compare_published`` sets the table next to KernelBench's published H100 times:
@@ -50,6 +50,18 @@ def incomplete(row: dict[str, Any]) -> bool:
     return "error" in row or "degenerate_error" in row
 
 
+def to_measure(tasks: list[Task], out: Path, timing: Any, device: str) -> list[Task]:
+    """The tasks of ``tasks`` that ``out`` has no complete row for, timed by ``timing`` (a
+    ``TimingConfig``). A row timed by another method is timed again, since its time means something
+    else; it stays in the file until the new row supersedes it."""
+    from cuda_agent.evaluate.baseline import baseline_timing
+
+    wanted = baseline_timing(timing.to_dict(), device)
+    done = {row["key"] for row in read_table(out)
+            if not incomplete(row) and baseline_timing(row.get("timing") or {}, device) == wanted}
+    return [task for task in tasks if task_key(task) not in done]
+
+
 def measure_baselines(tasks: list[Task], out: Path, device: str = "cuda", gpus: list[int] | None = None,
                       per_gpu: int = 1, degenerate: bool = True, evaluator_options: dict[str, Any] | None = None,
                       progress: Callable[[int, int, dict[str, Any]], None] | None = None,
@@ -63,12 +75,13 @@ def measure_baselines(tasks: list[Task], out: Path, device: str = "cuda", gpus: 
     from cuda_agent.evaluate.evaluator import Evaluator
     from cuda_agent.evaluate.pool import device_slots, drain
 
+    from cuda_agent.evaluate.policy import TimingConfig
+
     if per_gpu < 1:
         raise ValueError(f"per_gpu must be at least 1, not {per_gpu}.")
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    done = {row["key"] for row in read_table(out) if not incomplete(row)}
-    todo = [task for task in tasks if task_key(task) not in done]
+    todo = to_measure(tasks, out, (evaluator_options or {}).get("timing") or TimingConfig(), device)
     slots = device_slots(device, gpus)
     lock = threading.Lock()
     timing_locks = {gpu: threading.Lock() for gpu in slots}

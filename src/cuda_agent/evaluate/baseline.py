@@ -22,6 +22,17 @@ def _unchanged_hold(timing: dict[str, Any], device: str) -> tuple[str, ...]:
     return ("baseline_hold", "hold_max_us") if unchanged else ()
 
 
+def baseline_timing(timing: dict[str, Any], device: str) -> dict[str, Any]:
+    """The timing settings that change what a baseline's time means (those in its key), with the
+    method resolved for ``device`` and sequences as lists: two settings that time baselines alike
+    give equal dicts."""
+    method = timing.get("method", "auto")
+    if method == "auto":
+        timing = timing | {"method": "events" if device == "cuda" else "host"}
+    kept = {k: v for k, v in timing.items() if k not in _NOT_IN_KEY and k not in _unchanged_hold(timing, device)}
+    return json.loads(json.dumps(kept))
+
+
 def baseline_key(task_digest: str, environment: dict[str, Any], policy: dict[str, Any], timing: dict[str, Any], device: str) -> str:
     # On a GPU the times are the GPU's and its software's: the same H200 and stack behind another
     # host CPU (or another thread count) reuses them. On the CPU backend, the CPU is the device.
@@ -33,7 +44,7 @@ def baseline_key(task_digest: str, environment: dict[str, Any], policy: dict[str
         "device": device,
         "env": relevant_env,
         "precision": {"tf32": policy.get("tf32")},
-        "timing": {k: v for k, v in timing.items() if k not in _NOT_IN_KEY and k not in _unchanged_hold(timing, device)},
+        "timing": baseline_timing(timing, device),
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:32]
 
