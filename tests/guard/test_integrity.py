@@ -55,6 +55,55 @@ def test_a_swapped_method_slot_is_seen():
     assert watch.problems() == []
 
 
+def test_a_cpu_allocator_set_through_c10_is_seen():
+    """c10::SetCPUAllocator, as native code of a candidate would call it: another allocator (here the
+    mobile one, so that this process keeps working) then serves every CPU allocation of the harness."""
+    import torch
+
+    from cuda_agent.guard.integrity import ALLOCATOR, allocator_slots
+
+    slots = allocator_slots()
+    assert list(slots) == [f"{ALLOCATOR} (c10's allocator table)"]
+    watch = IntegrityWatch.start(os.getpid(), slots, ("/nonexistent-job",))
+    assert watch.problems() == []
+    c10 = ctypes.CDLL(next(m.path for m in read_maps(os.getpid()) if m.path.endswith("/libc10.so")))
+    get, mobile, set_ = (getattr(c10, n) for n in ("_ZN3c1015GetCPUAllocatorEv", "_ZN3c1028GetDefaultMobileCPUAllocatorEv",
+                                                   "_ZN3c1015SetCPUAllocatorEPNS_9AllocatorEh"))
+    get.restype = mobile.restype = ctypes.c_void_p
+    set_.argtypes = (ctypes.c_void_p, ctypes.c_uint8)
+    real = get()
+    set_(mobile(), 255)
+    try:
+        assert get() != real and torch.ones(4).sum().item() == 4.0
+        problems = watch.problems()
+    finally:
+        set_(real, 255)
+    assert problems and "the CPU allocator (c10's allocator table) was replaced" in problems[0]
+    assert get() == real and watch.problems() == []
+
+
+def test_the_vdso_pointers_of_the_c_librarys_clocks_are_found_and_a_redirected_one_is_seen():
+    from cuda_agent.guard.integrity import vdso_slots
+
+    slots = vdso_slots()
+    vdso = next(m for m in read_maps(os.getpid()) if m.path == "[vdso]")
+    assert slots and all(vdso.start <= ctypes.c_void_p.from_address(a).value < vdso.end for a in slots.values())
+    assert all("ld-linux" in name or "libc.so" in name for name in slots)
+    watch = IntegrityWatch.start(os.getpid(), slots, ("/nonexistent-job",))
+    assert watch.problems() == []
+    # The last of them (glibc orders them clock_gettime, gettimeofday, time, getcpu, clock_getres),
+    # whatever it is, pointed elsewhere for the time of one read.
+    name, address = list(slots.items())[-1]
+    real = ctypes.c_void_p.from_address(address).value
+    write_word(address, real + 16)
+    try:
+        problems = watch.problems()
+    finally:
+        write_word(address, real)
+    assert problems == [f"{name} now calls other code (0x{real:x} -> 0x{real + 16:x})"]
+    assert watch.problems() == []
+
+
 def test_an_import_slot_pointed_at_memory_outside_a_library_is_seen_and_lazy_binding_is_not():
     watch = IntegrityWatch.start(os.getpid(), {}, ("/nonexistent-job",))
     # abort's slot: nothing calls it while it points elsewhere (a clock's slot could be called by another

@@ -298,6 +298,83 @@ static Later* later() {
   return box;
 }
 """
+# Every CPU allocation of the process passes through the extension's allocator from its first call on:
+# the harness's input draws and record reads too, so it could tell a checked call from a timed one.
+SPY_ALLOCATOR = r"""
+#include <c10/core/CPUAllocator.h>
+#include <atomic>
+#include <cstring>
+struct Spy final : c10::Allocator {
+  c10::Allocator* inner = nullptr;
+  std::atomic<long> seen{0};
+  c10::DataPtr allocate(size_t n) override { seen++; return inner->allocate(n); }
+  c10::DeleterFnPtr raw_deleter() const override { return inner->raw_deleter(); }
+  void copy_data(void* dest, const void* src, std::size_t count) const override { std::memcpy(dest, src, count); }
+};
+static void install_spy() {
+  static Spy spy;
+  if (spy.inner) return;
+  spy.inner = c10::GetCPUAllocator();
+  c10::SetCPUAllocator(&spy, 255);
+}
+"""
+
+# glibc calls the vDSO's clock_gettime through a pointer in the loader's read-only data: made writable
+# again (not executable, so the code lock allows it) and pointed at a halving clock, it fakes every
+# host-clock time without an import slot, a method slot or a byte of code changed.
+VDSO_POINTER = HALVE_MONOTONIC + r"""
+#include <elf.h>
+#include <link.h>
+#include <sys/auxv.h>
+#include <sys/mman.h>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+static int (*vdso_gettime)(clockid_t, struct timespec*) = nullptr;
+static int halved_vdso_gettime(clockid_t id, struct timespec* ts) {
+  int rc = vdso_gettime(id, ts);
+  if (rc == 0) halve_monotonic(id, ts);
+  return rc;
+}
+static uintptr_t vdso_symbol(const char* name) {
+  auto base = static_cast<uintptr_t>(getauxval(AT_SYSINFO_EHDR));
+  if (base == 0) return 0;
+  auto* header = reinterpret_cast<ElfW(Ehdr)*>(base);
+  auto* sections = reinterpret_cast<ElfW(Shdr)*>(base + header->e_shoff);
+  for (int i = 0; i < header->e_shnum; ++i) {
+    if (sections[i].sh_type != SHT_DYNSYM) continue;
+    auto* symbols = reinterpret_cast<ElfW(Sym)*>(base + sections[i].sh_offset);
+    auto* names = reinterpret_cast<const char*>(base + sections[sections[i].sh_link].sh_offset);
+    for (size_t k = 0; k < sections[i].sh_size / sizeof(ElfW(Sym)); ++k)
+      if (std::strcmp(names + symbols[k].st_name, name) == 0) return base + symbols[k].st_value;
+  }
+  return 0;
+}
+static void patch_vdso_pointer() {
+  static bool done = false;
+  if (done) return;
+  done = true;
+  uintptr_t target = vdso_symbol("__vdso_clock_gettime");
+  if (target == 0) return;
+  vdso_gettime = reinterpret_cast<int (*)(clockid_t, struct timespec*)>(target);
+  FILE* maps = std::fopen("/proc/self/maps", "r");
+  char line[512];
+  while (maps != nullptr && std::fgets(line, sizeof line, maps) != nullptr) {
+    unsigned long start = 0, end = 0;
+    char perms[5] = {0};
+    if (std::sscanf(line, "%lx-%lx %4s", &start, &end, perms) != 3 || std::strstr(line, "/ld-linux") == nullptr
+        || perms[0] != 'r' || perms[2] == 'x') continue;
+    for (auto* word = reinterpret_cast<uintptr_t*>(start); word < reinterpret_cast<uintptr_t*>(end); ++word) {
+      if (*word != target) continue;
+      mprotect(reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(word) & ~static_cast<uintptr_t>(4095)), 4096,
+               PROT_READ | PROT_WRITE);
+      *word = reinterpret_cast<uintptr_t>(&halved_vdso_gettime);
+    }
+  }
+  if (maps != nullptr) std::fclose(maps);
+}
+"""
+
 UNWATCHED = "c10::impl::TorchDispatchModeTLS::stack_len() == 0"
 DISPATCH_TLS = "#include <c10/core/impl/TorchDispatchModeTLS.h>\n"
 # Neither the dispatch mode nor the profiler on: what a timed call looks like from inside, told apart from
@@ -466,6 +543,12 @@ CASES = [
     Case("native-got-clock-runtime", "Timer patched below Python",
          cpp_prelude=GOT_CLOCK, binding="halve_got_clock(); auto y = torch::empty_like(xc);",
          runtime=True, rule="integrity", reason="import slot of clock_gettime"),
+    # The halving one level lower still, at twenty real passes a call as native-clock-halved-runtime.
+    Case("native-vdso-pointer-runtime", "Timer patched below Python",
+         cpp_prelude=VDSO_POINTER,
+         binding="patch_vdso_pointer(); auto y = torch::empty_like(xc); for (int r = 0; r < 19; ++r) "
+                 "scaled_swish_launch(xc.data_ptr<float>(), y.data_ptr<float>(), xc.numel(), static_cast<float>(scale));",
+         runtime=True, rule="integrity", reason="a pointer into the vDSO in ld-linux"),
     Case("native-code-rewrite-runtime", "Timer patched below Python",
          cpp_prelude=CODE_REWRITE, binding="static bool patched = false; if (!patched) { patched = true; "
                                            "rewrite_in_place(); } auto y = torch::empty_like(xc);",
@@ -491,6 +574,9 @@ CASES = [
          binding="auto y = torch::empty_like(xc); static int64_t unwatched = 0; "
                  "if (" + UNOBSERVED + " && ++unwatched % 2 == 0) return y;",
          runtime=True, status="incorrect", rule="timed-output"),
+    Case("native-cpu-allocator-runtime", "Checked-vs-timed phase detection",
+         cpp_prelude=SPY_ALLOCATOR, binding="install_spy(); auto y = torch::empty_like(xc);",
+         runtime=True, rule="integrity", reason="the CPU allocator (c10's allocator table) was replaced"),
     Case("native-fallback-unwatched-runtime", "Torch fallback only when unwatched",
          cpp_prelude=THROUGH_PYTHON, binding="if (" + UNWATCHED + ") return through_python(xc, scale); "
                                             "auto y = torch::empty_like(xc);",

@@ -35,7 +35,7 @@ from cuda_agent.evaluate.shared import SharedBuffer, SharedError
 from cuda_agent.evaluate.timing import HostLaunch, calibrate, profile_call, time_round, trial_seed
 from cuda_agent.evaluate.transfer import TransferError, manifest_devices, packed_bytes, read_outputs, write_outputs
 from cuda_agent.sandbox.process import receive_fd, send_fd
-from cuda_agent.guard.integrity import harness_native_functions, native_slots
+from cuda_agent.guard.integrity import allocator_slots, harness_native_functions, native_slots, vdso_slots
 from cuda_agent.sandbox.nocode import LOCK_CODE_ENV, forbid_new_code
 from cuda_agent.guard.runtime import RuleBroken, find_overlap
 from cuda_agent.tensors import tensors_in
@@ -418,8 +418,12 @@ class CandidateSide(_Side):
 
         msg = parse_request(op, msg)
         if op == "ready":
-            return {"slots": native_slots(harness_native_functions(torch.cuda.is_initialized())),
-                    "code_lock": self.code_lock}
+            cuda = torch.cuda.is_initialized()
+            # The CPU backend's clock is the host's, and its tensors the CPU allocator's; on a GPU the
+            # times are CUDA events' and the tensors the caching allocator's (neither watched this way
+            # yet, and these two have not run on a GPU).
+            data = {} if cuda else allocator_slots() | vdso_slots()
+            return {"slots": native_slots(harness_native_functions(cuda)) | data, "code_lock": self.code_lock}
         if op == "load":
             # The task program runs first, before any candidate code can touch torch;
             # the guard's snapshot of the harness is taken before candidate code too.

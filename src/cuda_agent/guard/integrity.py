@@ -24,6 +24,18 @@ process. Both are plain memory, so the evaluator reads them from outside (``/pro
   through ``mprotect`` or ``/proc/self/mem``, leaves a copy-on-write page behind even once the bytes
   are put back; a patched copy of a library mapped over its code shows as another file.
 
+The allocator the framework's CPU tensors come from is a data pointer of the same kind: c10's table of
+allocators, in libc10's writable data, which native code can point at an allocator of its own
+(``c10::SetCPUAllocator``) that then sees every allocation the harness makes, its input draws and
+record reads included, and so tells checked calls from timed ones. ``allocator_slots()`` finds, before
+candidate code, the word of that table that holds the CPU allocator, and the watch reads it as it
+reads a method slot: it must not change. The C library's clocks are reached the same way: glibc calls
+the vDSO's ``clock_gettime`` through a pointer in the loader's read-only data, which native code can
+make writable again (only executable mappings are refused) and point at its own function;
+``vdso_slots()`` lists every such pointer, and they must not change either. Both are watched on the
+CPU backend, whose clock is the host's and whose tensors are the CPU allocator's; on a GPU the times
+are CUDA events' and the tensors the caching allocator's, whose pointers are not watched yet.
+
 The sandbox makes most writes fail (``sandbox/nocode.py``: nothing may become executable after the
 harness's start-up; for CPU jobs ``/proc`` is read-only, so ``/proc/self/mem`` cannot be opened for
 writing; the CUDA driver does not start with a read-only ``/proc``, so on a GPU such a write is seen
@@ -313,7 +325,9 @@ class IntegrityWatch:
                     continue
                 address, old, new = start + at, *struct.unpack_from("<Q", before, at), *struct.unpack_from("<Q", now, at)
                 if address in self.slots:
-                    found.append(f"{self.slots[address]} now calls other code (0x{old:x} -> 0x{new:x})")
+                    name = self.slots[address]
+                    change = "was replaced" if name.startswith(ALLOCATOR) else "now calls other code"
+                    found.append(f"{name} {change} (0x{old:x} -> 0x{new:x})")
                     continue
                 slot = self._slot(address)
                 if slot is None:
@@ -412,4 +426,82 @@ def native_slots(functions: dict[str, Any]) -> dict[str, int]:
             continue
         out[f"method {name} (its PyMethodDef)"] = field_address
         out[f"method {name}"] = method_def + ctypes.sizeof(ctypes.c_void_p)
+    return out
+
+
+ALLOCATOR = "the CPU allocator"
+_GET_ALLOCATOR = "_ZN3c1012GetAllocatorERKNS_10DeviceTypeE"  # c10::GetAllocator(c10::DeviceType const&)
+
+
+def _self_maps() -> list[list[str]]:
+    return [line.split() for line in Path("/proc/self/maps").read_text().splitlines()]
+
+
+def _span(fields: list[str]) -> tuple[int, int]:
+    start, end = (int(x, 16) for x in fields[0].split("-"))
+    return start, end
+
+
+def _words(spans: list[tuple[int, int]], wanted: Callable[[int], bool]) -> list[int]:
+    """Addresses of the 8-byte words of this process's memory in ``spans`` whose value is ``wanted``."""
+    import ctypes
+
+    found = []
+    for start, end in spans:
+        data = ctypes.string_at(start, end - start)
+        found += [start + 8 * i for i, (value,) in enumerate(struct.iter_unpack("<Q", data[:len(data) // 8 * 8]))
+                  if wanted(value)]
+    return found
+
+
+def allocator_slots() -> dict[str, int]:
+    """Where c10's allocator table holds the CPU allocator in this process: the one word of libc10's
+    writable data (its file's and the zero-filled pages after it) equal to what ``c10::GetAllocator``
+    returns for the CPU now. Empty where libc10 or the function is not found, or the value is not in
+    exactly one word (nothing then to say which word is the table's)."""
+    import ctypes
+
+    maps = _self_maps()
+    library = next((m[5] for m in maps if len(m) > 5 and Path(m[5]).name == "libc10.so"), None)
+    if library is None:
+        return {}
+    try:
+        get = getattr(ctypes.CDLL(library), _GET_ALLOCATOR)
+    except (OSError, AttributeError):
+        return {}
+    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
+    cpu = ctypes.c_int8(0)  # c10::DeviceType::CPU; the CPU allocator is registered at libc10's load
+    value = get(ctypes.byref(cpu))
+    spans = []
+    for i, m in enumerate(maps):
+        if len(m) > 5 and m[5] == library and "w" in m[1]:
+            spans.append(_span(m))
+            after = maps[i + 1] if i + 1 < len(maps) else []
+            if len(after) == 5 and "w" in after[1] and _span(after)[0] == spans[-1][1]:
+                spans.append(_span(after))
+    found = _words(spans, lambda word: word == value) if value else []
+    if len(found) != 1:
+        return {}
+    return {f"{ALLOCATOR} (c10's allocator table)": found[0]}
+
+
+def vdso_slots() -> dict[str, int]:
+    """The pointers into the vDSO that the C library's clocks call through (glibc keeps them in the
+    loader's data, made read-only after relocation: ``GLRO(dl_vdso_clock_gettime64)`` and the like):
+    every word of the loader's and libc's read-only data mappings that points into the vDSO. Native code
+    can make such a page writable again (only executable mappings are refused) and point
+    ``clock_gettime`` at its own function without touching a slot, a method or code."""
+    maps = _self_maps()
+    vdso = next((_span(m) for m in maps if len(m) > 5 and m[5] == "[vdso]"), None)
+    if vdso is None:
+        return {}
+    out = {}
+    for m in maps:
+        name = Path(m[5]).name if len(m) > 5 else ""
+        if not (name.startswith("ld-linux") or name.startswith("libc.so")) or m[1] != "r--p" or m[2] == "00000000":
+            continue
+        start, _ = _span(m)
+        base = start - int(m[2], 16)
+        for address in _words([_span(m)], lambda word: vdso[0] <= word < vdso[1]):
+            out[f"a pointer into the vDSO in {name}'s read-only data (+0x{address - base:x})"] = address
     return out
