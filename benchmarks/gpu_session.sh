@@ -2,6 +2,9 @@
 # Everything that needs the GPU, in as few device calls as possible; results land in $OUT.
 #
 #   bash benchmarks/gpu_session.sh tests     # the GPU test suite (KernelBench solutions, examples, faults)
+#   bash benchmarks/gpu_session.sh issue13   # issue 13's checks in one call (~8 min; carry .data): the timing
+#                                            # tests, 10 warm evaluations of axpby, cuda_gelu, cuda_row_softmax
+#                                            # 3 s apart, the release's scripts beside axpby and cuda_gelu
 #   bash benchmarks/gpu_session.sh redteam   # the GPU red-team cases
 #   bash benchmarks/gpu_session.sh speed     # eval speed and repeatability (~7 min)
 #   bash benchmarks/gpu_session.sh vs_release  # speed and reward stability beside the CUDA Agent release's
@@ -82,6 +85,12 @@ vs_release)
     # the release's agent_workdir/, e.g. `git archive HEAD agent_workdir` of its repository).
     python3 benchmarks/vs_release.py --release .data/ca_release/agent_workdir --repeats ${VS_REPEATS:-10} \
         --out "$OUT/vs_release.jsonl" "$@" 2>&1 | tee "$OUT/vs_release.log" | tail -12
+    ;;
+issue13)
+    python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_gpu_timing.py 2>&1 | tee "$OUT/timing_tests.log" | tail -3
+    python3 benchmarks/vs_release.py --release .data/ca_release/agent_workdir --repeats ${VS_REPEATS:-10} --gap 3 \
+        --no-cold --release-for axpby cuda_gelu --out "$OUT/vs_release.jsonl" "$@" 2>&1 | tee "$OUT/vs_release.log" \
+        | grep -v '^{'
     ;;
 tests|redteam)
     # One device call each: the whole GPU suite has taken close to the 10-minute limit of a call.

@@ -135,6 +135,7 @@ def main() -> None:
     header = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "gpu": torch.cuda.get_device_name(),
               "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version()}
     print(json.dumps(header), flush=True)
+    rows: list[dict[str, object]] = []
     for name, model, candidate in workspaces(args.release, args.examples):
         if args.only and name not in args.only:
             continue
@@ -147,6 +148,23 @@ def main() -> None:
         if args.out:
             with args.out.open("a") as handle:
                 handle.write(json.dumps(row) + "\n")
+        rows.append(row)
+    print(summary(rows), flush=True)
+
+
+def summary(rows: list[dict[str, object]]) -> str:
+    """A table of the rows: rewards, their confidence, the speedups' spread, seconds per evaluation."""
+    lines = ["| workspace | rewards | same | confident | CV vs eager / compile | warm s (median) | cached s | cold s "
+             "| release s |", "|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        ours, release = row["ours"], row.get("release") or {}
+        cv_text = " / ".join(f"{ours['speedup'][side]['cv']:.2%}" if side in ours["speedup"] else "-"
+                             for side in ("eager", "compile"))
+        rewards = ",".join(f"{r:g}" for r in ours["rewards"])
+        lines.append(f"| {row['workspace']} | {rewards} | {ours['same_reward']} | {sum(map(bool, ours['confident']))}"
+                     f"/{len(ours['confident'])} | {cv_text} | {ours['seconds_warm_median']} | "
+                     f"{ours['seconds_cached_build_new_evaluator']} | {ours['seconds_cold']} | {release.get('total_s', '-')} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

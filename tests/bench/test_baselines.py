@@ -74,19 +74,6 @@ def test_rows_timed_by_another_method_are_timed_again(tmp_path, examples):
     assert to_measure([task], out, TimingConfig(rounds_min=7), "cpu") == [task]
 
 
-def test_the_committed_h200_table_is_keyed_as_fixed_holds_time_it():
-    from pathlib import Path
-
-    from cuda_agent.evaluate.baseline import baseline_timing
-    from cuda_agent.evaluate.policy import TimingConfig
-
-    table = Path(__file__).parents[2] / "benchmarks" / "results" / "baselines_h200" / "baselines.jsonl"
-    rows = read_table(table)
-    fixed = baseline_timing(TimingConfig(baseline_hold="fixed").to_dict(), "cuda")
-    assert rows and all(baseline_timing(r["timing"], "cuda") == fixed for r in rows)
-    assert baseline_timing(TimingConfig().to_dict(), "cuda") != fixed
-
-
 def test_spearman_and_published_comparison(tmp_path):
     assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
     assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
