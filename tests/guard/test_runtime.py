@@ -74,3 +74,16 @@ def test_the_profiled_check_sees_torch_reached_from_anywhere():
         guard.check_profiled_ops(profile.ops)
     assert broken.value.rule == "torch-compute" and "seen by the profiler" in str(broken.value)
     assert "aten::gelu x1" in str(broken.value) and "aten::mul x1" in str(broken.value)
+
+
+def test_an_output_torch_did_not_allocate_fails_and_views_of_one_it_did_pass():
+    import numpy as np
+
+    guard = CallGuard()
+    model = torch.nn.Linear(2, 2)
+    x = torch.randn(4, 8)
+    guard.check_output_memory((torch.empty_like(x), torch.empty(8, 4).t()[1:]), [x], model)
+    external = torch.from_numpy(np.zeros((4, 8), dtype=np.float32))  # torch::from_blob over memory of its own
+    with pytest.raises(RuleBroken) as broken:
+        guard.check_output_memory((torch.empty_like(x), external), [x], model)
+    assert broken.value.rule == "output-memory" and "torch::empty_like" in str(broken.value)

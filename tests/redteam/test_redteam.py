@@ -425,14 +425,18 @@ static torch::Tensor lazy_swish(const torch::Tensor& x, double scale) {
     return sigaction(SIGSEGV, &action, nullptr) == 0;
   }();
   (void)installed;
+  // Memory torch allocated (an output torch did not allocate fails as output-memory), its whole
+  // pages made unreadable until the handler fills them.
   long page = sysconf(_SC_PAGESIZE);
   size_t bytes = ((x.numel() * sizeof(float) + page - 1) / page) * page;
-  void* mem = mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  auto out = torch::empty({x.numel() + 2 * page / static_cast<int64_t>(sizeof(float))}, x.options());
+  char* raw = reinterpret_cast<char*>(out.data_ptr<float>());
+  char* mem = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(raw) + page - 1) / page * page);
+  mprotect(mem, bytes, PROT_NONE);
   int slot = 0;
   while (lazy_slots[slot].base != nullptr) ++slot;
-  lazy_slots[slot] = LazyOut{static_cast<char*>(mem), bytes, x.data_ptr<float>(), x.numel(), static_cast<float>(scale), x};
-  return torch::from_blob(mem, x.sizes(), [slot](void* p) { munmap(p, lazy_slots[slot].bytes); lazy_slots[slot] = LazyOut(); },
-                          x.options());
+  lazy_slots[slot] = LazyOut{mem, bytes, x.data_ptr<float>(), x.numel(), static_cast<float>(scale), x};
+  return out.narrow(0, (mem - raw) / static_cast<int64_t>(sizeof(float)), x.numel()).view(x.sizes());
 }
 """
 
@@ -577,6 +581,12 @@ CASES = [
     Case("native-cpu-allocator-runtime", "Checked-vs-timed phase detection",
          cpp_prelude=SPY_ALLOCATOR, binding="install_spy(); auto y = torch::empty_like(xc);",
          runtime=True, rule="integrity", reason="the CPU allocator (c10's allocator table) was replaced"),
+    # Correct values in memory torch did not allocate: what a lazily filled or late-written output needs.
+    Case("native-external-output-runtime", "Outputs that exist only when read",
+         cpp_prelude="#include <cstdlib>\nstatic void free_output(void* p) { std::free(p); }",
+         binding="auto y = torch::from_blob(std::malloc(xc.numel() * sizeof(float)), xc.sizes(), free_output, "
+                 "xc.options());",
+         runtime=True, rule="output-memory"),
     Case("native-fallback-unwatched-runtime", "Torch fallback only when unwatched",
          cpp_prelude=THROUGH_PYTHON, binding="if (" + UNWATCHED + ") return through_python(xc, scale); "
                                             "auto y = torch::empty_like(xc);",

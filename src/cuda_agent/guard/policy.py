@@ -36,6 +36,8 @@ RUNTIME_RULES: dict[str, str] = {
     "output-alias": "an output shares memory with an input, a parameter or a buffer",
     "output-reuse": "an output shares memory with an earlier call's output (stored results)",
     "output-type": "an output that is not a plain torch.Tensor (subclasses defer work into the comparison)",
+    "output-memory": "an output whose memory no torch allocator made (torch::from_blob, an external buffer): "
+    "memory the harness cannot vouch for, such as pages filled only when read",
     "input-mutation": "forward changed the values of its inputs",
     "input-generation": "the candidate process drew different inputs from the same seed",
     "guard-tamper": "the dispatch mode that watches forward was removed",
@@ -52,7 +54,8 @@ RUNTIME_RULES: dict[str, str] = {
     "clock allows (a timer changed below Python)",
     "signal-handler": "the candidate's process installed a signal handler (seen from outside): a fault handler "
     "can fill an output only when it is read, after the timed region",
-    "integrity": "an import-table slot of a harness library, or the C function behind a harness builtin, was "
+    "integrity": "an import-table slot of a harness library, the C function behind a harness builtin, the code "
+    "of a library loaded before candidate code, or a pointer the harness's clock or allocations go through was "
     "changed by candidate code (read from outside the process)",
     "baseline-interference": "the candidate's processes could not be stopped while the baselines were timed",
     "memory": "the candidate's process ran out of the memory it is allowed (Evaluator memory_limit)",

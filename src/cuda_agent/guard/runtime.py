@@ -10,6 +10,8 @@ stable rule name, which becomes ``EvalResult.rule``:
   binding is caught too.
 - ``output-alias`` / ``output-reuse``: an output shares memory with an input,
   a parameter or buffer, or the previous call's output (cached results).
+- ``output-memory``: an output's storage was not made by a torch allocator
+  (``torch::from_blob``, DLPack): memory the harness cannot vouch for.
 - ``input-mutation``: the inputs changed during the call (zeroing them makes
   the reference trivial too, when both see the same tensors).
 - ``thread`` / ``subprocess``: work left running after the call returned.
@@ -381,6 +383,13 @@ class CallGuard:
         for leaf in tensors_in(output):
             if type(leaf) is not torch.Tensor:
                 raise RuleBroken("output-type", f"an output is a {type(leaf).__name__}; outputs must be plain torch.Tensor")
+            # A storage an allocator made can be resized; one wrapped around memory from elsewhere
+            # (torch::from_blob, DLPack) cannot, and such memory can be anything: pages filled only when
+            # read, a buffer written after the call returned.
+            if not leaf.untyped_storage().resizable():
+                raise RuleBroken("output-memory", "an output's memory was not allocated by torch (torch::from_blob or "
+                                                  "an external buffer); allocate outputs with torch::empty or "
+                                                  "torch::empty_like")
         others: dict[str, Any] = {f"input {i}": t for i, t in enumerate(inputs) if isinstance(t, torch.Tensor)}
         others |= {f"parameter {n}": p for n, p in model.named_parameters()}
         others |= {f"buffer {n}": b for n, b in model.named_buffers()}
