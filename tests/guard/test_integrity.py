@@ -55,6 +55,25 @@ def test_a_swapped_method_slot_is_seen():
     assert watch.problems() == []
 
 
+def test_a_swapped_vectorcall_pointer_is_seen():
+    """The interpreter calls a builtin through the object's own vectorcall pointer, the def's function
+    only behind it: swapped there, the PyMethodDef and its ml_meth stay as they were."""
+    slots = native_slots(harness_native_functions(cuda=False))
+    address = slots["method time.perf_counter_ns (its vectorcall)"]
+    watch = IntegrityWatch.start(os.getpid(), slots, ("/nonexistent-job",))
+    real = ctypes.c_void_p.from_address(address).value
+    one_argument = ctypes.c_void_p.from_address(id(len) + address - id(__import__("time").perf_counter_ns)).value
+    assert one_argument != real  # METH_O's vectorcall, not METH_NOARGS'
+    ctypes.c_void_p.from_address(address).value = one_argument
+    try:
+        problems = watch.problems()
+    finally:
+        ctypes.c_void_p.from_address(address).value = real
+    assert problems == [f"method time.perf_counter_ns (its vectorcall) now calls other code (0x{real:x} -> "
+                        f"0x{one_argument:x})"]
+    assert watch.problems() == []
+
+
 def test_a_cpu_allocator_set_through_c10_is_seen():
     """c10::SetCPUAllocator, as native code of a candidate would call it: another allocator (here the
     mobile one, so that this process keeps working) then serves every CPU allocation of the harness."""

@@ -402,22 +402,28 @@ def harness_native_functions(cuda: bool) -> dict[str, Any]:
 
 def native_slots(functions: dict[str, Any]) -> dict[str, int]:
     """For each C-implemented function in ``functions`` (a builtin: ``PyCFunctionObject``; a method
-    descriptor: ``PyMethodDescrObject``), the addresses of its ``PyMethodDef`` pointer and of that
-    def's ``ml_meth``: what an evaluator reads from outside to see the C function behind it swapped.
-    The layout is checked against each function's own name and skipped where it does not match
-    (another interpreter build)."""
+    descriptor: ``PyMethodDescrObject``), the addresses of its ``PyMethodDef`` pointer, of that def's
+    ``ml_meth``, and of the object's own ``vectorcall`` pointer (what the interpreter calls first, the
+    def's function only through it): what an evaluator reads from outside to see the C function behind
+    it swapped. The layout is checked against each function's own name, and the vectorcall pointer
+    against the interpreter's code, and skipped where it does not match (another interpreter build)."""
     import ctypes
 
     if getattr(sys, "_is_gil_enabled", lambda: True)() is False or hasattr(sys, "gettotalrefcount"):
         return {}  # free-threaded and debug builds lay objects out differently
-    head = ctypes.sizeof(ctypes.c_ssize_t) + ctypes.sizeof(ctypes.c_void_p)
-    offsets = {"builtin_function_or_method": head, "method_descriptor": head + 3 * ctypes.sizeof(ctypes.c_void_p)}
+    word = ctypes.sizeof(ctypes.c_void_p)
+    head = ctypes.sizeof(ctypes.c_ssize_t) + word
+    # (its PyMethodDef pointer, its vectorcall pointer): after m_ml, m_self, m_module, m_weakreflist;
+    # after the descriptor's d_type, d_name, d_qualname and d_method.
+    offsets = {"builtin_function_or_method": (head, head + 4 * word),
+               "method_descriptor": (head + 3 * word, head + 4 * word)}
+    code = [_span(m) for m in _self_maps() if len(m) > 5 and "x" in m[1] and m[5].startswith("/")]
     out: dict[str, int] = {}
     for name, fn in functions.items():
         at = offsets.get(type(fn).__name__)
         if at is None:
             continue
-        field_address = id(fn) + at
+        field_address = id(fn) + at[0]
         method_def = ctypes.c_void_p.from_address(field_address).value
         if not method_def:
             continue
@@ -425,7 +431,10 @@ def native_slots(functions: dict[str, Any]) -> dict[str, int]:
         if ml_name is None or ml_name.decode(errors="replace") != getattr(fn, "__name__", None):
             continue
         out[f"method {name} (its PyMethodDef)"] = field_address
-        out[f"method {name}"] = method_def + ctypes.sizeof(ctypes.c_void_p)
+        out[f"method {name}"] = method_def + word
+        vectorcall = ctypes.c_void_p.from_address(id(fn) + at[1]).value or 0
+        if any(start <= vectorcall < end for start, end in code):
+            out[f"method {name} (its vectorcall)"] = id(fn) + at[1]
     return out
 
 
