@@ -4,7 +4,8 @@ Native code in the candidate's process can change what the harness's timing reac
 a Python object the in-process snapshot holds: it can point an import-table (GOT) slot of a library
 the harness uses (``clock_gettime`` in the interpreter, ``cudaEventElapsedTime`` in torch's CUDA
 library) at its own function, or swap the C function behind a builtin (a ``PyMethodDef``'s
-``ml_meth``, a builtin's ``m_ml``). Neither is visible from inside once the candidate controls the
+``ml_meth``, a builtin's ``m_ml``, or the object's own ``vectorcall`` pointer, which the interpreter
+calls before either). Neither is visible from inside once the candidate controls the
 process. Both are plain memory, so the evaluator reads them from outside (``/proc/PID/mem``):
 
 * ``native_slots()`` runs in the worker at start-up, before any candidate code, and reports where the
