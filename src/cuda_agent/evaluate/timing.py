@@ -93,9 +93,7 @@ class HostLaunch:
     call's enqueue, learned from first calls, with a margin and no more: in a stream of calls the host
     enqueues each next call while the GPU runs the last, so only the first waits for the host, and a
     region of several calls (launch-bound ones) still counts the host time that a stream of them
-    would wait for. A hold twice as long covered a second call too: on the H100's host torch.compile
-    of axpby (2-3 calls a region, 250 us of host and 3 us of GPU each) was then timed at its GPU time
-    alone, and its reward moved between 1 and 3. A side whose host takes more than ``HOST_BOUND``
+    would wait for. A side whose host takes more than ``HOST_BOUND``
     times what its GPU has left once a call is enqueued (``learn_bound``, from the warm-up) is
     launch-bound: in a stream of its calls the host is the cost, and it keeps the fixed hold, as
     every side did before (torch.compile's axpby: 400 us of host, 3 us of GPU, and one call a region,
