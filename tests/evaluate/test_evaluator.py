@@ -126,8 +126,10 @@ def test_a_kept_reference_serves_the_next_evaluations_and_one_with_trouble_is_re
         wrong = variant(tmp_path, solution, "return cuda_extension.scaled_swish(x, self.scale * 1.1)")
         assert evaluator.evaluate(task, wrong).status == "incorrect"
         again = evaluator.evaluate(task, load_candidate(solution))
+        # Kept: the same process, alive, served it. (Its "reference" stage is not compared with the first's:
+        # the stage also waits for the candidate's process to start, which here takes as long as the
+        # reference's start did, and CI once saw 3.85 s against 3.74 s.)
         assert again.status == "correct" and "reference process kept (2 earlier evaluation(s))" in again.notes
-        assert again.durations["reference"] < first.durations["reference"]
         assert list(evaluator.references._idle.values()) == [kept] and kept.alive()
         kept.channel.worker.kill()  # a reference that died while idle is replaced, not used
         replaced = evaluator.evaluate(task, load_candidate(solution))
