@@ -73,9 +73,8 @@ def measure_baselines(tasks: list[Task], out: Path, device: str = "cuda", gpus: 
     hides compile times of tens of seconds. ``deadline_s``: stop taking new tasks after this many
     seconds (a device call's time limit), leaving the rest for a rerun."""
     from cuda_agent.evaluate.evaluator import Evaluator
-    from cuda_agent.evaluate.pool import device_slots, drain
-
     from cuda_agent.evaluate.policy import TimingConfig
+    from cuda_agent.evaluate.pool import device_slots, drain
 
     if per_gpu < 1:
         raise ValueError(f"per_gpu must be at least 1, not {per_gpu}.")

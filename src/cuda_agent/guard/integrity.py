@@ -418,7 +418,7 @@ def native_slots(functions: dict[str, Any]) -> dict[str, int]:
     # after the descriptor's d_type, d_name, d_qualname and d_method.
     offsets = {"builtin_function_or_method": (head, head + 4 * word),
                "method_descriptor": (head + 3 * word, head + 4 * word)}
-    code = [_span(m) for m in _self_maps() if len(m) > 5 and "x" in m[1] and m[5].startswith("/")]
+    code = [(m.start, m.end) for m in read_maps(os.getpid()) if "x" in m.perms and m.path.startswith("/")]
     out: dict[str, int] = {}
     for name, fn in functions.items():
         at = offsets.get(type(fn).__name__)
@@ -443,15 +443,6 @@ ALLOCATOR = "the CPU allocator"
 _GET_ALLOCATOR = "_ZN3c1012GetAllocatorERKNS_10DeviceTypeE"  # c10::GetAllocator(c10::DeviceType const&)
 
 
-def _self_maps() -> list[list[str]]:
-    return [line.split() for line in Path("/proc/self/maps").read_text().splitlines()]
-
-
-def _span(fields: list[str]) -> tuple[int, int]:
-    start, end = (int(x, 16) for x in fields[0].split("-"))
-    return start, end
-
-
 def _words(spans: list[tuple[int, int]], wanted: Callable[[int], bool]) -> list[int]:
     """Addresses of the 8-byte words of this process's memory in ``spans`` whose value is ``wanted``."""
     import ctypes
@@ -471,8 +462,8 @@ def allocator_slots() -> dict[str, int]:
     exactly one word (nothing then to say which word is the table's)."""
     import ctypes
 
-    maps = _self_maps()
-    library = next((m[5] for m in maps if len(m) > 5 and Path(m[5]).name == "libc10.so"), None)
+    maps = read_maps(os.getpid())
+    library = next((m.path for m in maps if Path(m.path).name == "libc10.so"), None)
     if library is None:
         return {}
     try:
@@ -483,12 +474,11 @@ def allocator_slots() -> dict[str, int]:
     cpu = ctypes.c_int8(0)  # c10::DeviceType::CPU; the CPU allocator is registered at libc10's load
     value = get(ctypes.byref(cpu))
     spans = []
-    for i, m in enumerate(maps):
-        if len(m) > 5 and m[5] == library and "w" in m[1]:
-            spans.append(_span(m))
-            after = maps[i + 1] if i + 1 < len(maps) else []
-            if len(after) == 5 and "w" in after[1] and _span(after)[0] == spans[-1][1]:
-                spans.append(_span(after))
+    for m, after in zip(maps, maps[1:] + [None]):
+        if m.path == library and "w" in m.perms:
+            spans.append((m.start, m.end))
+            if after is not None and not after.path and "w" in after.perms and after.start == m.end:
+                spans.append((after.start, after.end))
     found = _words(spans, lambda word: word == value) if value else []
     if len(found) != 1:
         return {}
@@ -501,17 +491,15 @@ def vdso_slots() -> dict[str, int]:
     every word of the loader's and libc's read-only data mappings that points into the vDSO. Native code
     can make such a page writable again (only executable mappings are refused) and point
     ``clock_gettime`` at its own function without touching a slot, a method or code."""
-    maps = _self_maps()
-    vdso = next((_span(m) for m in maps if len(m) > 5 and m[5] == "[vdso]"), None)
+    maps = read_maps(os.getpid())
+    vdso = next((m for m in maps if m.path == "[vdso]"), None)
     if vdso is None:
         return {}
     out = {}
     for m in maps:
-        name = Path(m[5]).name if len(m) > 5 else ""
-        if not (name.startswith("ld-linux") or name.startswith("libc.so")) or m[1] != "r--p" or m[2] == "00000000":
+        name = Path(m.path).name
+        if not name.startswith(("ld-linux", "libc.so")) or m.perms != "r--p" or m.offset == 0:
             continue
-        start, _ = _span(m)
-        base = start - int(m[2], 16)
-        for address in _words([_span(m)], lambda word: vdso[0] <= word < vdso[1]):
-            out[f"a pointer into the vDSO in {name}'s read-only data (+0x{address - base:x})"] = address
+        for address in _words([(m.start, m.end)], lambda word: vdso.start <= word < vdso.end):
+            out[f"a pointer into the vDSO in {name}'s read-only data (+0x{address - m.start + m.offset:x})"] = address
     return out
