@@ -90,19 +90,28 @@ class Case:
     rule: str | None = None
     reason: str | None = None  # a substring of the reason, where the rule alone is not specific
 
+# Twenty real passes of the example's kernel a call, for the cases whose clock reports half the time.
+TWENTY_PASSES = ("auto y = torch::empty_like(xc); for (int r = 0; r < 19; ++r) scaled_swish_launch(xc.data_ptr<float>(), "
+                 "y.data_ptr<float>(), xc.numel(), static_cast<float>(scale));")
+
 # Native code in the candidate's process (docs/SECURITY.md, threat model): what no Python-level guard sees.
 # The clock the harness reads, halved through its C method slot: the object is the same, the code is not.
-HALVED_CLOCK = r"""
+# A nanosecond clock's reading (a Python int, its reference taken over), halved since the first one.
+HALVE_PYLONG = r"""
 #include <Python.h>
-static PyCFunction real_clock = nullptr;
-static long long clock_origin = 0;
-static PyObject* halved_clock(PyObject* self, PyObject* unused) {
-  PyObject* now = real_clock(self, unused);
+static long long pylong_origin = 0;
+static PyObject* halved_pylong(PyObject* now) {
   if (now == nullptr) return nullptr;
   long long ns = PyLong_AsLongLong(now);
   Py_DECREF(now);
-  if (clock_origin == 0) clock_origin = ns;
-  return PyLong_FromLongLong(clock_origin + (ns - clock_origin) / 2);
+  if (pylong_origin == 0) pylong_origin = ns;
+  return PyLong_FromLongLong(pylong_origin + (ns - pylong_origin) / 2);
+}
+"""
+HALVED_CLOCK = HALVE_PYLONG + r"""
+static PyCFunction real_clock = nullptr;
+static PyObject* halved_clock(PyObject* self, PyObject* unused) {
+  return halved_pylong(real_clock(self, unused));
 }
 static void halve_clock() {
   if (real_clock != nullptr) return;
@@ -377,17 +386,10 @@ static void patch_vdso_pointer() {
 
 # The same clock halved through the function object's own vectorcall pointer: the interpreter calls
 # that first, and the PyMethodDef and its ml_meth stay as they were.
-VECTORCALL_CLOCK = r"""
-#include <Python.h>
+VECTORCALL_CLOCK = HALVE_PYLONG + r"""
 static vectorcallfunc real_vectorcall = nullptr;
-static long long vectorcall_origin = 0;
 static PyObject* halved_vectorcall(PyObject* callable, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
-  PyObject* now = real_vectorcall(callable, args, nargsf, kwnames);
-  if (now == nullptr) return nullptr;
-  long long ns = PyLong_AsLongLong(now);
-  Py_DECREF(now);
-  if (vectorcall_origin == 0) vectorcall_origin = ns;
-  return PyLong_FromLongLong(vectorcall_origin + (ns - vectorcall_origin) / 2);
+  return halved_pylong(real_vectorcall(callable, args, nargsf, kwnames));
 }
 static void halve_vectorcall() {
   if (real_vectorcall != nullptr) return;
@@ -566,23 +568,21 @@ CASES = [
     # Twenty real passes (about 80 ms a call), reported as ten by the halved clock.
     Case("native-clock-halved-runtime", "Timer patched below Python",
          cpp_prelude=HALVED_CLOCK,
-         binding="halve_clock(); auto y = torch::empty_like(xc); for (int r = 0; r < 19; ++r) "
-                 "scaled_swish_launch(xc.data_ptr<float>(), y.data_ptr<float>(), xc.numel(), static_cast<float>(scale));",
+         binding="halve_clock(); " + TWENTY_PASSES,
          runtime=True, rule="integrity", reason="method time.perf_counter_ns"),
     # The same halving one level lower: clock_gettime's import slots, at the example's own cost a call.
     Case("native-got-clock-runtime", "Timer patched below Python",
          cpp_prelude=GOT_CLOCK, binding="halve_got_clock(); auto y = torch::empty_like(xc);",
          runtime=True, rule="integrity", reason="import slot of clock_gettime"),
-    # The halving one level lower still, at twenty real passes a call as native-clock-halved-runtime.
+    # The same clock halved through the function object's vectorcall pointer, twenty passes a call.
     Case("native-vectorcall-clock-runtime", "Timer patched below Python",
          cpp_prelude=VECTORCALL_CLOCK,
-         binding="halve_vectorcall(); auto y = torch::empty_like(xc); for (int r = 0; r < 19; ++r) "
-                 "scaled_swish_launch(xc.data_ptr<float>(), y.data_ptr<float>(), xc.numel(), static_cast<float>(scale));",
+         binding="halve_vectorcall(); " + TWENTY_PASSES,
          runtime=True, rule="integrity", reason="time.perf_counter_ns (its vectorcall)"),
+    # clock_gettime halved below libc, through the loader's pointer to the vDSO, twenty passes a call.
     Case("native-vdso-pointer-runtime", "Timer patched below Python",
          cpp_prelude=VDSO_POINTER,
-         binding="patch_vdso_pointer(); auto y = torch::empty_like(xc); for (int r = 0; r < 19; ++r) "
-                 "scaled_swish_launch(xc.data_ptr<float>(), y.data_ptr<float>(), xc.numel(), static_cast<float>(scale));",
+         binding="patch_vdso_pointer(); " + TWENTY_PASSES,
          runtime=True, rule="integrity", reason="a pointer into the vDSO in ld-linux"),
     Case("native-code-rewrite-runtime", "Timer patched below Python",
          cpp_prelude=CODE_REWRITE, binding="static bool patched = false; if (!patched) { patched = true; "
