@@ -82,7 +82,7 @@ def test_a_cpu_allocator_set_through_c10_is_seen():
     from cuda_agent.guard.integrity import ALLOCATOR, allocator_slots
 
     slots = allocator_slots()
-    assert list(slots) == [f"{ALLOCATOR} (c10's allocator table)"]
+    assert "the CPU allocator (c10's allocator table)" in slots and ALLOCATOR in "the CPU allocator"
     watch = IntegrityWatch.start(os.getpid(), slots, ("/nonexistent-job",))
     assert watch.problems() == []
     c10 = ctypes.CDLL(next(m.path for m in read_maps(os.getpid()) if m.path.endswith("/libc10.so")))
@@ -99,6 +99,38 @@ def test_a_cpu_allocator_set_through_c10_is_seen():
         set_(real, 255)
     assert problems and "the CPU allocator (c10's allocator table) was replaced" in problems[0]
     assert get() == real and watch.problems() == []
+
+
+def test_the_cpu_allocators_class_is_watched_its_vtable_pointer_and_each_entry():
+    """The allocator object keeps its place in c10's table while its virtual calls go elsewhere: its
+    vtable pointer swapped (the object is in libc10's writable data), or an entry of its vtable patched
+    in place (the page made writable again). Both are seen; nothing else is reported meanwhile."""
+    from cuda_agent.guard.integrity import allocator_slots
+
+    slots = allocator_slots()
+    pointer = slots["the CPU allocator's class (its vtable pointer)"]
+    entries = [a for n, a in slots.items() if n.startswith("the CPU allocator's virtual function")]
+    vtable = ctypes.c_void_p.from_address(pointer).value
+    assert len(entries) >= 4 and entries[0] == vtable and entries == [vtable + 8 * i for i in range(len(entries))]
+    watch = IntegrityWatch.start(os.getpid(), slots, ("/nonexistent-job",))
+    assert watch.problems() == []
+    # Another class's vtable, for the time of one read (nothing allocates meanwhile).
+    ctypes.c_void_p.from_address(pointer).value = vtable + 8
+    try:
+        problems = watch.problems()
+    finally:
+        ctypes.c_void_p.from_address(pointer).value = vtable
+    assert problems == [f"the CPU allocator's class (its vtable pointer) was replaced (0x{vtable:x} -> 0x{vtable + 8:x})"]
+    last = entries[-1]
+    real = ctypes.c_void_p.from_address(last).value
+    write_word(last, real + 16)
+    try:
+        problems = watch.problems()
+    finally:
+        ctypes.c_void_p.from_address(last).value = real
+    name = f"the CPU allocator's virtual function {len(entries) - 1} (its vtable)"
+    assert problems == [f"{name} was replaced (0x{real:x} -> 0x{real + 16:x})"]
+    assert watch.problems() == []
 
 
 def test_the_vdso_pointers_of_the_c_librarys_clocks_are_found_and_a_redirected_one_is_seen():

@@ -374,8 +374,9 @@ class ShareInfo(_Reply):
 @dataclass(frozen=True)
 class ReadyReply(_Reply):
     """Candidate, before any candidate code: where the C function pointers behind the harness's builtins
-    live in this process (``guard.integrity.native_slots``), and the word of c10's allocator table that
-    holds the CPU allocator (``allocator_slots``), for the evaluator to read from outside;
+    live in this process (``guard.integrity.native_slots``), and the data pointers that reach the
+    allocators and the C library's clocks (``allocator_slots``, ``vdso_slots``), for the evaluator to read
+    from outside;
     whether nothing can become executable in it any more (``sandbox.nocode``: "on", or why not)."""
     slots: dict[str, int] | None = None
     code_lock: str | None = None

@@ -419,10 +419,9 @@ class CandidateSide(_Side):
         msg = parse_request(op, msg)
         if op == "ready":
             cuda = torch.cuda.is_initialized()
-            # The CPU backend's clock is the host's, and its tensors the CPU allocator's; on a GPU the
-            # times are CUDA events' and the tensors the caching allocator's (neither watched this way
-            # yet, and these two have not run on a GPU).
-            data = {} if cuda else allocator_slots() | vdso_slots()
+            # Data pointers too: the allocators (on a GPU the caching allocator as well) and the C
+            # library's clocks, on both backends alike.
+            data = allocator_slots(cuda) | vdso_slots()
             return {"slots": native_slots(harness_native_functions(cuda)) | data, "code_lock": self.code_lock}
         if op == "load":
             # The task program runs first, before any candidate code can touch torch;

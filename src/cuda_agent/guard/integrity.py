@@ -25,17 +25,20 @@ process. Both are plain memory, so the evaluator reads them from outside (``/pro
   through ``mprotect`` or ``/proc/self/mem``, leaves a copy-on-write page behind even once the bytes
   are put back; a patched copy of a library mapped over its code shows as another file.
 
-The allocator the framework's CPU tensors come from is a data pointer of the same kind: c10's table of
-allocators, in libc10's writable data, which native code can point at an allocator of its own
-(``c10::SetCPUAllocator``) that then sees every allocation the harness makes, its input draws and
-record reads included, and so tells checked calls from timed ones. ``allocator_slots()`` finds, before
-candidate code, the word of that table that holds the CPU allocator, and the watch reads it as it
-reads a method slot: it must not change. The C library's clocks are reached the same way: glibc calls
-the vDSO's ``clock_gettime`` through a pointer in the loader's read-only data, which native code can
-make writable again (only executable mappings are refused) and point at its own function;
-``vdso_slots()`` lists every such pointer, and they must not change either. Both are watched on the
-CPU backend, whose clock is the host's and whose tensors are the CPU allocator's; on a GPU the times
-are CUDA events' and the tensors the caching allocator's, whose pointers are not watched yet.
+The allocators the framework's tensors come from are reached through data pointers of the same kind:
+c10's table of allocators in libc10's writable data (and, for the CUDA caching allocator,
+``c10::cuda::CUDACachingAllocator::allocator`` in libc10_cuda's), which native code can point at an
+allocator of its own (``c10::SetCPUAllocator``) that then sees every allocation the harness makes, its
+input draws and record reads included, and so tells checked calls from timed ones; and each allocator
+object's class, whose vtable pointer can be swapped for a copied vtable, or whose vtable entries can be
+patched in place, with the table untouched. ``allocator_slots()`` finds, before candidate code, the
+words that point at each allocator, the object's vtable pointer and its vtable's entries, and the watch
+reads them as it reads a method slot: none may change. The C library's clocks are reached the same way:
+glibc calls the vDSO's ``clock_gettime`` through a pointer in the loader's read-only data, which native
+code can make writable again (only executable mappings are refused) and point at its own function;
+``vdso_slots()`` lists every such pointer, and they must not change either. Both backends watch all of
+them (on a GPU the measured times are CUDA events', but the harness's host clock and CPU tensors are
+there too).
 
 The sandbox makes most writes fail (``sandbox/nocode.py``: nothing may become executable after the
 harness's start-up; for CPU jobs ``/proc`` is read-only, so ``/proc/self/mem`` cannot be opened for
@@ -327,7 +330,7 @@ class IntegrityWatch:
                 address, old, new = start + at, *struct.unpack_from("<Q", before, at), *struct.unpack_from("<Q", now, at)
                 if address in self.slots:
                     name = self.slots[address]
-                    change = "was replaced" if name.startswith(ALLOCATOR) else "now calls other code"
+                    change = "was replaced" if f" {ALLOCATOR}" in name else "now calls other code"
                     found.append(f"{name} {change} (0x{old:x} -> 0x{new:x})")
                     continue
                 slot = self._slot(address)
@@ -439,8 +442,10 @@ def native_slots(functions: dict[str, Any]) -> dict[str, int]:
     return out
 
 
-ALLOCATOR = "the CPU allocator"
+ALLOCATOR = "allocator"  # every allocator slot's name says "the <device> allocator"
 _GET_ALLOCATOR = "_ZN3c1012GetAllocatorERKNS_10DeviceTypeE"  # c10::GetAllocator(c10::DeviceType const&)
+_DEVICE_TYPES = (("CPU", 0, "libc10.so"), ("CUDA", 1, "libc10_cuda.so"))  # c10::DeviceType, where it is kept
+_VTABLE_ENTRIES = 64  # more than c10's allocator classes have
 
 
 def _words(spans: list[tuple[int, int]], wanted: Callable[[int], bool]) -> list[int]:
@@ -455,34 +460,74 @@ def _words(spans: list[tuple[int, int]], wanted: Callable[[int], bool]) -> list[
     return found
 
 
-def allocator_slots() -> dict[str, int]:
-    """Where c10's allocator table holds the CPU allocator in this process: the one word of libc10's
-    writable data (its file's and the zero-filled pages after it) equal to what ``c10::GetAllocator``
-    returns for the CPU now. Empty where libc10 or the function is not found, or the value is not in
-    exactly one word (nothing then to say which word is the table's)."""
-    import ctypes
-
-    maps = read_maps(os.getpid())
-    library = next((m.path for m in maps if Path(m.path).name == "libc10.so"), None)
-    if library is None:
-        return {}
-    try:
-        get = getattr(ctypes.CDLL(library), _GET_ALLOCATOR)
-    except (OSError, AttributeError):
-        return {}
-    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
-    cpu = ctypes.c_int8(0)  # c10::DeviceType::CPU; the CPU allocator is registered at libc10's load
-    value = get(ctypes.byref(cpu))
+def _writable_data(maps: list[Mapping], library: str) -> list[tuple[int, int]]:
+    """A library's writable data: its file's writable mappings and the zero-filled pages right after."""
     spans = []
     for m, after in zip(maps, maps[1:] + [None]):
         if m.path == library and "w" in m.perms:
             spans.append((m.start, m.end))
             if after is not None and not after.path and "w" in after.perms and after.start == m.end:
                 spans.append((after.start, after.end))
-    found = _words(spans, lambda word: word == value) if value else []
-    if len(found) != 1:
+    return spans
+
+
+def _object_slots(maps: list[Mapping], obj: int, name: str) -> dict[str, int]:
+    """The C++ object at ``obj``'s class: its vtable pointer (the object's first word) when it points into a
+    library's read-only data, and that vtable's entries while they point at a library's code. Swapping
+    the pointer for a copied vtable, or patching an entry of the vtable in place (its page made writable
+    again: only executable mappings are refused), sends the object's virtual calls to other code."""
+    import ctypes
+
+    def inside(address: int, perms: Callable[[str], bool]) -> bool:
+        return any(m.start <= address < m.end and m.path.startswith("/") and perms(m.perms) for m in maps)
+
+    vtable = ctypes.c_void_p.from_address(obj).value or 0
+    if not inside(vtable, lambda p: p.startswith("r") and "w" not in p and "x" not in p):
         return {}
-    return {f"{ALLOCATOR} (c10's allocator table)": found[0]}
+    out = {f"{name}'s class (its vtable pointer)": obj}
+    for i in range(_VTABLE_ENTRIES):
+        if not inside(vtable + 8 * i, lambda p: p.startswith("r")):
+            break
+        entry = ctypes.c_void_p.from_address(vtable + 8 * i).value or 0
+        if not inside(entry, lambda p: "x" in p):
+            break
+        out[f"{name}'s virtual function {i} (its vtable)"] = vtable + 8 * i
+    return out
+
+
+def allocator_slots(cuda: bool = False) -> dict[str, int]:
+    """Where the allocators the framework's tensors come from are reached, in this process: for the CPU
+    (and, with ``cuda``, the CUDA caching allocator), what ``c10::GetAllocator`` returns now, found in the
+    words that point at it (c10's allocator table in libc10's writable data; for CUDA also
+    ``c10::cuda::CUDACachingAllocator::allocator`` in libc10_cuda's), and the object's own class
+    (``_object_slots``). A library whose data holds more than a few such words is skipped: nothing then
+    says which of them is the one read. Empty where libc10 or the function is not found."""
+    import ctypes
+
+    maps = read_maps(os.getpid())
+    paths = {Path(m.path).name: m.path for m in maps if m.path.startswith("/")}
+    if "libc10.so" not in paths:
+        return {}
+    try:
+        get = getattr(ctypes.CDLL(paths["libc10.so"]), _GET_ALLOCATOR)
+    except (OSError, AttributeError):
+        return {}
+    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
+    out: dict[str, int] = {}
+    for device, number, keeper in _DEVICE_TYPES:
+        if device == "CUDA" and (not cuda or keeper not in paths):
+            continue
+        value = get(ctypes.byref(ctypes.c_int8(number)))  # registered when its library loads; null if not
+        if not value:
+            continue
+        name = f"the {device} {ALLOCATOR}"
+        keepers = [("libc10.so", "c10's allocator table")] + [(keeper, f"{keeper}'s data")] * (keeper != "libc10.so")
+        for library, where in keepers:
+            found = _words(_writable_data(maps, paths[library]), lambda word: word == value)
+            if len(found) <= 2:
+                out |= {f"{name} ({where}{f', pointer {i + 1}' if i else ''})": a for i, a in enumerate(found)}
+        out |= _object_slots(maps, value, name)
+    return out
 
 
 def vdso_slots() -> dict[str, int]:
