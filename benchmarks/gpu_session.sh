@@ -6,6 +6,8 @@
 #                                            # tests, 10 warm evaluations of axpby, cuda_gelu, cuda_row_softmax
 #                                            # 3 s apart, the release's scripts beside axpby and cuda_gelu
 #   bash benchmarks/gpu_session.sh redteam   # the GPU red-team cases
+#   bash benchmarks/gpu_session.sh issue17   # issue 17's checks in one call: integrity and timing tests, the GPU
+#                                            # red-team cases, the legitimate solutions (false positives)
 #   bash benchmarks/gpu_session.sh speed     # eval speed and repeatability (~7 min)
 #   bash benchmarks/gpu_session.sh vs_release  # speed and reward stability beside the CUDA Agent release's
 #                                            # scripts (carry .data; extra arguments go to vs_release.py)
@@ -91,6 +93,17 @@ issue13)
     python3 benchmarks/vs_release.py --release .data/ca_release/agent_workdir --repeats ${VS_REPEATS:-10} --gap 3 \
         --no-cold --release-for axpby cuda_gelu --out "$OUT/vs_release.jsonl" "$@" 2>&1 | tee "$OUT/vs_release.log" \
         | grep -v '^{'
+    ;;
+issue17)
+    # issue 17's GPU check in one call: the integrity and timing tests, the GPU red-team cases, then the
+    # legitimate solutions (KernelBench's and the examples) for false positives; logs kept as they go.
+    python3 -m pytest -m gpu -q -s -p no:cacheprovider tests/gpu/test_gpu_integrity.py tests/gpu/test_gpu_timing.py \
+        2>&1 | tee "$OUT/integrity_tests.log" | grep -E "^(FAILED|ERROR)|passed|failed"
+    CUDA_AGENT_GPU_REPORT=$OUT/gpu_records_redteam.jsonl python3 -m pytest -m gpu -q -s -p no:cacheprovider \
+        --timeout 300 -rf "$@" tests/redteam 2>&1 | tee "$OUT/gpu_redteam.log" | grep -E "^(FAILED|ERROR)|passed|failed"
+    CUDA_AGENT_GPU_REPORT=$OUT/gpu_records_tests.jsonl python3 -m pytest -m gpu -q -s -p no:cacheprovider \
+        --timeout 300 -rf tests/gpu/test_gpu_eval.py -k "kernelbench_solution or examples" 2>&1 \
+        | tee "$OUT/gpu_tests.log" | grep -E "^(FAILED|ERROR)|passed|failed"
     ;;
 tests|redteam)
     # One device call each: the whole GPU suite has taken close to the 10-minute limit of a call.
