@@ -20,6 +20,7 @@ pytestmark = [
 GELU_BINDING = "kernels/gelu_binding.cpp"
 GELU_ALLOC = "auto y = torch::empty_like(x);"
 GOOD = "return cuda_extension.gelu(x)"
+L2_REFUSED = "the persisting L2 limit was refused"
 
 # The C method behind torch.cuda.Event.elapsed_time, swapped through its method descriptor: every
 # time the harness reads comes back at 0.55x; the object it checks is the same.
@@ -148,7 +149,8 @@ CASES = [
          binding="cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, 32 << 20); auto y = torch::empty_like(x);",
          rule="cache-control"),
     Case("l2-persisting-limit-runtime", "L2 persistence", forward=GOOD,
-         binding="cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, 32 << 20); auto y = torch::empty_like(x);",
+         binding="if (cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, 32 << 20) != cudaSuccess) { "
+                 "cudaGetLastError(); throw std::runtime_error(\"" + L2_REFUSED + "\"); } auto y = torch::empty_like(x);",
          runtime=True, rule="l2-persistence"),
     # A policy that allows aten::gelu lets the guard pass torch's kernel; attribution still sees
     # that the extension's own kernels never ran, or carried almost none of the time.
@@ -179,6 +181,8 @@ def test_hacking_candidate_is_rejected_on_the_gpu(case, gelu, cache_dir, tmp_pat
                                kernel_call=GELU_ALLOC)
     result = evaluator.evaluate(task, candidate)
     detail = f"{result.summary()}\n{result.traceback or ''}\n{result.output[-2000:]}"
+    if L2_REFUSED in (result.reason or ""):
+        pytest.skip(f"this device refuses the attack itself ({L2_REFUSED}; the H100s lent here do)")
     assert (result.status, result.rule) == (case.status, case.rule), detail
     assert case.reason is None or case.reason in (result.reason or ""), detail
     assert result.reward == -1.0
