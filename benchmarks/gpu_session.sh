@@ -25,7 +25,7 @@
 #                                            # SYNTH_SECONDS); resumes from a carried .data/synth_h200:
 #                                            # copy the fetched $OUT/synth_h200/* there before the next call
 #   bash benchmarks/gpu_session.sh baselines # KernelBench L1-3 eager/compile table (BASELINES_SECONDS);
-#                                            # resumes from a carried .data/baselines_h200/baselines.jsonl
+#                                            # resumes from a carried .data/baselines_<gpu>/baselines.jsonl
 #   bash benchmarks/gpu_session.sh bench_own # cuda-agent bench over our KernelBench solutions, then the
 #                                            # baselines table's retries (into $OUT/baselines_h200)
 #   bash benchmarks/gpu_session.sh counters  # hardware counters (tests/gpu/test_gpu_counters.py), raw ncu CSVs kept
@@ -77,6 +77,11 @@ if [ -z "${CUDA_AGENT_CGROUP:-}" ] && [ -w /sys/fs/cgroup/cgroup.subtree_control
 fi
 echo "bwrap $(bwrap --version 2>&1) cgroup ${CUDA_AGENT_CGROUP:-none}" | tee "$OUT/sandbox.txt"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.csv"
+# Whatever else holds GPU memory before this call starts (an earlier call's leftovers on a warm machine).
+nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv | tee -a "$OUT/gpu.csv"
+# Tables are per GPU model: the device tool may lend an H100 for an H200 (baselines_h100/, baselines_h200/).
+GPU_SLUG=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oiE 'h100|h200|a100|b200|l40s?' | tr 'A-Z' 'a-z')
+GPU_SLUG=${GPU_SLUG:-gpu}
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$OUT/gpu.csv"
 
 part=${1:-tests}
@@ -190,11 +195,13 @@ synth)
     ;;
 baselines)
     # The table is written straight into $OUT, so that a call killed at its time limit still
-    # returns every finished row; it resumes from a carried .data/baselines_h200/baselines.jsonl.
-    mkdir -p "$OUT/baselines_h200"
-    [ -f .data/baselines_h200/baselines.jsonl ] && cp .data/baselines_h200/baselines.jsonl "$OUT/baselines_h200/"
+    # returns every finished row; it resumes from a carried .data/baselines_<gpu>/baselines.jsonl
+    # (<gpu>: h100, h200, ... as nvidia-smi names the card lent).
+    table=baselines_$GPU_SLUG
+    mkdir -p "$OUT/$table"
+    [ -f ".data/$table/baselines.jsonl" ] && cp ".data/$table/baselines.jsonl" "$OUT/$table/"
     python3 -m cuda_agent.cli baselines .data/kernelbench/kernelbench.jsonl --level 1 --level 2 --level 3 \
-        --out "$OUT/baselines_h200/baselines.jsonl" --device cuda --deadline-s "${BASELINES_SECONDS:-420}" \
+        --out "$OUT/$table/baselines.jsonl" --device cuda --deadline-s "${BASELINES_SECONDS:-420}" \
         --per-gpu "${BASELINES_PER_GPU:-3}" --published .data/kernelbench 2>&1 | tee "$OUT/baselines.log" | tail -40
     ;;
 bench_own)
