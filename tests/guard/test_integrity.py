@@ -133,6 +133,54 @@ def test_the_cpu_allocators_class_is_watched_its_vtable_pointer_and_each_entry()
     assert watch.problems() == []
 
 
+def test_lazy_binding_to_any_version_of_a_symbol_is_lazy_binding():
+    """A name defined once per symbol version (glibc's pthread_cond_timedwait of 2.2.5 and 2.3.2, memcpy
+    of 2.2.5 and 2.14): a slot lazily bound to whichever version its library asked for is no patch. Only
+    the first definition counted once, and the first threading.Event.wait(timeout) in a process then
+    read as a patched import slot of libpython."""
+    from cuda_agent.guard.integrity import _definitions, _target
+
+    maps = read_maps(os.getpid())
+    libc_path = next(m.path for m in maps if "libc.so" in m.path)
+    stat = os.stat(libc_path)
+    defined = _definitions(libc_path, stat.st_size, stat.st_mtime_ns)
+    name = next((n for n in ("pthread_cond_timedwait", "memcpy", "realpath") if len(defined.get(n, ())) >= 2), None)
+    if name is None:
+        pytest.skip("this C library defines none of the symbols tried in more than one version")
+    watch = IntegrityWatch.start(os.getpid(), {}, ("/nonexistent-job",))
+    base = next(b for b, path in watch.libraries if path == libc_path)
+    for value, indirect in defined[name]:
+        if not indirect:
+            assert watch._bound("*" + name, base + value, _target(maps, base + value))
+    code = next(m for m in maps if m.path == libc_path and "x" in m.perms)
+    assert not watch._bound("*" + name, code.start + 1, _target(maps, code.start + 1))
+
+
+def test_a_read_at_a_random_moment_of_a_block_sees_a_patch_undone_before_the_block_ends():
+    """What a candidate round-aware enough to undo its patch in each round's last call leaves: the
+    reads after the block see nothing, the one within it does. A read not begun when the block ends
+    is not made (the block does not wait for it)."""
+    import time
+
+    slots = native_slots(harness_native_functions(cuda=False))
+    address = slots["method time.perf_counter_ns"]
+    watch = IntegrityWatch.start(os.getpid(), slots, ("/nonexistent-job",))
+    real = ctypes.c_void_p.from_address(address).value
+    other = ctypes.c_void_p.from_address(slots["method time.monotonic_ns"]).value
+    with watch.read_sometime(0.05) as found:
+        ctypes.c_void_p.from_address(address).value = other
+        try:
+            time.sleep(0.3)
+        finally:
+            ctypes.c_void_p.from_address(address).value = real
+    assert watch.problems() == []
+    assert found == [f"method time.perf_counter_ns now calls other code (0x{real:x} -> 0x{other:x})"]
+    began = time.monotonic()
+    with watch.read_sometime(3600.0) as found:
+        pass
+    assert found == [] and time.monotonic() - began < 1.0
+
+
 def test_the_vdso_pointers_of_the_c_librarys_clocks_are_found_and_a_redirected_one_is_seen():
     from cuda_agent.guard.integrity import vdso_slots
 

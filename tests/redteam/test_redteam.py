@@ -124,6 +124,43 @@ static void halve_clock() {
   Py_DECREF(module);
 }
 """
+# The same clock halved only while the evaluator cannot look: undone in the last call of each timing
+# round, so that every read after a round finds it as it was. The evaluator stops the process between
+# its rounds, so a pause of over 20 ms (read on the raw system call, which the patch does not touch)
+# starts a round, and a round is as long as the one before it. Each patch restarts the halving at its
+# own moment, so no region it straddles comes out negative.
+ROUND_AWARE_CLOCK = HALVE_PYLONG + r"""
+#include <sys/syscall.h>
+#include <unistd.h>
+static PyMethodDef* round_clock = nullptr;
+static PyCFunction round_real = nullptr;
+static long long round_last_exit = 0;
+static int round_calls = 0, round_length = 0;
+static PyObject* round_halved(PyObject* self, PyObject* unused) { return halved_pylong(round_real(self, unused)); }
+static long long raw_ns() {
+  timespec ts;
+  syscall(SYS_clock_gettime, CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+static void round_enter() {
+  if (round_clock == nullptr) {
+    PyObject* module = PyImport_ImportModule("time");
+    PyObject* fn = PyObject_GetAttrString(module, "perf_counter_ns");
+    round_clock = reinterpret_cast<PyCFunctionObject*>(fn)->m_ml;
+    round_real = round_clock->ml_meth;
+    Py_DECREF(fn);
+    Py_DECREF(module);
+  }
+  if (round_last_exit != 0 && raw_ns() - round_last_exit > 20000000LL) {
+    round_length = round_calls;
+    round_calls = 0;
+  }
+  bool halve = ++round_calls < round_length;
+  if (halve && round_clock->ml_meth == round_real) pylong_origin = 0;  // halved from this moment on
+  round_clock->ml_meth = halve ? round_halved : round_real;
+}
+struct RoundExit { ~RoundExit() { round_last_exit = raw_ns(); } };
+"""
 # The import-table (GOT) slot of SYMBOL in every loaded object, pointed at REPLACEMENT: the loader's
 # link_map reached through _r_debug, the page made writable with pkey_mprotect (neither is a name the
 # symbol audit knows). The extension's own slots are patched too: it keeps the real function's address,
@@ -634,6 +671,13 @@ CASES = [
     Case("native-got-clock-runtime", "Timer patched below Python",
          cpp_prelude=GOT_CLOCK, binding="halve_got_clock(); auto y = torch::empty_like(xc);",
          runtime=True, rule="integrity", reason="import slot of clock_gettime"),
+    # The method slot halved between the first and the last call of each timing round, twenty passes a
+    # call: the reads after the rounds find it restored; one read at a random moment within each round
+    # does not.
+    Case("native-round-aware-clock-runtime", "Timer patched below Python",
+         cpp_prelude=ROUND_AWARE_CLOCK,
+         binding="round_enter(); RoundExit round_exit; " + TWENTY_PASSES,
+         runtime=True, rule="integrity", reason="during a round: method time.perf_counter_ns now calls other code"),
     # The same clock halved through the function object's vectorcall pointer, twenty passes a call.
     Case("native-vectorcall-clock-runtime", "Timer patched below Python",
          cpp_prelude=VECTORCALL_CLOCK,

@@ -583,7 +583,7 @@ class Evaluator:
         clock = time.monotonic()
         base = secrets.randbits(62)
         rounds, log = self._time_rounds(reference.channel, candidate, base, baseline, result, handlers=handlers,
-                                        main_pid=watch.pid if watch is not None else None)
+                                        watch=watch)
         result.durations["profile"] = round(time.monotonic() - clock, 3)
 
         clock = time.monotonic()
@@ -662,11 +662,13 @@ class Evaluator:
 
     def _time_rounds(self, reference: Channel, candidate: Channel | None, base: int, baseline: dict[str, Any],
                      result: EvalResult, undecided: Callable[[Rounds], bool] | None = None,
-                     handlers: dict[int, int] | None = None, main_pid: int | None = None,
+                     handlers: dict[int, int] | None = None, watch: IntegrityWatch | None = None,
                      ) -> tuple[Rounds, CandidateLog | None]:
         """Time the candidate (if any) and the baselines in interleaved rounds until every decision is
         confident. Returns the rounds and what the candidate's rounds left: records, outside clock.
-        ``main_pid``: the candidate's worker process, whose main thread answers the requests."""
+        ``watch``: the candidate's native entry points (``guard.integrity``), read once during each of
+        its rounds; its pid is the worker's, whose main thread answers the requests."""
+        main_pid = watch.pid if watch is not None else None
         config = self.timing
         fixed = {side: stats["median_ms"] for side, stats in baseline["fixed"].items()}
         sides: dict[str, Callable[[int, int, int], list[float]]] = {}
@@ -686,7 +688,7 @@ class Evaluator:
                 self._pause(candidate)
                 plans["candidate"] = plan = Plan.for_call(self._positive(estimate, "warm-up time"), config)
                 log = CandidateLog(plan)
-                sides["candidate"] = self._candidate_side(candidate, base, log, handlers or {}, hosts)
+                sides["candidate"] = self._candidate_side(candidate, base, log, handlers or {}, hosts, watch, estimate)
             host_us: dict[str, float] = {}
             for side in baseline.get("sides", []):
                 self.on_stage("baseline", f"warming {side} up")
@@ -873,18 +875,28 @@ class Evaluator:
                        rule="baseline-interference")
 
     def _candidate_side(self, candidate: Channel, base: int, log: CandidateLog, handlers: dict[int, int],
-                        hosts: dict[str, dict[str, float]]) -> Callable[[int, int, int], list[float]]:
+                        hosts: dict[str, dict[str, float]], watch: IntegrityWatch | None = None,
+                        estimate_ms: float = 0.0) -> Callable[[int, int, int], list[float]]:
         def time_candidate(first: int, trials: int, calls: int) -> list[float]:
             probe = secrets.randbits(62)
             request = TimeRequest(seed=base, first=first, trials=trials, calls=calls, probe=probe,
                                   timing=self.timing.to_dict(), hold_us=log.hold_us)
+            # The read lands within the round: within most of the last round's length (the calls'
+            # estimate for the first), so that it is seldom left unmade at the round's end.
+            within_s = 0.9 * (log.walls_ms[-1] if log.walls_ms else trials * calls * estimate_ms) / 1e3
+            during = watch.read_sometime(within_s) if watch is not None else contextlib.nullcontext([])
             candidate.worker.resume()
             try:
-                started = time.perf_counter()
-                reply = candidate.ask_typed("profile", request, TimeReply, self.timeouts.profile_s)
-                wall_ms = (time.perf_counter() - started) * 1e3
+                with during as found:
+                    started = time.perf_counter()
+                    reply = candidate.ask_typed("profile", request, TimeReply, self.timeouts.profile_s)
+                    wall_ms = (time.perf_counter() - started) * 1e3
             finally:
                 self._pause(candidate)
+            if found:
+                more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+                raise Stop("failed", "profile", "the harness's native entry points changed while it was timed, seen "
+                           f"from outside the candidate's process during a round: {found[0]}{more}", rule="integrity")
             # Read before anything else runs there: a handler needed while this round's records were read
             # is still installed now.
             self._check_signals(candidate, handlers, "profile", "while it was timed")

@@ -12,7 +12,9 @@ process. Both are plain memory, so the evaluator reads them from outside (``/pro
   C function pointers behind the harness's builtins live (addresses are the harness's own facts then);
 * ``IntegrityWatch.start`` reads, from outside, those pointers and every GOT slot of every library
   mapped at start-up (relocations ``GLOB_DAT`` and ``JUMP_SLOT`` of its dynamic symbol table);
-* ``IntegrityWatch.problems`` reads them again. A method slot must not change. A GOT slot may change
+* ``IntegrityWatch.problems`` reads them again (after load, after the checks, after the rounds, and
+  once during each timing round at a moment drawn at random, ``read_sometime``: a patch undone in the
+  last call of each round is in place for the rest of it). A method slot must not change. A GOT slot may change
   only as lazy binding changes it: a ``GLOB_DAT`` slot never (the loader fills it at load), a
   ``JUMP_SLOT`` slot only to the address of a definition of its own symbol in a library mapped at start
   (for an indirect function, ``STT_GNU_IFUNC``, whatever its resolver chose: code of the defining
@@ -43,22 +45,25 @@ there too).
 The sandbox makes most writes fail (``sandbox/nocode.py``: nothing may become executable after the
 harness's start-up; for CPU jobs ``/proc`` is read-only, so ``/proc/self/mem`` cannot be opened for
 writing; the CUDA driver does not start with a read-only ``/proc``, so on a GPU such a write is seen
-here rather than refused). What is left: a patched copy of a library mapped over its code and the original mapped back
-before each read, and a data pointer this module does not know; the outside clock and the records
-still stand behind it.
+here rather than refused). What is left: a patch in place only for a small share of each round (the
+random read sees it with that share's probability), and a data pointer this module does not know; the
+outside clock and the records still stand behind it.
 """
 
 from __future__ import annotations
 
 import bisect
+import contextlib
 import functools
 import os
 import re
+import secrets
 import struct
 import sys
+import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Iterator, TypeVar
 
 T = TypeVar("T")
 _GOT_RELOCATIONS = {62: (6, 7), 183: (1025, 1026)}  # e_machine -> (GLOB_DAT, JUMP_SLOT): x86-64, aarch64
@@ -170,10 +175,12 @@ def _got_slots(path: str, size: int, mtime_ns: int) -> tuple[int, tuple[tuple[in
 
 
 @functools.lru_cache(maxsize=256)
-def _definitions(path: str, size: int, mtime_ns: int) -> dict[str, tuple[int, bool]]:
-    """Symbol -> (value, indirect) of every function an ELF file's dynamic symbol table defines
-    (``STT_FUNC``, or ``STT_GNU_IFUNC``: indirect, its slot gets what its resolver returns)."""
-    out: dict[str, tuple[int, bool]] = {}
+def _definitions(path: str, size: int, mtime_ns: int) -> dict[str, tuple[tuple[int, bool], ...]]:
+    """Symbol -> ((value, indirect), ...) of every function an ELF file's dynamic symbol table defines
+    (``STT_FUNC``, or ``STT_GNU_IFUNC``: indirect, its slot gets what its resolver returns). A name can
+    be defined more than once, one per symbol version (glibc's ``pthread_cond_timedwait`` of 2.2.5 and
+    of 2.3.2), and a slot is bound to the version its library asked for: every one counts."""
+    out: dict[str, tuple[tuple[int, bool], ...]] = {}
     with open(path, "rb") as f:
         elf = _elf(f)
         if elf is None:
@@ -186,7 +193,8 @@ def _definitions(path: str, size: int, mtime_ns: int) -> dict[str, tuple[int, bo
             for at in range(0, len(symbols) - 23, 24):
                 name_at, info, _other, defined_in, value = struct.unpack_from("<IBBHQ", symbols, at)
                 if defined_in and value and info & 0xF in (2, 10):
-                    out.setdefault(_string(strings, name_at), (value, info & 0xF == 10))
+                    name = _string(strings, name_at)
+                    out[name] = out.get(name, ()) + ((value, info & 0xF == 10),)
     return out
 
 
@@ -345,6 +353,33 @@ class IntegrityWatch:
                                  f"elsewhere than its definition (0x{new:x}, in {where})")
         return found
 
+    @contextlib.contextmanager
+    def read_sometime(self, within_s: float) -> Iterator[list[str]]:
+        """One read (``problems``, without the page count) at a moment drawn uniformly over the next
+        ``within_s`` seconds, from a thread of this process, while the block runs (the candidate's
+        timing round); what it found is in the yielded list once the block is over. A read that has not
+        begun when the block ends is not made. Reads after a round see only what the candidate left in
+        place when its last call returned: a patch undone in that call (a round's length is learnable)
+        escapes them, but is in place for the rest of the round, and a read at a random moment sees it
+        with the probability of that share. The target cannot tell it is read."""
+        found: list[str] = []
+        done = threading.Event()
+
+        def read() -> None:
+            if not done.wait(secrets.SystemRandom().uniform(0.0, max(within_s, 0.0))):
+                try:
+                    found.extend(self.problems(pages=False))
+                except OSError:
+                    pass  # gone or going: the read after the round decides
+
+        reader = threading.Thread(target=read, name="integrity-read", daemon=True)
+        reader.start()
+        try:
+            yield found
+        finally:
+            done.set()
+            reader.join()
+
     def _bound(self, symbol: str, new: int, target: Mapping | None) -> bool:
         """Whether lazy binding could have written ``new`` into a slot for ``symbol``: a ``JUMP_SLOT``
         (marked ``*``) pointed at the symbol's definition in a library mapped at start (for an indirect
@@ -354,9 +389,9 @@ class IntegrityWatch:
         if target.path != "[vdso]" and not _acceptable(target, self.candidate_dirs, self.harness_files):
             return False
         for base, path in self.libraries:
-            defined = _per_file(_definitions, path, {}).get(symbol[1:])
-            if defined is not None and (base + defined[0] == new or defined[1] and target.path in (path, "[vdso]")):
-                return True
+            for value, indirect in _per_file(_definitions, path, {}).get(symbol[1:], ()):
+                if base + value == new or indirect and target.path in (path, "[vdso]"):
+                    return True
         return False
 
     def _code_problems(self, mappings: list[Mapping], pages: bool = True) -> list[str]:
