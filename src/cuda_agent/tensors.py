@@ -1,12 +1,22 @@
-"""Walking nested outputs: the tensors in lists, tuples and dicts, wherever they sit.
+"""Walking nested outputs: the tensors in lists, tuples and dicts, wherever they sit; and reading
+GB-sized tensors a piece at a time.
 
 Neutral ground below ``guard`` and ``evaluate``: the runtime guard checks the memory of
-these tensors, the output transfer packs them, the degenerate check averages them.
+these tensors, the output transfer packs them, the degenerate check averages them, the
+comparison and the inputs' fingerprint reduce them.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+import math
+from typing import Any, Iterable, Iterator
+
+# Elements a reduction or a comparison works on at once. ATen's reductions asked for a wider
+# dtype (``torch.sum(x, dtype=torch.float64)``, ``vector_norm(..., dtype=...)``, ``mean(dtype=...)``)
+# first copy their whole input to it (``make_reduction``: ``self.to(in_dtype)``), and an elementwise
+# comparison makes several temporaries of its inputs' size: for KernelBench's 6-8 GiB inputs and
+# outputs that was 12-16 GiB more in each process, and out of memory on an 80 GB H100.
+PIECE = 1 << 24
 
 
 def tensors_in(value: Any) -> Iterable[Any]:
@@ -20,3 +30,45 @@ def tensors_in(value: Any) -> Iterable[Any]:
     elif isinstance(value, dict):
         for item in value.values():
             yield from tensors_in(item)
+
+
+def pieces(*tensors: Any) -> Iterator[tuple[int, tuple[Any, ...]]]:
+    """Aligned views of same-shaped ``tensors``, about ``PIECE`` elements each, covering them once in
+    row-major order, each with the flat index of its first element. Contiguous tensors are cut
+    anywhere; otherwise along the first dimension (a piece is then at least one index of it)."""
+    first = tensors[0]
+    total = first.numel()
+    if total <= PIECE or first.dim() == 0:
+        yield 0, tensors
+        return
+    if all(t.is_contiguous() for t in tensors):
+        flats = [t.view(-1) for t in tensors]
+        for start in range(0, total, PIECE):
+            yield start, tuple(f[start:start + PIECE] for f in flats)
+        return
+    row = total // first.shape[0]
+    rows = max(1, PIECE // row)
+    for start in range(0, first.shape[0], rows):
+        yield start * row, tuple(t[start:start + rows] for t in tensors)
+
+
+def wide_sum(values: Any) -> float:
+    """The sum of a real tensor, accumulated in float64 a piece at a time."""
+    import torch
+
+    return math.fsum(float(torch.sum(piece, dtype=torch.float64)) for _, (piece,) in pieces(values))
+
+
+def wide_squares(values: Any, finite_only: bool = False) -> float:
+    """The sum of squares of a real tensor in float64, a piece at a time; with
+    ``finite_only``, non-finite values count as zero."""
+    import torch
+
+    total = 0.0
+    for _, (piece,) in pieces(values):
+        piece = piece if piece.is_floating_point() else piece.double()
+        norm = float(torch.linalg.vector_norm(piece, 2, dtype=torch.float64))
+        if finite_only and not math.isfinite(norm):
+            norm = float(torch.linalg.vector_norm(torch.where(torch.isfinite(piece), piece, 0.0), 2, dtype=torch.float64))
+        total += norm * norm
+    return total

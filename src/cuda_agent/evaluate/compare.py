@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from cuda_agent.tensors import pieces, wide_squares
+
 
 def compare_outputs(expected: Any, actual: Any, atol: float, rtol: float, path: str = "output",
                     scale: bool = False) -> list[dict[str, Any]]:
@@ -89,28 +91,36 @@ def _compare_tensor(expected, actual, atol: float, rtol: float, path: str, scale
         mismatches = int((actual != expected).sum())
         ok = mismatches == 0
         return report | {"ok": ok, "mismatches": mismatches, "reason": None if ok else f"{mismatches} of {numel} values differ"}
-    e = expected.float() if expected.dtype in (torch.float16, torch.bfloat16) else expected
-    a = actual.to(e.dtype)
-    finite = torch.isfinite(a)
-    non_finite = int(numel - finite.sum())
-    diff = (a - e).abs()
-    # A NaN anywhere must fail even though comparisons with NaN are False.
-    diff = torch.where(finite & torch.isfinite(e), diff, torch.full_like(diff, float("inf")))
+    low = expected.dtype in (torch.float16, torch.bfloat16)
     atol_text = f"atol={atol:g}"
     if scale:
-        rms = output_rms(e)
+        rms = output_rms(expected)  # float16 and bfloat16 widen exactly
         if rms > 0:
             atol_text = f"atol={atol:g} x output RMS {rms:.3g}"
             atol = atol * rms
         report["scale"] = rms
-    tolerance = atol + rtol * e.abs()
-    ratio = float((diff / tolerance.clamp_min(torch.finfo(e.dtype).tiny)).max())
-    bad = diff > tolerance
-    mismatches = int(bad.sum())
-    flat_index = int(diff.argmax())
-    max_abs = float(diff.reshape(-1)[flat_index])
-    rel = diff / e.abs().clamp_min(torch.finfo(e.dtype).tiny)
-    max_rel = float(rel.max())
+    # A piece at a time (tensors.PIECE): each step below makes a temporary of its input's size.
+    non_finite = mismatches = flat_index = 0
+    ratio = max_abs = max_rel = -1.0
+    for start, (e, a) in pieces(expected, actual):
+        e = e.float() if low else e
+        a = a.to(e.dtype)
+        finite = torch.isfinite(a)
+        non_finite += int(e.numel() - finite.sum())
+        diff = (a - e).abs()
+        # A NaN anywhere must fail even though comparisons with NaN are False.
+        diff = torch.where(finite & torch.isfinite(e), diff, torch.full_like(diff, float("inf")))
+        del finite, a
+        tiny = torch.finfo(e.dtype).tiny
+        tolerance = atol + rtol * e.abs()
+        ratio = _larger(ratio, float((diff / tolerance.clamp_min(tiny)).max()))
+        mismatches += int((diff > tolerance).sum())
+        del tolerance
+        at = int(diff.argmax())
+        largest = float(diff.reshape(-1)[at])
+        if largest > max_abs:  # the first of equal maxima, as one argmax over the whole would choose
+            max_abs, flat_index = largest, start + at
+        max_rel = _larger(max_rel, float((diff / e.abs().clamp_min(tiny)).max()))
     worst = [int(i) for i in torch.unravel_index(torch.tensor(flat_index), expected.shape)] if expected.dim() else []
     ok = mismatches == 0 and non_finite == 0
     reason = None
@@ -130,12 +140,12 @@ def _compare_tensor(expected, actual, atol: float, rtol: float, path: str, scale
     }
 
 
-def output_rms(values) -> float:
-    """Root mean square of the finite values (non-finite ones count as zero), widened to
-    float64 inside the reduction: no float64 copy of a GB-sized output."""
-    import torch
+def _larger(current: float, new: float) -> float:
+    """The larger of two pieces' maxima, NaN winning as it does in one ``max`` over the whole."""
+    return new if math.isnan(new) or (not math.isnan(current) and new > current) else current
 
-    norm = float(torch.linalg.vector_norm(values, dtype=torch.float64))
-    if not math.isfinite(norm):
-        norm = float(torch.linalg.vector_norm(torch.where(torch.isfinite(values), values, 0.0), dtype=torch.float64))
-    return norm / math.sqrt(values.numel())
+
+def output_rms(values) -> float:
+    """Root mean square of the finite values (non-finite ones count as zero), in float64 a piece at
+    a time (``tensors.PIECE``): no float64 copy of a GB-sized output."""
+    return math.sqrt(wide_squares(values, finite_only=True) / values.numel())

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator
 
 from cuda_agent.evaluate.compare import compare_outputs
-from cuda_agent.tensors import tensors_in
+from cuda_agent.tensors import tensors_in, wide_sum
 
 TRIVIAL_CANDIDATES = ("zeros", "constant", "identity", "input-mean")
 
@@ -89,7 +89,7 @@ def trivial_outputs(inputs: list[Any], expected: Any, constants: Any) -> Iterato
         del identity
     floats = [t for t in tensors if t.is_floating_point()]
     if floats:
-        mean = float(floats[0].mean(dtype=torch.float64))
+        mean = wide_sum(floats[0]) / floats[0].numel() if floats[0].numel() else 0.0
         yield "input-mean", _map_leaves(expected, lambda e: torch.full_like(e, mean if e.is_floating_point() else round(mean)))
 
 
@@ -107,7 +107,4 @@ def trivial_failures(inputs: list[Any], expected: Any, constants: Any, atol: flo
 
 def leaf_means(expected: Any) -> list[float]:
     """The mean of each output leaf, in the order ``trivial_outputs`` visits them."""
-    import torch
-
-    # mean(dtype=float64) accumulates in float64 without a float64 copy of the output.
-    return [float(e.mean(dtype=torch.float64)) if e.numel() else 0.0 for e in tensors_in(expected)]
+    return [wide_sum(e) / e.numel() if e.numel() else 0.0 for e in tensors_in(expected)]

@@ -38,7 +38,7 @@ from cuda_agent.sandbox.process import receive_fd, send_fd
 from cuda_agent.guard.integrity import allocator_slots, harness_native_functions, native_slots, vdso_slots
 from cuda_agent.sandbox.nocode import LOCK_CODE_ENV, forbid_new_code
 from cuda_agent.guard.runtime import RuleBroken, find_overlap
-from cuda_agent.tensors import tensors_in
+from cuda_agent.tensors import tensors_in, wide_squares, wide_sum
 from cuda_agent.tasks.task import Task, TaskError, describe_inputs, exec_task_module
 
 
@@ -99,14 +99,8 @@ def fingerprint(values: list[Any]) -> list[Any]:
             data = value.detach()
             if data.is_complex():
                 data = data.abs()
-            if data.is_floating_point():
-                # Reductions that widen on the fly: no float64 copy of GB-sized inputs.
-                total = torch.sum(data, dtype=torch.float64)
-                squares = torch.linalg.vector_norm(data, 2, dtype=torch.float64) ** 2
-            else:
-                wide = data.double()
-                total, squares = wide.sum(), (wide * wide).sum()
-            prints.append([list(data.shape), str(value.dtype), float(total), float(squares)])
+            # A piece at a time: no float64 copy of a GB-sized input (tensors.PIECE).
+            prints.append([list(data.shape), str(value.dtype), wide_sum(data), wide_squares(data)])
         else:
             prints.append(repr(value))
     return prints
