@@ -37,6 +37,23 @@ def test_non_finite_fails(bad):
     assert not report["ok"] and "non-finite" in report["reason"]
 
 
+def test_where_the_expected_value_is_not_finite_only_the_same_infinity_matches():
+    """As torch.isclose without equal_nan (what KernelBench checks with): the same infinity matches,
+    anything else fails, and a NaN expected is matched by nothing. A tolerance of rtol x inf let any
+    finite value through where -inf was expected (log of zero), and an exact -inf counted as a
+    non-finite output."""
+    inf, nan = math.inf, math.nan
+    e = torch.tensor([1.0, -inf, inf, 2.0])
+    exact = one(e, e.clone())
+    assert exact["ok"] and exact["error_ratio"] == 0.0 and exact["non_finite"] == 0
+    for wrong in ([1.0, 5.0, inf, 2.0], [1.0, -inf, -inf, 2.0], [1.0, nan, inf, 2.0]):
+        report = one(e, torch.tensor(wrong))
+        assert not report["ok"] and report["mismatches"] == 1 and report["worst_index"] == [1 if wrong[1] != -inf else 2]
+        assert report["error_ratio"] == inf
+    assert not one(torch.tensor([1.0, nan]), torch.tensor([1.0, nan]))["ok"]
+    assert not one(torch.tensor([1.0, nan]), torch.tensor([1.0, 3.0]))["ok"]
+
+
 def test_shape_dtype_and_type_mismatch():
     e = torch.ones(3)
     assert "shape" in one(e, torch.ones(4))["reason"]

@@ -105,22 +105,29 @@ def _compare_tensor(expected, actual, atol: float, rtol: float, path: str, scale
     for start, (e, a) in pieces(expected, actual):
         e = e.float() if low else e
         a = a.to(e.dtype)
-        finite = torch.isfinite(a)
-        non_finite += int(e.numel() - finite.sum())
-        diff = (a - e).abs()
-        # A NaN anywhere must fail even though comparisons with NaN are False.
-        diff = torch.where(finite & torch.isfinite(e), diff, torch.full_like(diff, float("inf")))
-        del finite, a
+        expected_finite = torch.isfinite(e)
+        # NaN or infinity where a finite value was expected fails as non-finite.
+        non_finite += int((expected_finite & ~torch.isfinite(a)).sum())
+        # Where the expected value is infinite, only the same infinity matches, and where it is NaN
+        # nothing does (torch.isclose without equal_nan, as KernelBench checks): a tolerance of
+        # rtol x inf would let any finite value through there.
+        matched = ~expected_finite & (a == e)
+        inf = torch.full_like(e, float("inf"))
+        diff = torch.where(expected_finite, (a - e).abs(), torch.where(matched, torch.zeros_like(e), inf))
+        diff = torch.where(torch.isnan(diff), inf, diff)  # NaN or infinity in the output, NaN in the sum
+        del a
         tiny = torch.finfo(e.dtype).tiny
         tolerance = atol + rtol * e.abs()
-        ratio = _larger(ratio, float((diff / tolerance.clamp_min(tiny)).max()))
-        mismatches += int((diff > tolerance).sum())
-        del tolerance
+        over = torch.where(expected_finite, diff / tolerance.clamp_min(tiny), diff)
+        ratio = _larger(ratio, float(over.max()))
+        mismatches += int(torch.where(expected_finite, diff > tolerance, ~matched).sum())
+        del tolerance, over
         at = int(diff.argmax())
         largest = float(diff.reshape(-1)[at])
         if largest > max_abs:  # the first of equal maxima, as one argmax over the whole would choose
             max_abs, flat_index = largest, start + at
-        max_rel = _larger(max_rel, float((diff / e.abs().clamp_min(tiny)).max()))
+        max_rel = _larger(max_rel, float(torch.where(expected_finite, diff / e.abs().clamp_min(tiny), diff).max()))
+        del expected_finite, matched, inf, diff
     worst = [int(i) for i in torch.unravel_index(torch.tensor(flat_index), expected.shape)] if expected.dim() else []
     ok = mismatches == 0 and non_finite == 0
     reason = None
