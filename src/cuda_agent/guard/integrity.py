@@ -480,7 +480,8 @@ def native_slots(functions: dict[str, Any]) -> dict[str, int]:
 ALLOCATOR = "allocator"  # every allocator slot's name says "the <device> allocator"
 _GET_ALLOCATOR = "_ZN3c1012GetAllocatorERKNS_10DeviceTypeE"  # c10::GetAllocator(c10::DeviceType const&)
 _DEVICE_TYPES = (("CPU", 0, "libc10.so"), ("CUDA", 1, "libc10_cuda.so"))  # c10::DeviceType, where it is kept
-_VTABLE_ENTRIES = 64  # more than c10's allocator classes have
+# A cap: the walk stops at the vtable's first word that is not code (the CUDA caching allocator's: 64 or more).
+_VTABLE_ENTRIES = 128
 
 
 def _words(spans: list[tuple[int, int]], wanted: Callable[[int], bool]) -> list[int]:
