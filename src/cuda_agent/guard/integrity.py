@@ -515,7 +515,8 @@ def _object_slots(maps: list[Mapping], obj: int, name: str) -> dict[str, int]:
     import ctypes
 
     def inside(address: int, perms: Callable[[str], bool]) -> bool:
-        return any(m.start <= address < m.end and m.path.startswith("/") and perms(m.perms) for m in maps)
+        mapping = _target(maps, address)
+        return mapping is not None and mapping.path.startswith("/") and perms(mapping.perms)
 
     vtable = ctypes.c_void_p.from_address(obj).value or 0
     if not inside(vtable, lambda p: p.startswith("r") and "w" not in p and "x" not in p):
