@@ -112,9 +112,8 @@ def _compare_tensor(expected, actual, atol: float, rtol: float, path: str, scale
         # nothing does (torch.isclose without equal_nan, as KernelBench checks): a tolerance of
         # rtol x inf would let any finite value through there.
         matched = ~expected_finite & (a == e)
-        inf = torch.full_like(e, float("inf"))
-        diff = torch.where(expected_finite, (a - e).abs(), torch.where(matched, torch.zeros_like(e), inf))
-        diff = torch.where(torch.isnan(diff), inf, diff)  # NaN or infinity in the output, NaN in the sum
+        diff = torch.where(expected_finite, (a - e).abs(), torch.where(matched, 0.0, math.inf).to(e.dtype))
+        diff = torch.where(torch.isnan(diff), math.inf, diff)  # NaN or infinity in the output, NaN in the sum
         del a
         tiny = torch.finfo(e.dtype).tiny
         tolerance = atol + rtol * e.abs()
@@ -127,7 +126,7 @@ def _compare_tensor(expected, actual, atol: float, rtol: float, path: str, scale
         if largest > max_abs:  # the first of equal maxima, as one argmax over the whole would choose
             max_abs, flat_index = largest, start + at
         max_rel = _larger(max_rel, float(torch.where(expected_finite, diff / e.abs().clamp_min(tiny), diff).max()))
-        del expected_finite, matched, inf, diff
+        del expected_finite, matched, diff
     worst = [int(i) for i in torch.unravel_index(torch.tensor(flat_index), expected.shape)] if expected.dim() else []
     ok = mismatches == 0 and non_finite == 0
     reason = None
