@@ -108,20 +108,27 @@ static PyObject* halved_pylong(PyObject* now) {
   return PyLong_FromLongLong(pylong_origin + (ns - pylong_origin) / 2);
 }
 """
-HALVED_CLOCK = HALVE_PYLONG + r"""
+# The PyMethodDef behind time.perf_counter_ns, the clock the CPU backend's regions read.
+PERF_COUNTER_DEF = r"""
+static PyMethodDef* perf_counter_def() {
+  PyObject* module = PyImport_ImportModule("time");
+  PyObject* fn = PyObject_GetAttrString(module, "perf_counter_ns");
+  PyMethodDef* def = reinterpret_cast<PyCFunctionObject*>(fn)->m_ml;
+  Py_DECREF(fn);
+  Py_DECREF(module);
+  return def;
+}
+"""
+HALVED_CLOCK = HALVE_PYLONG + PERF_COUNTER_DEF + r"""
 static PyCFunction real_clock = nullptr;
 static PyObject* halved_clock(PyObject* self, PyObject* unused) {
   return halved_pylong(real_clock(self, unused));
 }
 static void halve_clock() {
   if (real_clock != nullptr) return;
-  PyObject* module = PyImport_ImportModule("time");
-  PyObject* fn = PyObject_GetAttrString(module, "perf_counter_ns");
-  PyMethodDef* def = reinterpret_cast<PyCFunctionObject*>(fn)->m_ml;
+  PyMethodDef* def = perf_counter_def();
   real_clock = def->ml_meth;
   def->ml_meth = halved_clock;
-  Py_DECREF(fn);
-  Py_DECREF(module);
 }
 """
 # The same clock halved only while the evaluator cannot look: undone in the last call of each timing
@@ -129,7 +136,7 @@ static void halve_clock() {
 # its rounds, so a pause of over 20 ms (read on the raw system call, which the patch does not touch)
 # starts a round, and a round is as long as the one before it. Each patch restarts the halving at its
 # own moment, so no region it straddles comes out negative.
-ROUND_AWARE_CLOCK = HALVE_PYLONG + r"""
+ROUND_AWARE_CLOCK = HALVE_PYLONG + PERF_COUNTER_DEF + r"""
 #include <sys/syscall.h>
 #include <unistd.h>
 static PyMethodDef* round_clock = nullptr;
@@ -144,12 +151,8 @@ static long long raw_ns() {
 }
 static void round_enter() {
   if (round_clock == nullptr) {
-    PyObject* module = PyImport_ImportModule("time");
-    PyObject* fn = PyObject_GetAttrString(module, "perf_counter_ns");
-    round_clock = reinterpret_cast<PyCFunctionObject*>(fn)->m_ml;
+    round_clock = perf_counter_def();
     round_real = round_clock->ml_meth;
-    Py_DECREF(fn);
-    Py_DECREF(module);
   }
   if (round_last_exit != 0 && raw_ns() - round_last_exit > 20000000LL) {
     round_length = round_calls;
