@@ -37,6 +37,7 @@ EXAMPLES = [
     p.RecordsRequest(checks=[p.RecordCheck(seed=5, probe=6, record=p.CallRecord(
         index=2, outputs=[p.LeafSample(shape=[2, 3], dtype="float32", values=[0.5, -1.0])],
         inputs=[p.LeafSample(shape=[2, 3], dtype="float32", values=[2.0])]))], **TOL),
+    p.SampleRequest(dir="out", manifest={"kind": "tensor"}, probe=6),
     p.ScreenCheckRequest(path="program.py", name="p", seeds=[1, 2, 3], stochastic_ops=["torch.dropout"], **TOL),
     p.ScreenTimeRequest(compiled=True, tf32="torch"),
     p.ScreenCompileRequest(),
@@ -48,7 +49,7 @@ def test_every_request_kind_has_an_example():
     assert set(p.REQUESTS.values()) | set(p.SCREEN_REQUESTS.values()) == kinds
     assert all(cls.op == op for op, cls in p.REQUESTS.items())
     assert set(p.REQUESTS) == {"ready", "load", "weights", "attach", "run", "calibrate", "time", "timed", "output", "expect",
-                               "release", "compare", "degenerate", "compile", "records"}
+                               "release", "compare", "degenerate", "compile", "records", "sample"}
     assert set(p.SCREEN_REQUESTS) == {"check", "time", "compile"}
 
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from cuda_agent.evaluate import protocol as p
-from cuda_agent.evaluate.records import OUTPUT_VALUES, Recorder, compare_record, positions
+from cuda_agent.evaluate.records import OUTPUT_VALUES, Recorder, compare_record, positions, same_samples, sample_output
 
 
 def _record(output, inputs, probe=11, index=3):
@@ -79,3 +79,25 @@ def test_a_primed_recorder_reads_the_same_values_and_carries_its_shapes():
     first.finish()
     # Another round's probe reads other positions: priming builds the indices for the new probe.
     assert positions(11, "output", 0, x.numel(), OUTPUT_VALUES) != positions(12, "output", 0, x.numel(), OUTPUT_VALUES)
+
+
+def _samples(output, probe=11):
+    return [p.LeafSample.from_reply(leaf) for leaf in sample_output(output, probe)]
+
+
+def test_an_output_computed_again_samples_as_its_record_bit_for_bit():
+    x = torch.randn(4096)
+    y = torch.sigmoid(x) * x
+    record = _record((y, torch.arange(5)), [x])
+    assert same_samples(_samples((y.clone(), torch.arange(5))), record.outputs)
+    # Within any tolerance, but not the same bits: x / (1 + exp(-x)) rounds otherwise in about half the elements.
+    other = x / (1 + torch.exp(-x))
+    assert torch.allclose(other, y) and not same_samples(_samples((other, torch.arange(5))), record.outputs)
+    assert not same_samples(_samples((y,)), record.outputs)  # a leaf fewer
+    assert not same_samples(_samples((y, torch.arange(5)), probe=12), record.outputs)  # other positions
+
+
+def test_nan_samples_match_nan_and_nothing_else():
+    y = torch.full((64,), float("nan"))
+    assert same_samples(_samples(y), _samples(y.clone()))
+    assert not same_samples(_samples(y), _samples(torch.zeros(64)))

@@ -42,13 +42,14 @@ from cuda_agent.evaluate.protocol import (
     AttachReply, AttachRequest, CalibrateReply, CallRecord, CalibrateRequest, CompareReply, CompareRequest, CompileReply,
     CompileRequest, DegenerateReply, DegenerateRequest, ExpectReply, ExpectRequest, LoadReply, LoadRequest,
     OutputReply, OutputRequest, RecordCheck, RecordsReply, RecordsRequest, ReleaseReply, ReleaseRequest, RunReply,
-    ReadyReply, ReadyRequest, RunRequest, TimedReply, TimedRequest, TimeReply, TimeRequest, WeightsRequest,
+    ReadyReply, ReadyRequest, RunRequest, SampleReply, SampleRequest, TimedReply, TimedRequest, TimeReply,
+    TimeRequest, WeightsRequest,
 )
 from cuda_agent.evaluate.references import LiveReference, ReferencePool
 from cuda_agent.evaluate.result import EvalResult
 from cuda_agent.evaluate.reward import compute_reward, milestone
 from cuda_agent.evaluate.timing import host_hold, trial_seed
-from cuda_agent.evaluate.records import RECORDED_PER_REGION
+from cuda_agent.evaluate.records import RECORDED_PER_REGION, same_samples
 from cuda_agent.build.probe import probe_candidate
 from cuda_agent.guard import Violation, audit_symbols, check_candidate
 from cuda_agent.guard.symbols import imported_symbols
@@ -993,7 +994,42 @@ class Evaluator:
             result.checks.append(check)
             if not check["ok"]:
                 raise Stop("incorrect", "verify", f"timed call {call.index}: {check['reason']}", rule="timed-output")
+        if self.policy.rerun_check and chosen:
+            self._check_rerun(reference, candidate, base, secrets.SystemRandom().choice(chosen), job, result)
         return output_bytes
+
+    def _check_rerun(self, reference: Channel, candidate: Channel, base: int, chosen: tuple[int, CallRecord],
+                     job: Path, result: EvalResult) -> None:
+        """One recorded timed call, run again on its inputs as a check (the dispatch mode on): a candidate
+        that computes otherwise when nothing watches (a torch fallback reached from C++, which no observer
+        sees on timed calls) passes the records within the tolerance, but seldom bit for bit. A second
+        run tells a candidate whose bits vary from run to run (atomics), which is then not judged."""
+        probe, record = chosen
+        self.on_stage("verify", f"timed call {record.index} run again under check")
+        runs = []
+        for attempt in range(2):
+            out_dir = job / "candidate" / "rerun" / f"run-{attempt}"
+            ran = candidate.ask_typed("verify", RunRequest(seed=trial_seed(base, record.index), dir=str(out_dir)),
+                                      RunReply, self.timeouts.check_s)
+            sampled = reference.ask_typed("verify", SampleRequest(dir=str(out_dir), manifest=ran.manifest, probe=probe),
+                                          SampleReply, self.timeouts.check_s)
+            shutil.rmtree(out_dir, ignore_errors=True)
+            if sampled.reason:
+                raise Stop("incorrect", "verify", f"timed call {record.index} run again: {sampled.reason}",
+                           rule="wrong-output")
+            entry = {"index": len(result.checks), "timed": True, "call": record.index, "rerun": attempt + 1}
+            if same_samples(sampled.outputs, record.outputs):
+                result.checks.append(entry | {"ok": True, "reason": None})
+                return
+            runs.append(sampled.outputs)
+        if same_samples(runs[0], runs[1]):
+            result.checks.append(entry | {"ok": False, "reason": "differs bit for bit from the timed call"})
+            raise Stop("failed", "verify", f"timed call {record.index} gave other values than the same call run "
+                       "twice again under check, which agreed bit for bit: it computes otherwise when unwatched",
+                       rule="unwatched-compute")
+        result.checks.append(entry | {"ok": True, "reason": "not deterministic: not compared bit for bit"})
+        result.notes.append(f"timed call {record.index} run again twice under check gave other bits each time (a "
+                            "candidate whose results vary from run to run): its record was not compared bit for bit")
 
     def _decide(self, rounds: Rounds, baseline: dict[str, Any], key: str, output_bytes: int,
                 result: EvalResult) -> None:

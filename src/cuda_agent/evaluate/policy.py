@@ -53,6 +53,10 @@ class Policy:
     # GPU: profile one checked call and attribute its kernels to the candidate's extension or not.
     attribute_kernels: bool = True
     min_coverage: float = 0.0  # share of forward's GPU time the candidate's own kernels must carry (0: report only)
+    # After the rounds, one recorded timed call runs again under check and its record must match bit for
+    # bit (a second run decides whether the candidate is deterministic where it does not): rule
+    # ``unwatched-compute``, against code that computes otherwise when nothing watches (docs/SECURITY.md).
+    rerun_check: bool = True
 
     def __post_init__(self) -> None:
         if self.checks < 1:

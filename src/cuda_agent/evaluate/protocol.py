@@ -276,6 +276,16 @@ class RecordsRequest(_Request):
 
 
 @dataclass(frozen=True)
+class SampleRequest(_Request):
+    """Reference: a candidate's output, handed over as a checked one is, read at the positions a record
+    of ``probe`` reads (``records.sample_output``)."""
+    op: ClassVar[str] = "sample"
+    dir: str
+    manifest: dict[str, Any]
+    probe: int
+
+
+@dataclass(frozen=True)
 class TimedRequest(_Request):
     op: ClassVar[str] = "timed"
 
@@ -320,7 +330,7 @@ class CompileRequest(_Request):
 REQUESTS: dict[str, type[_Request]] = {cls.op: cls for cls in (
     ReadyRequest, LoadRequest, WeightsRequest, AttachRequest, RunRequest, CalibrateRequest, TimeRequest, TimedRequest,
     OutputRequest, ExpectRequest, ReleaseRequest, CompareRequest, DegenerateRequest, CompileRequest,
-    RecordsRequest)}
+    RecordsRequest, SampleRequest)}
 
 
 # -- requests of the synth screener ----------------------------------------------------------------
@@ -440,6 +450,12 @@ class RecordVerdict(_Reply):
 @dataclass(frozen=True)
 class RecordsReply(_Reply):
     verdicts: list[RecordVerdict]
+
+
+@dataclass(frozen=True)
+class SampleReply(_Reply):
+    outputs: list[LeafSample]
+    reason: str | None = None  # why the output could not be read (then no outputs)
 
 
 @dataclass(frozen=True)

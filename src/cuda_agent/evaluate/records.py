@@ -161,3 +161,23 @@ def compare_record(expected: Any, inputs: list[Any], record: Any, probe: int, at
                 return {"ok": False, "rule": None,
                         "reason": f"{where} at {len(flat)} secret positions: {reports[0]['reason']}"}
     return {"ok": True, "reason": None, "rule": None}
+
+
+def sample_output(output: Any, probe: int) -> list[dict[str, Any]]:
+    """``output`` read at the positions a record of ``probe`` reads (``LeafSample`` fields): the same
+    values a timed call's record holds, for an output computed again."""
+    recorder = Recorder(probe)
+    recorder.record(0, output, [])
+    return recorder.finish()[0]["outputs"]
+
+
+def same_samples(first: Any, second: Any) -> bool:
+    """Whether two lists of ``LeafSample`` hold the same tensors' values bit for bit (NaN equals NaN)."""
+    if len(first) != len(second):
+        return False
+    for a, b in zip(first, second):
+        if list(a.shape) != list(b.shape) or a.dtype != b.dtype or len(a.values) != len(b.values):
+            return False
+        if any(x != y and not (math.isnan(x) and math.isnan(y)) for x, y in zip(a.values, b.values)):
+            return False
+    return True

@@ -246,11 +246,17 @@ def time_round(prepare: Callable[[], Callable[[], Any]], device: str, config: Ti
             if flush is not None:
                 flush.zero_()
             begin = time.perf_counter_ns()
-            for call in ready:
-                call()
+            _call_each(ready)
             samples.append((time.perf_counter_ns() - begin) / 1e6 / calls)
             after_end()
+            ready.clear()  # this region's inputs and outputs go before the next region draws its own
     return samples
+
+
+def _call_each(calls: list[Callable[[], Any]]) -> None:
+    # A function, so that no loop variable keeps the region's last call (its tensors) alive past it.
+    for call in calls:
+        call()
 
 
 def _time_regions_cuda(prepare: Callable[[], Callable[[], Any]], config: TimingConfig, trials: int, calls: int,
@@ -281,8 +287,7 @@ def _time_regions_cuda(prepare: Callable[[], Callable[[], Any]], config: TimingC
         start.record()
         ready[0]()
         first = time.perf_counter_ns()
-        for call in ready[1:]:
-            call()
+        _call_each(ready[1:])
         host.region((time.perf_counter_ns() - begin) / 1e3, calls, hold_us, (first - begin) / 1e3)
         if stream_end:
             end.record()
@@ -295,6 +300,7 @@ def _time_regions_cuda(prepare: Callable[[], Callable[[], Any]], config: TimingC
             torch.cuda.synchronize()
             fence.record()
             after_end()
+        ready.clear()  # this region's inputs and outputs go before the next region draws its own
     torch.cuda.synchronize()
     samples = []
     for (start, end, fence), reads in zip(events, reads_ms or [0.0] * trials):

@@ -30,7 +30,7 @@ from cuda_agent.evaluate.policy import TimingConfig
 from cuda_agent.evaluate.protocol import (REQUESTS, CalibrateRequest, CompareRequest, CompileRequest,
                                           DegenerateRequest, ExpectRequest, LoadRequest, RecordsRequest, TimeRequest,
                                           parse_request)
-from cuda_agent.evaluate.records import RECORDED_PER_REGION, Recorder, compare_record
+from cuda_agent.evaluate.records import RECORDED_PER_REGION, Recorder, compare_record, sample_output
 from cuda_agent.evaluate.shared import SharedBuffer, SharedError
 from cuda_agent.evaluate.timing import HostLaunch, calibrate, profile_call, time_round, trial_seed
 from cuda_agent.evaluate.transfer import TransferError, manifest_devices, packed_bytes, read_outputs, write_outputs
@@ -161,7 +161,8 @@ class _Side:
         ``on_record(index, inputs, output)`` sees each. Returns the samples and the records."""
         import torch
 
-        count = iter(range(msg.first, msg.first + msg.trials * msg.calls))
+        last = msg.first + msg.trials * msg.calls - 1
+        count = iter(range(msg.first, last + 1))
         recorder = Recorder(msg.probe or 0)
         keys: dict[str, list[Any]] = self.__dict__.setdefault("record_keys", {})
         recorder.prime(keys.get(msg.side or "", []))
@@ -183,7 +184,10 @@ class _Side:
                 recorder.record(index, box.get("output"), inputs)
                 if on_record:
                     on_record(index, inputs, box.get("output"))
-            self.final_call = region[-1]
+            # Only the round's very last call outlives its region: for the largest KernelBench tasks
+            # each call is a 6 GiB input and output, and the next region draws its inputs next.
+            if region[-1][0] == last:
+                self.final_call = region[-1]
             region.clear()
 
         with torch.no_grad():
@@ -255,6 +259,12 @@ class ReferenceSide(_Side):
             return {"reserved": 0}
         if op == "compare":
             return {"reports": self.compare(msg)}
+        if op == "sample":
+            try:
+                actual = read_outputs(msg.manifest, Path(msg.dir), self.device, self.shared)
+            except TransferError as exc:
+                return {"outputs": [], "reason": f"unreadable output: {exc}"}
+            return {"outputs": sample_output(actual, msg.probe)}
         if op == "degenerate":
             return self.degenerate(msg)
         raise ValueError(f"unknown request {op!r}")
@@ -398,9 +408,9 @@ class CandidateSide(_Side):
 
     def __init__(self) -> None:
         # Timed calls whose outputs stay alive until the end: the latest (it may turn out to be the last,
-        # which is checked whole) and HELD recorded calls chosen at random (a reservoir over all), so
-        # that an output handed out twice shows as shared memory. Each is an input and an output held,
-        # which for the largest KernelBench tasks is 12 GiB.
+        # which is checked whole: its inputs and output) and the outputs of HELD recorded calls chosen
+        # at random (a reservoir over all), so that an output handed out twice shows as shared memory.
+        # For the largest KernelBench tasks each input or output is 6 GiB.
         self.latest: dict[str, Any] | None = None
         self.held: dict[int, dict[str, Any]] = {}
         self.recorded = 0
@@ -471,6 +481,8 @@ class CandidateSide(_Side):
             entry = self.latest
             if entry is None or entry["index"] != msg.index:
                 raise RuleBroken("harness", f"timed call {msg.index} was not kept")
+            # Asked once, last: what the timed calls kept (GBs for the largest tasks) goes once written.
+            self.latest, self.held = None, {}
             return {"manifest": self._write(entry["output"], Path(msg.dir))}
         if op == "attach":
             return self.attach(msg)
@@ -503,13 +515,15 @@ class CandidateSide(_Side):
         def on_record(index: int, inputs: list[Any], output: Any) -> None:
             if index == final:
                 return  # kept anyway as the latest; held, it would be compared with nothing but itself
-            entry = {"index": index, "inputs": inputs, "output": output}
             self.recorded += 1
-            if len(self.held) < HELD:
-                self.held[index] = entry
-            elif chooser.randrange(self.recorded) < HELD:
+            if len(self.held) >= HELD and chooser.randrange(self.recorded) >= HELD:
+                return
+            # Checked against its inputs now, so that only the output need stay alive.
+            self.guard.check_output_memory(output, inputs, self.model)
+            entry = {"index": index, "output": output}
+            if len(self.held) >= HELD:
                 self.held.pop(chooser.choice(list(self.held)))
-                self.held[index] = entry
+            self.held[index] = entry
 
         # The previous round's last call was not the last: its tensors (GBs for some tasks) go now.
         self.latest = self.final_call = None
@@ -532,7 +546,7 @@ class CandidateSide(_Side):
         if hit:
             raise RuleBroken("output-reuse", f"a timed output shares memory with {hit}")
         for held in self.held.values():
-            self.guard.check_output_memory(held["output"], held["inputs"], self.model)
+            self.guard.check_output_memory(held["output"], [], self.model)  # its inputs: when it was held
         self.guard.check_output_memory(entry["output"], entry["inputs"], self.model)
         return [{"index": entry["index"], "fingerprint": fingerprint(entry["inputs"])}]
 

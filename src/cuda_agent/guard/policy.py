@@ -44,6 +44,8 @@ RUNTIME_RULES: dict[str, str] = {
     "global-flag": "a precision or backend flag changed after candidate code ran",
     "wrong-output": "a checked call's output is outside the policy's tolerance",
     "timed-output": "a timed call's output is outside the tolerance (right only when checked)",
+    "unwatched-compute": "a timed call's output differs bit for bit from the same call run again under check, "
+    "which gave the same bits twice (other work when unwatched, such as a torch fallback)",
     "implausible-speedup": "faster than the policy's ceiling allows; needs review before any reward",
     "l2-persistence": "the persisting-L2 limit changed after candidate code ran (persisting lines survive the "
     "L2 flush)",
