@@ -6,7 +6,8 @@
 #                                            # tests, 10 warm evaluations of axpby, cuda_gelu, cuda_row_softmax
 #                                            # 3 s apart, the release's scripts beside axpby and cuda_gelu
 #   bash benchmarks/gpu_session.sh redteam   # the GPU red-team cases
-#   bash benchmarks/gpu_session.sh integrity_reads # the in-round integrity read's cost (SPEED_EXAMPLES, VS_REPEATS)
+#   bash benchmarks/gpu_session.sh integrity_reads # a defence's cost: the in-round integrity read, or with
+#                                            # DEFENCE=rerun the timed call run again (SPEED_EXAMPLES, VS_REPEATS)
 #   bash benchmarks/gpu_session.sh issue17   # issue 17's checks in one call: integrity and timing tests, the GPU
 #                                            # red-team cases, the legitimate solutions (false positives)
 #   bash benchmarks/gpu_session.sh speed     # eval speed and repeatability (~7 min)
@@ -113,8 +114,10 @@ issue17)
     ;;
 integrity_reads)
     # The random in-round integrity read's cost: seconds per evaluation and the candidate's measured time.
+    # DEFENCE=rerun: the timed call run again bit for bit instead.
     python3 benchmarks/integrity_reads.py --device cuda --examples ${SPEED_EXAMPLES:-cuda_gelu cuda_row_softmax} \
-        --repeats ${VS_REPEATS:-5} --out "$OUT/integrity_reads.json" 2>&1 | tee "$OUT/integrity_reads.log" | tail -8
+        --defence ${DEFENCE:-read} --repeats ${VS_REPEATS:-5} --out "$OUT/defence_${DEFENCE:-read}.json" 2>&1 \
+        | tee "$OUT/defence_${DEFENCE:-read}.log" | tail -8
     ;;
 tests|redteam)
     # One device call each: the whole GPU suite has taken close to the 10-minute limit of a call.

@@ -1,7 +1,10 @@
-"""What the outside reads within timing rounds cost: seconds per evaluation and the candidate's measured
-time, with the read at a random moment of each round (``IntegrityWatch.read_sometime``) and without it.
+"""What a defence costs: seconds per evaluation and the candidate's measured time, with it and without it.
+``--defence read`` (the default): the outside read at a random moment of each timing round
+(``IntegrityWatch.read_sometime``); ``--defence rerun``: a recorded timed call run again under check and
+matched bit for bit (``Evaluator._check_rerun``, rule ``unwatched-compute``).
 
     python benchmarks/integrity_reads.py --device cpu --repeats 6 --out results.json
+    python benchmarks/integrity_reads.py --device cpu --defence rerun --repeats 6
 
 One warm evaluator (``prestart``: the reward service's steady state) per example; evaluations with and
 without the read alternate, so that a slow spell of the machine falls on both. The read runs in a
@@ -31,29 +34,40 @@ def _no_read(self: IntegrityWatch, within_s: float):
     yield []
 
 
+def _no_rerun(self: Evaluator, *args: object) -> None:
+    return None
+
+
+# (class, method, its stand-in that does nothing) for each defence
+DEFENCES = {"read": (IntegrityWatch, "read_sometime", _no_read), "rerun": (Evaluator, "_check_rerun", _no_rerun)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     parser.add_argument("--examples", nargs="*", default=None)
     parser.add_argument("--repeats", type=int, default=6, help="evaluations of each kind per example")
+    parser.add_argument("--defence", default="read", choices=sorted(DEFENCES))
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
 
-    real = IntegrityWatch.read_sometime
+    owner, method, stand_in = DEFENCES[args.defence]
+    real = getattr(owner, method)
     rows = []
     for name, task, candidate in examples(args.device, args.examples):
-        runs: dict[str, list[tuple[float, float | None, float | None]]] = {"read": [], "no read": []}
+        on, off = args.defence, f"no {args.defence}"
+        runs: dict[str, list[tuple[float, float | None, float | None]]] = {on: [], off: []}
         with Evaluator(args.device, prestart=True) as evaluator:
             evaluator.evaluate(task, candidate)  # build, baselines and reference process: not counted
             for i in range(2 * args.repeats):
-                kind = "read" if i % 2 == 0 else "no read"
-                IntegrityWatch.read_sometime = real if kind == "read" else _no_read
+                kind = on if i % 2 == 0 else off
+                setattr(owner, method, real if kind == on else stand_in)
                 try:
                     began = time.perf_counter()
                     result = evaluator.evaluate(task, candidate)
                     seconds = time.perf_counter() - began
                 finally:
-                    IntegrityWatch.read_sometime = real
+                    setattr(owner, method, real)
                 median = (result.times.get("candidate") or {}).get("median_ms")
                 runs[kind].append((seconds, median, result.reward))
                 print(f"{name} {kind:8s} {seconds:6.2f} s  candidate {median} ms  reward {result.reward}  "
@@ -69,7 +83,8 @@ def main() -> None:
                   f"{','.join(str(w) for w in s['rewards'])} |")
     if args.out:
         args.out.write_text(json.dumps({"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                                        "machine": platform.platform(), "device": args.device, "rows": rows}, indent=1))
+                                        "machine": platform.platform(), "device": args.device, "defence": args.defence,
+                                        "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

@@ -14,20 +14,6 @@ from cuda_agent.evaluate.timing import HOST_WINDOW, HostLaunch, calibrate
 CONFIG = TimingConfig(hold_us=200.0, hold_max_us=5000.0)
 
 
-@pytest.fixture
-def reference(tmp_path):
-    """A reference process's side of the protocol, run here on the CPU, with a one-line task loaded."""
-    from cuda_agent.evaluate.worker import ReferenceSide
-
-    (tmp_path / "task.py").write_text(
-        "import torch\nclass Model(torch.nn.Module):\n    def forward(self, x):\n        return x * 2\n"
-        "def get_inputs():\n    return [torch.randn(8)]\ndef get_init_inputs():\n    return []\n")
-    side = ReferenceSide()
-    side.handle("load", {"task_file": str(tmp_path / "task.py"), "task_name": "t", "task_source": "task.py",
-                         "device": "cpu", "tf32": "off", "init_seed": 1, "state_dict_path": str(tmp_path / "sd.pt")})
-    return side
-
-
 def test_a_fixed_hold_ignores_the_host():
     host = HostLaunch(adaptive=False)
     host.recent.extend([900.0, 1200.0])
@@ -124,8 +110,8 @@ def test_warm_up_learns_only_from_its_later_calls():
     assert max(host.recent) < 20_000  # us: none of the 50 ms first calls
 
 
-def test_the_reference_reports_each_rounds_host_and_adapts_only_the_baselines(reference):
-    side = reference
+def test_the_reference_reports_each_rounds_host_and_adapts_only_the_baselines(doubling_reference):
+    side = doubling_reference
     timing = TimingConfig(method="host", baseline_hold="adaptive").to_dict()
     side.handle("expect", {"seed": 1, "strict": False, "atol": 1e-3, "rtol": 1e-3, "scale": True})
     reply = side.handle("time", {"side": "eager", "seed": 3, "first": 0, "trials": 3, "calls": 1, "timing": timing})
@@ -163,8 +149,8 @@ def test_the_candidates_hold_is_the_one_the_evaluator_set():
     assert host_hold(1, 10.0, CONFIG) == 200.0 and host_hold(1000, 100.0, CONFIG) == 5000.0
 
 
-def test_the_reference_tells_the_evaluator_eagers_host_time_per_call(reference):
-    side = reference
+def test_the_reference_tells_the_evaluator_eagers_host_time_per_call(doubling_reference):
+    side = doubling_reference
     reply = side.handle("calibrate", {"side": "eager", "seed": 1, "timing": TimingConfig(method="host").to_dict()})
     assert reply["host_us"] == side.launches["eager"].per_call_us > 0
     side.handle("time", {"side": "empty", "seed": 3, "first": 0, "trials": 2, "calls": 1, "hold_us": 750.0,

@@ -44,20 +44,8 @@ def test_a_round_frees_each_regions_calls_before_the_next_region_draws():
     assert inputs.most == 2  # the calls drawn earlier in the same region, none of the region before
 
 
-@pytest.fixture
-def reference(tmp_path):
-    from cuda_agent.evaluate.worker import ReferenceSide
-
-    (tmp_path / "task.py").write_text(
-        "import torch\nclass Model(torch.nn.Module):\n    def forward(self, x):\n        return x * 2\n"
-        "def get_inputs():\n    return [torch.randn(8)]\ndef get_init_inputs():\n    return []\n")
-    side = ReferenceSide()
-    side.handle("load", {"task_file": str(tmp_path / "task.py"), "task_name": "t", "task_source": "task.py",
-                         "device": "cpu", "tf32": "off", "init_seed": 1, "state_dict_path": str(tmp_path / "sd.pt")})
-    return side
-
-
-def test_a_side_keeps_only_the_rounds_last_call_past_its_region(reference):
+def test_a_side_keeps_only_the_rounds_last_call_past_its_region(doubling_reference):
+    reference = doubling_reference
     inputs = Live()
     draw = reference.inputs
     reference.inputs = lambda seed: [inputs.track(x) for x in draw(seed)]

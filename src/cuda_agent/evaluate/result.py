@@ -86,8 +86,11 @@ class EvalResult:
             worst = [r for r in check.get("reports", []) if r.get("max_abs_error") is not None]
             err = max((r["max_abs_error"] for r in worst), default=None)
             state = "pass" if check["ok"] else f"FAIL ({check['reason']})"
-            label = (f"timed call {check['call']}" + (" (record)" if check.get("record") else " (whole output)")
-                     if check.get("timed") else f"check {check['index'] + 1}")
+            kind = (" (record)" if check.get("record") else f" (run again {check['rerun']}, bit for bit)"
+                    if check.get("rerun") else " (whole output)")
+            label = f"timed call {check['call']}{kind}" if check.get("timed") else f"check {check['index'] + 1}"
+            if check["ok"] and check.get("reason"):
+                state = f"pass ({check['reason']})"
             lines.append(f"{label}: {state}" + (f", max abs error {err:.3g}" if err is not None else ""))
         for which in ("candidate", "eager", "compile"):
             stats = self.times.get(which)
