@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from cuda_agent.evaluate import protocol as p
-from cuda_agent.evaluate.records import OUTPUT_VALUES, Recorder, compare_record, positions, same_samples, sample_output
+from cuda_agent.evaluate.records import (OUTPUT_VALUES, Recorder, compare_record, positions, same_outputs, same_samples,
+                                         sample_output)
 
 
 def _record(output, inputs, probe=11, index=3):
@@ -101,3 +102,15 @@ def test_nan_samples_match_nan_and_nothing_else():
     y = torch.full((64,), float("nan"))
     assert same_samples(_samples(y), _samples(y.clone()))
     assert not same_samples(_samples(y), _samples(torch.zeros(64)))
+
+
+def test_two_runs_are_compared_in_every_element_a_piece_at_a_time(monkeypatch):
+    monkeypatch.setattr("cuda_agent.tensors.PIECE", 97)
+    y = torch.randn(64, 33)
+    y[3, 4] = float("nan")
+    assert same_outputs((y, torch.arange(5)), (y.clone(), torch.arange(5)))
+    one_bit = y.clone()
+    one_bit[60, 30] = torch.nextafter(one_bit[60, 30], torch.tensor(1e30))  # in the last piece
+    assert not same_outputs(y, one_bit)
+    assert same_outputs(y.t(), y.t().contiguous())  # strided against contiguous, NaN included
+    assert not same_outputs(y, y.reshape(33, 64)) and not same_outputs((y,), (y, y))

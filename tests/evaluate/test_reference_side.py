@@ -66,3 +66,21 @@ def test_tolerance_widens_to_the_baselines_own_error(reference, tmp_path, slack,
 
 def test_no_allowance_when_the_truth_uses_the_baselines_flags(reference):
     assert reference.handle("expect", {"seed": 3, "strict": False, "slack": 2.0, **TOLERANCE})["allowance"] == 1.0
+
+
+def test_a_sampled_output_is_kept_for_the_next_and_compared_with_it_whole(reference, tmp_path):
+    """The run-again check (unwatched-compute): a candidate output read at a record's positions, and two
+    runs compared in every element, so that a candidate whose results vary is told apart."""
+    same = candidate_output(reference, 7, 0.0, tmp_path)
+    other = candidate_output(reference, 7, 1.0, tmp_path)
+
+    def sample(output, keep=False):
+        return reference.handle("sample", {"dir": output["dir"], "manifest": output["manifest"], "probe": 3,
+                                           "keep": keep})
+
+    first = sample(same, keep=True)
+    assert "same_as_kept" not in first and len(first["outputs"][0]["values"]) == 16
+    second = sample(same)
+    assert second["same_as_kept"] is True and second["outputs"] == first["outputs"] and reference.kept is None
+    sample(same, keep=True)
+    assert sample(other)["same_as_kept"] is False and "same_as_kept" not in sample(other)

@@ -283,6 +283,7 @@ class SampleRequest(_Request):
     dir: str
     manifest: dict[str, Any]
     probe: int
+    keep: bool = False  # hold the output, to be compared whole with the next one sampled (then let go)
 
 
 @dataclass(frozen=True)
@@ -456,6 +457,7 @@ class RecordsReply(_Reply):
 class SampleReply(_Reply):
     outputs: list[LeafSample]
     reason: str | None = None  # why the output could not be read (then no outputs)
+    same_as_kept: bool | None = None  # whether every element equals the output kept before (None: none kept)
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from cuda_agent.evaluate.policy import TimingConfig
 from cuda_agent.evaluate.protocol import (REQUESTS, CalibrateRequest, CompareRequest, CompileRequest,
                                           DegenerateRequest, ExpectRequest, LoadRequest, RecordsRequest, TimeRequest,
                                           parse_request)
-from cuda_agent.evaluate.records import RECORDED_PER_REGION, Recorder, compare_record, sample_output
+from cuda_agent.evaluate.records import RECORDED_PER_REGION, Recorder, compare_record, same_outputs, sample_output
 from cuda_agent.evaluate.shared import SharedBuffer, SharedError
 from cuda_agent.evaluate.timing import HostLaunch, calibrate, profile_call, time_round, trial_seed
 from cuda_agent.evaluate.transfer import TransferError, manifest_devices, packed_bytes, read_outputs, write_outputs
@@ -200,6 +200,7 @@ class _Side:
 
 class ReferenceSide(_Side):
     expected: Any = None
+    kept: Any = None  # a candidate output sampled with keep=True, for the next sample to be compared with
     allowance = 1.0  # factor on the tolerance for the expected output held now
     compiled: dict[str, Any] | None = None  # torch.compile(Model) (or its error) and its compile time
     output_specs: list[tuple[Any, Any, Any]] = []  # (shape, dtype, device) of the Model's output tensors
@@ -252,7 +253,7 @@ class ReferenceSide(_Side):
             return {"fingerprint": fingerprint(inputs), "output_bytes": output_bytes, "allowance": self.allowance}
         if op == "release":
             # Stay alive for the checks of timed outputs, holding as little as possible.
-            self.expected = None
+            self.expected = self.kept = None
             if self.device == "cuda":
                 torch.cuda.empty_cache()
                 return {"reserved": torch.cuda.memory_reserved()}
@@ -260,11 +261,17 @@ class ReferenceSide(_Side):
         if op == "compare":
             return {"reports": self.compare(msg)}
         if op == "sample":
+            kept, self.kept = self.kept, None
             try:
                 actual = read_outputs(msg.manifest, Path(msg.dir), self.device, self.shared)
             except TransferError as exc:
                 return {"outputs": [], "reason": f"unreadable output: {exc}"}
-            return {"outputs": sample_output(actual, msg.probe)}
+            reply = {"outputs": sample_output(actual, msg.probe)}
+            if kept is not None:
+                reply["same_as_kept"] = same_outputs(kept, actual)
+            if msg.keep:
+                self.kept = actual
+            return reply
         if op == "degenerate":
             return self.degenerate(msg)
         raise ValueError(f"unknown request {op!r}")
