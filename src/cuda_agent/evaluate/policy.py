@@ -54,8 +54,9 @@ class Policy:
     attribute_kernels: bool = True
     min_coverage: float = 0.0  # share of forward's GPU time the candidate's own kernels must carry (0: report only)
     # After the rounds, one recorded timed call runs again under check and its record must match bit for
-    # bit (a second run decides whether the candidate is deterministic where it does not): rule
-    # ``unwatched-compute``, against code that computes otherwise when nothing watches (docs/SECURITY.md).
+    # bit (where it does not, a second run compared with the first in every element decides whether the
+    # candidate's results vary at all): rule ``unwatched-compute``, against code that computes otherwise
+    # when nothing watches (docs/SECURITY.md).
     rerun_check: bool = True
 
     def __post_init__(self) -> None:
