@@ -8,6 +8,8 @@
 #   bash benchmarks/gpu_session.sh redteam   # the GPU red-team cases
 #   bash benchmarks/gpu_session.sh integrity_reads # a defence's cost: the in-round integrity read, or with
 #                                            # DEFENCE=rerun the timed call run again (SPEED_EXAMPLES, VS_REPEATS)
+#   bash benchmarks/gpu_session.sh legit     # the legitimate solutions only (false positives), then the
+#                                            # evaluation's GPU memory per process (benchmarks/eval_memory.py)
 #   bash benchmarks/gpu_session.sh issue17   # issue 17's checks in one call: integrity and timing tests, the GPU
 #                                            # red-team cases, the legitimate solutions (false positives)
 #   bash benchmarks/gpu_session.sh speed     # eval speed and repeatability (~7 min)
@@ -111,6 +113,15 @@ issue17)
     CUDA_AGENT_GPU_REPORT=$OUT/gpu_records_tests.jsonl python3 -m pytest -m gpu -q -s -p no:cacheprovider \
         --timeout 300 -rf tests/gpu/test_gpu_eval.py -k "kernelbench_solution or examples" 2>&1 \
         | tee "$OUT/gpu_tests.log" | grep -E "^(FAILED|ERROR)|passed|failed"
+    ;;
+legit)
+    # The legitimate solutions alone (KernelBench's and the examples): false positives, and whether the largest
+    # tasks fit the card beside the reference; then the evaluation's memory per process and stage on level 1 / 19.
+    CUDA_AGENT_GPU_REPORT=$OUT/gpu_records_legit.jsonl python3 -m pytest -m gpu -q -s -p no:cacheprovider \
+        --timeout 300 -rf tests/gpu/test_gpu_eval.py -k "kernelbench_solution or examples" "$@" 2>&1 \
+        | tee "$OUT/gpu_legit.log" | grep -E "^(FAILED|ERROR)|passed|failed|^task|status:|rerun|run again"
+    python3 benchmarks/eval_memory.py --device cuda --kernelbench .data/kernelbench/kernelbench.jsonl \
+        --every 0.2 --out "$OUT/eval_memory_cuda.json" 2>&1 | tee "$OUT/eval_memory.log" | tail -16
     ;;
 integrity_reads)
     # The random in-round integrity read's cost: seconds per evaluation and the candidate's measured time.
@@ -231,7 +242,7 @@ bench_own)
     rm -f "$OUT/baselines_h200/baselines.md"
     ;;
 *)
-    echo "usage: $0 tests|redteam|speed|guard|overhead|train_demo|train_tests|train_throughput|drift|precision|bench|synth|baselines|bench_own [pytest args]" >&2
+    echo "usage: $0 tests|redteam|legit|issue13|issue17|integrity_reads|vs_release|speed|guard|overhead|stability|compile_noise|counters|service|train_demo|train_tests|train_throughput|drift|precision|bench|synth|baselines|bench_own [pytest args]" >&2
     exit 2
     ;;
 esac
