@@ -25,34 +25,21 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from cuda_agent import Evaluator, Task, load_candidate
+from cuda_agent.sandbox.process import descendants
 from cuda_agent.tasks import load_tasks
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def descendants(root: int) -> dict[int, str]:
+def roles_of(root: int) -> dict[int, str]:
     """{pid: role} of ``root``'s descendants; the role is the worker's ``--role`` (or the program)."""
-    parents: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
-    found, frontier = {}, [root]
-    while frontier:
-        pid = frontier.pop()
-        for child, parent in parents.items():
-            if parent == pid and child not in found:
-                try:
-                    argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
-                except OSError:
-                    continue
-                words = [w.decode(errors="replace") for w in argv]
-                role = words[words.index("--role") + 1] if "--role" in words else Path(words[0]).name
-                found[child] = role
-                frontier.append(child)
+    found = {}
+    for pid in descendants(root)[1:]:
+        try:
+            words = [w.decode(errors="replace") for w in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")]
+        except OSError:
+            continue  # ended since
+        found[pid] = words[words.index("--role") + 1] if "--role" in words else Path(words[0]).name
     return found
 
 
@@ -92,7 +79,7 @@ class Watch:
 
     def _run(self) -> None:
         while not self._stop.wait(self.every_s):
-            roles = descendants(os.getpid())
+            roles = roles_of(os.getpid())
             try:
                 sizes = gpu_mib() if self.device == "cuda" else {pid: host_mib(pid) for pid in roles}
             except (OSError, subprocess.CalledProcessError):
