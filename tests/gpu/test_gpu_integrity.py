@@ -7,7 +7,9 @@ import os
 
 import pytest
 
-from cuda_agent.guard.integrity import IntegrityWatch, allocator_slots, harness_native_functions, native_slots, vdso_slots
+from cuda_agent.guard.integrity import (
+    IntegrityWatch, allocator_slots, driver_slots, harness_native_functions, native_slots, vdso_slots,
+)
 
 torch = pytest.importorskip("torch")
 pytestmark = [
@@ -24,7 +26,15 @@ def test_the_cuda_allocator_is_watched_and_the_harnesss_own_use_of_cuda_changes_
     pointer = slots["the CUDA allocator's class (its vtable pointer)"]
     assert sum(name.startswith("the CUDA allocator's virtual function") for name in slots) >= 10
     assert "the CPU allocator's class (its vtable pointer)" in slots
-    watched = native_slots(harness_native_functions(cuda=True)) | slots | vdso_slots()
+    timing = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for event in timing:
+        event.record()
+    timing[1].synchronize()
+    timing[0].elapsed_time(timing[1])  # the timing path once, as the worker's warm-up runs it
+    driver = driver_slots()
+    print(f"{len(driver)} pointers of the CUDA runtime to the driver, e.g. " + ", ".join(list(driver)[:3]))
+    assert any(name.startswith("the CUDA runtime's pointer to cuEventElapsedTime") for name in driver), list(driver)
+    watched = native_slots(harness_native_functions(cuda=True)) | slots | vdso_slots() | driver
     watch = IntegrityWatch.start(os.getpid(), watched, ("/nonexistent-job",))
     kept = [torch.empty(1 << k, device="cuda") for k in range(26)]
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -36,6 +46,16 @@ def test_the_cuda_allocator_is_watched_and_the_harnesss_own_use_of_cuda_changes_
     del kept
     torch.cuda.empty_cache()
     torch.ones(3).sum().item()
+    # More of the runtime than the harness uses: streams, graphs, device queries.
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        graph = torch.cuda.CUDAGraph()
+        static = torch.ones(8, device="cuda")
+        with torch.cuda.graph(graph):
+            static.mul_(2)
+        graph.replay()
+    torch.cuda.synchronize()
+    torch.cuda.get_device_properties(0), torch.cuda.mem_get_info()
     assert watch.problems() == []
     # The object's class swapped for the time of one read (nothing allocates meanwhile).
     vtable = ctypes.c_void_p.from_address(pointer).value

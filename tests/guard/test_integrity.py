@@ -105,6 +105,8 @@ def test_the_cpu_allocators_class_is_watched_its_vtable_pointer_and_each_entry()
     """The allocator object keeps its place in c10's table while its virtual calls go elsewhere: its
     vtable pointer swapped (the object is in libc10's writable data), or an entry of its vtable patched
     in place (the page made writable again). Both are seen; nothing else is reported meanwhile."""
+    import torch  # noqa: F401  (libc10 mapped, its allocators registered, when run alone too)
+
     from cuda_agent.guard.integrity import allocator_slots
 
     slots = allocator_slots()
@@ -338,3 +340,42 @@ def test_code_made_writable_is_seen():
         assert libc.mprotect(mapping.start, PAGE, 5) == 0
     assert any("was made writable (rwxp)" in p for p in problems), problems
     assert watch.problems() == []  # made executable again, never written: the file's pages still
+
+
+def test_a_librarys_table_of_pointers_to_another_is_found_and_a_redirected_entry_is_seen(tmp_path):
+    """The CPU analogue of the CUDA runtime's table of driver entry points (``driver_slots``): a library
+    that keeps pointers to libm's functions in its writable data, filled at run time."""
+    import subprocess
+
+    from cuda_agent.guard.integrity import driver_slots, entry_point_slots
+
+    source = tmp_path / "table.c"
+    source.write_text("#include <math.h>\ndouble (*entry_table[4])(double);\n"
+                      "void fill(void) { entry_table[0] = cos; entry_table[1] = sin; }\n")
+    library = tmp_path / "libentrytable.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-O0", "-o", str(library), str(source), "-lm"], check=True)
+    table = ctypes.CDLL(str(library))
+    assert entry_point_slots("libentrytable.so", "libm.so", "the table's pointer to") == {}  # not filled yet
+    table.fill()
+    libm = ctypes.CDLL(next(m.path for m in read_maps(os.getpid()) if os.path.basename(m.path).startswith("libm.so")))
+    cos, sin = (ctypes.cast(f, ctypes.c_void_p).value for f in (libm.cos, libm.sin))
+    slots = entry_point_slots("libentrytable.so", "libm.so", "the table's pointer to")
+    assert len(slots) == 2 and all(name.startswith("the table's pointer to ") for name in slots)
+    first = ctypes.c_void_p.in_dll(table, "entry_table")
+    base = ctypes.addressof(first)
+    assert sorted(slots.values()) == [base, base + 8]
+    assert {ctypes.c_void_p.from_address(a).value for a in slots.values()} == {cos, sin}
+    watch = IntegrityWatch.start(os.getpid(), slots, ("/nonexistent-job",))
+    table.fill()  # the library's own writes of the same pointers change nothing
+    assert watch.problems() == []
+    # The first entry pointed at other code in the same library, as a candidate's redirect would be,
+    # through plain writable memory: no mprotect.
+    name = next(n for n, a in slots.items() if a == base)
+    ctypes.c_void_p.from_address(base).value = sin
+    try:
+        problems = watch.problems()
+    finally:
+        table.fill()
+    assert problems == [f"{name} now calls other code (0x{cos:x} -> 0x{sin:x})"]
+    assert watch.problems() == []
+    assert driver_slots() == {}  # no CUDA runtime in this process

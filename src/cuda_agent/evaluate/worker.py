@@ -35,7 +35,9 @@ from cuda_agent.evaluate.shared import SharedBuffer, SharedError
 from cuda_agent.evaluate.timing import HostLaunch, calibrate, profile_call, time_round, trial_seed
 from cuda_agent.evaluate.transfer import TransferError, manifest_devices, packed_bytes, read_outputs, write_outputs
 from cuda_agent.sandbox.process import receive_fd, send_fd
-from cuda_agent.guard.integrity import allocator_slots, harness_native_functions, native_slots, vdso_slots
+from cuda_agent.guard.integrity import (
+    allocator_slots, driver_slots, harness_native_functions, native_slots, vdso_slots,
+)
 from cuda_agent.sandbox.nocode import LOCK_CODE_ENV, forbid_new_code
 from cuda_agent.guard.runtime import RuleBroken, find_overlap
 from cuda_agent.tensors import tensors_in, wide_squares, wide_sum
@@ -431,8 +433,8 @@ class CandidateSide(_Side):
         if op == "ready":
             cuda = torch.cuda.is_initialized()
             # Data pointers too: the allocators (on a GPU the caching allocator as well) and the C
-            # library's clocks, on both backends alike.
-            data = allocator_slots(cuda) | vdso_slots()
+            # library's clocks, on both backends alike; on a GPU the runtime's pointers to the driver.
+            data = allocator_slots(cuda) | vdso_slots() | (driver_slots() if cuda else {})
             return {"slots": native_slots(harness_native_functions(cuda)) | data, "code_lock": self.code_lock}
         if op == "load":
             # The task program runs first, before any candidate code can touch torch;
@@ -586,6 +588,14 @@ def warm_up_runtime(device: str, profiler: bool = False) -> None:
         fingerprint([sample, torch.rand(64, device=where), torch.randint(0, 9, (64,), device=where)])
         compare_outputs(sample, sample * (1 + 1e-6), 1e-3, 1e-3, scale=True)
     if device == "cuda":
+        # The timing path once, so that whatever the runtime resolves on first use of it is in place
+        # before the runtime's pointers to the driver are read (``integrity.driver_slots``).
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        end.record()
+        end.synchronize()
+        start.elapsed_time(end)
+        start.query()
         torch.cuda.synchronize()
     if profiler:
         profile_call(lambda: torch.randn(1 << 10, device=device).sum(), device)

@@ -40,13 +40,16 @@ glibc calls the vDSO's ``clock_gettime`` through a pointer in the loader's read-
 code can make writable again (only executable mappings are refused) and point at its own function;
 ``vdso_slots()`` lists every such pointer, and they must not change either. Both backends watch all of
 them (on a GPU the measured times are CUDA events', but the harness's host clock and CPU tensors are
-there too).
+there too). On a GPU the CUDA runtime reaches the driver through a table of its own, filled when it
+starts and kept in its writable data (``cudaEventElapsedTime`` calls ``cuEventElapsedTime`` through it):
+``driver_slots()`` lists every word there that points into the driver's code, and none may change.
 
 The sandbox makes most writes fail (``sandbox/nocode.py``: nothing may become executable after the
 harness's start-up; for CPU jobs ``/proc`` is read-only, so ``/proc/self/mem`` cannot be opened for
 writing; the CUDA driver does not start with a read-only ``/proc``, so on a GPU such a write is seen
 here rather than refused). What is left: a patch in place only for a small share of each round (the
-random read sees it with that share's probability), and a data pointer this module does not know; the
+random read sees it with that share's probability), and a data pointer this module does not know (the
+driver's own tables, torch's ``c10::cuda::DriverAPI``); the
 outside clock and the records still stand behind it.
 """
 
@@ -585,3 +588,45 @@ def vdso_slots() -> dict[str, int]:
         for address in _words([(m.start, m.end)], lambda word: vdso.start <= word < vdso.end):
             out[f"a pointer into the vDSO in {name}'s read-only data (+0x{address - m.start + m.offset:x})"] = address
     return out
+
+
+def entry_point_slots(holder: str, target: str, what: str) -> dict[str, int]:
+    """The function pointers one library keeps to another's code, in this process: every word of the
+    writable data of the library whose file name starts with ``holder`` that points into the code of
+    the one whose file name starts with ``target``, named ``what`` and the target's symbol there (or
+    its offset). Such a table is how a library reaches another without an import slot: the CUDA
+    runtime fills one with the driver's entry points when it starts (``cuGetProcAddress``), and calls
+    the driver through it from then on. It sits in ordinary writable memory, so native code can point an
+    entry at its own function with no ``mprotect``, no import slot and no code written. Empty where
+    either library is not mapped."""
+    maps = read_maps(os.getpid())
+    holders = {m.path for m in maps if Path(m.path).name.startswith(holder) and m.path.startswith("/")}
+    code = [m for m in maps if Path(m.path).name.startswith(target) and "x" in m.perms]
+    if len(holders) != 1 or not code:
+        return {}
+    path = code[0].path
+    base = next((m.start for m in maps if m.path == path and m.offset == 0), code[0].start - code[0].offset)
+    base -= _per_file(_got_slots, path, (0, ()))[0]
+    names: dict[int, str] = {}
+    for symbol, values in sorted(_per_file(_definitions, path, {}).items(), key=lambda kv: (len(kv[0]), kv[0])):
+        for value, _ in values:
+            names.setdefault(base + value, symbol)
+    out = {}
+    for address in _words(_writable_data(maps, holders.pop()), lambda w: any(m.start <= w < m.end for m in code)):
+        pointer = _word_at(address)
+        out[f"{what} {names.get(pointer, f'+0x{pointer - base:x}')} (0x{address:x})"] = address
+    return out
+
+
+def _word_at(address: int) -> int:
+    import ctypes
+
+    return ctypes.c_void_p.from_address(address).value or 0
+
+
+def driver_slots() -> dict[str, int]:
+    """The CUDA runtime's pointers to the driver's entry points (``entry_point_slots``): the route from
+    ``cudaEventElapsedTime`` (what every CUDA event's time comes through) to ``cuEventElapsedTime``
+    that neither an import slot nor code lies on. Empty before the runtime has started (the worker
+    starts it before it reports its slots: ``worker.warm_up_runtime``)."""
+    return entry_point_slots("libcudart.so", "libcuda.so", "the CUDA runtime's pointer to")
