@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT / "src"))
 CLONE_THREAD = 0x00010000
 
 
-def refuse_threads() -> str | None:
+def refuse_threads() -> None:
     import pyseccomp as seccomp
 
     program = seccomp.SyscallFilter(seccomp.ALLOW)
@@ -35,7 +35,6 @@ def refuse_threads() -> str | None:
     program.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")
     program.add_rule(seccomp.ERRNO(errno.EPERM), "clone", seccomp.Arg(0, seccomp.MASKED_EQ, CLONE_THREAD, CLONE_THREAD))
     program.load()
-    return None
 
 
 def main() -> None:

@@ -487,15 +487,15 @@ _DEVICE_TYPES = (("CPU", 0, "libc10.so"), ("CUDA", 1, "libc10_cuda.so"))  # c10:
 _VTABLE_ENTRIES = 128
 
 
-def _words(spans: list[tuple[int, int]], wanted: Callable[[int], bool]) -> list[int]:
-    """Addresses of the 8-byte words of this process's memory in ``spans`` whose value is ``wanted``."""
+def _words(spans: list[tuple[int, int]], wanted: Callable[[int], bool]) -> dict[int, int]:
+    """Address -> value of the 8-byte words of this process's memory in ``spans`` whose value is ``wanted``."""
     import ctypes
 
-    found = []
+    found = {}
     for start, end in spans:
         data = ctypes.string_at(start, end - start)
-        found += [start + 8 * i for i, (value,) in enumerate(struct.iter_unpack("<Q", data[:len(data) // 8 * 8]))
-                  if wanted(value)]
+        found |= {start + 8 * i: value for i, (value,) in enumerate(struct.iter_unpack("<Q", data[:len(data) // 8 * 8]))
+                  if wanted(value)}
     return found
 
 
@@ -606,22 +606,16 @@ def entry_point_slots(holder: str, target: str, what: str) -> dict[str, int]:
         return {}
     path = code[0].path
     base = next((m.start for m in maps if m.path == path and m.offset == 0), code[0].start - code[0].offset)
-    base -= _per_file(_got_slots, path, (0, ()))[0]
+    base -= _library(path)[0]
     names: dict[int, str] = {}
     for symbol, values in sorted(_per_file(_definitions, path, {}).items(), key=lambda kv: (len(kv[0]), kv[0])):
         for value, _ in values:
             names.setdefault(base + value, symbol)
     out = {}
-    for address in _words(_writable_data(maps, holders.pop()), lambda w: any(m.start <= w < m.end for m in code)):
-        pointer = _word_at(address)
+    pointers = _words(_writable_data(maps, holders.pop()), lambda word: any(m.start <= word < m.end for m in code))
+    for address, pointer in pointers.items():
         out[f"{what} {names.get(pointer, f'+0x{pointer - base:x}')} (0x{address:x})"] = address
     return out
-
-
-def _word_at(address: int) -> int:
-    import ctypes
-
-    return ctypes.c_void_p.from_address(address).value or 0
 
 
 def driver_slots() -> dict[str, int]:
