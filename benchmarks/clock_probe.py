@@ -64,12 +64,13 @@ def evaluations(repeats: int, variants: list[str]) -> list[dict]:
     """Evaluations of the examples under variants of the evaluator: ``default``; ``no-pause`` (the
     candidate is not stopped between its rounds)."""
     from cuda_agent import Evaluator, load_candidate, load_task
+    from cuda_agent.evaluate import rounds as timing_rounds
 
     rows = []
+    pause = timing_rounds.pause
     for variant in variants:
+        timing_rounds.pause = (lambda candidate: None) if variant == "no-pause" else pause
         with Evaluator("cuda", prestart=True) as evaluator:
-            if variant == "no-pause":
-                evaluator._pause = lambda candidate: None
             for example in ("cuda_gelu", "cuda_row_softmax"):
                 task = load_task(ROOT / "examples" / example / "model.py")
                 for _ in range(repeats):
@@ -79,6 +80,7 @@ def evaluations(repeats: int, variants: list[str]) -> list[dict]:
                                  "unexplained_ms": clock.get("unexplained_ms"), "limit_ms": clock.get("limit_ms"),
                                  "clock": clock, "plan": result.timing.get("plans", {}).get("candidate")})
                     print(json.dumps({k: v for k, v in rows[-1].items() if k != "clock"}), flush=True)
+    timing_rounds.pause = pause
     return rows
 
 

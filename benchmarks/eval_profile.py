@@ -25,6 +25,8 @@ from cuda_agent.sandbox.process import WorkerProcess
 
 # The package's ``evaluate`` name is the function, so the module is reached by its full name.
 evaluator_module = importlib.import_module("cuda_agent.evaluate.evaluator")
+processes = importlib.import_module("cuda_agent.evaluate.processes")
+reference_process = importlib.import_module("cuda_agent.evaluate.reference_process")
 EVENTS: list[dict] = []
 _START = [0.0]
 
@@ -78,12 +80,14 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     trace_workers()
-    for name in ("describe_environment", "check_candidate", "audit_symbols", "baseline_key"):
+    for name in ("describe_environment", "check_candidate", "audit_symbols", "own_kernels", "take_workers",
+                 "start_workers", "copy_modules"):
         trace(evaluator_module, name)
-    for name in ("build", "toolchain_imports", "_own_kernels", "_take_workers", "_start_workers", "_copy_modules",
-                 "_share", "_cached_baseline"):
+    for name in ("baseline_key", "share_output_memory", "cached_baseline"):
+        trace(reference_process, name)
+    for name in ("build", "toolchain_imports"):
         trace(Evaluator, name)
-    trace(evaluator_module._Workers, "close")
+    trace(processes.Workers, "close")
 
     [(_, task, candidate)] = list(examples(args.device, [args.example]))
     runs = []

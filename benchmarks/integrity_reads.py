@@ -1,7 +1,7 @@
 """What a defence costs: seconds per evaluation and the candidate's measured time, with it and without it.
 ``--defence read`` (the default): the outside read at a random moment of each timing round
 (``IntegrityWatch.read_sometime``); ``--defence rerun``: a recorded timed call run again under check and
-matched bit for bit (``Evaluator._check_rerun``, rule ``unwatched-compute``).
+matched bit for bit (``checks.check_rerun``, rule ``unwatched-compute``).
 
     python benchmarks/integrity_reads.py --device cpu --repeats 6 --out results.json
     python benchmarks/integrity_reads.py --device cpu --defence rerun --repeats 6
@@ -26,6 +26,7 @@ from pathlib import Path
 from common import examples
 
 from cuda_agent import Evaluator
+from cuda_agent.evaluate import checks
 from cuda_agent.guard.integrity import IntegrityWatch
 
 
@@ -34,12 +35,12 @@ def _no_read(self: IntegrityWatch, within_s: float):
     yield []
 
 
-def _no_rerun(self: Evaluator, *args: object) -> None:
+def _no_rerun(*args: object) -> None:
     return None
 
 
-# (class, method, its stand-in that does nothing) for each defence
-DEFENCES = {"read": (IntegrityWatch, "read_sometime", _no_read), "rerun": (Evaluator, "_check_rerun", _no_rerun)}
+# (class or module, function, its stand-in that does nothing) for each defence
+DEFENCES = {"read": (IntegrityWatch, "read_sometime", _no_read), "rerun": (checks, "check_rerun", _no_rerun)}
 
 
 def main() -> None:

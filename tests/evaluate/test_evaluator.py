@@ -159,19 +159,19 @@ def test_spares_stand_still_while_anything_is_timed(example, cache_dir, monkeypa
     and runs again after them."""
     import importlib
 
-    evaluator_module = importlib.import_module("cuda_agent.evaluate.evaluator")
+    rounds_module = importlib.import_module("cuda_agent.evaluate.rounds")
     from cuda_agent.sandbox.process import descendants, process_state
 
     task, solution = example
     seen = []
-    real = evaluator_module.run_rounds
+    real = rounds_module.run_rounds
 
     def watching(*args, **kwargs):
         seen.append({pid: process_state(pid) for workers in evaluator._spare
                      for pid in [workers.candidate.proc.pid, *descendants(workers.candidate.proc.pid)]})
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(evaluator_module, "run_rounds", watching)
+    monkeypatch.setattr(rounds_module, "run_rounds", watching)
     with Evaluator("cpu", cache_dir=cache_dir, prestart=2, timeouts=Timeouts(check_s=20, load_s=120)) as evaluator:
         assert evaluator.evaluate(task, load_candidate(solution)).status == "correct"
         assert evaluator.evaluate(task, load_candidate(solution)).status == "correct"

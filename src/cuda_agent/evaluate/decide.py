@@ -20,7 +20,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
-from cuda_agent.evaluate.policy import TimingConfig
+from cuda_agent.evaluate.policy import Policy, TimingConfig
+from cuda_agent.evaluate.reward import milestone
 from cuda_agent.evaluate.timing import TimingStats
 
 # A side times ``trials`` regions of ``calls`` calls each, its call indices starting at ``first``,
@@ -118,6 +119,21 @@ def settled(speedups: dict[str, Speedup], reward_of: Callable[[dict[str, bool]],
     while eager is confidently not beaten, so no rounds are spent on it."""
     options = [[s.beats] if s.confident else [True, False] for s in speedups.values()]
     return len({reward_of(dict(zip(speedups, combo))) for combo in itertools.product(*options)}) == 1
+
+
+BASELINES = ("eager", "compile")
+
+
+def speedups(rounds: "Rounds", policy: Policy, timing: TimingConfig) -> dict[str, Speedup]:
+    """The candidate's speedup over each baseline timed (or fixed) in ``rounds``, against the reward's line."""
+    line = 1 / policy.beat_factor if policy.reward == "milestone" else None
+    return {side: speedup(side, rounds.ratios(side), line, timing.confidence)
+            for side in BASELINES if (rounds.count(side) or side in rounds.fixed) and rounds.count("candidate")}
+
+
+def reward_settled(speedups: dict[str, Speedup]) -> bool:
+    """No outcome the intervals still allow changes the reward."""
+    return settled(speedups, lambda beats: milestone(beats.get("eager", False), beats.get("compile", False)))
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,52 @@
+"""The last stage of an evaluation: times, speedups with their intervals and the reward, each decided
+from the timing rounds; the baselines timed in them cached; results no honest kernel reaches
+(``watchers.Plausibility``) failed before any reward."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cuda_agent.evaluate.baseline import BaselineCache
+from cuda_agent.evaluate.context import Setup
+from cuda_agent.evaluate.decide import BASELINES, Rounds, reward_settled, speedups
+from cuda_agent.evaluate.reference_process import keep_baseline
+from cuda_agent.evaluate.result import EvalResult
+from cuda_agent.evaluate.reward import compute_reward
+from cuda_agent.evaluate.watchers import Plausibility, stop_on
+
+
+def decide(setup: Setup, cache: BaselineCache, rounds: Rounds, baseline: dict[str, Any], key: str,
+           output_bytes: int, result: EvalResult) -> None:
+    """Times, speedups with their intervals, the reward: each decision from the rounds."""
+    method = setup.timing.method
+    result.times["candidate"] = rounds.stats("candidate", method).to_dict()
+    for side in BASELINES:
+        if side in baseline["fixed"]:
+            result.times[side] = baseline["fixed"][side]
+        elif rounds.count(side):
+            result.times[side] = rounds.stats(side, method).to_dict()
+    found = speedups(rounds, setup.policy, setup.timing)
+    if baseline.get("sides") and baseline.get("cache"):
+        keep_baseline(setup, cache, key, rounds, baseline, result)
+    compile_error = baseline.get("compile_error") or (baseline.get("record") or {}).get("compile_error")
+    if "compile" not in found and compile_error:
+        result.notes.append(f"torch.compile baseline unavailable: {compile_error}")
+    result.decision = {
+        "rounds": rounds.count("candidate"),
+        # The reward is settled: more rounds could not change it (each speedup's own "confident"
+        # says whether its interval is clear of its line).
+        "confident": reward_settled(found),
+        "speedups": {side: s.to_dict() for side, s in found.items()},
+        "spread": {side: round(rounds.spread(side), 5) for side in rounds.samples},
+    }
+    if not result.decision["confident"]:
+        result.notes.append("the reward decision is not confident: a speedup's interval still straddles its "
+                            "line after the timing budget (TimingConfig.rounds_max / budget_s)")
+    eager, compiled = found.get("eager"), found.get("compile")
+    result.speedup_eager = eager.estimate if eager else None
+    result.speedup_compile = compiled.estimate if compiled else None
+    stop_on("profile", "", Plausibility(result.times["candidate"]["median_ms"], result.speedup_eager, output_bytes,
+                                        setup.policy, setup.device, result))
+    # Speedups in place of times: "t < beat * t0" is "t0 / t > 1 / beat".
+    result.reward = compute_reward(setup.policy, True, 1.0, result.speedup_eager, result.speedup_compile)
+    result.status = "correct"
