@@ -8,6 +8,7 @@
 #   bash benchmarks/gpu_session.sh redteam   # the GPU red-team cases
 #   bash benchmarks/gpu_session.sh integrity_reads # a defence's cost: the in-round integrity read, or with
 #                                            # DEFENCE=rerun the timed call run again (SPEED_EXAMPLES, VS_REPEATS)
+#   bash benchmarks/gpu_session.sh vmm       # issue 31's probe: GPU output memory read from another sandbox
 #   bash benchmarks/gpu_session.sh legit     # the legitimate solutions only (false positives), then the
 #                                            # evaluation's GPU memory per process (benchmarks/eval_memory.py)
 #   bash benchmarks/gpu_session.sh issue17   # issue 17's checks in one call: integrity and timing tests, the GPU
@@ -113,6 +114,10 @@ issue17)
     CUDA_AGENT_GPU_REPORT=$OUT/gpu_records_tests.jsonl python3 -m pytest -m gpu -q -s -p no:cacheprovider \
         --timeout 300 -rf tests/gpu/test_gpu_eval.py -k "kernelbench_solution or examples" 2>&1 \
         | tee "$OUT/gpu_tests.log" | grep -E "^(FAILED|ERROR)|passed|failed"
+    ;;
+vmm)
+    # Issue 31: can another sandboxed process read a candidate's GPU output (VMM descriptors, legacy IPC)?
+    python3 benchmarks/probes/vmm_share_probe.py 2>&1 | tee "$OUT/vmm_share_probe.log"
     ;;
 legit)
     # The legitimate solutions alone (KernelBench's and the examples): false positives, and whether the largest

@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterator
 from cuda_agent.build import BuildResult, build
 from cuda_agent.candidates import Candidate
 from cuda_agent.evaluate.baseline import BaselineCache, baseline_key
+from cuda_agent.evaluate.brackets import CandidateBrackets
 from cuda_agent.evaluate.channel import Channel, Stop
 from cuda_agent.evaluate.counters import (
     MAX_NCU_BYTES, METRICS, NCU_FLAGS, CounterReport, CountersError, build_report, unavailable,
@@ -290,15 +291,20 @@ class Evaluator:
         workers = self._take_workers()
         reference = self.references.take(self._reference_key(task))
         fresh = reference is None
+        brackets = None
         try:
             if reference is None:
                 reference = self._launch_reference(task)
             job = workers.job
             (job / "task.py").write_text(task.code)
             (job / "model_new.py").write_text(candidate.model_new)
+            if self.timing.brackets:
+                brackets = CandidateBrackets.open(workers.candidate, self.device)
             self._run(task, built, self._copy_modules(built, job), result, job, reference, fresh,
-                      Channel(workers.candidate, "candidate"), timed)
+                      Channel(workers.candidate, "candidate"), timed, brackets)
         finally:
+            if brackets is not None:
+                brackets.close()
             workers.close()
             result.output = workers.candidate.output[-8000:]
             if reference is not None:
@@ -530,21 +536,27 @@ class Evaluator:
 
     # -- the stages -------------------------------------------------------------------
     def _run(self, task: Task, built: BuildResult, modules: dict[str, str], result: EvalResult, job: Path,
-             reference: LiveReference, fresh: bool, candidate: Channel, timed: bool) -> None:
+             reference: LiveReference, fresh: bool, candidate: Channel, timed: bool,
+             brackets: CandidateBrackets | None = None) -> None:
         own_kernels = self._own_kernels(built, result)
         clock = time.monotonic()
         self.on_stage("reference", "starting the task's reference process" if fresh else "kept from earlier")
         # The candidate imports its code while the reference loads; baselines are timed later, in
         # rounds interleaved with the candidate's. Before it does, the signals its process catches are
         # read from outside, once its own start-up is over.
-        ready = candidate.ask_typed("load", ReadyRequest(), ReadyReply, self.timeouts.load_s)
+        ready = candidate.ask_typed("load", ReadyRequest(bell=brackets is not None), ReadyReply, self.timeouts.load_s)
         handlers = candidate.worker.signal_handlers()
         threads = candidate.worker.threads()  # the harness's own, started before the first request
         watch = self._watch_integrity(candidate, ready.slots or {}, job, result)
         if ready.code_lock != "on":
             result.notes.append(f"code pages not locked in the candidate's process: {ready.code_lock}")
+        calibrating: dict[str, Any] = {}
+        if brackets is not None:
+            brackets.read_from(watch.pid if watch is not None else candidate.worker.harness_pid())
+            calibrating = brackets.calibration_fields(self._bracket_hold(), self.timing.to_dict())
         candidate.send("load", LoadRequest(**self._task_message(task, job, reference.init_seed),
-                                           model_new_file=str(job / "model_new.py"), modules=modules))
+                                           model_new_file=str(job / "model_new.py"), modules=modules, **calibrating))
+        calibration = brackets.serve_calibration(self.timeouts.load_s) if brackets is not None else None
         if fresh:
             self._await_reference(reference)
         result.durations["reference"] = round(time.monotonic() - clock, 3)
@@ -558,7 +570,9 @@ class Evaluator:
             os.link(reference.state_dict, weights)
         except OSError:
             shutil.copy2(reference.state_dict, weights)
-        candidate.receive_typed("load", LoadReply, self.timeouts.load_s)
+        loaded = candidate.receive_typed("load", LoadReply, self.timeouts.load_s)
+        if brackets is not None:
+            brackets.calibrate(calibration, loaded.bell_ms, self._bracket_hold())
         candidate.ask("load", WeightsRequest(state_dict_path=str(weights)), self.timeouts.load_s)
         self._share(reference, candidate, result)
         result.durations["load"] = round(time.monotonic() - clock, 3)
@@ -584,7 +598,7 @@ class Evaluator:
         clock = time.monotonic()
         base = secrets.randbits(62)
         rounds, log = self._time_rounds(reference.channel, candidate, base, baseline, result, handlers=handlers,
-                                        watch=watch)
+                                        watch=watch, brackets=brackets)
         result.durations["profile"] = round(time.monotonic() - clock, 3)
 
         clock = time.monotonic()
@@ -595,6 +609,7 @@ class Evaluator:
         # Before the clock: a timer patched below Python fails here by what was patched.
         self._check_integrity(watch, "profile", "during the timing rounds", result)
         # After the records: work finished past the end fails there, by name, before it shows as lost time.
+        self._check_regions(brackets, log, result)
         self._check_clock(log, result)
         result.durations["verify"] += round(time.monotonic() - clock, 3)
         result.correct = True
@@ -664,7 +679,7 @@ class Evaluator:
     def _time_rounds(self, reference: Channel, candidate: Channel | None, base: int, baseline: dict[str, Any],
                      result: EvalResult, undecided: Callable[[Rounds], bool] | None = None,
                      handlers: dict[int, int] | None = None, watch: IntegrityWatch | None = None,
-                     ) -> tuple[Rounds, CandidateLog | None]:
+                     brackets: CandidateBrackets | None = None) -> tuple[Rounds, CandidateLog | None]:
         """Time the candidate (if any) and the baselines in interleaved rounds until every decision is
         confident. Returns the rounds and what the candidate's rounds left: records, outside clock.
         ``watch``: the candidate's native entry points (``guard.integrity``), read once during each of
@@ -689,7 +704,8 @@ class Evaluator:
                 self._pause(candidate)
                 plans["candidate"] = plan = Plan.for_call(self._positive(estimate, "warm-up time"), config)
                 log = CandidateLog(plan)
-                sides["candidate"] = self._candidate_side(candidate, base, log, handlers or {}, hosts, watch, estimate)
+                sides["candidate"] = self._candidate_side(candidate, base, log, handlers or {}, hosts, watch, estimate,
+                                                          brackets)
             host_us: dict[str, float] = {}
             for side in baseline.get("sides", []):
                 self.on_stage("baseline", f"warming {side} up")
@@ -748,6 +764,27 @@ class Evaluator:
         started = time.perf_counter()
         reference.ask_typed("baseline", request, TimeReply, self.timeouts.baseline_s)
         log.empty_ms.append((time.perf_counter() - started) * 1e3)
+
+    def _bracket_hold(self) -> float:
+        """The hold of the brackets' no-op regions: the candidate's own unless the baselines' eager sets it."""
+        return self.timing.hold_us if self.device == "cuda" else 0.0
+
+    def _check_regions(self, brackets: CandidateBrackets | None, log: CandidateLog, result: EvalResult) -> None:
+        """The regions the candidate's process reported against the evaluator's brackets (``regions.judge``):
+        where the two disagree the brackets win, and a reported time shorter than they allow is forged."""
+        if brackets is None:
+            return
+        hold = (log.hold_us or 0.0) if self.device == "cuda" else 0.0
+        verdict = brackets.judge(hold, self.timing.region_slack, self.timing.region_us)
+        if verdict is None:
+            return
+        result.timing = result.timing | {"regions": verdict.to_dict() | {"overhead": brackets.cost.to_dict()}}
+        if not verdict.ok:
+            raise Stop("failed", "profile", f"the candidate's process reported its timed regions {verdict.excess_ms:.3f} "
+                       f"ms shorter than the evaluator's own brackets allow (median over {verdict.regions} regions: "
+                       f"reported {verdict.reported_ms:.3f} ms; bracket {verdict.outside_ms:.3f} ms, of which its timing "
+                       f"thread waited for a CPU {verdict.waited_ms:.3f} ms and ran {verdict.cpu_ms:.3f} ms; the "
+                       f"brackets' own cost {verdict.overhead_ms:.3f} ms; limit {verdict.limit_ms:.3f} ms)", rule="clock")
 
     def _check_clock(self, log: CandidateLog, result: EvalResult) -> None:
         """The candidate's reported regions against the evaluator's own clock (``decide.clock_check``)."""
@@ -877,11 +914,20 @@ class Evaluator:
 
     def _candidate_side(self, candidate: Channel, base: int, log: CandidateLog, handlers: dict[int, int],
                         hosts: dict[str, dict[str, float]], watch: IntegrityWatch | None = None,
-                        estimate_ms: float = 0.0) -> Callable[[int, int, int], list[float]]:
+                        estimate_ms: float = 0.0, brackets: CandidateBrackets | None = None,
+                        ) -> Callable[[int, int, int], list[float]]:
+        outside = brackets is not None and brackets.outside
+        if outside:
+            # A handler installed to fill memory when it is read is named as such, before the read would fail.
+            brackets.stopped_check = lambda: self._check_signals(candidate, handlers, "profile", "while it was timed")
+
         def time_candidate(first: int, trials: int, calls: int) -> list[float]:
+            # Read from outside, no secret enters the candidate's process: its calls are chosen and read at
+            # positions drawn after each region (CandidateBrackets); else its harness records them.
             probe = secrets.randbits(62)
-            request = TimeRequest(seed=base, first=first, trials=trials, calls=calls, probe=probe,
-                                  timing=self.timing.to_dict(), hold_us=log.hold_us)
+            request = TimeRequest(seed=base, first=first, trials=trials, calls=calls,
+                                  probe=None if outside else probe, timing=self.timing.to_dict(),
+                                  hold_us=log.hold_us, bell=brackets is not None, outside=outside)
             # The read lands within the round: within most of the last round's length (the calls'
             # estimate for the first), so that it is seldom left unmade at the round's end.
             within_s = 0.9 * (log.walls_ms[-1] if log.walls_ms else trials * calls * estimate_ms) / 1e3
@@ -890,7 +936,12 @@ class Evaluator:
             try:
                 with during as found:
                     started = time.perf_counter()
-                    reply = candidate.ask_typed("profile", request, TimeReply, self.timeouts.profile_s)
+                    if brackets is not None:
+                        brackets.bell.drain()
+                        records_before = len(brackets.records)
+                    candidate.send("profile", request)
+                    bracketed = brackets.round(first, trials, calls, self.timeouts.profile_s) if brackets else None
+                    reply = candidate.receive_typed("profile", TimeReply, self.timeouts.profile_s)
                     wall_ms = (time.perf_counter() - started) * 1e3
             finally:
                 self._pause(candidate)
@@ -905,6 +956,20 @@ class Evaluator:
             if len(samples) != trials or not all(
                     isinstance(x, (int, float)) and math.isfinite(x) and x > 0 for x in samples):
                 raise Stop("failed", "profile", "the timing reply is not one positive time per trial", rule="forged-reply")
+            if brackets is not None:
+                if bracketed is None or len(bracketed) != trials:
+                    raise Stop("failed", "profile", "the timing reply came without its regions' brackets",
+                               rule="forged-reply")
+                brackets.add(bracketed, samples, calls)
+            if outside:
+                if reply.records:
+                    raise Stop("failed", "profile", "the timing reply holds records no one asked for",
+                               rule="forged-reply")
+                log.records.extend(brackets.records[records_before:])
+                _tally_host(hosts, "candidate", reply, trials)
+                log.walls_ms.append(wall_ms)
+                log.claimed_ms.append(sum(samples) * calls)
+                return [float(x) for x in samples]
             # Records of calls of this round only, each once, as many as the harness takes per region.
             indices = [r.index for r in reply.records]
             wanted = trials * min(calls, RECORDED_PER_REGION)

@@ -30,7 +30,9 @@ from cuda_agent.evaluate.policy import TimingConfig
 from cuda_agent.evaluate.protocol import (REQUESTS, CalibrateRequest, CompareRequest, CompileRequest,
                                           DegenerateRequest, ExpectRequest, LoadRequest, RecordsRequest, TimeRequest,
                                           parse_request)
+from cuda_agent.evaluate.outside import describe
 from cuda_agent.evaluate.records import RECORDED_PER_REGION, Recorder, compare_record, same_outputs, sample_output
+from cuda_agent.evaluate.regions import Ringer, encode_calls
 from cuda_agent.evaluate.shared import SharedBuffer, SharedError
 from cuda_agent.evaluate.timing import HostLaunch, calibrate, profile_call, time_round, trial_seed
 from cuda_agent.evaluate.transfer import TransferError, manifest_devices, packed_bytes, read_outputs, write_outputs
@@ -117,6 +119,7 @@ class _Side:
     model: Any
     source = "task"
     fd_socket: socket.socket | None = None  # descriptors to and from the evaluator
+    ringer: Ringer | None = None  # this worker's end of the region brackets (evaluate.regions)
     final_call: tuple[int, list[Any], dict[str, Any]] | None = None  # the latest round's last call
     shared: SharedBuffer | None = None  # where outputs are handed over, once shared
 
@@ -165,9 +168,11 @@ class _Side:
 
         last = msg.first + msg.trials * msg.calls - 1
         count = iter(range(msg.first, last + 1))
-        recorder = Recorder(msg.probe or 0)
+        # No probe (read from outside, or a round nobody checks): nothing is recorded in this process.
+        recorder = Recorder(msg.probe) if msg.probe is not None else None
         keys: dict[str, list[Any]] = self.__dict__.setdefault("record_keys", {})
-        recorder.prime(keys.get(msg.side or "", []))
+        if recorder is not None:
+            recorder.prime(keys.get(msg.side or "", []))
         region: list[tuple[int, list[Any], dict[str, Any]]] = []
         chooser = secrets.SystemRandom()
 
@@ -181,23 +186,43 @@ class _Side:
                 box["output"] = fn(*inputs)
             return call
 
-        def after_end() -> None:
-            for index, inputs, box in chooser.sample(region, min(len(region), RECORDED_PER_REGION)):
-                recorder.record(index, box.get("output"), inputs)
-                if on_record:
-                    on_record(index, inputs, box.get("output"))
+        def after_end() -> bytes | None:
+            # Described for the evaluator's reads from outside: the region's calls stay alive (the timing
+            # loop holds them) until the evaluator says CONT.
+            payload = encode_calls([describe(index, box.get("output"), inputs) for index, inputs, box in region]) \
+                if msg.outside else None
+            if recorder is not None:
+                for index, inputs, box in chooser.sample(region, min(len(region), RECORDED_PER_REGION)):
+                    recorder.record(index, box.get("output"), inputs)
+                    if on_record:
+                        on_record(index, inputs, box.get("output"))
             # Only the round's very last call outlives its region: for the largest KernelBench tasks
             # each call is a 6 GiB input and output, and the next region draws its inputs next.
             if region[-1][0] == last:
                 self.final_call = region[-1]
             region.clear()
+            return payload
 
+        # A round that raises says FAIL on the brackets where it is handled (CandidateSide.handle).
         with torch.no_grad():
             samples = time_round(prepare, self.device, TimingConfig.from_dict(msg.timing), msg.trials, msg.calls,
-                                 after_end, host, fence)
+                                 after_end, host, fence, self.ringer if msg.bell else None)
         synchronize(self.device)
+        if recorder is None:
+            return samples, []
         keys[msg.side or ""] = recorder.keys()
         return samples, recorder.finish()
+
+    def bell_calibration(self, msg: LoadRequest) -> list[float]:
+        """No-op regions through the brackets, on the task's own input draws, before any candidate code:
+        what the brackets add to a region in this process (``regions.Overhead``)."""
+        import torch
+
+        marker = torch.zeros(1, device=self.device)
+        request = TimeRequest(seed=msg.bell_seed, first=0, trials=msg.bell_regions, calls=1,
+                              timing=msg.timing or TimingConfig().to_dict(), hold_us=msg.bell_hold_us, bell=True,
+                              outside=self.device == "cpu")
+        return self.time_calls(lambda *args: marker, request, host=self.launch("bell", fixed_us=msg.bell_hold_us))[0]
 
 
 class ReferenceSide(_Side):
@@ -431,6 +456,10 @@ class CandidateSide(_Side):
 
         msg = parse_request(op, msg)
         if op == "ready":
+            if msg.bell:
+                if self.fd_socket is None:
+                    raise ValueError("'ready' with bell: no descriptor channel")
+                self.ringer = Ringer(socket.socket(fileno=receive_fd(self.fd_socket, 30)))
             cuda = torch.cuda.is_initialized()
             # Data pointers too: the allocators (on a GPU the caching allocator as well) and the C
             # library's clocks, on both backends alike; on a GPU the runtime's pointers to the driver.
@@ -439,11 +468,19 @@ class CandidateSide(_Side):
         if op == "load":
             # The task program runs first, before any candidate code can touch torch;
             # the guard's snapshot of the harness is taken before candidate code too.
-            self.load_task(msg)
+            bell_ms = None
+            try:
+                self.load_task(msg)
+                if msg.bell_regions and self.ringer is not None:
+                    bell_ms = self.bell_calibration(msg)
+            except BaseException:
+                if msg.bell_regions and self.ringer is not None:
+                    self.ringer.fail(0xFFFFFFFF)  # the evaluator waits for brackets no more: this reply says why
+                raise
             self.guard = CallGuard(msg.allowed_aten or ())
             self.guard.watch_quiet(lambda: self._load_candidate(msg), "while model_new.py was imported")
             self.guard.verify_harness("while model_new.py was imported")
-            return {}
+            return {"bell_ms": bell_ms} if bell_ms is not None else {}
         if op == "weights":
             # A separate step so the candidate can load while the reference still builds Model.
             state = torch.load(msg.state_dict_path, weights_only=True)
@@ -483,7 +520,12 @@ class CandidateSide(_Side):
             self.guard.verify_harness("during warm-up")
             return {"estimate_ms": estimate}
         if op == "time":
-            return self.time(msg)
+            try:
+                return self.time(msg)
+            except BaseException:
+                if msg.bell and self.ringer is not None:
+                    self.ringer.fail(0xFFFFFFFF)
+                raise
         if op == "timed":
             return {"checked": self.timed()}
         if op == "output":
