@@ -133,12 +133,20 @@ EVENT_METHOD_SWAP = PYTHON_FROM_CPP + r"""
 static const char* EVENT_SWAP = R"PY(
 import torch
 def helper():
-    real = torch._C._CudaEventBase.elapsed_time
-    torch.cuda.Event.elapsed_time = lambda self, end: 0.55 * real(self, end)
+    real = torch._C._CudaEventBase.__dict__["elapsed_time"]
+    return lambda self, end: 0.55 * real(self, end)
 )PY";
+// The entry of torch._C._CudaEventBase's type dictionary that holds elapsed_time, replaced: the method
+// descriptor and its C function, which the integrity watch reads, stay as they were; torch.cuda.Event's
+// own Python method (the guard's identity check) is untouched and reaches the new entry through super().
 static void swap_event_method() {
   static bool done = false;
-  if (!done) { done = true; python_helper(EVENT_SWAP)(); }
+  if (done) return;
+  done = true;
+  pybind11::object scaled = python_helper(EVENT_SWAP)();
+  auto* base = reinterpret_cast<PyTypeObject*>(pybind11::module_::import("torch._C").attr("_CudaEventBase").ptr());
+  PyDict_SetItemString(base->tp_dict, "elapsed_time", scaled.ptr());
+  PyType_Modified(base);
 }
 """
 GPU_COMPUTE_ONLY_WHAT_IS_READ = (
@@ -241,8 +249,10 @@ CASES = [
     Case("forge-reply-runtime", "Timer or stats monkeypatch", prelude="import os",
          forward="for fd in range(3, 64):\n    try:\n        os.write(fd, b'{\"ok\": true}\\n')\n"
                  "    except OSError:\n        pass\n" + GOOD,
-         runtime=True, rule="forged-reply"),    # Trust v3's classes (issue 31), from the binding's C++ through the C API. Class 2: torch.cuda.Event's
-    # Python method swapped (the C slot the integrity watch reads is untouched), every elapsed time at 0.55x.
+         runtime=True, rule="forged-reply"),
+    # Trust v3's classes (issue 31), from the binding's C++ through the C API. Class 2: the dictionary entry
+    # behind torch.cuda.Event's elapsed time swapped (the C slot the integrity watch reads is untouched),
+    # every elapsed time at 0.55x.
     Case("event-method-swapped-runtime", "Harness objects written (class 2)", forward=GOOD,
          cpp_prelude=EVENT_METHOD_SWAP, binding="swap_event_method(); auto y = torch::empty_like(x);",
          runtime=True, rule="clock"),
@@ -266,7 +276,11 @@ def gelu(examples):
     return load_task(examples / "cuda_gelu" / "model.py"), examples / "cuda_gelu" / "solution"
 
 
-@pytest.mark.parametrize("case", CASES, ids=[(c.values[0] if hasattr(c, 'values') else c).name for c in CASES])
+def _name(case) -> str:
+    return (case.values[0] if isinstance(case, type(pytest.param(None))) else case).name
+
+
+@pytest.mark.parametrize("case", CASES, ids=[_name(c) for c in CASES])
 def test_hacking_candidate_is_rejected_on_the_gpu(case, gelu, cache_dir, tmp_path):
     task, solution = gelu
     evaluator = Evaluator("cuda", cache_dir=cache_dir)

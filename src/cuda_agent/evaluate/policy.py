@@ -199,8 +199,8 @@ class TimingConfig:
     # that cost's own spread), in the median over regions; more fails as ``clock``. On the CPU backend the
     # timed calls' outputs are read from outside the stopped process there (evaluate.outside).
     brackets: bool = True
-    region_slack: float = 0.05
-    region_us: float = 30.0
+    region_slack: float = 0.10
+    region_us: float = 50.0
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -28,7 +28,6 @@ from typing import Any, Callable
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux; Python names it only on some builds
 HEADER = struct.Struct("<4sIq")  # what, region number, a value (unused: 0)
 READY, GO, DONE, CONT, FAIL = b"RDY_", b"GO__", b"DONE", b"CONT", b"FAIL"
-NONBLOCKING = socket.MSG_DONTWAIT
 MAX_DATAGRAM = 1 << 20  # DONE carries the region's output descriptors (evaluate.outside)
 STAMP = struct.Struct("qq")
 
@@ -177,17 +176,11 @@ class Ringer:
         self._send(self._pack(READY, region, 0))
 
     def wait(self, what: bytes, region: int) -> None:
-        """GO is awaited spinning: a thread woken from a blocking receive waits for the scheduler, which
-        on a busy host takes milliseconds, inside the bracket."""
-        if what == GO:
-            while True:
-                try:
-                    data = self._recv(64, NONBLOCKING)
-                    break
-                except BlockingIOError:
-                    pass
-        else:
-            data = self._recv(64)
+        """Blocking, not spinning: the evaluator reads the kernel's account of this thread (``thread_times``)
+        while it sleeps here, when that account is exact; a thread that runs is accounted only at the
+        scheduler's next tick. Its wake-up after GO is in the bracket, and on a busy host in its run-queue
+        wait, which the evaluator takes off."""
+        data = self._recv(64)
         kind, number, _ = self._unpack(data)
         if kind != what or number != region:
             raise RuntimeError(f"region protocol: {kind!r} for region {number} where {what!r} for {region} was due")
@@ -304,14 +297,27 @@ def decode_calls(payload: bytes) -> list[dict[str, Any]]:
 
 def thread_times(pid: int, tid: int | None = None) -> Callable[[], tuple[int, int]]:
     """A reader of thread ``tid`` of ``pid`` (its main thread by default): its CPU time and how long it has
-    waited runnable for a CPU, in ns (the kernel's schedstat), or zeros where the kernel keeps neither."""
-    path = f"/proc/{pid}/task/{tid or pid}/schedstat"
+    waited runnable for a CPU, in ns (the kernel's schedstat), or zeros where the kernel keeps neither.
+    Read once the thread sleeps (it blocks for GO and for CONT, ``Ringer.wait``): the kernel brings a
+    thread's CPU time up to date when it stops running, and only at its ticks while it runs (up to
+    milliseconds behind, which read before a region and not after it would add a tick to the region)."""
+    stat = f"/proc/{pid}/task/{tid or pid}/stat"
+    schedstat = f"/proc/{pid}/task/{tid or pid}/schedstat"
 
     def times() -> tuple[int, int]:
         try:
-            with open(path, "rb") as handle:
+            deadline = time.monotonic() + SETTLE_S
+            while time.monotonic() < deadline:
+                with open(stat, "rb") as handle:
+                    state = handle.read().rsplit(b")", 1)[1].split()[0]
+                if state != b"R":
+                    break
+            with open(schedstat, "rb") as handle:
                 fields = handle.read().split()
             return int(fields[0]), int(fields[1])
         except (OSError, IndexError, ValueError):
             return 0, 0
     return times
+
+
+SETTLE_S = 0.005  # the longest a bracket waits for the worker's thread to go to sleep before reading it

@@ -219,9 +219,12 @@ class _Side:
         import torch
 
         marker = torch.zeros(1, device=self.device)
+        outside = self.device == "cpu"
+        # Where the rounds record their calls in this process (GPU), these regions record theirs too: the
+        # records' gathers are inside every bracket, and so in what the brackets are found to cost.
         request = TimeRequest(seed=msg.bell_seed, first=0, trials=msg.bell_regions, calls=1,
                               timing=msg.timing or TimingConfig().to_dict(), hold_us=msg.bell_hold_us, bell=True,
-                              outside=self.device == "cpu")
+                              outside=outside, probe=None if outside else msg.bell_seed)
         return self.time_calls(lambda *args: marker, request, host=self.launch("bell", fixed_us=msg.bell_hold_us))[0]
 
 
