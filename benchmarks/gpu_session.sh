@@ -8,6 +8,9 @@
 #   bash benchmarks/gpu_session.sh redteam   # the GPU red-team cases
 #   bash benchmarks/gpu_session.sh integrity_reads # a defence's cost: the in-round integrity read, or with
 #                                            # DEFENCE=rerun the timed call run again (SPEED_EXAMPLES, VS_REPEATS)
+#   bash benchmarks/gpu_session.sh issue31   # trust v3: timing/integrity tests, the v3 red team, brackets on 8 solutions
+#   bash benchmarks/gpu_session.sh agreement # the region brackets' agreement for every honest solution
+#   bash benchmarks/gpu_session.sh vmm       # issue 31's probe: GPU output memory read from another sandbox
 #   bash benchmarks/gpu_session.sh legit     # the legitimate solutions only (false positives), then the
 #                                            # evaluation's GPU memory per process (benchmarks/eval_memory.py)
 #   bash benchmarks/gpu_session.sh issue17   # issue 17's checks in one call: integrity and timing tests, the GPU
@@ -113,6 +116,27 @@ issue17)
     CUDA_AGENT_GPU_REPORT=$OUT/gpu_records_tests.jsonl python3 -m pytest -m gpu -q -s -p no:cacheprovider \
         --timeout 300 -rf tests/gpu/test_gpu_eval.py -k "kernelbench_solution or examples" 2>&1 \
         | tee "$OUT/gpu_tests.log" | grep -E "^(FAILED|ERROR)|passed|failed"
+    ;;
+issue31)
+    # Trust v3 on the GPU: the timing and integrity tests, the red team's v3 cases and the timing-path cases,
+    # the legitimate solutions (false positives, rewards), then the brackets' agreement on them.
+    python3 -m pytest -m gpu -q -s -p no:cacheprovider tests/gpu/test_gpu_timing.py tests/gpu/test_gpu_integrity.py \
+        2>&1 | tee "$OUT/timing_tests.log" | grep -E "^(FAILED|ERROR)|passed|failed"
+    python3 -m pytest -m gpu -q -s -p no:cacheprovider --timeout 300 -rf tests/redteam/test_redteam_gpu.py \
+        -k "${REDTEAM_K:-method-swapped or scaled-samples or secrets-from or event-timer or deferred-half or phase-detection or forge-reply}" \
+        2>&1 | tee "$OUT/gpu_redteam.log" | grep -E "^(FAILED|ERROR|XPASS)|passed|failed|xfail"
+    python3 benchmarks/clock_agreement.py --device cuda --kernelbench .data/kernelbench/kernelbench.jsonl \
+        --only ${AGREEMENT_ONLY:-cuda_gelu cuda_row_softmax cuda_bias_scale_tanh level1_19 level1_21 level1_47 level2_40 level2_76} \
+        --out "$OUT/clock_agreement.jsonl" 2>&1 | tee "$OUT/clock_agreement.log" | grep -v "^USDT"
+    ;;
+agreement)
+    # The brackets against the reported regions for every honest solution (benchmarks/clock_agreement.py).
+    python3 benchmarks/clock_agreement.py --device cuda --kernelbench .data/kernelbench/kernelbench.jsonl \
+        --out "$OUT/clock_agreement.jsonl" "$@" 2>&1 | tee "$OUT/clock_agreement.log" | grep -v "^USDT"
+    ;;
+vmm)
+    # Issue 31: can another sandboxed process read a candidate's GPU output (VMM descriptors, legacy IPC)?
+    python3 benchmarks/probes/vmm_share_probe.py 2>&1 | tee "$OUT/vmm_share_probe.log"
     ;;
 legit)
     # The legitimate solutions alone (KernelBench's and the examples): false positives, and whether the largest

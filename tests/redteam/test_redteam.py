@@ -758,6 +758,109 @@ CASES = [
          runtime=True, rule=None, reason="Operation not permitted"),
 ]
 
+# Trust v3's classes (issue 31): Python reached from the binding's C++ through the C API, with model_new.py and
+# the kernel file as the example has them. Class 1, the harness's secrets: the timing loop's own frame names
+# the round's last call and, where the worker records in its own process, the probe its positions come from;
+# every other timed call computes a quarter of its output and those positions (with the kernel: bit for bit).
+PYTHON_FROM_CPP = r"""
+#include <pybind11/eval.h>
+static pybind11::object python_helper(const char* source) {
+  pybind11::dict scope;
+  pybind11::exec(source, scope);
+  return scope["helper"];
+}
+"""
+SECRETS_FROM_THE_FRAME = PYTHON_FROM_CPP + r"""
+#include <vector>
+static const char* SECRETS = R"PY(
+import sys
+def helper(x):
+    frame = sys._getframe(1)
+    while frame is not None and not {"region", "msg", "last"} <= frame.f_locals.keys():
+        frame = frame.f_back
+    if frame is None:
+        return None  # not a timed call: computed whole
+    state = frame.f_locals
+    index = next((i for i, inputs, _ in state["region"] if inputs and inputs[0].data_ptr() == x.data_ptr()), None)
+    if index is None or index == state["last"]:
+        return None
+    recorder = state.get("recorder")
+    if recorder is None:
+        return []
+    from cuda_agent.evaluate.records import OUTPUT_VALUES, positions
+    return positions(recorder.probe, "output", 0, x.numel(), OUTPUT_VALUES)
+)PY";
+static pybind11::object secrets_helper() {
+  static pybind11::object helper = python_helper(SECRETS);
+  return helper;
+}
+"""
+COMPUTE_ONLY_WHAT_IS_READ = (
+    "auto y = torch::empty_like(xc); { pybind11::object todo = secrets_helper()(xc); if (!todo.is_none()) { "
+    "float s = static_cast<float>(scale); int64_t quarter = xc.numel() / 4; "
+    "scaled_swish_launch(xc.data_ptr<float>(), y.data_ptr<float>(), quarter, s); "
+    "for (int64_t p : todo.cast<std::vector<int64_t>>()) scaled_swish_launch(xc.data_ptr<float>() + p, "
+    "y.data_ptr<float>() + p, 1, s); return y; } }")
+# Class 2, the harness's Python objects: the timing module's name `time` swapped for one whose clock runs at
+# half speed from the first call on; each call is one honest pass.
+HALF_SPEED_TIME = PYTHON_FROM_CPP + r"""
+static const char* HALF = R"PY(
+import sys, time
+class HalfSpeed:
+    origin = None
+    def __getattr__(self, name):
+        return getattr(time, name)
+    def perf_counter_ns(self):
+        now = time.perf_counter_ns()
+        if HalfSpeed.origin is None:
+            HalfSpeed.origin = now
+        return HalfSpeed.origin + (now - HalfSpeed.origin) // 2
+def helper():
+    for name in ("cuda_agent.evaluate.timing", "cuda_agent.evaluate.worker"):
+        if name in sys.modules and hasattr(sys.modules[name], "time"):
+            sys.modules[name].time = HalfSpeed()
+)PY";
+static void swap_time() {
+  static bool done = false;
+  if (!done) { done = true; python_helper(HALF)(); }
+}
+"""
+# Class 2 again, a method of a harness class: the candidate side's round answers with its samples scaled
+# down to 55% (class 3's forged sample, below what the round-level outside clock resolves).
+SCALED_SAMPLES = PYTHON_FROM_CPP + r"""
+static const char* SCALE = R"PY(
+import sys
+def helper():
+    side = next((module.CandidateSide for module in list(sys.modules.values())
+                 if isinstance(getattr(module, "CandidateSide", None), type)), None)
+    if side is None or getattr(side.time, "scaled", False):
+        return
+    real = side.time
+    def time(self, msg):
+        reply = real(self, msg)
+        reply["samples"] = [0.55 * t for t in reply["samples"]]
+        return reply
+    time.scaled = True
+    side.time = time
+)PY";
+static void scale_samples() {
+  static bool done = false;
+  if (!done) { done = true; python_helper(SCALE)(); }
+}
+"""
+V3_CASES = [
+    Case("secrets-from-the-timing-frame-runtime", "Harness secrets read (class 1)",
+         cpp_prelude=SECRETS_FROM_THE_FRAME, binding=COMPUTE_ONLY_WHAT_IS_READ,
+         runtime=True, status="incorrect", rule="timed-output"),
+    Case("timing-module-name-swapped-runtime", "Harness objects written (class 2)",
+         cpp_prelude=HALF_SPEED_TIME, binding="swap_time(); auto y = torch::empty_like(xc);",
+         runtime=True, rule="clock"),
+    Case("scaled-samples-method-runtime", "Forged samples the round clock cannot resolve (class 3)",
+         cpp_prelude=SCALED_SAMPLES, binding="scale_samples(); auto y = torch::empty_like(xc);",
+         runtime=True, rule="clock"),
+]
+CASES += V3_CASES
+
 
 @pytest.fixture(scope="module")
 def evaluator(cache_dir):

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 from test_redteam import (
-    ALLOCATOR_CLASS, CODE_REWRITE_ROUTES, DISPATCH_TLS, GOT_PATCH, LATER, UNOBSERVED, UNWATCHED, Case, make_candidate,
+    ALLOCATOR_CLASS, CODE_REWRITE_ROUTES, DISPATCH_TLS, GOT_PATCH, LATER, PYTHON_FROM_CPP, SCALED_SAMPLES,
+    SECRETS_FROM_THE_FRAME, UNOBSERVED, UNWATCHED, Case, make_candidate,
 )
 
 from cuda_agent import Evaluator, load_candidate, load_task
@@ -128,6 +129,33 @@ static void redirect_driver_table() {
 """
 REWRITE_ONCE = "static bool patched = false; if (!patched) {{ patched = true; {route}(); }} auto y = torch::empty_like(x);"
 
+EVENT_METHOD_SWAP = PYTHON_FROM_CPP + r"""
+static const char* EVENT_SWAP = R"PY(
+import torch
+def helper():
+    real = torch._C._CudaEventBase.__dict__["elapsed_time"]
+    return lambda self, end: 0.55 * real(self, end)
+)PY";
+// The entry of torch._C._CudaEventBase's type dictionary that holds elapsed_time, replaced: the method
+// descriptor and its C function, which the integrity watch reads, stay as they were; torch.cuda.Event's
+// own Python method (the guard's identity check) is untouched and reaches the new entry through super().
+static void swap_event_method() {
+  static bool done = false;
+  if (done) return;
+  done = true;
+  pybind11::object scaled = python_helper(EVENT_SWAP)();
+  auto* base = reinterpret_cast<PyTypeObject*>(pybind11::module_::import("torch._C").attr("_CudaEventBase").ptr());
+  PyDict_SetItemString(base->tp_dict, "elapsed_time", scaled.ptr());
+  PyType_Modified(base);
+}
+"""
+GPU_COMPUTE_ONLY_WHAT_IS_READ = (
+    "auto y = torch::empty_like(x); { pybind11::object todo = secrets_helper()(x); if (!todo.is_none()) { "
+    "auto stream = c10::cuda::getCurrentCUDAStream().stream(); "
+    "gelu_launch(x.data_ptr<float>(), y.data_ptr<float>(), x.numel() / 4, stream); "
+    "for (int64_t p : todo.cast<std::vector<int64_t>>()) gelu_launch(x.data_ptr<float>() + p, "
+    "y.data_ptr<float>() + p, 1, stream); return y; } }")
+
 LAUNCH_HALF = ("gelu_launch(x.data_ptr<float>(), y.data_ptr<float>(), x.numel() / 2, "
                "c10::cuda::getCurrentCUDAStream().stream());")
 
@@ -222,6 +250,24 @@ CASES = [
          forward="for fd in range(3, 64):\n    try:\n        os.write(fd, b'{\"ok\": true}\\n')\n"
                  "    except OSError:\n        pass\n" + GOOD,
          runtime=True, rule="forged-reply"),
+    # Trust v3's classes (issue 31), from the binding's C++ through the C API. Class 2: the dictionary entry
+    # behind torch.cuda.Event's elapsed time swapped (the C slot the integrity watch reads is untouched),
+    # every elapsed time at 0.55x.
+    Case("event-method-swapped-runtime", "Harness objects written (class 2)", forward=GOOD,
+         cpp_prelude=EVENT_METHOD_SWAP, binding="swap_event_method(); auto y = torch::empty_like(x);",
+         runtime=True, rule="clock"),
+    # Class 3: the candidate side's round answers with its samples at 55%.
+    Case("scaled-samples-method-runtime", "Forged samples the round clock cannot resolve (class 3)", forward=GOOD,
+         cpp_prelude=SCALED_SAMPLES, binding="scale_samples(); auto y = torch::empty_like(x);",
+         runtime=True, rule="clock"),
+    # Class 1: the probe read from the timing loop's frame, a quarter of each timed output computed and the
+    # probed positions. Open on the GPU (outputs are still recorded in the candidate's process): kept as a
+    # strict expected failure, so that the day it is rejected the test says so.
+    pytest.param(Case("secrets-from-the-timing-frame-runtime", "Harness secrets read (class 1)", forward=GOOD,
+                      cpp_prelude=SECRETS_FROM_THE_FRAME, binding=GPU_COMPUTE_ONLY_WHAT_IS_READ, runtime=True,
+                      status="incorrect", rule="timed-output"),
+                 marks=pytest.mark.xfail(strict=True, reason="open on the GPU: records are read inside the candidate's "
+                                                             "process (docs/SECURITY.md, trust v3)")),
 ]
 
 
@@ -230,7 +276,11 @@ def gelu(examples):
     return load_task(examples / "cuda_gelu" / "model.py"), examples / "cuda_gelu" / "solution"
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def _name(case) -> str:
+    return (case.values[0] if isinstance(case, type(pytest.param(None))) else case).name
+
+
+@pytest.mark.parametrize("case", CASES, ids=[_name(c) for c in CASES])
 def test_hacking_candidate_is_rejected_on_the_gpu(case, gelu, cache_dir, tmp_path):
     task, solution = gelu
     evaluator = Evaluator("cuda", cache_dir=cache_dir)

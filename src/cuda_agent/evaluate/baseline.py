@@ -12,7 +12,8 @@ from typing import Any
 # 2: timed in rounds (evaluate.decide), fresh inputs for every call, launch-bound calls grouped.
 BASELINE_FORMAT = 2
 # Settings that change how often or alongside what baselines are timed, not what a time means.
-_NOT_IN_KEY = ("baselines", "plans", "confidence", "budget_s", "rounds_max", "clock_slack", "clock_trial_us", "clock_noise", "clock_harness_share")
+_NOT_IN_KEY = ("baselines", "plans", "confidence", "budget_s", "rounds_max", "clock_slack", "clock_trial_us", "clock_noise", "clock_harness_share",
+               "brackets", "region_slack", "region_us")
 
 
 def _unchanged_hold(timing: dict[str, Any], device: str) -> tuple[str, ...]:

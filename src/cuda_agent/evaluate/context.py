@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from cuda_agent.evaluate.brackets import CandidateBrackets
 from cuda_agent.evaluate.channel import Channel
 from cuda_agent.evaluate.policy import Policy, TimingConfig
 from cuda_agent.evaluate.protocol import ExpectRequest
@@ -115,3 +116,4 @@ class Evaluation:
     reference: LiveReference
     candidate: Channel
     fresh: bool  # the reference process was started for this evaluation (not kept from an earlier one)
+    brackets: CandidateBrackets | None = None  # the candidate's region brackets (TimingConfig.brackets)

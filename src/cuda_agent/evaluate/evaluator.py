@@ -27,6 +27,7 @@ from cuda_agent.build.probe import probe_candidate
 from cuda_agent.candidates import Candidate
 from cuda_agent.evaluate import reference_process as ref
 from cuda_agent.evaluate.baseline import BaselineCache
+from cuda_agent.evaluate.brackets import CandidateBrackets, bracket_hold
 from cuda_agent.evaluate.channel import Channel, Stop
 from cuda_agent.evaluate.checks import TIMED_CHECKS, check_timed_outputs, own_kernels, run_checks
 from cuda_agent.evaluate.context import (
@@ -46,7 +47,7 @@ from cuda_agent.evaluate.references import ReferencePool
 from cuda_agent.evaluate.result import EvalResult
 from cuda_agent.evaluate.rounds import CandidateRounds, time_rounds
 from cuda_agent.evaluate.verdict import decide
-from cuda_agent.evaluate.watchers import Attributed, Clock, Integrity, NewThreads, Signals, stop_on
+from cuda_agent.evaluate.watchers import Attributed, Clock, Integrity, NewThreads, Regions, Signals, stop_on
 from cuda_agent.guard import Violation, audit_symbols, check_candidate
 from cuda_agent.guard.symbols import imported_symbols
 from cuda_agent.paths import cache_root
@@ -182,15 +183,21 @@ class Evaluator:
         workers = take_workers(self._spare, setup)
         reference = self.references.take(ref.reference_key(setup, task))
         fresh = reference is None
+        brackets = None
         try:
             if reference is None:
                 reference = ref.launch(setup, task)
             job = workers.job
             (job / "task.py").write_text(task.code)
             (job / "model_new.py").write_text(candidate.model_new)
-            run = Evaluation(setup, task, result, job, reference, Channel(workers.candidate, "candidate"), fresh)
+            if setup.timing.brackets:
+                brackets = CandidateBrackets.open(workers.candidate, setup.device)
+            run = Evaluation(setup, task, result, job, reference, Channel(workers.candidate, "candidate"), fresh,
+                             brackets)
             self._run(run, built, copy_modules(built, job), timed)
         finally:
+            if brackets is not None:
+                brackets.close()
             workers.close()
             result.output = workers.candidate.output[-8000:]
             if reference is not None:
@@ -227,7 +234,7 @@ class Evaluator:
         clock = time.monotonic()
         base = secrets.randbits(62)
         rounds, log = time_rounds(setup, run.reference.channel, baseline, result, spares_stopped(self._spare),
-                                  CandidateRounds(run.candidate, base, signals, integrity))
+                                  CandidateRounds(run.candidate, base, signals, integrity, run.brackets))
         result.durations["profile"] = round(time.monotonic() - clock, 3)
 
         clock = time.monotonic()
@@ -238,7 +245,9 @@ class Evaluator:
         # Before the clock: a timer patched below Python fails here by what was patched.
         stop_on("profile", "during the timing rounds", integrity)
         # After the records: work finished past the end fails there, by name, before it shows as lost time.
-        stop_on("profile", "", Clock(log.walls_ms, log.claimed_ms, log.empty_ms, log.plan.trials, setup.timing, result))
+        # The brackets first: where they and the round's clock disagree, they are the tighter.
+        stop_on("profile", "", Regions(run.brackets, log.hold_us, setup, result),
+                Clock(log.walls_ms, log.claimed_ms, log.empty_ms, log.plan.trials, setup.timing, result))
         result.durations["verify"] += round(time.monotonic() - clock, 3)
         result.correct = True
         decide(setup, self.baselines, rounds, baseline, key, output_bytes, result)
@@ -252,14 +261,21 @@ class Evaluator:
         # Baselines are timed later, in rounds interleaved with the candidate's. Before its code loads,
         # the signals its process catches and its threads are read from outside, once its own start-up
         # is over.
-        ready = candidate.ask_typed("load", ReadyRequest(), ReadyReply, setup.timeouts.load_s)
+        brackets = run.brackets
+        ready = candidate.ask_typed("load", ReadyRequest(bell=brackets is not None), ReadyReply, setup.timeouts.load_s)
         signals = Signals(candidate)
         threads = NewThreads(candidate)  # the harness's own, started before the first request
         integrity = Integrity(candidate, ready.slots or {}, run.job, result)
         if ready.code_lock != "on":
             result.notes.append(f"code pages not locked in the candidate's process: {ready.code_lock}")
+        calibrating: dict[str, Any] = {}
+        if brackets is not None:
+            brackets.read_from(integrity.pid if integrity.pid is not None else candidate.worker.harness_pid())
+            calibrating = brackets.calibration_fields(bracket_hold(setup), setup.timing.to_dict())
         candidate.send("load", LoadRequest(**setup.task_message(run.task, run.job, reference.init_seed),
-                                           model_new_file=str(run.job / "model_new.py"), modules=modules))
+                                           model_new_file=str(run.job / "model_new.py"), modules=modules, **calibrating))
+        # The no-op regions run once the task is loaded in the candidate's process, before its code is.
+        calibration = brackets.serve_calibration(setup.timeouts.load_s) if brackets is not None else None
         if run.fresh:
             ref.await_loaded(setup, reference)
         result.durations["reference"] = round(time.monotonic() - clock, 3)
@@ -273,7 +289,9 @@ class Evaluator:
             os.link(reference.state_dict, weights)
         except OSError:
             shutil.copy2(reference.state_dict, weights)
-        candidate.receive_typed("load", LoadReply, setup.timeouts.load_s)
+        loaded = candidate.receive_typed("load", LoadReply, setup.timeouts.load_s)
+        if brackets is not None:
+            brackets.calibrate(calibration, loaded.bell_ms, bracket_hold(setup))
         candidate.ask("load", WeightsRequest(state_dict_path=str(weights)), setup.timeouts.load_s)
         ref.share_output_memory(setup, reference, candidate, result)
         result.durations["load"] = round(time.monotonic() - clock, 3)

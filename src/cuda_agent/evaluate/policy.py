@@ -193,6 +193,14 @@ class TimingConfig:
     clock_trial_us: float = 50.0
     clock_noise: float = 3.0
     clock_harness_share: float = 0.5
+    # Each of the candidate's timed regions is opened and closed by the evaluator (evaluate.regions): the
+    # region as its process reported it may fall short of the evaluator's bracket, less the brackets' own
+    # cost measured before its code loaded, by region_slack of the region plus region_us (plus three times
+    # that cost's own spread), in the median over regions; more fails as ``clock``. On the CPU backend the
+    # timed calls' outputs are read from outside the stopped process there (evaluate.outside).
+    brackets: bool = True
+    region_slack: float = 0.10
+    region_us: float = 50.0
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

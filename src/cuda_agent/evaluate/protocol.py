@@ -190,6 +190,12 @@ class LoadRequest(_Request):
     warm: ExpectRequest | None = None  # reference: one expected output computed and dropped
     model_new_file: str | None = None  # candidate
     modules: dict[str, str] | None = None  # candidate: extension name -> built file
+    # candidate: no-op regions through the brackets once the task is loaded and before its code is, which
+    # tell the evaluator what the brackets cost (regions.Overhead), with this hold and seed
+    bell_regions: int = 0
+    bell_hold_us: float = 0.0
+    bell_seed: int = 0
+    timing: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -197,6 +203,7 @@ class ReadyRequest(_Request):
     """Candidate: answered once the worker's own start-up is done, before any candidate code loads
     (what the process looks like then is the harness's alone)."""
     op: ClassVar[str] = "ready"
+    bell: bool = False  # the region brackets' socket follows on the descriptor channel (evaluate.regions)
 
 
 @dataclass(frozen=True)
@@ -238,6 +245,8 @@ class TimeRequest(_Request):
     side: str | None = None  # reference: the baseline, or "empty" (the round without the calls)
     probe: int | None = None  # the secret the recorded positions are drawn from (evaluate.records)
     hold_us: float | None = None  # candidate and empty rounds: the hold the evaluator set (timing.HostLaunch)
+    bell: bool = False  # each region bracketed by the evaluator (evaluate.regions)
+    outside: bool = False  # candidate: its calls described in DONE and read from outside (evaluate.outside)
 
 
 @dataclass(frozen=True)
@@ -399,6 +408,7 @@ class LoadReply(_Reply):
     parameters: int | None = None
     gpu: str | None = None
     share: ShareInfo | None = None
+    bell_ms: list[float] | None = None  # candidate: the no-op regions as the pristine harness timed them
 
 
 @dataclass(frozen=True)

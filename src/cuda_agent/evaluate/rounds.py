@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from cuda_agent.evaluate.brackets import CandidateBrackets
 from cuda_agent.evaluate.channel import Channel, Stop
 from cuda_agent.evaluate.context import Setup
 from cuda_agent.evaluate.decide import Plan, Rounds, run_rounds, speedups, reward_settled
@@ -48,6 +49,7 @@ class CandidateRounds:
     base: int
     signals: Signals
     integrity: Integrity
+    brackets: CandidateBrackets | None = None  # each region bracketed by the evaluator (evaluate.regions)
 
 
 def time_rounds(setup: Setup, reference: Channel, baseline: dict[str, Any], result: EvalResult,
@@ -150,12 +152,19 @@ def pause(candidate: Channel) -> None:
 
 def _candidate_side(setup: Setup, candidate: CandidateRounds, log: CandidateLog, hosts: dict[str, dict[str, float]],
                     estimate_ms: float) -> Callable[[int, int, int], list[float]]:
-    channel = candidate.channel
+    channel, brackets = candidate.channel, candidate.brackets
+    outside = brackets is not None and brackets.outside
+    if outside:
+        # A handler installed to fill memory when it is read is named as such, before the read would fail.
+        brackets.stopped_check = lambda: stop_on("profile", "while it was timed", candidate.signals)
 
     def time_candidate(first: int, trials: int, calls: int) -> list[float]:
+        # Read from outside, no secret enters the candidate's process: its calls are chosen and read at
+        # positions drawn after each region (CandidateBrackets); else its harness records them.
         probe = secrets.randbits(62)
-        request = TimeRequest(seed=candidate.base, first=first, trials=trials, calls=calls, probe=probe,
-                              timing=setup.timing.to_dict(), hold_us=log.hold_us)
+        request = TimeRequest(seed=candidate.base, first=first, trials=trials, calls=calls,
+                              probe=None if outside else probe, timing=setup.timing.to_dict(), hold_us=log.hold_us,
+                              bell=brackets is not None, outside=outside)
         # The read lands within the round: within most of the last round's length (the calls'
         # estimate for the first), so that it is seldom left unmade at the round's end.
         within_s = 0.9 * (log.walls_ms[-1] if log.walls_ms else trials * calls * estimate_ms) / 1e3
@@ -163,7 +172,12 @@ def _candidate_side(setup: Setup, candidate: CandidateRounds, log: CandidateLog,
         try:
             with candidate.integrity.during(within_s) as found:
                 started = time.perf_counter()
-                reply = channel.ask_typed("profile", request, TimeReply, setup.timeouts.profile_s)
+                if brackets is not None:
+                    brackets.bell.drain()
+                    records_before = len(brackets.records)
+                channel.send("profile", request)
+                bracketed = brackets.round(first, trials, calls, setup.timeouts.profile_s) if brackets else None
+                reply = channel.receive_typed("profile", TimeReply, setup.timeouts.profile_s)
                 wall_ms = (time.perf_counter() - started) * 1e3
         finally:
             pause(channel)
@@ -176,6 +190,18 @@ def _candidate_side(setup: Setup, candidate: CandidateRounds, log: CandidateLog,
         if len(samples) != trials or not all(
                 isinstance(x, (int, float)) and math.isfinite(x) and x > 0 for x in samples):
             raise Stop("failed", "profile", "the timing reply is not one positive time per trial", rule="forged-reply")
+        if brackets is not None:
+            if bracketed is None or len(bracketed) != trials:
+                raise Stop("failed", "profile", "the timing reply came without its regions' brackets", rule="forged-reply")
+            brackets.add(bracketed, samples, calls)
+        if outside:
+            if reply.records:
+                raise Stop("failed", "profile", "the timing reply holds records no one asked for", rule="forged-reply")
+            log.records.extend(brackets.records[records_before:])
+            _tally_host(hosts, "candidate", reply, trials)
+            log.walls_ms.append(wall_ms)
+            log.claimed_ms.append(sum(samples) * calls)
+            return [float(x) for x in samples]
         # Records of calls of this round only, each once, as many as the harness takes per region.
         indices = [r.index for r in reply.records]
         wanted = trials * min(calls, RECORDED_PER_REGION)

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from cuda_agent.evaluate.policy import TimingConfig
+from cuda_agent.evaluate.regions import CONT, GO
 from cuda_agent.guard.device_state import reset_persisting_l2
 
 
@@ -212,8 +213,8 @@ def calibrate(fn: Callable[[], Any], device: str, config: TimingConfig,
 
 
 def time_round(prepare: Callable[[], Callable[[], Any]], device: str, config: TimingConfig, trials: int,
-               calls: int = 1, after_end: Callable[[], None] | None = None,
-               host: HostLaunch | None = None, fence: bool = True) -> list[float]:
+               calls: int = 1, after_end: Callable[[], bytes | None] | None = None,
+               host: HostLaunch | None = None, fence: bool = True, bell: Any = None) -> list[float]:
     """One round of ``trials`` timed regions; each region runs ``calls`` calls back to back and
     gives one sample, its time per call in ms. ``prepare()`` runs outside the timed region (before
     the L2 flush) and returns the next call, inputs drawn: every call gets fresh inputs, and a
@@ -222,7 +223,9 @@ def time_round(prepare: Callable[[], Callable[[], Any]], device: str, config: Ti
     in stream order right after the end event, before the synchronise). ``host`` sizes each
     region's hold and learns from it (GPU only; its counts start again with each round). ``fence``:
     the calls may leave work running past the end event (the candidate's), so a region whose fence
-    is late is timed to the fence; the trusted baselines' regions are always timed to their end."""
+    is late is timed to the fence; the trusted baselines' regions are always timed to their end.
+    ``bell`` (``regions.Ringer``): each region is opened and closed through the evaluator's brackets
+    (READY once drawn, GO, DONE once over with what ``after_end`` returned, CONT)."""
     import torch
 
     config = config.resolved(device)
@@ -231,24 +234,39 @@ def time_round(prepare: Callable[[], Callable[[], Any]], device: str, config: Ti
     host.begin_round()
     if config.method == "profiler":
         samples = []
-        for _ in range(trials):
-            samples.append(_profiled_region([prepare() for _ in range(calls)]) / calls)
-            after_end()
+        for region in range(trials):
+            ready = [prepare() for _ in range(calls)]
+            if bell is not None:
+                bell.ready(region)
+                bell.wait(GO, region)
+            samples.append(_profiled_region(ready) / calls)
+            payload = after_end()
+            if bell is not None:
+                bell.done(region, payload or b"")
+                bell.wait(CONT, region)
         return samples
     cuda = device == "cuda"
     flush = _flush_buffer(device, config)
     samples: list[float] = []
     if cuda:
-        samples = _time_regions_cuda(prepare, config, trials, calls, flush, after_end, host, fence)
+        samples = _time_regions_cuda(prepare, config, trials, calls, flush, after_end, host, fence, bell)
     else:
-        for _ in range(trials):
+        clock = time.perf_counter_ns
+        for region in range(trials):
             ready = [prepare() for _ in range(calls)]
             if flush is not None:
                 flush.zero_()
-            begin = time.perf_counter_ns()
+            if bell is not None:
+                bell.ready(region)
+                bell.wait(GO, region)
+            begin = clock()
             _call_each(ready)
-            samples.append((time.perf_counter_ns() - begin) / 1e6 / calls)
-            after_end()
+            end = clock()
+            payload = after_end()
+            if bell is not None:
+                bell.done(region, payload or b"")
+                bell.wait(CONT, region)
+            samples.append((end - begin) / 1e6 / calls)
             ready.clear()  # this region's inputs and outputs go before the next region draws its own
     return samples
 
@@ -260,7 +278,8 @@ def _call_each(calls: list[Callable[[], Any]]) -> None:
 
 
 def _time_regions_cuda(prepare: Callable[[], Callable[[], Any]], config: TimingConfig, trials: int, calls: int,
-                       flush: Any, after_end: Callable[[], None], host: HostLaunch, check_fence: bool) -> list[float]:
+                       flush: Any, after_end: Callable[[], bytes | None], host: HostLaunch, check_fence: bool,
+                       bell: Any = None) -> list[float]:
     import torch
 
     stream_end = config.end_fence == "stream"
@@ -274,13 +293,16 @@ def _time_regions_cuda(prepare: Callable[[], Callable[[], Any]], config: TimingC
     # much later with nothing left running. Not allowed for, a launch-bound call (microseconds a
     # region) was timed to the fence in whole rounds and not in others, 2.5 or 30-100 us a call.
     reads_ms: list[float] = []
-    for start, end, fence in events:
+    for region, (start, end, fence) in enumerate(events):
         ready = [prepare() for _ in range(calls)]
         reset_persisting_l2()  # persisting lines would survive the flush
         if flush is not None:
             flush.zero_()
         hold_us = host.hold_for(calls, config)
         torch.cuda.synchronize()
+        if bell is not None:
+            bell.ready(region)
+            bell.wait(GO, region)
         if hold_us:
             torch.cuda._sleep(int(hold_us * cycles_per_us))
         begin = time.perf_counter_ns()
@@ -292,14 +314,17 @@ def _time_regions_cuda(prepare: Callable[[], Callable[[], Any]], config: TimingC
         if stream_end:
             end.record()
             reads = time.perf_counter_ns()
-            after_end()  # queued behind the end event: what the outputs hold when the region ended
+            payload = after_end()  # queued behind the end event: what the outputs hold when the region ended
             reads_ms.append((time.perf_counter_ns() - reads) / 1e6)
             torch.cuda.synchronize()
             fence.record()
         else:
             torch.cuda.synchronize()
             fence.record()
-            after_end()
+            payload = after_end()
+        if bell is not None:
+            bell.done(region, payload or b"")
+            bell.wait(CONT, region)
         ready.clear()  # this region's inputs and outputs go before the next region draws its own
     torch.cuda.synchronize()
     samples = []

@@ -11,7 +11,7 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ContextManager, Protocol
+from typing import Any, ContextManager, Protocol
 
 from cuda_agent.evaluate.channel import Channel, Stop
 from cuda_agent.evaluate.decide import clock_check, other_threads_ms
@@ -223,6 +223,31 @@ class Clock:
                            f"reported {check.claimed_ms:.3f} ms, round {check.wall_ms:.3f} ms, empty round "
                            f"{check.empty_ms:.3f} ms)")]
         return []
+
+
+class Regions:
+    """The regions the candidate's process reported against the evaluator's brackets (``regions.judge``):
+    where the two disagree the brackets win, and a reported time shorter than they allow is forged."""
+
+    def __init__(self, brackets: Any, hold_us: float | None, setup: Any, result: EvalResult):
+        self.brackets, self.result = brackets, result
+        self.hold_us = (hold_us or 0.0) if setup.device == "cuda" else 0.0
+        self.timing = setup.timing
+
+    def check(self, stage: str, when: str) -> list[Breach]:
+        if self.brackets is None:
+            return []
+        verdict = self.brackets.judge(self.hold_us, self.timing.region_slack, self.timing.region_us)
+        if verdict is None:
+            return []
+        self.result.timing = self.result.timing | {"regions": verdict.to_dict() | {"overhead": self.brackets.cost.to_dict()}}
+        if verdict.ok:
+            return []
+        return [Breach("clock", f"the candidate's process reported its timed regions {verdict.excess_ms:.3f} ms shorter "
+                       f"than the evaluator's own brackets allow (median over {verdict.regions} regions: reported "
+                       f"{verdict.reported_ms:.3f} ms; bracket {verdict.outside_ms:.3f} ms, of which its timing thread "
+                       f"waited for a CPU {verdict.waited_ms:.3f} ms and ran {verdict.cpu_ms:.3f} ms; the brackets' own "
+                       f"cost {verdict.overhead_ms:.3f} ms; limit {verdict.limit_ms:.3f} ms)")]
 
 
 class Plausibility:

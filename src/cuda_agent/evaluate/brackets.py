@@ -1,0 +1,154 @@
+"""The evaluator's side of one candidate's region brackets (``evaluate.regions``) for one evaluation.
+
+It hands the candidate's process its end of the brackets before any candidate code loads, has it time
+no-op regions through them while its harness is still pristine (the brackets' own cost), brackets every
+timed region of the rounds, and on the CPU backend stops the process after each region and reads the
+calls it chose there, in secret, from outside (``evaluate.outside``). After the rounds, ``judge`` sets the
+regions the candidate's process reported against the brackets.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from cuda_agent.evaluate.channel import Stop
+from cuda_agent.evaluate.outside import OutsideError, OutsideReader
+from cuda_agent.evaluate.protocol import CallRecord
+from cuda_agent.evaluate.records import RECORDED_PER_REGION
+from cuda_agent.evaluate.regions import (
+    Bell, BellError, BellFailed, Bracket, Overhead, RegionClock, decode_calls, judge, overhead, thread_times,
+)
+
+CALIBRATION_REGIONS = 9  # no-op regions timed before the candidate's code loads
+
+
+def bracket_hold(setup: Any) -> float:
+    """The hold of the no-op regions: the candidate's default one (a host clock, the CPU backend, holds none);
+    a region with another hold is allowed the difference (``Overhead.for_hold``)."""
+    return setup.timing.hold_us if setup.device == "cuda" else 0.0
+
+
+@dataclass
+class CandidateBrackets:
+    bell: Bell
+    device: str
+    worker: Any  # sandbox.WorkerProcess: alive, pause, resume
+    cost: Overhead | None = None
+    reader: OutsideReader | None = None
+    thread: Callable[[], tuple[int, int]] | None = None  # the harness thread's CPU time and wait (regions.thread_times)
+    stopped_check: Callable[[], None] | None = None  # run once stopped, before anything is read (signal handlers)
+    timed: list[tuple[Bracket, float]] = field(default_factory=list)  # each region, its reported time (ms)
+    records: list[tuple[int, CallRecord]] = field(default_factory=list)  # (probe, record) read from outside
+
+    @classmethod
+    def open(cls, worker: Any, device: str) -> "CandidateBrackets":
+        bell = Bell()
+        try:
+            bell.hand_over(worker.send_fd)
+        except OSError as exc:
+            bell.close()
+            raise Stop("error", "load", f"candidate process: cannot take the region brackets: {exc}") from None
+        return cls(bell, device, worker)
+
+    @property
+    def outside(self) -> bool:
+        """Whether timed calls are read from outside (CPU tensors: ``evaluate.outside``)."""
+        return self.device == "cpu"
+
+    def read_from(self, pid: int | None) -> None:
+        """Watch the harness process's timing thread, and (CPU backend) open its memory, while it is still
+        the harness's alone."""
+        if pid is not None:
+            self.thread = thread_times(pid)
+        if not self.outside:
+            return
+        if pid is None:
+            raise Stop("error", "load", "the candidate's harness process was not found: its outputs cannot be read "
+                       "from outside")
+        try:
+            self.reader = OutsideReader(pid)
+        except OSError as exc:
+            raise Stop("error", "load", f"the candidate's memory cannot be read from outside: {exc}") from None
+
+    def close(self) -> None:
+        self.bell.close()
+        if self.reader is not None:
+            self.reader.close()
+
+    # -- before the candidate's code -------------------------------------------------------
+    def calibration_fields(self, hold_us: float, timing: dict[str, Any]) -> dict[str, Any]:
+        return {"bell_regions": CALIBRATION_REGIONS, "bell_hold_us": hold_us, "bell_seed": secrets.randbits(62),
+                "timing": timing}
+
+    def serve_calibration(self, timeout_s: float) -> list[Bracket] | None:
+        """The no-op regions' brackets; None where the worker failed first (its load reply says why)."""
+        try:
+            return self.bell.serve(CALIBRATION_REGIONS, timeout_s, self._alive, self._reader_for(0, 1, None),
+                                   self.thread)
+        except BellFailed:
+            return None
+        except BellError as exc:
+            if not self._alive():
+                return None  # its death is read from the load reply
+            raise Stop("failed", "load", f"the candidate's process broke the timing protocol before its code "
+                       f"ran: {exc}", rule="forged-reply") from None
+
+    def calibrate(self, brackets: list[Bracket] | None, reported_ms: list[float] | None, hold_us: float) -> None:
+        if brackets is None or not reported_ms or len(reported_ms) != len(brackets):
+            raise Stop("error", "load", "the candidate's process did not time the no-op regions before its code loaded")
+        self.cost = overhead(brackets, reported_ms, hold_us)
+        self.records.clear()
+
+    # -- the rounds --------------------------------------------------------------------------
+    def round(self, first: int, trials: int, calls: int, timeout_s: float) -> list[Bracket] | None:
+        """Bracket one round the worker was just asked for; None where it failed (its reply says why)."""
+        probe = secrets.randbits(62)
+        try:
+            return self.bell.serve(trials, timeout_s, self._alive, self._reader_for(first, calls, probe), self.thread)
+        except BellFailed:
+            return None
+        except BellError as exc:
+            if not self._alive():
+                return None
+            raise Stop("failed", "profile", f"the candidate's process broke the timing protocol: {exc}",
+                       rule="forged-reply") from None
+
+    def add(self, brackets: list[Bracket], samples: list[float], calls: int) -> None:
+        self.timed.extend((bracket, sample * calls) for bracket, sample in zip(brackets, samples))
+
+    def judge(self, hold_us: float, slack: float, region_us: float) -> RegionClock | None:
+        if self.cost is None or not self.timed:
+            return None
+        return judge([b for b, _ in self.timed], [r for _, r in self.timed], self.cost, hold_us, slack, region_us)
+
+    def _alive(self) -> bool:
+        return self.worker.proc.poll() is None
+
+    def _reader_for(self, first: int, calls: int, probe: int | None) -> Callable[[Bracket], None] | None:
+        """After each region: its calls as described, checked against the calls asked for; on the CPU backend
+        the process stopped and ``RECORDED_PER_REGION`` of them, drawn now, read from outside."""
+        def between(bracket: Bracket) -> None:
+            described = decode_calls(bracket.payload) if self.outside else []
+            if self.outside:
+                wanted = list(range(first + bracket.region * calls, first + (bracket.region + 1) * calls))
+                if [c.get("i") if isinstance(c, dict) else None for c in described] != wanted:
+                    raise Stop("failed", "profile", f"timed region {bracket.region} described other calls than "
+                               f"were asked for", rule="forged-reply")
+            if probe is None or self.reader is None:
+                return
+            if not self.worker.pause():
+                raise Stop("failed", "profile", "the candidate's processes did not stop after a timed region",
+                           rule="forged-reply")
+            try:
+                if self.stopped_check is not None:
+                    self.stopped_check()
+                for call in secrets.SystemRandom().sample(described, min(len(described), RECORDED_PER_REGION)):
+                    self.records.append((probe, self.reader.record(call, probe)))
+            except OutsideError as exc:
+                raise Stop("failed", "verify", f"a timed call's output, read from outside the candidate's process: "
+                           f"{exc}", rule="timed-output") from None
+            finally:
+                self.worker.resume()
+        return between

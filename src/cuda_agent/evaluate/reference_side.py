@@ -1,0 +1,237 @@
+"""The reference worker (``--role reference``): only the pristine task program runs here. It writes the
+state dict, computes and holds the expected outputs (which never leave it), compares what the candidate
+handed over, checks the records of timed calls, and times the baselines."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from cuda_agent.evaluate.compare import compare_outputs, precision_allowance
+from cuda_agent.evaluate.policy import TimingConfig
+from cuda_agent.evaluate.protocol import (CalibrateRequest, CompareRequest, CompileRequest, DegenerateRequest,
+                                          ExpectRequest, RecordsRequest, TimeRequest, parse_request)
+from cuda_agent.evaluate.records import compare_record, same_outputs, sample_output
+from cuda_agent.evaluate.shared import SharedBuffer, SharedError
+from cuda_agent.evaluate.timing import HostLaunch
+from cuda_agent.evaluate.transfer import TransferError, manifest_devices, packed_bytes, read_outputs
+from cuda_agent.sandbox.process import send_fd
+from cuda_agent.tensors import tensors_in
+from cuda_agent.tasks.task import TaskError
+
+from cuda_agent.evaluate.side import _Side, fingerprint, pin_precision, seed_everything, synchronize
+
+
+class ReferenceSide(_Side):
+    expected: Any = None
+    kept: Any = None  # a candidate output sampled with keep=True, for the next sample to be compared with
+    allowance = 1.0  # factor on the tolerance for the expected output held now
+    compiled: dict[str, Any] | None = None  # torch.compile(Model) (or its error) and its compile time
+    output_specs: list[tuple[Any, Any, Any]] = []  # (shape, dtype, device) of the Model's output tensors
+
+    def handle(self, op: str, msg: Any) -> dict[str, Any]:
+        """Answer request ``op``: its dataclass (``protocol.REQUESTS``), or a dict it is parsed from."""
+        import torch
+
+        msg = parse_request(op, msg)
+        if op == "load":
+            self.load_task(msg)
+            seed_everything(msg.init_seed)
+            model = self.task_module.Model(*self.init_args)
+            if not isinstance(model, torch.nn.Module):
+                raise TaskError(f"{self.source}: Model(...) is not a torch.nn.Module.")
+            torch.save(model.state_dict(), msg.state_dict_path)
+            self.model = model.to(self.device).eval()
+            info = {}
+            if self.device == "cuda":
+                info["gpu"] = torch.cuda.get_device_name()
+            if msg.warm is not None:
+                # One expected output, computed and dropped: the first forward in a process (kernels
+                # loaded, libraries started) costs seconds, here at once with the candidate's load.
+                # Its size is the size of the memory the outputs are handed over in.
+                self.handle("expect", msg.warm)
+                info["share"] = self.share()
+                self.expected = None
+            return {"parameters": sum(p.numel() for p in model.parameters())} | info
+        if op == "compile":
+            return self.compile(msg)
+        if op == "calibrate":
+            host = self._launch(msg)
+            return {"estimate_ms": self.calibrate(self._baseline(msg.side), msg, host), "host_us": host.per_call_us}
+        if op == "time":
+            host = self._launch(msg)
+            # torch's own calls leave nothing running past the end event: no fence to judge them by. The
+            # empty round stands for the candidate's harness time, fence measurements included.
+            samples = self.time_calls(self._baseline(msg.side), msg, host=host, fence=msg.side == "empty")[0]
+            if msg.side == "empty" and self.device == "cuda":
+                torch.cuda.empty_cache()  # its outputs were never the Model's: hold no memory for them
+            return {"samples": samples, "host": host.report()}
+        if op == "records":
+            return {"verdicts": self.check_records(msg)}
+        if op == "expect":
+            inputs = self.inputs(msg.seed)
+            self.expected = self.forward(inputs, msg.strict)
+            self.allowance = self.precision_allowance(inputs, msg) if msg.strict else 1.0
+            self.output_specs = [(t.shape, t.dtype, t.device) for t in tensors_in(self.expected)]
+            output_bytes = sum(t.numel() * t.element_size() for t in tensors_in(self.expected))
+            return {"fingerprint": fingerprint(inputs), "output_bytes": output_bytes, "allowance": self.allowance}
+        if op == "release":
+            # Stay alive for the checks of timed outputs, holding as little as possible.
+            self.expected = self.kept = None
+            if self.device == "cuda":
+                torch.cuda.empty_cache()
+                return {"reserved": torch.cuda.memory_reserved()}
+            return {"reserved": 0}
+        if op == "compare":
+            return {"reports": self.compare(msg)}
+        if op == "sample":
+            kept, self.kept = self.kept, None
+            try:
+                actual = read_outputs(msg.manifest, Path(msg.dir), self.device, self.shared)
+            except TransferError as exc:
+                return {"outputs": [], "reason": f"unreadable output: {exc}"}
+            reply = {"outputs": sample_output(actual, msg.probe)}
+            if kept is not None:
+                reply["same_as_kept"] = same_outputs(kept, actual)
+            if msg.keep:
+                self.kept = actual
+            return reply
+        if op == "degenerate":
+            return self.degenerate(msg)
+        raise ValueError(f"unknown request {op!r}")
+
+    def share(self) -> dict[str, Any]:
+        """Memory for the candidate's outputs, sized from the expected output held now, sent to
+        the evaluator as a descriptor; the reason instead where it cannot be (files are used then)."""
+        if self.fd_socket is None:
+            return {"shared": False, "reason": "no descriptor channel"}
+        nbytes = packed_bytes(self.expected)
+        if nbytes == 0:
+            return {"shared": False, "reason": "the output holds no tensor data"}
+        try:
+            self.shared = SharedBuffer.create(nbytes, self.device)
+        except (OSError, SharedError) as exc:
+            return {"shared": False, "reason": f"{type(exc).__name__}: {exc}"}
+        send_fd(self.fd_socket, self.shared.fd)
+        return {"shared": True, "bytes": nbytes, "pinned": self.shared.pinned}
+
+    def precision_allowance(self, inputs: list[Any], msg: ExpectRequest) -> float:
+        """How far the baselines' own arithmetic (this Model under the pinned flags) is from
+        the strict truth, times the policy's slack, where that exceeds the tolerance."""
+        import torch
+
+        slack = msg.slack
+        if not slack or self.tf32 == "off":
+            return 1.0
+        with torch.no_grad():
+            own = self.model(*inputs)
+        return precision_allowance(self.expected, own, msg.atol, msg.rtol, msg.scale, slack)
+
+    def degenerate(self, msg: DegenerateRequest) -> dict[str, Any]:
+        """Which trivial candidates pass: the constant is fitted on the first draw
+        and tested, like the others, on the later ones."""
+        import torch
+
+        from cuda_agent.evaluate.degenerate import TRIVIAL_CANDIDATES, leaf_means, trivial_failures
+
+        failed: dict[str, str] = {}
+        constants: list[float] | None = None
+        for seed in msg.seeds:
+            inputs = self.inputs(seed)
+            with torch.no_grad():
+                expected = self.model(*inputs)
+            if constants is None:
+                constants = leaf_means(expected)
+                continue
+            for name, reason in trivial_failures(inputs, expected, constants, msg.atol, msg.rtol, msg.scale).items():
+                if reason is not None:
+                    failed.setdefault(name, reason)
+        passing = [name for name in TRIVIAL_CANDIDATES if name not in failed]
+        return {"passing": passing, "details": failed}
+
+    def compare(self, msg: CompareRequest) -> list[dict[str, Any]]:
+        # The directory is the candidate's; the evaluator deletes it (this process may not write there).
+        expected, self.expected = self.expected, None
+        claimed = manifest_devices(msg.manifest)
+        wanted = [t.device.type for t in tensors_in(expected)]
+        if claimed != wanted:
+            return [{"path": "output", "ok": False, "reason": f"output devices {claimed} != expected {wanted}"}]
+        try:
+            actual = read_outputs(msg.manifest, Path(msg.dir), self.device, self.shared)
+        except TransferError as exc:
+            return [{"path": "output", "ok": False, "reason": f"unreadable output: {exc}"}]
+        k = self.allowance
+        return compare_outputs(expected, actual, msg.atol * k, msg.rtol * k, scale=msg.scale)
+
+    def compile(self, msg: CompileRequest) -> dict[str, Any]:
+        """torch.compile the model and make its first call, which is when compilation happens: apart
+        from the timing, so that compiling (CPU work, seconds to minutes) needs no exclusive GPU."""
+        import torch
+
+        inputs = self.inputs(msg.seed)
+        start = time.perf_counter()
+        try:
+            with torch.no_grad():
+                compiled = torch.compile(self.model)
+                compiled(*inputs)
+            synchronize(self.device)
+        except Exception as exc:
+            self.compiled = {"compile_error": f"{type(exc).__name__}: {str(exc)[:500]}"}
+        else:
+            self.compiled = {"model": compiled, "compile_seconds": time.perf_counter() - start}
+        return {k: v for k, v in self.compiled.items() if k != "model"}
+
+    def forward(self, inputs: list[Any], strict: bool) -> Any:
+        """Model on ``inputs``, synchronised; ``strict``: with TF32 off (the expected output's precision)."""
+        import torch
+
+        if strict:
+            pin_precision("off")
+        try:
+            with torch.no_grad():
+                output = self.model(*inputs)
+            synchronize(self.device)
+        finally:
+            pin_precision(self.tf32)
+        return output
+
+    def check_records(self, msg: RecordsRequest) -> list[dict[str, Any]]:
+        """Each record against the expected output of its call's inputs (strict precision where asked),
+        read at the same secret positions; the tolerance is widened by the verified checks' allowance."""
+        verdicts = []
+        for check in msg.checks:
+            inputs = self.inputs(check.seed)
+            expected = self.forward(inputs, msg.strict)
+            verdicts.append(compare_record(expected, inputs, check.record, check.probe, msg.atol, msg.rtol, msg.scale))
+            del expected, inputs  # one call's tensors at a time: outputs of GBs each
+        return verdicts
+
+    def _launch(self, msg: CalibrateRequest | TimeRequest) -> HostLaunch:
+        """Eager's and torch.compile's holds cover their host's enqueue time (a region's or, by
+        default, its first call's); the empty round keeps the candidate's hold, since it stands for
+        the candidate's harness time."""
+        mode = TimingConfig.from_dict(msg.timing).baseline_hold
+        adaptive = msg.side in ("eager", "compile") and mode != "fixed"
+        return self.launch(msg.side or "", adaptive, getattr(msg, "hold_us", None), first_call=mode == "first-call")
+
+    def _baseline(self, side: str | None) -> Any:
+        """The function a baseline side times: eager Model, torch.compile(Model), or nothing
+        ("empty": the round's draws, flushes and holds alone, which the outside clock subtracts)."""
+        import torch
+
+        if side == "empty":
+            # Outputs allocated like the Model's (not written): their allocation and release are the
+            # harness's share of a round too.
+            specs = self.output_specs
+            return lambda *inputs: [torch.empty(shape, dtype=dtype, device=device) for shape, dtype, device in specs]
+        if side == "eager":
+            return self.model
+        if side != "compile":
+            raise ValueError(f"unknown baseline {side!r}")
+        if self.compiled is None or "model" not in self.compiled:
+            raise TaskError(f"{self.source}: torch.compile baseline unavailable: "
+                            f"{(self.compiled or {}).get('compile_error', 'not compiled')}")
+        return self.compiled["model"]
+
+

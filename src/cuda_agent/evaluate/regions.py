@@ -1,0 +1,323 @@
+"""The timed-region protocol, both ends: the evaluator opens each timed region and its own clock closes it.
+
+Every timed region of a worker is bracketed by datagrams on a socket pair the evaluator made (no
+JSON, no pipe on the timed path): the worker says READY when the region's inputs are drawn, the
+evaluator reads its clock and says GO, the worker runs the calls (on a GPU, up to the synchronise
+after them) and says DONE, then waits for CONT. DONE is stamped by the kernel when it is sent
+(``SO_TIMESTAMPNS`` on the evaluator's end), so the evaluator can sleep in ``recv`` and still know
+when the region ended, by a clock no code in the worker can reach. Between DONE and CONT the
+evaluator may stop the worker and read what the region left from outside (``evaluate.outside``).
+
+The outside time of a region is its calls plus a fixed overhead (the wake-ups, the hold, the
+synchronise, the DONE itself), which the worker measures with a no-op call through the same
+brackets before any candidate code is loaded (``Overhead``). A region whose time as the worker
+reports it falls short of the outside time less that overhead by more than the policy allows is
+a forged time (``judge``): the outside clock wins.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import statistics
+import struct
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux; Python names it only on some builds
+HEADER = struct.Struct("<4sIq")  # what, region number, a value (unused: 0)
+READY, GO, DONE, CONT, FAIL = b"RDY_", b"GO__", b"DONE", b"CONT", b"FAIL"
+MAX_DATAGRAM = 1 << 20  # DONE carries the region's output descriptors (evaluate.outside)
+STAMP = struct.Struct("qq")
+
+
+class BellError(Exception):
+    """The worker broke the region protocol (a datagram out of turn, or none in time)."""
+
+
+class BellFailed(Exception):
+    """The worker said FAIL: its round raised, and its reply says why."""
+
+
+@dataclass
+class Bracket:
+    """One region as the evaluator saw it, in its clock's nanoseconds (``time.time_ns``, the clock the
+    kernel stamps datagrams with). ``prep``: from CONT (or the round's start) to READY, the worker
+    drawing the region's inputs."""
+
+    region: int
+    start_ns: int  # when the worker was let go on (CONT of the region before, or the request)
+    ready_ns: int
+    go_ns: int
+    done_ns: int
+    payload: bytes = b""
+    # The worker's timing thread within the bracket, by the kernel's account (schedstat): time it spent
+    # runnable but waiting for a CPU (a busy host, not the worker, made the bracket that much longer), and
+    # time it ran on a CPU (which no wall clock of a region can be shorter than).
+    waited_ns: int = 0
+    cpu_ns: int = 0
+
+    @property
+    def outside_ms(self) -> float:
+        return (self.done_ns - self.go_ns) / 1e6
+
+    @property
+    def prep_ms(self) -> float:
+        return (self.ready_ns - self.start_ns) / 1e6
+
+    @property
+    def wall_ms(self) -> float:
+        """The bracket less the run-queue wait."""
+        return self.outside_ms - self.waited_ns / 1e6
+
+    @property
+    def cpu_ms(self) -> float:
+        return self.cpu_ns / 1e6
+
+
+class Bell:
+    """The evaluator's end of one worker's region brackets."""
+
+    def __init__(self) -> None:
+        self.ours, self.theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.ours.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        self.ours.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, MAX_DATAGRAM * 2)
+
+    def hand_over(self, send_fd: Callable[[int], None]) -> None:
+        """Give the worker its end (a descriptor over its fd channel); ours keeps no copy of it."""
+        send_fd(self.theirs.fileno())
+        self.theirs.close()
+
+    def close(self) -> None:
+        self.ours.close()
+        if self.theirs.fileno() >= 0:
+            self.theirs.close()
+
+    def serve(self, regions: int, timeout_s: float, alive: Callable[[], bool],
+              between: Callable[[Bracket], None] | None = None,
+              thread: Callable[[], tuple[int, int]] | None = None) -> list[Bracket]:
+        """Bracket ``regions`` regions of the round the worker was just asked for (``drain`` before asking).
+        ``between(bracket)`` runs after each DONE and before CONT, while the worker waits (or is stopped
+        by it). ``thread()``: the worker's timing thread's CPU time and run-queue wait so far, in ns."""
+        deadline = time.monotonic() + timeout_s
+        brackets: list[Bracket] = []
+        thread = thread or (lambda: (0, 0))
+        start = time.time_ns()
+        for region in range(regions):
+            ready_ns, _ = self._expect(READY, region, deadline, alive)
+            cpu_before, waited_before = thread()
+            go_ns = time.time_ns()
+            self.ours.send(HEADER.pack(GO, region, 0))
+            done_ns, payload = self._expect(DONE, region, deadline, alive)
+            cpu_after, waited_after = thread()
+            bracket = Bracket(region, start, ready_ns, go_ns, done_ns, payload, waited_after - waited_before,
+                              cpu_after - cpu_before)
+            brackets.append(bracket)
+            if between is not None:
+                between(bracket)
+            start = time.time_ns()
+            self.ours.send(HEADER.pack(CONT, region, 0))
+        return brackets
+
+    def drain(self) -> None:
+        """Datagrams left from a round that stopped early are not the next round's: drop them before
+        asking for it (after, they could be its first READY)."""
+        self.ours.setblocking(False)
+        try:
+            while True:
+                self.ours.recv(MAX_DATAGRAM)
+        except (BlockingIOError, InterruptedError):
+            pass
+        finally:
+            self.ours.setblocking(True)
+
+    def _expect(self, what: bytes, region: int, deadline: float, alive: Callable[[], bool]) -> tuple[int, bytes]:
+        """The kernel's send stamp and the payload of the next datagram, which must be ``what`` for
+        ``region``."""
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise BellError(f"no {what.decode().strip('_')} for timed region {region} in time")
+            self.ours.settimeout(min(left, 1.0))
+            try:
+                data, ancillary, _, _ = self.ours.recvmsg(MAX_DATAGRAM, socket.CMSG_SPACE(STAMP.size))
+            except socket.timeout:
+                if not alive():
+                    raise BellError(f"the worker died in timed region {region}") from None
+                continue
+            break
+        if len(data) < HEADER.size:
+            raise BellError(f"a malformed datagram in timed region {region}")
+        kind, number, _ = HEADER.unpack_from(data)
+        if kind == FAIL:
+            raise BellFailed(f"the worker's round failed in region {number}")
+        if kind != what or number != region:
+            raise BellError(f"{kind!r} for region {number} where {what!r} for region {region} was due")
+        stamp = next((STAMP.unpack(payload[:STAMP.size]) for level, kind_, payload in ancillary
+                      if level == socket.SOL_SOCKET and kind_ == SO_TIMESTAMPNS), None)
+        if stamp is None:
+            raise BellError("the kernel gave no send time for a datagram (SO_TIMESTAMPNS)")
+        return stamp[0] * 1_000_000_000 + stamp[1], data[HEADER.size:]
+
+
+class Ringer:
+    """The worker's end. Everything it calls is bound when it is made, before any candidate code
+    loads: no name is looked up on the timed path."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._send = sock.send
+        self._recv = sock.recv
+        self._pack = HEADER.pack
+        self._unpack = HEADER.unpack_from
+
+    def ready(self, region: int) -> None:
+        self._send(self._pack(READY, region, 0))
+
+    def wait(self, what: bytes, region: int) -> None:
+        """Blocking, not spinning: the evaluator reads the kernel's account of this thread (``thread_times``)
+        while it sleeps here, when that account is exact; a thread that runs is accounted only at the
+        scheduler's next tick. Its wake-up after GO is in the bracket, and on a busy host in its run-queue
+        wait, which the evaluator takes off."""
+        data = self._recv(64)
+        kind, number, _ = self._unpack(data)
+        if kind != what or number != region:
+            raise RuntimeError(f"region protocol: {kind!r} for region {number} where {what!r} for {region} was due")
+
+    def done(self, region: int, payload: bytes = b"") -> None:
+        self._send(self._pack(DONE, region, 0) + payload)
+
+    def fail(self, region: int) -> None:
+        try:
+            self._send(self._pack(FAIL, region, 0))
+        except OSError:
+            pass
+
+
+@dataclass(frozen=True)
+class Overhead:
+    """What the brackets add to a region beyond its calls, measured with a no-op call before any
+    candidate code loaded: by the wall clock (less the run-queue wait) and by the timing thread's CPU
+    time, medians, and the wall's spread (robust standard deviation) over regions."""
+
+    median_ms: float
+    spread_ms: float
+    regions: int
+    hold_us: float  # the hold the calibration regions had (a region with another hold differs by that)
+    cpu_ms: float = 0.0
+
+    def for_hold(self, hold_us: float) -> float:
+        return self.median_ms + (hold_us - self.hold_us) / 1e3
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: round(v, 5) if isinstance(v, float) else v for k, v in asdict(self).items()}
+
+
+def overhead(brackets: list[Bracket], inside_ms: list[float], hold_us: float) -> Overhead:
+    """From the no-op regions' brackets and the times the (still pristine) harness reported for them."""
+    wall = [b.wall_ms - inside for b, inside in zip(brackets, inside_ms)]
+    cpu = [b.cpu_ms - inside for b, inside in zip(brackets, inside_ms)]
+    return Overhead(statistics.median(wall), robust_sd(wall), len(wall), hold_us, statistics.median(cpu))
+
+
+@dataclass
+class RegionClock:
+    """The candidate's regions as its process reported them, against the evaluator's brackets.
+
+    Per region, two lower bounds on the region's real length, each less the calibrated overhead: the
+    bracket less the time the timing thread waited for a CPU (a busy host lengthens a bracket, not a
+    region), and the CPU time the timing thread used within it (a thread runs at most as long as the
+    wall clock; on a busy host this bound holds where the first loosens). ``excess``: the larger bound
+    less the reported region; honest regions sit at or below zero. The judgement is on the median, so
+    that a stall in a few regions is no forgery while a forgery in most regions is one.
+    ``agreement``: the median of (bracket less wait and overhead) / reported, 1.0 when the clocks agree."""
+
+    regions: int = 0
+    reported_ms: float = 0.0  # median reported region
+    outside_ms: float = 0.0  # median bracket
+    overhead_ms: float = 0.0
+    excess_ms: float = 0.0  # median excess
+    limit_ms: float = 0.0
+    agreement: float = 1.0
+    prep_ms: float = 0.0  # median prep (inputs drawn between regions)
+    waited_ms: float = 0.0  # median run-queue wait of the timing thread within a bracket
+    cpu_ms: float = 0.0  # median CPU time of the timing thread within a bracket
+    excesses_ms: list[float] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.excess_ms <= self.limit_ms
+
+    def to_dict(self) -> dict[str, Any]:
+        short = {k: (round(v, 5) if isinstance(v, float) else v) for k, v in asdict(self).items() if k != "excesses_ms"}
+        return short | {"ok": self.ok}
+
+
+def judge(brackets: list[Bracket], reported_ms: list[float], cost: Overhead, hold_us: float, slack: float,
+          region_us: float) -> RegionClock:
+    """``reported_ms[i]``: the region of ``brackets[i]`` as the worker reported it (time per call x calls).
+    The limit: ``slack`` of the reported region plus ``region_us`` plus three times the calibration's
+    own spread (what the brackets alone move by on this host)."""
+    fixed = cost.for_hold(hold_us)
+    excess = [max(b.wall_ms - fixed, b.cpu_ms - cost.cpu_ms) - r for b, r in zip(brackets, reported_ms)]
+    reported = statistics.median(reported_ms)
+    ratios = [(b.wall_ms - fixed) / r for b, r in zip(brackets, reported_ms) if r > 0]
+    limit = slack * reported + region_us / 1e3 + 3 * cost.spread_ms
+    return RegionClock(len(brackets), reported, statistics.median(b.outside_ms for b in brackets), fixed,
+                       statistics.median(excess), limit, statistics.median(ratios) if ratios else 1.0,
+                       statistics.median(b.prep_ms for b in brackets), statistics.median(b.waited_ns / 1e6 for b in brackets),
+                       statistics.median(b.cpu_ms for b in brackets), excess)
+
+
+def robust_sd(values: list[float]) -> float:
+    """1.4826 x the median absolute deviation; for two values, their distance over sqrt(2)."""
+    if len(values) < 2:
+        return 0.0
+    if len(values) == 2:
+        return abs(values[0] - values[1]) / 2 ** 0.5
+    middle = statistics.median(values)
+    return 1.4826 * statistics.median(abs(v - middle) for v in values)
+
+
+def encode_calls(calls: list[dict[str, Any]]) -> bytes:
+    """The region's calls' tensors as DONE's payload (``evaluate.outside.describe``)."""
+    return json.dumps(calls, separators=(",", ":")).encode()
+
+
+def decode_calls(payload: bytes) -> list[dict[str, Any]]:
+    try:
+        calls = json.loads(payload) if payload else []
+    except ValueError:
+        raise BellError("the region's output descriptors are not readable") from None
+    if not isinstance(calls, list):
+        raise BellError("the region's output descriptors are not a list")
+    return calls
+
+
+def thread_times(pid: int, tid: int | None = None) -> Callable[[], tuple[int, int]]:
+    """A reader of thread ``tid`` of ``pid`` (its main thread by default): its CPU time and how long it has
+    waited runnable for a CPU, in ns (the kernel's schedstat), or zeros where the kernel keeps neither.
+    Read once the thread sleeps (it blocks for GO and for CONT, ``Ringer.wait``): the kernel brings a
+    thread's CPU time up to date when it stops running, and only at its ticks while it runs (up to
+    milliseconds behind, which read before a region and not after it would add a tick to the region)."""
+    stat = f"/proc/{pid}/task/{tid or pid}/stat"
+    schedstat = f"/proc/{pid}/task/{tid or pid}/schedstat"
+
+    def times() -> tuple[int, int]:
+        try:
+            deadline = time.monotonic() + SETTLE_S
+            while time.monotonic() < deadline:
+                with open(stat, "rb") as handle:
+                    state = handle.read().rsplit(b")", 1)[1].split()[0]
+                if state != b"R":
+                    break
+            with open(schedstat, "rb") as handle:
+                fields = handle.read().split()
+            return int(fields[0]), int(fields[1])
+        except (OSError, IndexError, ValueError):
+            return 0, 0
+    return times
+
+
+SETTLE_S = 0.005  # the longest a bracket waits for the worker's thread to go to sleep before reading it

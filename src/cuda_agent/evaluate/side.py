@@ -1,0 +1,203 @@
+"""What both evaluation workers share (runs inside them): seeds, precision flags, the task's inputs drawn
+from a seed on the device, their fingerprints, and ``_Side``, the task loaded and its calls timed."""
+
+from __future__ import annotations
+
+import random
+import secrets
+import socket
+import types
+from pathlib import Path
+from typing import Any
+
+from cuda_agent.evaluate.policy import TimingConfig
+from cuda_agent.evaluate.protocol import CalibrateRequest, LoadRequest, TimeRequest
+from cuda_agent.evaluate.outside import describe
+from cuda_agent.evaluate.records import RECORDED_PER_REGION, Recorder
+from cuda_agent.evaluate.regions import Ringer, encode_calls
+from cuda_agent.evaluate.shared import SharedBuffer
+from cuda_agent.evaluate.timing import HostLaunch, calibrate, time_round, trial_seed
+from cuda_agent.tensors import wide_squares, wide_sum
+from cuda_agent.tasks.task import Task, TaskError, describe_inputs, exec_task_module
+
+
+
+def seed_everything(seed: int) -> None:
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.random.manual_seed(seed)  # seeds CUDA too; unaffected by torch._dynamo's rebinding of torch.manual_seed
+
+
+def pin_precision(tf32: str) -> None:
+    """Set the precision flags for a ``Policy.tf32`` mode: off, torch (torch's defaults) or on."""
+    import torch
+
+    matmul = tf32 == "on"
+    torch.backends.cuda.matmul.allow_tf32 = matmul
+    torch.backends.cudnn.allow_tf32 = tf32 != "off"
+    torch.backends.cudnn.benchmark = False
+    torch.set_float32_matmul_precision("high" if matmul else "highest")
+
+
+def synchronize(device: str) -> None:
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def make_inputs(module: types.ModuleType, seed: int, device: str, source: str) -> list[Any]:
+    """``get_inputs()`` under ``seed``, created on ``device`` (fast for large inputs, and
+    identical in both processes because both use the same generator on the same device)."""
+    import torch
+
+    seed_everything(seed)
+    with torch.device(device):
+        values = module.get_inputs()
+    values = describe_inputs(values, source, "get_inputs")
+    return [v.to(device) if isinstance(v, torch.Tensor) else v for v in values]
+
+
+def init_inputs(module: types.ModuleType, seed: int, source: str) -> list[Any]:
+    seed_everything(seed)
+    values = module.get_init_inputs()
+    if not isinstance(values, (list, tuple)):
+        raise TaskError(f"{source}: get_init_inputs() must return a list, got {type(values).__name__}.")
+    return list(values)
+
+
+def fingerprint(values: list[Any]) -> list[Any]:
+    """A cheap summary that tells whether both processes saw the same inputs."""
+    import torch
+
+    prints: list[Any] = []
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            data = value.detach()
+            if data.is_complex():
+                data = data.abs()
+            # A piece at a time: no float64 copy of a GB-sized input (tensors.PIECE).
+            prints.append([list(data.shape), str(value.dtype), wide_sum(data), wide_squares(data)])
+        else:
+            prints.append(repr(value))
+    return prints
+
+
+class _Side:
+    device = "cpu"
+    task_module: types.ModuleType
+    model: Any
+    source = "task"
+    fd_socket: socket.socket | None = None  # descriptors to and from the evaluator
+    ringer: Ringer | None = None  # this worker's end of the region brackets (evaluate.regions)
+    final_call: tuple[int, list[Any], dict[str, Any]] | None = None  # the latest round's last call
+    shared: SharedBuffer | None = None  # where outputs are handed over, once shared
+
+    def load_task(self, msg: LoadRequest) -> None:
+        self.device = msg.device
+        self.tf32 = msg.tf32
+        pin_precision(self.tf32)
+        task = Task(name=msg.task_name, code=Path(msg.task_file).read_text(), source=msg.task_source)
+        self.source = task.source
+        self.task_module = exec_task_module(task)
+        self.init_args = init_inputs(self.task_module, msg.init_seed, task.source)
+
+    def inputs(self, seed: int) -> list[Any]:
+        return make_inputs(self.task_module, seed, self.device, self.source)
+
+    def launch(self, side: str, adaptive: bool = False, fixed_us: float | None = None,
+               first_call: bool = False) -> HostLaunch:
+        """What the host takes to enqueue ``side``'s calls, learned over this process's warm-ups and
+        rounds (``timing.HostLaunch``), with the hold this request asks for."""
+        launches: dict[str, HostLaunch] = self.__dict__.setdefault("launches", {})
+        host = launches.setdefault(side, HostLaunch())
+        host.adaptive, host.fixed_us, host.first_call = adaptive, fixed_us, first_call
+        return host
+
+    def calibrate(self, fn: Any, msg: CalibrateRequest, host: HostLaunch | None = None) -> float:
+        """Warm ``fn`` up on fresh inputs from ``msg.seed``; its wall time per call (ms)."""
+        import torch
+
+        drawn: list[Any] = [None, 0]  # the inputs of the next call, and how many calls were drawn
+
+        def setup() -> None:
+            drawn[0] = None  # the previous draw's memory may be reused, as between real calls
+            drawn[0] = self.inputs(trial_seed(msg.seed, drawn[1]))
+            drawn[1] += 1
+
+        with torch.no_grad():
+            return calibrate(lambda: fn(*drawn[0]), self.device, TimingConfig.from_dict(msg.timing), setup, host)
+
+    def time_calls(self, fn: Any, msg: TimeRequest, on_record: Any = None, host: HostLaunch | None = None,
+                   fence: bool = True) -> tuple[list[float], list[dict[str, Any]]]:
+        """One round: ``msg.trials`` regions of ``msg.calls`` calls of ``fn``, call ``first + i``
+        on the inputs of ``trial_seed(seed, first + i)``. Right after each region ends, up to
+        ``RECORDED_PER_REGION`` of its calls, chosen then, are recorded (``evaluate.records``);
+        ``on_record(index, inputs, output)`` sees each. Returns the samples and the records."""
+        import torch
+
+        last = msg.first + msg.trials * msg.calls - 1
+        count = iter(range(msg.first, last + 1))
+        # No probe (read from outside, or a round nobody checks): nothing is recorded in this process.
+        recorder = Recorder(msg.probe) if msg.probe is not None else None
+        keys: dict[str, list[Any]] = self.__dict__.setdefault("record_keys", {})
+        if recorder is not None:
+            recorder.prime(keys.get(msg.side or "", []))
+        region: list[tuple[int, list[Any], dict[str, Any]]] = []
+        chooser = secrets.SystemRandom()
+
+        def prepare() -> Any:
+            index = next(count)
+            inputs = self.inputs(trial_seed(msg.seed, index))
+            box: dict[str, Any] = {}
+            region.append((index, inputs, box))
+
+            def call() -> None:
+                box["output"] = fn(*inputs)
+            return call
+
+        def after_end() -> bytes | None:
+            # Described for the evaluator's reads from outside: the region's calls stay alive (the timing
+            # loop holds them) until the evaluator says CONT.
+            payload = encode_calls([describe(index, box.get("output"), inputs) for index, inputs, box in region]) \
+                if msg.outside else None
+            if recorder is not None:
+                for index, inputs, box in chooser.sample(region, min(len(region), RECORDED_PER_REGION)):
+                    recorder.record(index, box.get("output"), inputs)
+                    if on_record:
+                        on_record(index, inputs, box.get("output"))
+            # Only the round's very last call outlives its region: for the largest KernelBench tasks
+            # each call is a 6 GiB input and output, and the next region draws its inputs next.
+            if region[-1][0] == last:
+                self.final_call = region[-1]
+            region.clear()
+            return payload
+
+        # A round that raises says FAIL on the brackets where it is handled (CandidateSide.handle).
+        with torch.no_grad():
+            samples = time_round(prepare, self.device, TimingConfig.from_dict(msg.timing), msg.trials, msg.calls,
+                                 after_end, host, fence, self.ringer if msg.bell else None)
+        synchronize(self.device)
+        if recorder is None:
+            return samples, []
+        keys[msg.side or ""] = recorder.keys()
+        return samples, recorder.finish()
+
+    def bell_calibration(self, msg: LoadRequest) -> list[float]:
+        """No-op regions through the brackets, on the task's own input draws, before any candidate code:
+        what the brackets add to a region in this process (``regions.Overhead``)."""
+        import torch
+
+        marker = torch.zeros(1, device=self.device)
+        outside = self.device == "cpu"
+        # Where the rounds record their calls in this process (GPU), these regions record theirs too: the
+        # records' gathers are inside every bracket, and so in what the brackets are found to cost.
+        request = TimeRequest(seed=msg.bell_seed, first=0, trials=msg.bell_regions, calls=1,
+                              timing=msg.timing or TimingConfig().to_dict(), hold_us=msg.bell_hold_us, bell=True,
+                              outside=outside, probe=None if outside else msg.bell_seed)
+        return self.time_calls(lambda *args: marker, request, host=self.launch("bell", fixed_us=msg.bell_hold_us))[0]
+
+

@@ -1,0 +1,195 @@
+"""The region brackets (evaluate.regions) and the reads from outside (evaluate.outside), between real
+processes: a forked worker timing regions through the brackets, stopped and read from outside."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+
+import pytest
+import torch
+
+from cuda_agent.evaluate.outside import OutsideError, OutsideReader, describe
+from cuda_agent.evaluate.policy import TimingConfig
+from cuda_agent.evaluate.records import OUTPUT_VALUES, positions
+from cuda_agent.evaluate.regions import (
+    CONT, GO, HEADER, Bell, BellError, BellFailed, Overhead, Ringer, decode_calls, encode_calls, judge, overhead,
+)
+from cuda_agent.evaluate.timing import time_round
+
+
+_CHILDREN: list[int] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_child_outlives_its_test():
+    yield
+    while _CHILDREN:
+        pid = _CHILDREN.pop()
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+
+
+def _fork(child) -> int:
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            child()
+        except BaseException:  # noqa: BLE001 - the child's failure is its exit status
+            code = 1
+        os._exit(code)
+    _CHILDREN.append(pid)
+    return pid
+
+
+def _exit_status(pid: int) -> int:
+    _, status = os.waitpid(pid, 0)
+    _CHILDREN.remove(pid)
+    return os.waitstatus_to_exitcode(status)
+
+
+def test_a_round_through_the_brackets_is_bracketed_by_the_evaluators_clock():
+    bell = Bell()
+    samples_read, samples_write = os.pipe()
+    config = TimingConfig(flush_l2=False)
+
+    def worker() -> None:
+        ringer = Ringer(bell.theirs)
+        box = {}
+
+        def prepare():
+            return lambda: box.setdefault("x", sum(range(20000)))
+        samples = time_round(prepare, "cpu", config, trials=6, calls=2, after_end=lambda: b"[]", bell=ringer)
+        os.write(samples_write, repr(samples).encode())
+
+    pid = _fork(worker)
+    brackets = bell.serve(6, 30, alive=lambda: True)
+    assert _exit_status(pid) == 0
+    samples = eval(os.read(samples_read, 1 << 16))  # noqa: S307 - our own child's repr of floats
+    assert [b.region for b in brackets] == list(range(6))
+    for bracket, sample in zip(brackets, samples):
+        # The outside bracket contains the inside measurement: GO was sent before the worker read its
+        # clock, and DONE after it read it again.
+        assert bracket.go_ns >= bracket.ready_ns and bracket.done_ns > bracket.go_ns
+        assert bracket.outside_ms >= sample * 2
+        assert decode_calls(bracket.payload) == []
+    bell.close()
+
+
+def test_a_failing_round_says_fail_and_a_datagram_out_of_turn_is_an_error():
+    bell = Bell()
+
+    def failing() -> None:
+        ringer = Ringer(bell.theirs)
+        ringer.ready(0)
+        ringer.wait(GO, 0)
+        ringer.fail(0xFFFFFFFF)
+
+    bell.drain()
+    pid = _fork(failing)
+    with pytest.raises(BellFailed):
+        bell.serve(3, 30, alive=lambda: True)
+    _exit_status(pid)
+
+    def out_of_turn() -> None:
+        bell.theirs.send(HEADER.pack(CONT, 5, 0))
+
+    pid = _fork(out_of_turn)
+    _exit_status(pid)
+    bell.drain()  # a datagram left over from a round that stopped is dropped; one sent during the round is not
+
+    def forged_done() -> None:
+        ringer = Ringer(bell.theirs)
+        ringer.ready(0)
+        ringer.wait(GO, 0)
+        ringer.done(1)
+
+    pid = _fork(forged_done)
+    with pytest.raises(BellError, match="where"):
+        bell.serve(1, 30, alive=lambda: True)
+    _exit_status(pid)
+    bell.close()
+
+
+def test_no_datagram_in_time_is_an_error_naming_the_region():
+    bell = Bell()
+    with pytest.raises(BellError, match="region 0"):
+        bell.serve(1, 0.2, alive=lambda: True)
+    with pytest.raises(BellError, match="died"):
+        bell.serve(1, 5, alive=lambda: False)
+    bell.close()
+
+
+def test_the_judgement_passes_agreeing_clocks_and_fails_a_forged_time():
+    from cuda_agent.evaluate.regions import Bracket
+
+    def bracket(outside_ms: float) -> Bracket:
+        return Bracket(0, 0, 0, 1_000_000, 1_000_000 + int(outside_ms * 1e6))
+
+    cost = overhead([bracket(0.05 + 0.001 * i) for i in range(5)], [0.0] * 5, hold_us=0.0)
+    assert isinstance(cost, Overhead) and cost.median_ms == pytest.approx(0.052)
+    honest = judge([bracket(2.05)] * 9, [2.0] * 9, cost, 0.0, slack=0.05, region_us=20)
+    assert honest.ok and honest.agreement == pytest.approx(0.999, abs=0.01)
+    forged = judge([bracket(2.05)] * 9, [1.0] * 9, cost, 0.0, slack=0.05, region_us=20)
+    assert not forged.ok and forged.agreement == pytest.approx(2.0, abs=0.01)
+    # A region whose hold is longer than the calibration's is allowed that much more.
+    held = judge([bracket(2.55)] * 9, [2.0] * 9, cost, 500.0, slack=0.05, region_us=20)
+    assert held.ok
+
+
+def _stopped_child_with(tensor_factory):
+    """A forked process holding tensors, stopped; its description of them."""
+    read_end, write_end = os.pipe()
+
+    def child() -> None:
+        value = tensor_factory()
+        os.write(write_end, encode_calls([describe(7, value, [value.flatten()[:3]])]))
+        time.sleep(60)
+
+    pid = _fork(child)
+    calls = decode_calls(os.read(read_end, 1 << 16))
+    os.kill(pid, signal.SIGSTOP)
+    return pid, calls[0]
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.arange(4096, dtype=torch.float32).reshape(64, 64) * 0.5,
+    lambda: (torch.arange(4096, dtype=torch.float64).reshape(64, 64) - 7).t(),  # not contiguous
+    lambda: torch.arange(300, dtype=torch.int64)[::3],
+    lambda: torch.arange(512, dtype=torch.float32).to(torch.bfloat16),
+])
+def test_values_read_from_outside_are_the_tensors_at_the_secret_positions(make):
+    expected = make()
+    pid, call = _stopped_child_with(make)
+    try:
+        reader = OutsideReader(pid)
+        record = reader.record(call, probe=12345)
+        reader.close()
+    finally:
+        os.kill(pid, signal.SIGKILL)
+    assert record.index == 7
+    flat = expected.reshape(-1)
+    wanted = [float(flat[p]) for p in positions(12345, "output", 0, flat.numel(), OUTPUT_VALUES)]
+    assert record.outputs[0].values == wanted
+    assert record.outputs[0].shape == list(expected.shape)
+    assert len(record.inputs) == 1
+
+
+def test_a_description_pointing_nowhere_cannot_be_read():
+    pid, call = _stopped_child_with(lambda: torch.ones(16))
+    try:
+        reader = OutsideReader(pid)
+        bad = dict(call, o=[[8, "float32", [16], [1]]])
+        with pytest.raises(OutsideError, match="cannot be read"):
+            reader.record(bad, probe=1)
+        with pytest.raises(OutsideError, match="unreadable description"):
+            reader.record(dict(call, o=[[call["o"][0][0], "float99", [16], [1]]]), probe=1)
+        reader.close()
+    finally:
+        os.kill(pid, signal.SIGKILL)
