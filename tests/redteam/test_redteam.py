@@ -802,23 +802,25 @@ COMPUTE_ONLY_WHAT_IS_READ = (
     "for (int64_t p : todo.cast<std::vector<int64_t>>()) scaled_swish_launch(xc.data_ptr<float>() + p, "
     "y.data_ptr<float>() + p, 1, s); return y; } }")
 # Class 2, the harness's Python objects: the timing module's name `time` swapped for one whose clock runs at
-# half speed from the first call on; each call is one honest pass.
-HALF_SPEED_TIME = PYTHON_FROM_CPP + r"""
+# a quarter of its speed from the first call on (a 4x fake); each call is one honest pass. (At half speed on a
+# host so busy that the timing thread waits for a CPU as long as it runs, the halved wall is no shorter than
+# the thread's CPU time: docs/SECURITY.md, trust v3.)
+QUARTER_SPEED_TIME = PYTHON_FROM_CPP + r"""
 static const char* HALF = R"PY(
 import sys, time
-class HalfSpeed:
+class QuarterSpeed:
     origin = None
     def __getattr__(self, name):
         return getattr(time, name)
     def perf_counter_ns(self):
         now = time.perf_counter_ns()
-        if HalfSpeed.origin is None:
-            HalfSpeed.origin = now
-        return HalfSpeed.origin + (now - HalfSpeed.origin) // 2
+        if QuarterSpeed.origin is None:
+            QuarterSpeed.origin = now
+        return QuarterSpeed.origin + (now - QuarterSpeed.origin) // 4
 def helper():
     for name in ("cuda_agent.evaluate.timing", "cuda_agent.evaluate.worker"):
         if name in sys.modules and hasattr(sys.modules[name], "time"):
-            sys.modules[name].time = HalfSpeed()
+            sys.modules[name].time = QuarterSpeed()
 )PY";
 static void swap_time() {
   static bool done = false;
@@ -826,7 +828,7 @@ static void swap_time() {
 }
 """
 # Class 2 again, a method of a harness class: the candidate side's round answers with its samples scaled
-# down to 55% (class 3's forged sample, below what the round-level outside clock resolves).
+# down to 30% (class 3's forged sample, below what the round-level outside clock resolves).
 SCALED_SAMPLES = PYTHON_FROM_CPP + r"""
 static const char* SCALE = R"PY(
 import sys
@@ -838,7 +840,7 @@ def helper():
     real = side.time
     def time(self, msg):
         reply = real(self, msg)
-        reply["samples"] = [0.55 * t for t in reply["samples"]]
+        reply["samples"] = [0.3 * t for t in reply["samples"]]
         return reply
     time.scaled = True
     side.time = time
@@ -853,7 +855,7 @@ V3_CASES = [
          cpp_prelude=SECRETS_FROM_THE_FRAME, binding=COMPUTE_ONLY_WHAT_IS_READ,
          runtime=True, status="incorrect", rule="timed-output"),
     Case("timing-module-name-swapped-runtime", "Harness objects written (class 2)",
-         cpp_prelude=HALF_SPEED_TIME, binding="swap_time(); auto y = torch::empty_like(xc);",
+         cpp_prelude=QUARTER_SPEED_TIME, binding="swap_time(); auto y = torch::empty_like(xc);",
          runtime=True, rule="clock"),
     Case("scaled-samples-method-runtime", "Forged samples the round clock cannot resolve (class 3)",
          cpp_prelude=SCALED_SAMPLES, binding="scale_samples(); auto y = torch::empty_like(xc);",

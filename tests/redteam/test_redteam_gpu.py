@@ -256,7 +256,7 @@ CASES = [
     Case("event-method-swapped-runtime", "Harness objects written (class 2)", forward=GOOD,
          cpp_prelude=EVENT_METHOD_SWAP, binding="swap_event_method(); auto y = torch::empty_like(x);",
          runtime=True, rule="clock"),
-    # Class 3: the candidate side's round answers with its samples at 55%.
+    # Class 3: the candidate side's round answers with its samples at 30%.
     Case("scaled-samples-method-runtime", "Forged samples the round clock cannot resolve (class 3)", forward=GOOD,
          cpp_prelude=SCALED_SAMPLES, binding="scale_samples(); auto y = torch::empty_like(x);",
          runtime=True, rule="clock"),
