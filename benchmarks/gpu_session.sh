@@ -130,7 +130,11 @@ issue31)
         --out "$OUT/clock_agreement.jsonl" 2>&1 | tee "$OUT/clock_agreement.log" | grep -v "^USDT"
     ;;
 agreement)
-    # The brackets against the reported regions for every honest solution (benchmarks/clock_agreement.py).
+    # The brackets against the reported regions for every honest solution (benchmarks/clock_agreement.py), then
+    # the red team's trust v3 cases.
+    python3 -m pytest -m gpu -q -s -p no:cacheprovider --timeout 300 -rf tests/redteam/test_redteam_gpu.py \
+        -k "method-swapped or scaled-samples or secrets-from" 2>&1 | tee "$OUT/gpu_redteam_v3.log" \
+        | grep -E "^(FAILED|ERROR|XPASS)|passed|failed|xfail"
     python3 benchmarks/clock_agreement.py --device cuda --kernelbench .data/kernelbench/kernelbench.jsonl \
         --out "$OUT/clock_agreement.jsonl" "$@" 2>&1 | tee "$OUT/clock_agreement.log" | grep -v "^USDT"
     ;;
