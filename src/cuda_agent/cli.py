@@ -651,7 +651,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_cache_option(p)
     p.add_argument("--json", action="store_true", help="print the JSON record instead of the summary")
     p.add_argument("--remote", default=None, metavar="URL",
-                   help="evaluate on an evaluation service (cuda-agent serve) at URL, e.g. http://HOST:8470")
+                   help="evaluate on an evaluation service (cuda-agent serve) at URL, e.g. http://HOST:8470 "
+                        "(default: here)")
     p.add_argument("--counters", action="store_true",
                    help="GPU: then profile one call with Nsight Compute: per-kernel counters, bottlenecks, speed of "
                         "light (advice, not part of the reward; ~10 s more)")
@@ -734,7 +735,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_device_option(p, "screen candidates")
     p.add_argument("--workers", type=int, default=2, help="parallel screening processes (default 2)")
     p.add_argument("--ray", default=None, metavar="ADDRESS",
-                   help="screen on a Ray cluster ('auto', ray://HOST:PORT, or 'local'); pip install 'cuda-agent[ray]'")
+                   help="screen on a Ray cluster ('auto', ray://HOST:PORT, or 'local'; default: local processes); "
+                        "pip install 'cuda-agent[ray]'")
     p.add_argument("--seed", type=int, default=0, help="composition seed (default 0; a rerun resumes only with the same)")
     p.add_argument("--window-ms", type=float, nargs=2, metavar=("LOW", "HIGH"),
                    help="eager runtime window (default: 1 100 on cuda, as the paper; 0.2 200 on cpu)")
@@ -744,8 +746,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "../shared/data/kernelbench/, where there)")
     p.add_argument("--no-decontaminate", action="store_true", help="skip the comparison with KernelBench")
     p.add_argument("--no-transformers", action="store_true", help="leave transformers layers out of the catalog")
-    p.add_argument("--model", default=None, help="LLM composer: model name")
-    p.add_argument("--base-url", default=None, help="LLM composer: OpenAI-compatible endpoint")
+    p.add_argument("--model", default=None, help="LLM composer: model name (no default; needed with --composer llm)")
+    p.add_argument("--base-url", default=None, help="LLM composer: OpenAI-compatible endpoint (no default; needed "
+                                                   "with --composer llm)")
     p.add_argument("--api-key-env", default="OPENAI_API_KEY", help="LLM composer: variable holding the API key "
                                                                   "(default OPENAI_API_KEY)")
     add_quiet_option(p, "no progress bar")
@@ -781,9 +784,10 @@ def build_parser() -> argparse.ArgumentParser:
                                   "TABLE#LEVEL/ID picks one")
     p.add_argument("--solutions", type=Path, default=None,
                    help="one entry per task: level1_19/ (model_new.py + kernels/), level_1_problem_19_sample_0_kernel.py, "
-                        "level1/19_ReLU.py; several entries of a task count with the best")
+                        "level1/19_ReLU.py; several entries of a task count with the best (no default: this or "
+                        "--model)")
     p.add_argument("--model", default=None, help="run the agent live on each task with this model instead "
-                                                 "(best evaluation of each trajectory)")
+                                                 "(best evaluation of each trajectory; default: --solutions)")
     p.add_argument("--base-url", default=None, help="live: the OpenAI-compatible endpoint (default: the OpenAI API)")
     p.add_argument("--api-key-env", default="OPENAI_API_KEY", help="live: variable holding the API key "
                                                                   "(default OPENAI_API_KEY)")
@@ -796,7 +800,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_device_option(p)
     p.add_argument("--gpus", type=int, nargs="+", default=None, help="GPU indices, one evaluator each (default: all)")
     p.add_argument("--remote", default=None, metavar="URL",
-                   help="evaluate on an evaluation service (cuda-agent serve) at URL instead of local evaluators")
+                   help="evaluate on an evaluation service (cuda-agent serve) at URL instead of local evaluators "
+                        "(default: local)")
     p.add_argument("--concurrency", type=int, default=None,
                    help="with --remote: evaluations (or agent episodes) in flight (default: twice the service's slots)")
     add_policy_option(p)
@@ -820,7 +825,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("compare", help="two benchmark runs side by side: metrics and the tasks that changed")
     p.add_argument("a", type=Path, help="the first run directory (`cuda-agent bench --out`): the before")
     p.add_argument("b", type=Path, help="the second run directory: the after")
-    p.add_argument("--out", type=Path, default=None, help="also write the markdown here")
+    p.add_argument("--out", type=Path, default=None, help="also write the markdown here (default: print only)")
     add_level_option(p)
     p.add_argument("--exclude-degenerate", action="store_true", help="leave degenerate tasks out of the metrics")
     p.add_argument("--force", action="store_true", help="compare even where a task's code differs between the runs")
@@ -859,7 +864,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("show", help="render an agent trajectory (terminal, or --html)")
     p.add_argument("trajectory", type=Path, help="trajectories.jsonl or an optimize output directory")
     p.add_argument("--episode", type=int, default=0, help="which episode of the file, from 0 (default 0)")
-    p.add_argument("--html", type=Path, default=None, help="write a self-contained HTML page here")
+    p.add_argument("--html", type=Path, default=None, help="write a self-contained HTML page here (default: the "
+                                                           "terminal)")
     p.add_argument("--width", type=int, default=2000, help="cut messages longer than this (default 2000)")
     p.set_defaults(func=cmd_show)
 
@@ -895,7 +901,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="ours (default: one node, torchrun + FSDP2) or verl (clusters: pip install "
                             "'cuda-agent[verl]'; ppo and rft)")
         q.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                       help="--engine verl: a hydra override for verl's trainer (repeatable), e.g. trainer.nnodes=4")
+                       help="--engine verl: a hydra override for verl's trainer (repeatable, default none), e.g. "
+                            "trainer.nnodes=4")
         q.add_argument("--dry-run", action="store_true", help="--engine verl: print the command, run nothing")
         q.set_defaults(func=cmd_train_stage, single_turn=False, kept=kept_steps)
     text = "PPO on a tiny model learns to pick the fastest correct kernel (real rewards, a few minutes on a CPU)"
@@ -914,7 +921,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.set_defaults(func=cmd_train_plot)
 
     p = sub.add_parser("catalog", help="the operator catalog the composers read (crawled from torch/transformers)")
-    p.add_argument("--out", type=Path, default=None, help="write it as JSON")
+    p.add_argument("--out", type=Path, default=None, help="build it afresh and write it here as JSON (default: "
+                                                          "read the cached one)")
     p.add_argument("--no-transformers", action="store_true", help="leave transformers layers out")
     p.add_argument("--refresh", action="store_true", help="rebuild the cached catalog")
     p.add_argument("--verbose", action="store_true", help="one line per operator")
