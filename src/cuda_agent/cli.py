@@ -144,7 +144,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
                               **common, **options)
     else:
         service = local_service(args.device, slots=args.slots, gpus=args.gpus, **common, **options)
-    server = make_server(service, args.host, args.port)
+    try:
+        server = make_server(service, args.host, args.port)
+    except OSError:
+        service.close()  # its slots are running already
+        raise
     host, port = server.server_address[:2]
 
     def stop(signum, frame) -> None:
@@ -474,7 +478,7 @@ def _chat_backend(args: argparse.Namespace):
 
 def cmd_optimize(args: argparse.Namespace) -> int:
     from cuda_agent.agent.loop import AgentConfig
-    from cuda_agent.agent.optimize import optimize
+    from cuda_agent.agent.optimize import best_episode, optimize
 
     task = load_task(args.task)
     device = resolve_device(args.device)
@@ -498,6 +502,10 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     if len(failed) == len(episodes):
         print(f"cuda-agent: error: every episode ended on a model backend error; the first: "
               f"{failed[0].removeprefix('backend_error: ')}", file=sys.stderr)
+        return 1
+    if best_episode(episodes) is None:
+        # Scripts chaining `optimize && deploy` must not take the task's own code for a solution.
+        say(f"cuda-agent: no episode reached a correct solution; what each agent did: cuda-agent show {args.out}")
         return 1
     return 0
 

@@ -168,3 +168,10 @@ def test_training_stages_take_the_service_as_their_evaluator(served):
     assert isinstance(first, RemoteEvaluator) and first is second and first.policy.name == "strict"
     with pytest.raises(ValueError, match="evaluates under policy 'strict'"):
         make_evaluator_factory(StageConfig(evaluator=EvaluatorConfig(policy="fair", remote=url)))
+
+
+def test_a_busy_port_is_named_with_the_remedy(served):
+    url, service, _gate = served
+    port = int(url.rsplit(":", 1)[1])
+    with pytest.raises(OSError, match=f"port {port} on 127.0.0.1 is already in use .*--port 0 picks a free one"):
+        make_server(service, "127.0.0.1", port)
