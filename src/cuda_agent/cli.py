@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -28,6 +29,7 @@ from cuda_agent.tasks import TaskError, load_task, load_tasks
 # Errors in what the user gave (files, settings, the machine): one line and exit status 2, no traceback.
 USER_ERRORS = (TaskError, CandidateError, SandboxUnavailable, BackendError, ServiceError, ValueError, OSError)
 GIB = 1024**3
+REMOTE_PROGRESS_S = 5.0  # how often `eval --remote` says what the service is doing
 _print_lock = threading.Lock()
 
 
@@ -78,7 +80,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
                              device=args.device, policy={"name": args.policy}, timing={"method": args.timing},
                              status="error", stage="input", reason=str(exc)).to_json())
         raise
-    result = evaluator.evaluate(task, candidate)
+    if args.remote and not args.json:
+        with _waiting_on(evaluator, _status_line(False)):
+            result = evaluator.evaluate(task, candidate)
+    else:
+        result = evaluator.evaluate(task, candidate)
     report = None
     if args.counters:
         report = (evaluator.counters(task, candidate, times_of(result)) if result.status == "correct"
@@ -103,6 +109,31 @@ def _memory_limit(args: argparse.Namespace) -> int:
     if limit < 0:
         raise ValueError(f"--memory-limit is GiB, 0 or more (0: no limit), not {limit:g}.")
     return int(limit * GIB)
+
+
+@contextlib.contextmanager
+def _waiting_on(service, show):
+    """Progress while a service evaluates: it reports no stages, so what it is doing (its queue and
+    jobs in flight) is shown every few seconds, or the user sees nothing for the job's whole run."""
+    done = threading.Event()
+
+    def beat() -> None:
+        show("sent", f"to {service.url} ({service.info.get('slots_total', '?')} {service.device} slot(s))")
+        while not done.wait(REMOTE_PROGRESS_S):
+            try:
+                stats = service.stats()
+                detail = f"queue {stats.get('queue', '?')}, building {stats.get('building', '?')}, " \
+                         f"in flight {stats.get('in_flight', '?')}"
+            except Exception as exc:  # noqa: BLE001 - a progress line must not end the evaluation
+                detail = f"no stats ({exc})"
+            show("waiting", f"on the service: {detail}")
+
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
 
 
 def _remote_evaluator(args: argparse.Namespace, policy: Policy):
