@@ -382,3 +382,16 @@ def test_compare_refuses_runs_whose_tasks_differ_in_code(tmp_path, capsys):
     assert "Warning" in capsys.readouterr().out
     assert main(["compare", a, c]) == 0  # the same code: compared, no warning
     assert "Warning" not in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_out_of_memory_names_the_limit_and_the_flag(tmp_path, capsys, examples, cache_dir):
+    task = tmp_path / "big.py"
+    task.write_text("import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def forward(self, x):\n"
+                    "        return x * 2\n\n\ndef get_inputs():\n    return [torch.empty(2**31)]  # 8 GiB\n\n\n"
+                    "def get_init_inputs():\n    return []\n")
+    code = main(["eval", str(task), str(examples / "cpu_swish" / "solution"), "--device", "cpu", "--no-compile",
+                 "--memory-limit", "2", "--cache-dir", str(cache_dir)])
+    captured = capsys.readouterr()
+    assert code == 1 and "out of memory" in captured.out
+    assert "each evaluation process may use 2.0 GiB (--memory-limit GIB raises it" in captured.err, captured.err

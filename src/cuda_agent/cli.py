@@ -91,13 +91,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
                   else unavailable(f"only a correct candidate is profiled (this one is {result.status})"))
         result.counters = report.to_dict()
     print(result.to_json() if args.json else result.summary() + (f"\n{report.text()}" if report else ""))
-    if result.status != "correct" and (result.reason or "").startswith("out of memory") and not args.remote:
+    if result.status != "correct" and "out of memory" in (result.reason or "") and not args.remote:
         limit = _memory_limit(args)
-        say(f"cuda-agent: note: each evaluation process may use {limit / GIB:.1f} GiB here" if limit else
-            "cuda-agent: note: no memory limit was set; the machine itself ran out")
-        if limit:
-            say("  (--memory-limit GIB raises it; the default is half this machine's RAM, and a task whose "
-                "inputs and outputs need more does not fit this machine)")
+        say(f"cuda-agent: note: each evaluation process may use {limit / GIB:.1f} GiB (--memory-limit GIB raises it; "
+            f"the default is half this machine's RAM, {default_memory_limit() / GIB:.1f} GiB); a task that needs more "
+            "than the machine has does not fit it" if limit else
+            "cuda-agent: note: no memory limit was set (--memory-limit 0): the machine itself ran out")
     return 0 if result.status == "correct" else 1
 
 
