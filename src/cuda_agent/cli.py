@@ -562,7 +562,10 @@ def cmd_train_demo(args: argparse.Namespace) -> int:
     config = DemoConfig(device=device, batch=args.batch, seed=args.seed)
     rows = run_demo(args.out, steps=args.steps, config=config, quiet=args.quiet)
     first, last = rows[0]["reward_mean"], rows[-1]["reward_mean"]
-    print(f"{len(rows)} steps: mean reward {first:+.2f} at step 1, {last:+.2f} at step {len(rows)}; "
+    menu = json.loads((args.out / "menu.json").read_text())
+    rewards = ", ".join(f"{name} {entry['reward']:+.2f}" for name, entry in menu.items())
+    print(f"{len(rows)} steps: mean reward {first:+.2f} at step 1, {last:+.2f} at step {len(rows)} "
+          f"(fast answered {rows[-1]['answers'].get('fast', 0):.0%}); the candidates' rewards: {rewards}; "
           f"{args.out / 'metrics.jsonl'}, {args.out / 'curves.png'}, {args.out / 'rewards.png'}")
     return 0
 
