@@ -991,7 +991,9 @@ def _on_interrupt(kept: str):
 
         children = descendants(os.getpid())[1:]
         name = signal.Signals(signum).name
-        print(f"\ncuda-agent: stopped by {name}; {kept}", file=sys.stderr, flush=True)
+        # On a terminal a progress bar may hold the line: start a new one.
+        print(f"{chr(10) if sys.stderr.isatty() else ''}cuda-agent: stopped by {name}; {kept}", file=sys.stderr,
+              flush=True)
         sys.stdout.flush()
         # No other thread may run between the kills and the exit (one would record its killed worker
         # as a failure): os.kill keeps the GIL, and a long switch interval keeps it from being handed over.
