@@ -204,7 +204,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     candidate = load_candidate(args.candidate)
     backend, why = _compile_backend(args.backend, candidate)
     if backend == "cuda":
-        _require_cuda_torch()
+        _require_cuda_torch(candidate)
     # Where `eval` on this machine would build for the same backend, build as it does (compile and link):
     # the same cache key, so the eval that follows starts from the cached build. Elsewhere (CUDA sources on
     # a machine without a GPU) compiling alone is the check; linking would build what nothing here loads.
@@ -222,12 +222,14 @@ def cmd_compile(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
-def _require_cuda_torch() -> None:
-    """CUDA sources compile against torch's CUDA headers, which only a CUDA build of torch ships: with the
-    CPU wheel nvcc stops on a missing header that says nothing about why."""
+def _require_cuda_torch(candidate: Candidate) -> None:
+    """A candidate's C++ files (its bindings) compile for the cuda backend against torch's CUDA headers,
+    which only a CUDA build of torch ships: with the CPU wheel the compiler stops on a missing
+    c10/cuda header that says nothing about why. Plain .cu sources need none of them."""
     import torch
 
-    if torch.version.cuda is None:
+    bindings = [unit for ext in candidate.extensions for unit in ext.compile_units if not unit.endswith(".cu")]
+    if torch.version.cuda is None and bindings:
         raise ValueError(f"--backend cuda compiles against torch's CUDA headers, and this torch ({torch.__version__}) "
                          "is a CPU build without them: install a CUDA build of torch (e.g. pip install torch "
                          "--index-url https://download.pytorch.org/whl/cu128) to compile CUDA candidates, or use "
