@@ -94,7 +94,6 @@ def test_compile_backend_auto_picks_what_this_machine_and_candidate_need(capsys,
     # Where eval on this machine would build for the same backend, compile builds (and links) as it does.
     monkeypatch.setattr(cli, "build", lambda candidate, backend, **_: used.append(backend + "+link") or BuildResult(True, backend, "k"))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(torch.version, "cuda", "12.8")  # a CUDA build of torch (tested without one below)
     cpu_solution, cuda_solution = examples / "cpu_swish" / "solution", examples / "cuda_gelu" / "solution"
     assert main(["compile", str(cpu_solution)]) == 0
     out = capsys.readouterr().out
@@ -309,16 +308,21 @@ def test_example_lists_the_examples_and_offers_no_other(capsys):
     assert "invalid choice: 'train'" in capsys.readouterr().err
 
 
-def test_compile_for_cuda_needs_a_cuda_build_of_torch(capsys, examples, monkeypatch):
+def test_compile_for_cuda_says_when_torch_is_a_cpu_build(capsys, examples, monkeypatch):
     import torch
 
     from cuda_agent import cli
+    from cuda_agent.build import BuildResult
 
+    missing = "torch/include/c10/cuda/CUDAMacros.h:9:10: error: c10/cuda/impl/cuda_cmake_macros.h: No such file"
+    monkeypatch.setattr(cli, "compile_only", lambda *a, **k: BuildResult(False, "cuda", "k", error=missing))
     monkeypatch.setattr(torch.version, "cuda", None)
-    monkeypatch.setattr(cli, "compile_only", lambda *a, **k: pytest.fail("compiled with a CPU build of torch"))
-    assert main(["compile", str(examples / "cuda_gelu" / "solution"), "--backend", "cuda"]) == 2
+    assert main(["compile", str(examples / "cuda_gelu" / "solution"), "--backend", "cuda"]) == 1
     err = capsys.readouterr().err
-    assert "CPU build" in err and "CUDA build of torch" in err and "--backend cpu" in err
+    assert "is a CPU build without the CUDA headers" in err and "CUDA build of torch" in err and "--backend cpu" in err
+    monkeypatch.setattr(torch.version, "cuda", "12.8")  # a CUDA build: its errors are the candidate's own
+    assert main(["compile", str(examples / "cuda_gelu" / "solution"), "--backend", "cuda"]) == 1
+    assert "CPU build" not in capsys.readouterr().err
 
 
 def test_synth_with_an_llm_composer_checks_the_endpoint_first(tmp_path, capsys):
