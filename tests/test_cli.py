@@ -9,7 +9,8 @@ from cuda_agent.cli import main
 
 def test_tasks_lists_and_rejects(tmp_path, capsys, examples):
     assert main(["tasks", str(examples / "cpu_swish" / "model.py")]) == 0
-    assert "cpu_swish" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert "cpu_swish" in captured.out and captured.err == "1 task\n"
     bad = tmp_path / "bad.py"
     bad.write_text("import torch\n")
     assert main(["tasks", str(bad)]) == 2
@@ -90,17 +91,21 @@ def test_compile_backend_auto_picks_what_this_machine_and_candidate_need(capsys,
     used = []
     # The choice and what is said about it are tested here; the compilers in tests/build.
     monkeypatch.setattr(cli, "compile_only", lambda candidate, backend, **_: used.append(backend) or BuildResult(True, backend, "k"))
+    # Where eval on this machine would build for the same backend, compile builds (and links) as it does.
+    monkeypatch.setattr(cli, "build", lambda candidate, backend, **_: used.append(backend + "+link") or BuildResult(True, backend, "k"))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     cpu_solution, cuda_solution = examples / "cpu_swish" / "solution", examples / "cuda_gelu" / "solution"
     assert main(["compile", str(cpu_solution)]) == 0
-    assert "ok [backend cpu: auto, no CUDA GPU" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "ok [backend cpu: auto, no CUDA GPU" in out and "`eval` here reuses it" in out
     # CUDA sources need nvcc, not a GPU: auto compiles them for cuda anywhere, and so does --backend cuda.
     assert main(["compile", str(cuda_solution)]) == 0 and main(["compile", str(cpu_solution), "--backend", "cuda"]) == 0
-    assert "[backend cuda: auto, the candidate has .cu sources]" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "[backend cuda: auto, the candidate has .cu sources]" in out and "reuses" not in out
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert main(["compile", str(cpu_solution)]) == 0
     assert "[backend cuda: auto, a CUDA GPU is visible]" in capsys.readouterr().out
-    assert used == ["cpu", "cuda", "cuda", "cuda"]
+    assert used == ["cpu+link", "cuda", "cuda", "cuda+link"]
 
 
 def test_task_commands_take_a_table_selector(tmp_path, capsys, examples):
@@ -249,3 +254,148 @@ def test_example_gives_eval_every_option_eval_reads(monkeypatch):
     assert main(["example", "--device", "cpu"]) == 0
     wanted = set(vars(cli.build_parser().parse_args(["eval", "task.py", "candidate"]))) - {"func", "command"}
     assert wanted <= set(seen), wanted - set(seen)
+
+
+def _parsers(parser, path=()):
+    """Every (sub)command's parser with its command words."""
+    import argparse
+
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            summaries = {a.dest: a.help for a in action._choices_actions}
+            for name, sub in action.choices.items():
+                assert summaries.get(name), f"`{' '.join(path + (name,))}` has no summary line"
+                yield from _parsers(sub, path + (name,))
+
+
+def test_every_option_says_what_it_does_and_its_default():
+    import argparse
+
+    from cuda_agent.cli import build_parser
+
+    missing, no_default = [], []
+    for path, parser in _parsers(build_parser()):
+        for action in parser._actions:
+            if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
+                continue
+            name = " ".join(path) + " " + (action.option_strings[0] if action.option_strings else action.dest)
+            if not action.help:
+                missing.append(name)
+            # A value the user may leave out has a default, and the help says which.
+            elif (action.option_strings and not action.required and action.nargs != 0
+                  and "default" not in action.help.lower()):
+                no_default.append(name)
+    assert not missing, f"options without help: {missing}"
+    assert not no_default, f"options whose help gives no default: {no_default}"
+
+
+def test_task_references_are_spelled_one_way():
+    from cuda_agent.cli import build_parser
+
+    texts = [action.help or "" for _, parser in _parsers(build_parser()) for action in parser._actions]
+    assert not [t for t in texts if "#ID" in t or "SOURCE#" in t], "TABLE#LEVEL/ID is the one spelling"
+    assert any("TABLE#LEVEL/ID" in t for t in texts)
+
+
+def test_example_lists_the_examples_and_offers_no_other(capsys):
+    with pytest.raises(SystemExit):
+        main(["example", "--help"])
+    out = capsys.readouterr().out
+    assert "cpu_swish" in out and "cuda_gelu" in out and "train" not in out.split("positional")[1].split("options")[0]
+    with pytest.raises(SystemExit):
+        main(["example", "train"])
+    assert "invalid choice: 'train'" in capsys.readouterr().err
+
+
+def test_compile_for_cuda_says_when_torch_is_a_cpu_build(capsys, examples, monkeypatch):
+    import torch
+
+    from cuda_agent import cli
+    from cuda_agent.build import BuildResult
+
+    missing = "torch/include/c10/cuda/CUDAMacros.h:9:10: error: c10/cuda/impl/cuda_cmake_macros.h: No such file"
+    monkeypatch.setattr(cli, "compile_only", lambda *a, **k: BuildResult(False, "cuda", "k", error=missing))
+    monkeypatch.setattr(torch.version, "cuda", None)
+    assert main(["compile", str(examples / "cuda_gelu" / "solution"), "--backend", "cuda"]) == 1
+    err = capsys.readouterr().err
+    assert "is a CPU build without the CUDA headers" in err and "CUDA build of torch" in err and "--backend cpu" in err
+    monkeypatch.setattr(torch.version, "cuda", "12.8")  # a CUDA build: its errors are the candidate's own
+    assert main(["compile", str(examples / "cuda_gelu" / "solution"), "--backend", "cuda"]) == 1
+    assert "CPU build" not in capsys.readouterr().err
+
+
+def test_synth_with_an_llm_composer_checks_the_endpoint_first(tmp_path, capsys):
+    pytest.importorskip("openai")
+    import time
+
+    started = time.monotonic()
+    code = main(["synth", "--n", "1", "--out", str(tmp_path / "out"), "--no-decontaminate", "--device", "cpu",
+                 "--composer", "llm", "--model", "m", "--base-url", "http://127.0.0.1:9/v1"])
+    err = capsys.readouterr().err
+    assert code == 2 and "127.0.0.1:9" in err, err
+    assert not (tmp_path / "out").exists()  # no candidate was screened
+    assert time.monotonic() - started < 30  # one quick request, no retries per candidate
+
+
+def test_train_stage_names_the_config_key_of_a_model_it_cannot_find(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("yaml")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    config = tmp_path / "stage1.yaml"
+    config.write_text("stage: ppo\nmodel:\n  actor: someone/no-such-model\ntasks:\n  source: tasks.jsonl\n")
+    (tmp_path / "tasks.jsonl").write_text("")
+    out = tmp_path / "run"
+    assert main(["train", "ppo", "--single-turn", "--config", str(config), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "model.actor someone/no-such-model" in err and "local model folder" in err and "hf download" in err
+    assert not out.exists()  # no run was started (no config.json left behind)
+
+
+def test_broken_pipe_ends_quietly(examples):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[1] / "src"
+    env = os.environ | {"PYTHONPATH": str(src)}
+    # A reader that is gone before the first line is written (`| head -0`).
+    read, write = os.pipe()
+    os.close(read)
+    proc = subprocess.run([sys.executable, "-m", "cuda_agent.cli", "tasks", str(examples / "cpu_swish" / "model.py")],
+                          stdout=write, stderr=subprocess.PIPE, text=True, env=env)
+    os.close(write)
+    assert proc.returncode == 0 and "Broken pipe" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_compare_refuses_runs_whose_tasks_differ_in_code(tmp_path, capsys):
+    def run(name, digest, status):
+        folder = tmp_path / name
+        folder.mkdir()
+        task = {"name": "level1/1_Swish", "level": 1, "problem_id": 1}
+        (folder / "run.json").write_text(json.dumps({"format": 1, "tasks": [task | {"digest": digest}]}))
+        (folder / "results.jsonl").write_text(json.dumps({"task": task, "entry": "level1_1", "status": status}) + "\n")
+        return str(folder)
+
+    a, b, c = run("a", "d1", "correct"), run("b", "d2", "incorrect"), run("c", "d1", "incorrect")
+    assert main(["compare", a, b]) == 2
+    err = capsys.readouterr().err
+    assert "different code for 1 task(s)" in err and "level1/1_Swish" in err and "--force" in err
+    assert main(["compare", a, b, "--force"]) == 0
+    assert "Warning" in capsys.readouterr().out
+    assert main(["compare", a, c]) == 0  # the same code: compared, no warning
+    assert "Warning" not in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_out_of_memory_names_the_limit_and_the_flag(tmp_path, capsys, examples, cache_dir):
+    task = tmp_path / "big.py"
+    task.write_text("import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def forward(self, x):\n"
+                    "        return x * 2\n\n\ndef get_inputs():\n    return [torch.empty(2**31)]  # 8 GiB\n\n\n"
+                    "def get_init_inputs():\n    return []\n")
+    code = main(["eval", str(task), str(examples / "cpu_swish" / "solution"), "--device", "cpu", "--no-compile",
+                 "--memory-limit", "2", "--cache-dir", str(cache_dir)])
+    captured = capsys.readouterr()
+    assert code == 1 and "out of memory" in captured.out
+    assert "each evaluation process may use 2.0 GiB (--memory-limit GIB raises it" in captured.err, captured.err

@@ -159,3 +159,15 @@ def test_optimize_command_writes_solution_report_and_trajectory(tmp_path, exampl
     assert "2 episode" in capsys.readouterr().err
     # The solution it wrote evaluates as a candidate on its own.
     assert main(["eval", str(examples / "cpu_swish" / "model.py"), str(out / "solution"), "--device", "cpu", "--json"]) == 0
+
+
+@pytest.mark.slow
+def test_optimize_exits_non_zero_when_no_episode_is_correct(tmp_path, examples, cache_dir, monkeypatch, capsys):
+    monkeypatch.setenv("CUDA_AGENT_CACHE", str(cache_dir))
+    out = tmp_path / "out"
+    with OpenAIServer(by_turn(["I give up."])) as server:  # ends at once, the workspace as it was given
+        code = main(["optimize", str(examples / "cpu_swish" / "model.py"), "--model", "scripted",
+                     "--base-url", server.url, "--out", str(out), "--device", "cpu", "--quiet"])
+    assert code == 1
+    assert "no episode reached a correct solution" in capsys.readouterr().err
+    assert "No episode reached a correct solution" in (out / "report.md").read_text()

@@ -176,3 +176,29 @@ def test_live_agent_run_takes_the_best_of_each_trajectory_and_resumes(tmp_path, 
     report = write_report(run, plots=False)
     assert report["overall"]["pass_rate"] == 1.0 and report["overall"]["tasks"] == 2
     assert len((run / "trajectories.jsonl").read_text().splitlines()) == 3  # the cut-off episode's trajectory too
+
+
+def test_a_rerun_evaluates_error_rows_again(tmp_path, examples):
+    from cuda_agent.evaluate.result import EvalResult
+
+    tasks_dir = tmp_path / "KernelBench" / "level1"
+    tasks_dir.mkdir(parents=True)
+    shutil.copy(examples / "cpu_swish" / "model.py", tasks_dir / "1_Swish.py")
+    shutil.copytree(examples / "cpu_swish" / "solution", tmp_path / "solutions" / "level1_1")
+    tasks = load_tasks(tmp_path / "KernelBench")
+    solutions = find_solutions(tasks, tmp_path / "solutions")
+
+    class Flaky:
+        """The harness's trouble first (a reference out of memory), then a verdict."""
+        statuses = ["error", "correct"]
+
+        def evaluate(self, task, candidate):
+            status = self.statuses.pop(0)
+            return EvalResult(task=task.to_dict(), candidate=candidate.to_dict(), device="cpu", policy={}, timing={},
+                              status=status, reason="out of memory" if status == "error" else None)
+
+    run, flaky = tmp_path / "run", Flaky()
+    assert [r["status"] for r in run_bench(run, tasks, solutions, "cpu", evaluator=flaky)] == ["error"]
+    assert [r["status"] for r in run_bench(run, tasks, solutions, "cpu", evaluator=flaky)] == ["correct"]
+    assert [r["status"] for r in read_results(run)] == ["correct"]  # the error row is replaced, not kept beside
+    assert run_bench(run, tasks, solutions, "cpu", evaluator=flaky) == []  # a verdict stands

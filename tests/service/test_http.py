@@ -168,3 +168,24 @@ def test_training_stages_take_the_service_as_their_evaluator(served):
     assert isinstance(first, RemoteEvaluator) and first is second and first.policy.name == "strict"
     with pytest.raises(ValueError, match="evaluates under policy 'strict'"):
         make_evaluator_factory(StageConfig(evaluator=EvaluatorConfig(policy="fair", remote=url)))
+
+
+def test_a_busy_port_is_named_with_the_remedy(served):
+    url, service, _gate = served
+    port = int(url.rsplit(":", 1)[1])
+    with pytest.raises(OSError, match=f"port {port} on 127.0.0.1 is already in use .*--port 0 picks a free one"):
+        make_server(service, "127.0.0.1", port)
+
+
+def test_remote_eval_shows_progress_while_the_service_works(served, examples, capsys, monkeypatch):
+    from cuda_agent import cli
+
+    url, _service, gate = served
+    monkeypatch.setattr(cli, "REMOTE_PROGRESS_S", 0.2)
+    gate.clear()  # the slot holds the job until released
+    threading.Timer(1.5, gate.set).start()
+    cli.main(["eval", str(examples / "cpu_swish" / "model.py"), str(examples / "cpu_swish" / "solution"),
+              "--remote", url, "--policy", "strict"])
+    err = capsys.readouterr().err
+    assert f"sent      to {url} (1 cpu slot(s))" in err, err
+    assert "waiting   on the service: queue 0, building 0, in flight 1" in err, err

@@ -10,7 +10,6 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from cuda_agent import Evaluator  # noqa: E402
 from cuda_agent.cli import main  # noqa: E402
 from cuda_agent.train.demo import DemoConfig, run_demo  # noqa: E402
 
@@ -22,7 +21,7 @@ STEPS = 30
 def learned(tmp_path_factory, cache_dir):
     out = tmp_path_factory.mktemp("demo") / "run"
     rows = run_demo(out, steps=STEPS, config=DemoConfig(device="cpu"), quiet=True,
-                    evaluator=lambda: Evaluator("cpu", cache_dir=cache_dir))
+                    evaluator_options={"cache_dir": cache_dir})
     return out, rows
 
 
@@ -31,12 +30,13 @@ def test_ppo_learns_to_pick_the_best_kernel_the_evaluator_rewards(learned):
     menu = json.loads((out / "menu.json").read_text())
     # The real evaluator's verdicts on the four prepared candidates.
     assert menu["wrong"]["rule"] == "wrong-output" and menu["torch"]["rule"] == "torch-compute"
-    assert menu["fast"]["reward"] >= menu["slow"]["reward"] >= 1
+    # The reward is the speedup over torch.compile: slow does four times fast's work, on any machine.
+    assert menu["fast"]["reward"] > 2 * menu["slow"]["reward"] > 0, menu
     best = max(entry["reward"] for entry in menu.values())
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
     start = sum(r["reward_mean"] for r in rows[:3]) / 3
     end = sum(r["reward_mean"] for r in rows[-5:]) / 5
-    assert start < 0.5, start  # chance: most words name nothing, and two candidates fail
+    assert start < 0, start  # chance: most words name nothing, and two candidates fail
     assert end >= best - 0.75, (end, best)  # near the best
     assert rows[-1]["answers"].get("fast", 0) > 0.6
     assert (out / "curves.png").exists() and (out / "rewards.png").exists()

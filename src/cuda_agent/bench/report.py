@@ -220,12 +220,36 @@ def plot_run(run_dir: Path, table: RunTable, report: dict[str, Any]) -> None:
     plt.close(fig)
 
 
+def different_code(a: RunTable, b: RunTable) -> list[str]:
+    """Tasks both runs have under one level and number but with other code (digests): rows that
+    ``compare_runs`` would set side by side as one task."""
+    def digests(table: RunTable) -> dict[tuple[int, int], tuple[str, str | None]]:
+        return {(t["level"], t["problem_id"]): (t["name"], t.get("digest")) for t in table.spec["tasks"]
+                if t.get("level") is not None and t.get("problem_id") is not None}
+
+    da, db = digests(a), digests(b)
+    return [f"{da[k][0]} / {db[k][0]}" if da[k][0] != db[k][0] else da[k][0]
+            for k in sorted(set(da) & set(db) & set(a.outcomes) & set(b.outcomes)) if da[k][1] != db[k][1]]
+
+
 def compare_runs(a: Path, b: Path, exclude_degenerate: bool = False, levels: list[int] | None = None,
-                 top: int = 15) -> str:
-    """Markdown: the metrics of run ``a`` and run ``b`` side by side, and the tasks that changed."""
+                 top: int = 15, force: bool = False) -> str:
+    """Markdown: the metrics of run ``a`` and run ``b`` side by side, and the tasks that changed.
+    Runs whose tasks of one level and number differ in code are refused (``force``: compared, with
+    a warning naming those tasks), as they would be compared as one task."""
     ta, tb = run_table(a, levels), run_table(b, levels)
+    differ = different_code(ta, tb)
+    named = ", ".join(differ[:5]) + (f" and {len(differ) - 5} more" if len(differ) > 5 else "")
+    if differ and not force:
+        raise ValueError(f"{a} and {b} hold different code for {len(differ)} task(s) of the same level and number "
+                         f"({named}): they are different task sets, and their rows would be compared as one task. "
+                         "Compare runs over the same tasks, or give --force to compare anyway.")
     ma, mb = (metrics(t.outcomes, exclude_degenerate=exclude_degenerate) for t in (ta, tb))
-    lines = [f"# {Path(a).name} vs {Path(b).name}", "", "| split | metric | A | B | B - A |", "|---|---|---:|---:|---:|"]
+    lines = [f"# {Path(a).name} vs {Path(b).name}", ""]
+    if differ:
+        lines += [f"**Warning**: {len(differ)} task(s) have different code in the two runs ({named}); "
+                  "their rows below compare different programs.", ""]
+    lines += ["| split | metric | A | B | B - A |", "|---|---|---:|---:|---:|"]
     for level in sorted(set(ma["levels"]) | set(mb["levels"])) + ["overall"]:
         ga = ma["overall"] if level == "overall" else ma["levels"].get(level)
         gb = mb["overall"] if level == "overall" else mb["levels"].get(level)

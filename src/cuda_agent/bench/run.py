@@ -4,8 +4,9 @@ A run directory holds ``run.json`` (what was asked: tasks, solutions, device,
 policy) and ``results.jsonl``, one line per evaluated entry: the task, the
 entry's path relative to the solution set and the evaluation core's full
 record. A rerun with the same directory evaluates only the entries not yet in
-``results.jsonl``; a rerun asking for something else is refused, naming the
-difference. Reports are made from the directory (``bench.report``).
+``results.jsonl`` or recorded there as an ``error`` (harness trouble, such as a
+reference out of memory: evaluated again); a rerun asking for something else is
+refused, naming the difference. Reports are made from the directory (``bench.report``).
 
 Without a baselines table, each evaluation times the baselines in rounds
 interleaved with the candidate's (the evaluation core's default). A table measured
@@ -100,7 +101,7 @@ def run_bench(run_dir: Path, tasks: list[Task], solutions: SolutionSet, device: 
 
     start_run(run_dir, tasks, str(solutions.root), settings or {})
     by_name = {t.name: t for t in tasks}
-    done = {(r["task"]["name"], r["entry"]) for r in read_results(run_dir)}
+    done = {(r["task"]["name"], r["entry"]) for r in drop_errors(run_dir)}
     todo = [(name, path) for name, path in solutions.entries()
             if (name, str(path.relative_to(solutions.root))) not in done]
     lock = threading.Lock()
@@ -133,6 +134,21 @@ def run_bench(run_dir: Path, tasks: list[Task], solutions: SolutionSet, device: 
         evaluate_many(pairs, device, gpus=gpus, on_result=lambda i, result: write({"entry": entries[i]} | result.to_dict()),
                       **(evaluator_options or {}))
     return written
+
+
+def drop_errors(run_dir: Path) -> list[dict[str, Any]]:
+    """The run's rows less its ``error`` ones, which are removed from the file so that they are
+    evaluated again. An error is trouble on the harness's side (the reference ran out of memory or
+    time, the machine was loaded), not a verdict on the solution, and may not recur; ``failed`` rows
+    are the solution's own and stand."""
+    rows = read_results(run_dir)
+    kept = [row for row in rows if row.get("status") != "error"]
+    if len(kept) < len(rows):
+        path = results_path(run_dir)
+        partial = path.with_suffix(".jsonl.tmp")
+        partial.write_text("".join(json.dumps(row) + "\n" for row in kept))
+        partial.replace(path)  # whole or not at all: an interrupted rewrite loses no row
+    return kept
 
 
 def _append(path: Path, rows: list[dict[str, Any]]) -> None:

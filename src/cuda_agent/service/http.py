@@ -12,6 +12,7 @@ JSON over HTTP/1.1 from the standard library (the core install stays light):
 
 from __future__ import annotations
 
+import errno
 import json
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -74,4 +75,10 @@ def make_server(service: EvalService, host: str = "127.0.0.1", port: int = 0) ->
                 return
             self._send(200 if reply.ok else 500, reply.to_dict())
 
-    return ThreadingHTTPServer((host, port), Handler)
+    try:
+        return ThreadingHTTPServer((host, port), Handler)
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE:
+            raise
+        raise OSError(exc.errno, f"port {port} on {host} is already in use (another `cuda-agent serve`?): stop that "
+                                 "server, or give another --port (--port 0 picks a free one)") from None

@@ -59,18 +59,22 @@ def summarize(candidates: list[dict[str, Any]], tasks: list[dict[str, Any]]) -> 
         shares[key] = 100.0 * sources.get(label, 0) / len(tasks) if tasks else 0.0
     rejected = Counter(row["rejected_by"] for row in candidates if not row["accepted"])
     reasons: dict[str, Counter] = {}
+    examples: dict[tuple[str, str], set[str]] = {}  # (filter, kind) -> the reasons of that kind, as written
     for row in candidates:
         if row["accepted"]:
             continue
         reason = next((v["reason"] for v in row["verdicts"] if not v["ok"]), "") or ""
-        reasons.setdefault(row["rejected_by"], Counter())[_reason_kind(reason)] += 1
+        kind = _reason_kind(reason)
+        reasons.setdefault(row["rejected_by"], Counter())[kind] += 1
+        examples.setdefault((row["rejected_by"], kind), set()).add(_first_line(reason))
     seconds = sum(row.get("seconds", 0.0) for row in candidates)
     return {
         "candidates": len(candidates), "accepted": len(tasks),
         "acceptance": len(tasks) / len(candidates) if candidates else 0.0,
         "filters": [{"filter": f, "reached": reached[f], "passed": passed[f],
                      "rate": passed[f] / reached[f] if reached[f] else None} for f in FILTERS],
-        "rejected": dict(rejected), "top_reasons": {k: v.most_common(3) for k, v in reasons.items()},
+        "rejected": dict(rejected), "top_reasons": {k: [(_example(examples[(k, kind)]), count) for kind, count in v.most_common(3)]
+                        for k, v in reasons.items()},
         "op_count_share": shares, "worker_seconds": seconds,
         "eager_ms": sorted(t["eager_ms"] for t in tasks if t.get("eager_ms") is not None),
         "similarity": [t["max_similarity"] for t in tasks if t.get("max_similarity") is not None],
@@ -78,12 +82,21 @@ def summarize(candidates: list[dict[str, Any]], tasks: list[dict[str, Any]]) -> 
     }
 
 
+def _first_line(reason: str) -> str:
+    return (reason.strip().splitlines() or [""])[0][:120]
+
+
 def _reason_kind(reason: str) -> str:
-    """A reason without its numbers, so that equal causes count together."""
+    """A reason without its numbers, so that equal causes count together (shown by one example)."""
     import re
 
-    first = (reason.strip().splitlines() or [""])[0]
-    return re.sub(r"\d+(\.\d+)?(e-?\d+)?", "N", first)[:90]
+    return re.sub(r"\d+(\.\d+)?(e-?\d+)?", "N", _first_line(reason))
+
+
+def _example(reasons: set[str]) -> str:
+    """One reason of a kind as it was written (numbers and all), marked where others differ in them."""
+    first = min(reasons)
+    return first if len(reasons) == 1 else f"{first} (and {len(reasons) - 1} more like it)"
 
 
 def render_report(summary: dict[str, Any], run: dict[str, Any]) -> str:
@@ -93,7 +106,8 @@ def render_report(summary: dict[str, Any], run: dict[str, Any]) -> str:
         f"Composer `{identity.get('composer')}`, seed {identity.get('seed')}, device `{identity.get('device')}` "
         f"({env.get('gpu') or env.get('cpu', '?')}, torch {env.get('torch', '?')}), runtime window "
         f"{identity.get('window_ms')} ms, started {run.get('started', '?')}, report {time.strftime('%Y-%m-%d %H:%M')}.", "",
-        f"**{summary['accepted']} tasks accepted of {summary['candidates']} candidates** "
+        f"**{summary['accepted']} task{'s' * (summary['accepted'] != 1)} accepted of {summary['candidates']} "
+        f"candidate{'s' * (summary['candidates'] != 1)}** "
         f"({100 * summary['acceptance']:.1f}%), {summary['distinct_ops']} distinct operators.", "",
         "## Filters (in the order candidates meet them)", "",
         "| filter | reached | passed | pass rate |", "|---|---:|---:|---:|",

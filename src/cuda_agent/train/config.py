@@ -205,6 +205,47 @@ def _check_local_paths(config: StageConfig, path: Path) -> None:
                               "file's folder); run the stage that writes it first, or correct the path")
 
 
+def check_models(config: StageConfig, path: Path, timeout_s: float = 5.0) -> None:
+    """Every model the stage loads is a local folder, or a Hugging Face name that is in the local cache or
+    can be fetched: checked before the run starts (and writes RUN/config.json), naming the config key.
+    Left to transformers, a name with no network meant 50 s of retries and an error naming no key. The
+    Hub is asked once, briefly, and not at all with HF_HUB_OFFLINE=1."""
+    import os
+
+    named = {"model.actor": config.model.actor, "model.critic": config.model.critic,
+             "model.tokenizer": config.model.tokenizer}
+    for key, value in named.items():
+        if not value or Path(value).expanduser().is_dir():
+            continue
+        remedy = (f"set {key} in {path} to a local model folder (one with config.json and the weights), or "
+                  f"download it first while online: hf download {value}")
+        if Path(value).expanduser().exists():
+            raise ConfigError(f"{path}: {key} {value} is a file; it takes a model folder or a Hugging Face name")
+        try:
+            from huggingface_hub import model_info, try_to_load_from_cache
+            from huggingface_hub.errors import GatedRepoError, HFValidationError, RepositoryNotFoundError
+        except ImportError:  # pragma: no cover - transformers brings it
+            return
+        try:
+            if isinstance(try_to_load_from_cache(value, "config.json"), str):
+                continue  # downloaded before: transformers reads it from the cache
+        except HFValidationError:
+            raise ConfigError(f"{path}: {key} {value!r} is neither a folder here nor a Hugging Face name; {remedy}") from None
+        if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on"):
+            raise ConfigError(f"{path}: {key} {value} is not a local folder and not in the Hugging Face cache "
+                              f"(HF_HUB_OFFLINE is set); {remedy}")
+        try:
+            model_info(value, timeout=timeout_s)
+        except GatedRepoError:
+            continue  # there, behind a licence: transformers asks with the user's token
+        except RepositoryNotFoundError:
+            raise ConfigError(f"{path}: {key} {value} is not a local folder and no Hugging Face model has that name "
+                              f"(or it is private); {remedy}") from None
+        except Exception as exc:  # noqa: BLE001 - any failure to reach the Hub is the same advice
+            raise ConfigError(f"{path}: {key} {value} is not a local folder and not in the Hugging Face cache, and "
+                              f"the Hub could not be reached ({type(exc).__name__}); {remedy}") from None
+
+
 def _resolve_paths(config: StageConfig, base: Path) -> StageConfig:
     def local(value: str | None) -> str | None:
         # A Hugging Face hub name stays as written; a path that exists next to the file is made absolute.

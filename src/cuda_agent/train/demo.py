@@ -5,15 +5,21 @@ The task is the bundled example of the device (``cpu_swish`` on the CPU, ``cuda_
 policy, a randomly initialised two-layer model with a word-level tokenizer trained at start-up, answers a
 prompt with one word; four of its words name prepared candidates, built from the example's solution:
 
-    fast   the solution as it is          (correct; reward 1-3 by its speed)
-    slow   the same kernel run 4 times    (correct, slower: a lower reward)
+    fast   the solution as it is          (correct)
+    slow   the same kernel run 4 times    (correct, 4 times the work)
     wrong  returns unwritten memory       (wrong-output: -1)
     torch  torch's own operators          (torch-compute: -1)
 
+The reward is the evaluator's ``speedup`` reward (the speedup over torch.compile for a correct
+candidate, -1 otherwise), not the paper's milestone reward: whether a single-threaded kernel beats
+eager torch's two threads on a two-core CPU depends on the machine and its load (on an idle one it
+did not, and fast and slow both scored the milestone's 1, leaving only correctness to learn), while
+slow's four times the work shows on any machine. So fast earns about four times slow's reward.
+
 Any other answer is -1, as an unparseable single-turn reply is. Each candidate is evaluated once and
 its result kept in ``RUN/menu.json`` (the policy can only ever write these four programs, so a reward
-per name is the evaluator's reward); the run learns from chance to the best name in a few minutes on two
-CPU cores. Metrics, checkpoints and resume are those of every training run (``train.run.RunDir``).
+per name is the evaluator's reward); the run learns from chance to the fastest name in a few minutes
+on two CPU cores. Metrics, checkpoints and resume are those of every training run (``train.run.RunDir``).
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from typing import Any, Callable
 import torch
 
 from cuda_agent.candidates import load_candidate
-from cuda_agent.evaluate import Evaluator
+from cuda_agent.evaluate import Evaluator, Policy
 from cuda_agent.paths import EXAMPLES
 from cuda_agent.tasks import load_task
 from cuda_agent.train.models import critic_from_actor
@@ -52,6 +58,7 @@ class DemoConfig:
     device: str = "cpu"
     batch: int = 16
     seed: int = 0
+    reward: str = "speedup"  # the evaluator's reward (Policy.reward): see the module's docstring
     max_new_tokens: int = 3
     actor_lr: float = 2e-3
     critic_lr: float = 2e-3
@@ -133,19 +140,23 @@ class MenuRewards:
             self.results[answer] = {"reward": result.reward, "status": result.status, "rule": result.rule,
                                     "summary": status}
             self.path.write_text(json.dumps(self.results, indent=1))
-            self.on_stage(f"  {answer}: reward {result.reward}, {status}")
+            reward = "none" if result.reward is None else f"{result.reward:+.2f}"
+            self.on_stage(f"  {answer}: reward {reward}, {status}")
         return float(self.results[answer]["reward"])
 
 
 def run_demo(out: Path, device: str = "cpu", steps: int = 40, config: DemoConfig | None = None,
-             evaluator: Callable[[], Evaluator] | None = None, quiet: bool = False) -> list[dict[str, Any]]:
-    """Train for ``steps`` steps in total (resuming ``out`` if it holds a run); the metrics rows."""
+             evaluator_options: dict[str, Any] | None = None, quiet: bool = False) -> list[dict[str, Any]]:
+    """Train for ``steps`` steps in total (resuming ``out`` if it holds a run); the metrics rows.
+    ``evaluator_options`` go to the ``Evaluator`` (a ``cache_dir``, say); its policy is the config's reward."""
     config = config or DemoConfig(device=device)
     say = (lambda line: None) if quiet else (lambda line: print(line, file=sys.stderr, flush=True))
     run = RunDir(out, {"kind": "demo"} | asdict(config))
     done = run.open()
     task, menu = prepare_menu(config.device, out / "menu")
-    rewards = MenuRewards(out / "menu.json", task, menu, evaluator or (lambda: Evaluator(config.device)), say)
+    policy = Policy.preset("fair", reward=config.reward)
+    rewards = MenuRewards(out / "menu.json", task, menu,
+                          lambda: Evaluator(config.device, policy=policy, **(evaluator_options or {})), say)
     tokenizer = make_tokenizer(PROMPT.split() + list(menu) + FILLER.split())
     random.seed(config.seed)
     actor = make_actor(tokenizer, config.seed).to(config.device)
@@ -178,7 +189,8 @@ def run_demo(out: Path, device: str = "cpu", steps: int = 40, config: DemoConfig
         values = [r.reward for r in rollouts]
         line = {
             "reward_mean": sum(values) / len(values),
-            "reward_shares": {str(v): values.count(float(v)) / len(values) for v in (-1, 1, 2, 3)},
+            "reward_shares": {name: answers.count(name) / len(answers) for name in menu} | {
+                "other": sum(a not in menu for a in answers) / len(answers)},
             "pass_rate": sum(v > 0 for v in values) / len(values),
             "answers": {name: answers.count(name) / len(answers) for name in sorted(set(answers))},
             "response_tokens": sum(len(r.response_ids) for r in rollouts) / len(rollouts),

@@ -194,9 +194,11 @@ def plot_metrics(run: Path) -> list[Path]:
 
     fig, ax = plt.subplots(figsize=(8, 3))
     bottom = [0.0] * len(rows)
-    for value in (-1, 1, 2, 3):
-        share = [r.get("reward_shares", {}).get(str(value), 0.0) for r in rows]
-        ax.bar(steps, share, bottom=bottom, label=f"reward {value}")
+    # Milestone rewards (-1, 1, 2, 3) for the stages; the demo, whose rewards are speedups, shares by answer.
+    keys = list(dict.fromkeys(key for r in rows for key in r.get("reward_shares", {}))) or ["-1", "1", "2", "3"]
+    for key in keys:
+        share = [r.get("reward_shares", {}).get(key, 0.0) for r in rows]
+        ax.bar(steps, share, bottom=bottom, label=f"reward {key}" if key.lstrip("-").isdigit() else key)
         bottom = [b + s for b, s in zip(bottom, share)]
     ax.set_xlabel("step")
     ax.set_ylabel("share of episodes")
