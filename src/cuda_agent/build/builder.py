@@ -169,7 +169,16 @@ def compile_only(candidate: Candidate, backend: str, **options: Any) -> BuildRes
     return build(candidate, backend, mode="compile", **options)
 
 
-def _compile_all(
+def _compile_all(*args: Any) -> BuildResult:
+    pch_state: dict[str, Any] = {}
+    try:
+        return _compile_extensions(*args, pch_state)
+    finally:
+        if "pool" in pch_state:
+            pch_state["pool"].shutdown(wait=True)  # never leave it writing into a work dir being removed
+
+
+def _compile_extensions(
     candidate: Candidate,
     toolchain: Toolchain,
     mode: str,
@@ -179,11 +188,11 @@ def _compile_all(
     jobs: int | None,
     objects: ObjectCache,
     units_out: list[dict[str, Any]],
+    pch_state: dict[str, Any],
 ) -> BuildResult:
     result = BuildResult(ok=True, backend=toolchain.backend, key="")
     logs: list[str] = []
     limits = Limits(timeout_s=timeout_s, output_bytes=4 * 1024 * 1024)
-    pch_state: dict[str, Any] = {}
     for ext in candidate.extensions:
         src_root = work / "src" / ext.name
         obj_root = work / "obj" / ext.name
@@ -196,17 +205,19 @@ def _compile_all(
                      for rel in ext.compile_units]
         except ToolchainError as exc:
             return BuildResult(ok=False, backend=toolchain.backend, key="", error=str(exc))
-        if any(p.pch for p in plans) and "header" not in pch_state:
-            pch_state["header"] = _ensure_pch(toolchain, work, sandbox, limits, objects, logs)
-        pch_header = pch_state.get("header")
-        for plan in plans:
-            if plan.pch and pch_header is None:  # the header failed to build: parse the headers instead
-                plan.pch = False
-                plan.key = unit_key(ext, plan.rel, toolchain, False)
+        if any(p.pch for p in plans) and "future" not in pch_state:
+            # On its own thread, so the kernels compile while the header does (the first build of a
+            # toolchain); the glue units wait for it.
+            pch_state["pool"] = ThreadPoolExecutor(max_workers=1)
+            pch_state["future"] = pch_state["pool"].submit(_ensure_pch, toolchain, work, sandbox, limits, objects, logs)
         workers = max(1, min(len(plans) or 1, jobs or os.cpu_count() or 1))
 
         def run_unit(plan: UnitPlan) -> tuple[UnitPlan, UnitOutcome]:
-            return plan, _object(plan, toolchain, ext, src_root, pch_header, work, sandbox, limits, objects)
+            header = pch_state["future"].result() if plan.pch else None
+            if plan.pch and header is None:  # the header failed to build: parse the headers instead
+                plan.pch = False
+                plan.key = unit_key(ext, plan.rel, toolchain, False)
+            return plan, _object(plan, toolchain, ext, src_root, header, work, sandbox, limits, objects)
 
         with ThreadPoolExecutor(max_workers=workers) as pool:
             outcomes = list(pool.map(run_unit, plans))
