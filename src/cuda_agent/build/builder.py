@@ -159,7 +159,11 @@ def build(
         if result.error and "timed out" in result.error:
             return result  # a timeout may be load, not the source: never cache it
         _store(result, work, final)
-        return _load_cached(final) or result
+        stored = _load_cached(final)
+        if stored is None:
+            return result
+        stored.units = result.units  # what this call compiled or reused, even where a twin stored first
+        return stored
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -455,7 +459,7 @@ def _store(result: BuildResult, work: Path, final: Path) -> None:
         target = staged / f"{name}.so"
         shutil.copy2(path, target)
         modules[name] = str(final / f"{name}.so")
-    record = result.to_dict() | {"modules": modules}
+    record = result.to_dict() | {"modules": modules, "units": []}  # units: what one call did, not the result
     (staged / "build.json").write_text(json.dumps(record, indent=1))
     (staged / "build.log").write_text(result.log)
     try:
