@@ -199,7 +199,9 @@ def render(meta: dict, table: dict, names: list[str], concurrent: int) -> str:
         cells = " | ".join(f"{rows[n]['wall_s']:.1f} | {rows[n]['cpu_s']:.1f}" for n in names)
         compiled = rows[names[-1]]["units_compiled"]
         lines.append(f"| {label} | {cells} | {', '.join(compiled) or 'none'} |")
-    lines += ["", "CPU s: user+sys of every compiler and linker process the case ran (RUSAGE_CHILDREN).", ""]
+    lines += ["", "CPU s: user+sys of every compiler and linker process the case ran (RUSAGE_CHILDREN). "
+              "`cache`'s cold case includes building the glue's precompiled header, once per toolchain and cache "
+              "(the table lists units only); main's concurrent builds each compile every unit.", ""]
     return "\n".join(lines)
 
 
