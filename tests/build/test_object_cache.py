@@ -4,6 +4,7 @@ import dataclasses
 import importlib.util
 import json
 import threading
+import uuid
 
 import pytest
 
@@ -209,7 +210,8 @@ def test_kernel_edit_rebuilds_the_kernel_and_the_module_still_computes(examples,
     candidate = load_candidate(examples / "cpu_swish" / "solution")
     assert build(candidate, "cpu", cache_dir=cache_dir).ok
     kernel = "kernels/scaled_swish.cpp"
-    text = candidate.extensions[0].sources[kernel].replace("y[i] = scale * v", "y[i] = 2.0f * scale * v")
+    # A fresh token: the session cache (CUDA_AGENT_TEST_CACHE may keep it between runs) has never seen this kernel.
+    text = candidate.extensions[0].sources[kernel].replace("y[i] = scale * v", f"y[i] = 2.0f * scale * v /* {uuid.uuid4().hex} */")
     result = build(edited(candidate, kernel, text), "cpu", cache_dir=cache_dir)
     assert result.ok, result.log
     assert compiled(result) == [kernel]
@@ -219,3 +221,17 @@ def test_kernel_edit_rebuilds_the_kernel_and_the_module_still_computes(examples,
     spec.loader.exec_module(module)
     x = torch.randn(1000)
     torch.testing.assert_close(module.scaled_swish(x, 0.5), 2.0 * 0.5 * x * torch.sigmoid(x))
+
+
+@pytest.mark.slow
+def test_prepare_builds_what_every_workspace_candidate_shares(examples, cache_dir):
+    from cuda_agent.build import prepare
+
+    prepared = prepare("cpu", cache_dir=cache_dir)
+    assert prepared.ok, prepared.log
+    renamed_op = edited(load_candidate(examples / "cpu_swish" / "solution"), "kernels/scaled_swish.cpp",
+                        f"// {uuid.uuid4().hex}\n" + load_candidate(examples / "cpu_swish" / "solution").extensions[0].sources["kernels/scaled_swish.cpp"])
+    result = build(renamed_op, "cpu", cache_dir=cache_dir)
+    assert result.ok, result.log
+    assert [u["reused"] for u in result.units if u["unit"] == "binding.cpp"] == [True]
+    assert all(u["pch"] for u in result.units if u["glue"])
