@@ -83,7 +83,7 @@ class Toolchain:
         pch: Path | None = None,
     ) -> list[str]:
         """``pch``: a header whose ``.gch`` lies beside it, force-included first. The .gch must come
-        from ``pch_command`` with the same ``opt`` and no extra flags: g++ 13 accepted an -O1 .gch
+        from ``pch_command`` with the same ``opt`` and no extra flags: g++ 12.2 accepted an -O1 .gch
         in an -O3 compile and crashed (internal compiler error), so the builder keys the .gch by its
         whole command and uses it only for glue units without extra flags."""
         forced = ["-include", str(pch)] if pch is not None else []
