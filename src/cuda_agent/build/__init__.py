@@ -2,7 +2,7 @@
 
 from cuda_agent.build.diagnostics import Diagnostic, parse_diagnostics
 from cuda_agent.build.toolchain import Toolchain, detect_toolchain
-from cuda_agent.build.builder import BuildResult, build, compile_only
+from cuda_agent.build.builder import BuildResult, build, compile_only, prepare
 
 __all__ = [
     "BuildResult",
@@ -12,4 +12,5 @@ __all__ = [
     "compile_only",
     "detect_toolchain",
     "parse_diagnostics",
+    "prepare",
 ]

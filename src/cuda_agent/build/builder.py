@@ -6,6 +6,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import posixpath
+import re
 import shutil
 import tempfile
 import time
@@ -15,13 +17,27 @@ from pathlib import Path
 from typing import Any
 
 from cuda_agent.build.diagnostics import Diagnostic, parse_diagnostics, summarize
-from cuda_agent.build.toolchain import Toolchain, ToolchainError, detect_toolchain
+from cuda_agent.build.cache import ObjectCache
+from cuda_agent.build.toolchain import GLUE_OPT, KERNEL_OPT, Toolchain, ToolchainError, detect_toolchain
 from cuda_agent.candidates import Candidate, Extension
+from cuda_agent.candidates.candidate import COMPILE_SUFFIXES
 from cuda_agent.paths import cache_root
 from cuda_agent.sandbox import Limits, LocalSandbox, Sandbox, run_command
 
 DEFAULT_COMPILE_TIMEOUT_S = 300.0
 LOG_LIMIT = 64 * 1024
+
+# Exactly the headers SKILL.md tells a binding file to include (and binding_registry.h includes), so the
+# .gch is what every glue unit parses first anyway. An include guard, not #pragma once: g++ warns
+# about #pragma once in the header it precompiles.
+PCH_NAME = "cuda_agent_pch.h"
+PCH_TEXT = """// cuda-agent: precompiled for the glue units (binding.cpp, kernels/*_binding.cpp).
+#ifndef CUDA_AGENT_PCH_H
+#define CUDA_AGENT_PCH_H
+#include <torch/types.h>
+#include <torch/csrc/utils/pybind.h>
+#endif
+"""
 
 
 @dataclass
@@ -35,6 +51,9 @@ class BuildResult:
     seconds: float = 0.0
     error: str | None = None
     log: str = ""
+    # One entry per translation unit compiled for this result: unit, key, reused (taken from the object
+    # cache) or compiled, glue, pch, compile seconds. Empty for a result reused whole.
+    units: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def errors(self) -> list[Diagnostic]:
@@ -50,6 +69,7 @@ class BuildResult:
             "cached": self.cached,
             "seconds": round(self.seconds, 3),
             "error": self.error,
+            "units": [dict(u) for u in self.units],
         }
 
     @classmethod
@@ -64,6 +84,7 @@ class BuildResult:
             seconds=data.get("seconds", 0.0),
             error=data.get("error"),
             log=log,
+            units=[dict(u) for u in data.get("units", [])],
         )
 
 
@@ -75,6 +96,8 @@ def build_key(candidate: Candidate, toolchain: Toolchain, mode: str) -> str:
         # The command lines themselves, so any change to the flags invalidates the cache.
         "commands": [
             toolchain.cxx_command(placeholder, placeholder, "m", placeholder, ()),
+            toolchain.cxx_command(placeholder, placeholder, "m", placeholder, (), opt=GLUE_OPT, pch=placeholder),
+            toolchain.pch_command(placeholder, placeholder),
             toolchain.nvcc_command(placeholder, placeholder, "m", placeholder, ()) if toolchain.nvcc else None,
             toolchain.link_command([placeholder], placeholder, False, ()),
         ],
@@ -95,8 +118,9 @@ def build(
 ) -> BuildResult:
     """Compile (and with ``mode="link"``, link) every extension of ``candidate``.
 
-    The result is cached under a key of everything that affects it; an
-    unchanged candidate is never rebuilt.
+    Two caches under ``cache_dir``: ``builds/<key>`` holds whole results (an unchanged candidate is
+    never rebuilt, not even linked), ``objects/`` holds one object per translation unit (an edit to
+    one file recompiles that file and links; see cache.py and docs/BUILD.md).
     """
     if mode not in ("link", "compile"):
         raise ValueError(f"unknown build mode {mode!r}; use 'link' or 'compile'.")
@@ -126,15 +150,33 @@ def build(
     root.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f"{key}-", dir=root))
     try:
-        result = _compile_all(candidate, toolchain, mode, work, sandbox or LocalSandbox(), timeout_s, jobs)
+        units: list[dict[str, Any]] = []
+        objects = ObjectCache((cache_dir or cache_root()) / "objects")
+        result = _compile_all(candidate, toolchain, mode, work, sandbox or LocalSandbox(), timeout_s, jobs, objects, units)
+        result.units = units
         result.key = key
         result.seconds = time.monotonic() - start
         if result.error and "timed out" in result.error:
             return result  # a timeout may be load, not the source: never cache it
         _store(result, work, final)
-        return _load_cached(final) or result
+        stored = _load_cached(final)
+        if stored is None:
+            return result
+        stored.units = result.units  # what this call compiled or reused, even where a twin stored first
+        return stored
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def prepare(backend: str, **options: Any) -> BuildResult:
+    """Build what every candidate of ``backend`` shares before the first one arrives: the glue's
+    precompiled header and ``binding.cpp`` (module cuda_extension), by building the toolchain probe,
+    the same minimal extension the evaluator's symbol audit builds anyway. On a fresh cache this moves
+    ~30 CPU-s out of the first candidate's build; afterwards it returns the cached probe at once.
+    ``options`` as for ``build``."""
+    from cuda_agent.build.probe import probe_candidate
+
+    return build(probe_candidate(backend), backend, **options)
 
 
 def compile_only(candidate: Candidate, backend: str, **options: Any) -> BuildResult:
@@ -142,7 +184,16 @@ def compile_only(candidate: Candidate, backend: str, **options: Any) -> BuildRes
     return build(candidate, backend, mode="compile", **options)
 
 
-def _compile_all(
+def _compile_all(*args: Any) -> BuildResult:
+    pch_state: dict[str, Any] = {}
+    try:
+        return _compile_extensions(*args, pch_state)
+    finally:
+        if "pool" in pch_state:
+            pch_state["pool"].shutdown(wait=True)  # never leave it writing into a work dir being removed
+
+
+def _compile_extensions(
     candidate: Candidate,
     toolchain: Toolchain,
     mode: str,
@@ -150,9 +201,13 @@ def _compile_all(
     sandbox: Sandbox,
     timeout_s: float,
     jobs: int | None,
+    objects: ObjectCache,
+    units_out: list[dict[str, Any]],
+    pch_state: dict[str, Any],
 ) -> BuildResult:
     result = BuildResult(ok=True, backend=toolchain.backend, key="")
     logs: list[str] = []
+    limits = Limits(timeout_s=timeout_s, output_bytes=4 * 1024 * 1024)
     for ext in candidate.extensions:
         src_root = work / "src" / ext.name
         obj_root = work / "obj" / ext.name
@@ -160,28 +215,35 @@ def _compile_all(
             path = src_root / rel
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
-        commands = []
-        for rel in ext.compile_units:
-            obj = obj_root / (rel.replace("/", "__") + ".o")
-            obj.parent.mkdir(parents=True, exist_ok=True)
-            make = toolchain.nvcc_command if rel.endswith(".cu") else toolchain.cxx_command
-            extra = ext.cuda_cflags if rel.endswith(".cu") else ext.cflags
-            try:
-                commands.append((rel, obj, make(src_root / rel, obj, ext.name, src_root, extra)))
-            except ToolchainError as exc:
-                return BuildResult(ok=False, backend=toolchain.backend, key="", error=str(exc))
-        limits = Limits(timeout_s=timeout_s, output_bytes=4 * 1024 * 1024)
-        workers = max(1, min(len(commands) or 1, jobs or os.cpu_count() or 1))
+        try:
+            plans = [plan_unit(ext, rel, toolchain, src_root, obj_root / (rel.replace("/", "__") + ".o"))
+                     for rel in ext.compile_units]
+        except ToolchainError as exc:
+            return BuildResult(ok=False, backend=toolchain.backend, key="", error=str(exc))
+        if any(p.pch for p in plans) and "future" not in pch_state:
+            # On its own thread, so the kernels compile while the header does (the first build of a
+            # toolchain); the glue units wait for it.
+            pch_state["pool"] = ThreadPoolExecutor(max_workers=1)
+            pch_state["future"] = pch_state["pool"].submit(_ensure_pch, toolchain, work, sandbox, limits, objects, logs)
+        workers = max(1, min(len(plans) or 1, jobs or os.cpu_count() or 1))
+
+        def run_unit(plan: UnitPlan) -> tuple[UnitPlan, UnitOutcome]:
+            header = pch_state["future"].result() if plan.pch else None
+            if plan.pch and header is None:  # the header failed to build: parse the headers instead
+                plan.pch = False
+                plan.key = unit_key(ext, plan.rel, toolchain, False)
+            return plan, _object(plan, toolchain, ext, src_root, header, work, sandbox, limits, objects)
+
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            outcomes = list(
-                pool.map(lambda c: (c, run_command(c[2], cwd=src_root, limits=limits, sandbox=sandbox, writable=(work,))), commands)
-            )
+            outcomes = list(pool.map(run_unit, plans))
         failed = []
-        for (rel, _obj, _argv), proc in outcomes:
-            logs.append(f"$ compile {ext.name}/{rel}\n{proc.output}")
-            result.diagnostics += parse_diagnostics(proc.output, str(src_root) + "/")
-            if not proc.ok:
-                failed.append(f"{rel} ({proc.describe_failure()})")
+        for plan, outcome in outcomes:
+            units_out.append({"extension": ext.name, "unit": plan.rel, "key": plan.key, "reused": outcome.reused,
+                              "glue": plan.glue, "pch": plan.pch, "seconds": round(outcome.seconds, 3)})
+            logs.append(f"$ compile {ext.name}/{plan.rel}" + (" (reused)" if outcome.reused else "") + f"\n{outcome.output}")
+            result.diagnostics += parse_diagnostics(outcome.output, outcome.source_root + "/")
+            if not outcome.ok:
+                failed.append(f"{plan.rel} ({outcome.failure})")
         if failed:
             result.ok = False
             result.error = "compilation failed: " + ", ".join(failed)
@@ -192,7 +254,7 @@ def _compile_all(
             output = work / "lib" / f"{ext.name}.so"
             output.parent.mkdir(parents=True, exist_ok=True)
             try:
-                argv = toolchain.link_command([o for _r, o, _a in commands], output, ext.uses_cuda, ext.ldflags)
+                argv = toolchain.link_command([p.obj for p in plans], output, ext.uses_cuda, ext.ldflags)
             except ToolchainError as exc:
                 return BuildResult(ok=False, backend=toolchain.backend, key="", error=str(exc))
             proc = run_command(argv, cwd=work, limits=limits, sandbox=sandbox, writable=(work,))
@@ -209,6 +271,197 @@ def _compile_all(
     return result
 
 
+# -- one translation unit ---------------------------------------------------------------------------
+
+_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*([<"])([^>"\n]+)[>"]', re.M)
+_OTHER_INCLUDE = re.compile(r'^[ \t]*#[ \t]*(include(?![ \t]*[<"])|include_next|import)|__has_include', re.M)
+_DEFINE_FIRST = re.compile(r'^[ \t]*#[ \t]*(define|undef|pragma)\b', re.M)
+
+
+def is_glue(rel: str) -> bool:
+    """The tensor-to-pointer glue of the workspace layout (SKILL.md): ``binding.cpp`` and
+    ``*_binding.cpp``. Only these are compiled at GLUE_OPT; every other unit is a kernel (-O3)."""
+    name = posixpath.basename(rel)
+    return name == "binding.cpp" or name.endswith("_binding.cpp")
+
+
+def included_sources(ext: Extension, rel: str) -> list[str]:
+    """The candidate files ``rel`` may read, as g++ would find them (quoted: the includer's directory,
+    then the source root; angled: the source root, which is on -I), followed transitively.
+
+    Conservative where a scan cannot be exact: an include through a macro, ``#include_next`` or
+    ``__has_include``, or an extension with its own -I/-include flags, makes every candidate file
+    part of the key. Every file at the source root is always part of it: it is on -I ahead of the
+    system's headers, so a system header could reach it by a plain name. An include found in a
+    comment or a dead #if branch only adds a file to the key (a needless rebuild, never a stale one).
+    """
+    extra = (*ext.cflags, *ext.cuda_cflags)
+    if any(f.startswith(("-I", "-include", "-isystem", "-iquote")) for f in extra):
+        return sorted(p for p in ext.sources if p != rel)
+    seen: set[str] = set()
+    todo = [rel]
+    while todo:
+        current = todo.pop()
+        text = ext.sources[current]
+        if _OTHER_INCLUDE.search(text):
+            return sorted(p for p in ext.sources if p != rel)
+        for kind, name in _INCLUDE.findall(text):
+            tries = [posixpath.join(posixpath.dirname(current), name)] if kind == '"' else []
+            tries.append(name)
+            for path in tries:
+                path = posixpath.normpath(path)
+                if path in ext.sources and path not in seen and path != rel:
+                    seen.add(path)
+                    todo.append(path)
+                    break
+    seen.update(p for p in ext.sources if "/" not in p and p != rel and not p.endswith(COMPILE_SUFFIXES))
+    return sorted(seen)
+
+
+def uses_pch(ext: Extension, rel: str) -> bool:
+    """The precompiled header is force-included ahead of the unit, so only where that cannot change
+    the unit's meaning or crash g++: a glue unit, no extra flags (the .gch must match the flags
+    exactly), and no #define/#undef/#pragma before the unit's first #include (torch's headers would
+    otherwise be seen before the candidate's settings)."""
+    if not use_pch() or not is_glue(rel) or rel.endswith(".cu") or ext.cflags:
+        return False
+    text = ext.sources[rel]
+    first_include = _INCLUDE.search(text)
+    head = text[: first_include.start()] if first_include else text
+    return _DEFINE_FIRST.search(head) is None
+
+
+def use_pch() -> bool:
+    """CUDA_AGENT_BUILD_PCH=0 turns the precompiled header off (the benchmark measures both)."""
+    return os.environ.get("CUDA_AGENT_BUILD_PCH", "1") != "0"
+
+
+_SRC = Path("/src")
+_OBJ = Path("/obj.o")
+_PCH = Path("/pch") / PCH_NAME
+
+
+def _unit_argv(ext: Extension, rel: str, toolchain: Toolchain, src_root: Path, obj: Path, pch: Path | None, glue: bool) -> list[str]:
+    if rel.endswith(".cu"):
+        return toolchain.nvcc_command(src_root / rel, obj, ext.name, src_root, ext.cuda_cflags)
+    opt = GLUE_OPT if glue else KERNEL_OPT
+    return toolchain.cxx_command(src_root / rel, obj, ext.name, src_root, ext.cflags, opt=opt, pch=pch)
+
+
+def unit_key(ext: Extension, rel: str, toolchain: Toolchain, pch: bool) -> str:
+    """Everything that decides the object: the unit's text and path, the text of every candidate file
+    it may include, the command line (flags, module name, opt level; paths replaced by placeholders)
+    and the toolchain (compiler, torch, CUDA versions, architectures, recipe version)."""
+    payload = {
+        "toolchain": toolchain.fingerprint(),
+        "argv": _unit_argv(ext, rel, toolchain, _SRC, _OBJ, _PCH if pch else None, is_glue(rel)),
+        "pch": pch_key(toolchain) if pch else None,
+        "unit": rel,
+        "source": ext.sources[rel],
+        "includes": [[p, ext.sources[p]] for p in included_sources(ext, rel)],
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:40]
+
+
+@dataclass
+class UnitPlan:
+    rel: str
+    obj: Path
+    glue: bool
+    pch: bool
+    key: str
+
+
+@dataclass
+class UnitOutcome:
+    ok: bool
+    reused: bool
+    output: str
+    source_root: str
+    seconds: float = 0.0
+    failure: str = ""
+
+
+def plan_unit(ext: Extension, rel: str, toolchain: Toolchain, src_root: Path, obj: Path) -> UnitPlan:
+    if rel.endswith(".cu") and not toolchain.nvcc:
+        raise ToolchainError("no nvcc found; install the CUDA toolkit or set CUDA_HOME.")
+    pch = uses_pch(ext, rel)
+    return UnitPlan(rel=rel, obj=obj, glue=is_glue(rel), pch=pch, key=unit_key(ext, rel, toolchain, pch))
+
+
+def _object(
+    plan: UnitPlan,
+    toolchain: Toolchain,
+    ext: Extension,
+    src_root: Path,
+    pch_header: Path | None,
+    work: Path,
+    sandbox: Sandbox,
+    limits: Limits,
+    objects: ObjectCache,
+) -> UnitOutcome:
+    """The unit's object at ``plan.obj``: reused from the cache, or compiled (once, under the key's
+    lock) and published. A failed or timed-out compile is not stored."""
+    plan.obj.parent.mkdir(parents=True, exist_ok=True)
+    cached = objects.lookup(plan.key)
+    if cached is None:
+        with objects.lock(plan.key, wait_s=limits.timeout_s):
+            cached = objects.lookup(plan.key)  # built by whoever held the lock
+            if cached is None:
+                argv = _unit_argv(ext, plan.rel, toolchain, src_root, plan.obj, pch_header if plan.pch else None, plan.glue)
+                proc = run_command(argv, cwd=src_root, limits=limits, sandbox=sandbox, writable=(work,))
+                if not proc.ok:
+                    return UnitOutcome(False, False, proc.output, str(src_root), proc.seconds, proc.describe_failure())
+                record = {"unit": plan.rel, "module": ext.name, "seconds": round(proc.seconds, 3),
+                          "output": proc.output, "source_root": str(src_root)}
+                try:
+                    objects.publish(plan.key, plan.obj, record)
+                except OSError:
+                    pass  # an unwritable cache costs reuse, not this build: the object is in place
+                return UnitOutcome(True, False, proc.output, str(src_root), proc.seconds)
+    objects.place(cached, plan.obj)
+    # Warnings the compile printed are replayed, so a reused unit reports what a fresh one would.
+    return UnitOutcome(True, True, cached.record.get("output", ""), cached.record.get("source_root", str(src_root)))
+
+
+# -- the glue's precompiled header ------------------------------------------------------------------
+
+def pch_key(toolchain: Toolchain) -> str:
+    payload = {"toolchain": toolchain.fingerprint(), "argv": toolchain.pch_command(_PCH, _OBJ), "header": PCH_TEXT}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:40]
+
+
+def _ensure_pch(toolchain: Toolchain, work: Path, sandbox: Sandbox, limits: Limits, objects: ObjectCache,
+                logs: list[str]) -> Path | None:
+    """``work/pch/cuda_agent_pch.h`` with its .gch beside it, built once per toolchain and shared
+    through the object cache; None when it cannot be built (the glue then parses the headers)."""
+    key = pch_key(toolchain)
+    folder = work / "pch"
+    folder.mkdir(parents=True, exist_ok=True)
+    header = folder / PCH_NAME
+    header.write_text(PCH_TEXT)
+    gch = folder / (PCH_NAME + ".gch")
+    cached = objects.lookup(key)
+    if cached is None:
+        with objects.lock(key, wait_s=limits.timeout_s):
+            cached = objects.lookup(key)
+            if cached is None:
+                proc = run_command(toolchain.pch_command(header, gch), cwd=folder, limits=limits, sandbox=sandbox,
+                                   writable=(work,))
+                if not proc.ok:
+                    logs.append(f"$ precompile {PCH_NAME} (failed; the glue parses the headers instead)\n{proc.output}")
+                    return None
+                logs.append(f"$ precompile {PCH_NAME}\n{proc.output}")
+                try:
+                    objects.publish(key, gch, {"unit": PCH_NAME, "module": None, "seconds": round(proc.seconds, 3),
+                                               "output": proc.output, "source_root": str(folder)})
+                except OSError:
+                    pass
+                return header
+    objects.place(cached, gch)
+    return header
+
+
 def _store(result: BuildResult, work: Path, final: Path) -> None:
     staged = work / "result"
     staged.mkdir()
@@ -217,7 +470,7 @@ def _store(result: BuildResult, work: Path, final: Path) -> None:
         target = staged / f"{name}.so"
         shutil.copy2(path, target)
         modules[name] = str(final / f"{name}.so")
-    record = result.to_dict() | {"modules": modules}
+    record = result.to_dict() | {"modules": modules, "units": []}  # units: what one call did, not the result
     (staged / "build.json").write_text(json.dumps(record, indent=1))
     (staged / "build.log").write_text(result.log)
     try:
