@@ -91,7 +91,7 @@ def test_environment_episode_earns_what_our_loop_earns(examples, task, evaluator
     opening = environment.reset(**row)
     assert task.code in opening and "SKILL" in opening or "utils/verify.py" in opening
     outputs = [tools[name](**arguments) for name, arguments in solved_calls]
-    assert "correct" in outputs[-2].lower()  # verify's report
+    assert "correct" in outputs[-1].lower()  # verify's report
     assert environment.get_reward() == loop_episode.reward == CORRECT
     # The pooled instance, reset for the next rollout: a fresh workspace with the stub ModelNew.
     environment.reset(**row)
