@@ -7,7 +7,6 @@ be compared with the loop's for equality without a timing window."""
 
 from __future__ import annotations
 
-import shutil
 import sys
 from pathlib import Path
 
@@ -22,13 +21,11 @@ VERIFY = COMMANDS[1]  # python utils/verify.py
 from cuda_agent.agent.llm import OpenAIChat  # noqa: E402
 from cuda_agent.agent.loop import AgentConfig, run_episode  # noqa: E402
 from cuda_agent.evaluate.evaluator import Evaluator  # noqa: E402
-from cuda_agent.evaluate.policy import Policy  # noqa: E402
 from cuda_agent.tasks import load_task  # noqa: E402
 
-# bubblewrap where the host has it (CI installs it); the agent's shell and the candidates run unsandboxed otherwise.
-SANDBOX = "auto" if shutil.which("bwrap") else "none"
-CORRECT, INCORRECT = 1.0, -1.0
-NEVER_FASTER = Policy(beat_factor=1e-6)  # "faster" would need t < 1e-6 * t_baseline
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from integration_setup import CORRECT, NEVER_FASTER, SANDBOX  # noqa: E402
+
 
 
 @pytest.fixture(scope="session")

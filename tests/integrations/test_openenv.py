@@ -16,7 +16,7 @@ uvicorn = pytest.importorskip("uvicorn")
 from cuda_agent.integrations.core import EvaluatorOptions  # noqa: E402
 from cuda_agent.integrations.openenv import FINISH, KernelAction, KernelEnvClient, make_app  # noqa: E402
 
-from conftest import CORRECT, INCORRECT, SANDBOX  # noqa: E402
+from integration_setup import CORRECT, INCORRECT, SANDBOX  # noqa: E402
 
 
 @pytest.fixture

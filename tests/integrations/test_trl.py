@@ -15,7 +15,7 @@ from tiny_lm import save_tiny_model, solution_reply, train_tokenizer  # noqa: E4
 from cuda_agent.integrations.trl import KernelEnvironment, KernelReward, tasks_to_dataset  # noqa: E402
 from cuda_agent.train.single_turn import single_turn_messages  # noqa: E402
 
-from conftest import CORRECT, INCORRECT, SANDBOX  # noqa: E402
+from integration_setup import CORRECT, INCORRECT, SANDBOX  # noqa: E402
 
 
 def test_dataset_holds_prompts_and_tasks_from_a_folder_of_task_files(examples, task):

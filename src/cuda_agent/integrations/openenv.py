@@ -168,9 +168,10 @@ def make_app(tasks: Sequence[Task], options: EvaluatorOptions | None = None, *, 
                               env_name=ENV_NAME, state_cls=KernelState)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``serve``: the environment server (``cuda-agent env serve`` once the CLI registers it)."""
-    parser = argparse.ArgumentParser(prog="python -m cuda_agent.integrations.openenv",
+def main(argv: list[str] | None = None, prog: str = "python -m cuda_agent.integrations.openenv") -> int:
+    """``serve``: the environment server (``cuda-agent env serve`` once the CLI registers it, with ``prog``
+    "cuda-agent env")."""
+    parser = argparse.ArgumentParser(prog=prog,
                                      description="Serve the kernel environment over OpenEnv's protocol.")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="the OpenEnv server (HTTP and WebSocket)")
