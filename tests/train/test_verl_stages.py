@@ -393,7 +393,8 @@ verl.utils.distributed.initialize_global_process_group = _gloo
 def test_verls_sft_trainer_takes_its_loss_on_the_sampled_tokens(trajectories, tokenizer, model_dir, tmp_path):
     """One step of verl's SFT trainer on our dataset: its loss is the mean NLL of exactly the sampled tokens.
     The model's logits are sharpened so that other masks (every token, the mask one token off) give losses
-    more than one percent away (transformers 5.10: 1.7% and 4.9%), where verl's bf16 loss is the nearest and within one percent."""
+    more than one percent away (transformers 5.10: 1.7% and 4.9%); verl's bf16 loss must be the nearest to the
+    sampled tokens' loss and within one percent of it."""
     import re
 
     import transformers

@@ -21,7 +21,8 @@ from typing import Any, Callable
 from cuda_agent.evaluate.interface import EvaluatorLike
 from cuda_agent.agent.commands import Evaluation
 from cuda_agent.agent.llm import BackendError, ChatBackend, Usage, assistant_message, tool_message
-from cuda_agent.agent.session import SYSTEM_PROMPT, AgentConfig, EpisodeSession, final_evaluation  # noqa: F401 - their old home
+# AgentConfig and SYSTEM_PROMPT live with the session now; importing them from here still works.
+from cuda_agent.agent.session import SYSTEM_PROMPT, AgentConfig, EpisodeSession  # noqa: F401
 from cuda_agent.agent.tokens import token_trace
 from cuda_agent.tasks.task import Task
 

@@ -102,8 +102,17 @@ def score_completions(tasks: Sequence[Task], completions: Sequence[Any], options
         with options.lend() as evaluator, tempfile.TemporaryDirectory(prefix="cuda-agent-reply-") as where:
             return score_reply(task, completion_text(completion), evaluator, Path(where)).reward
 
+    if options.evaluator is not None and not _shareable(options.evaluator):
+        workers = 1  # a local Evaluator keeps per-evaluation processes: one caller at a time
     with ThreadPoolExecutor(max_workers=max(1, min(workers, len(tasks)))) as pool:
         return list(pool.map(one, zip(tasks, completions)))
+
+
+def _shareable(evaluator: Any) -> bool:
+    """Whether threads may call ``evaluator`` at once: the service's client may (each call is its own request)."""
+    from cuda_agent.service import RemoteEvaluator
+
+    return isinstance(evaluator, RemoteEvaluator)
 
 
 @dataclass
@@ -154,8 +163,8 @@ class ToolEpisode:
         session = self._open()
         session.turn = len(self.calls)
         result = session.call(name, arguments if isinstance(arguments, str) else dict(arguments or {}))
-        self.calls.append({"name": name, "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments or {}),
-                           "error": result.error})
+        text = arguments if isinstance(arguments, str) else json.dumps(arguments or {})
+        self.calls.append({"name": name, "arguments": text, "error": result.error})
         return result.content
 
     def finish(self) -> SessionOutcome:
