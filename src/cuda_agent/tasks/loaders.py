@@ -1,8 +1,8 @@
 """Loaders for every place tasks come from.
 
 ``load_tasks(source)`` dispatches on what ``source`` is: a ``.py`` file, a
-KernelBench checkout (or its ``levelN`` folders), a ``cuda-agent synth`` output
-directory, a JSONL / parquet table in
+KernelBench checkout (or its ``levelN`` folders), a folder of task files (as
+``examples/`` holds them), a ``cuda-agent synth`` output directory, a JSONL / parquet table in
 the KernelBench or CUDA-Agent-Ops-6K shape, or a Hugging Face dataset name.
 Every task is checked statically before it is returned.
 """
