@@ -113,7 +113,12 @@ class KernelEnvironment:
             self.episode = None
 
     def __del__(self) -> None:
-        self._close()
+        # TRL keeps its pooled instances to the end and never closes them: the last episode's shell and
+        # scratch folder go with the instance (quietly at interpreter exit, when modules may be gone).
+        try:
+            self._close()
+        except Exception:
+            pass
 
 
 for _schema in tool_schemas():
