@@ -16,7 +16,7 @@ uvicorn = pytest.importorskip("uvicorn")
 from cuda_agent.integrations.core import EvaluatorOptions  # noqa: E402
 from cuda_agent.integrations.openenv import FINISH, KernelAction, KernelEnvClient, make_app  # noqa: E402
 
-from integration_setup import CORRECT, INCORRECT, SANDBOX  # noqa: E402
+from integration_setup import CORRECT, SANDBOX  # noqa: E402
 
 
 @pytest.fixture
@@ -55,8 +55,12 @@ def test_episode_over_the_websocket_earns_what_our_loop_earns(server, task, solv
         assert closed.reward == loop_episode.reward == CORRECT
         state = env.state()
         assert state.done and state.reward == CORRECT and state.step_count == len(solved_calls) + 1
-        # A bad call is an observation, not a broken session; a new episode starts with the stub ModelNew.
+        # The session goes on: a new episode in a fresh workspace (the stub ModelNew again), where a bad call is an
+        # observation, not a broken session. (Its -1 at the end is shown through TRL's trainer; here it would
+        # cost one more evaluation.)
         env.reset(task=task.name)
+        fresh = env.step(KernelAction(tool="read", arguments={"path": "model_new.py"}))
+        assert "scaled_swish" not in fresh.observation.content and not fresh.observation.error
         bad = env.step(KernelAction(tool="launch_missiles", arguments={}))
-        assert bad.observation.error and not bad.done
-        assert env.step(KernelAction(tool=FINISH)).reward == INCORRECT
+        assert bad.observation.error and "launch_missiles" in bad.observation.content and not bad.done
+        assert env.state().step_count == 2 and not env.state().done
