@@ -13,14 +13,18 @@ import cuda_agent
 
 PACKAGE = Path(cuda_agent.__file__).resolve().parent
 
-CLIENTS = ("agent", "synth", "bench", "train", "service", "cli")
+CLIENTS = ("agent", "synth", "bench", "train", "service", "cli", "integrations")
 CORE = ("evaluate",)
 BASE = ("guard", "sandbox", "build", "candidates", "tasks")
 NEUTRAL = ("paths", "jsonl", "tensors")  # helpers that two layers share: they import no package of ours
 LAYERS = CLIENTS + CORE + BASE + NEUTRAL
 # What each layer must not import (packages that do not exist yet count, so a new one starts right).
 FORBIDDEN = ({package: CORE + CLIENTS for package in BASE} | {package: CLIENTS for package in CORE}
-             | {module: CLIENTS + CORE + BASE for module in NEUTRAL})
+             | {module: CLIENTS + CORE + BASE for module in NEUTRAL}
+             # The RL-stack adapters are clients of the other clients: only the CLI may import them.
+             | {package: ("integrations",) for package in CLIENTS if package not in ("cli", "integrations")})
+# Each RL library is imported by its adapter alone (cuda_agent.integrations.<stack>; verl by train.verl's loop).
+STACKS = {"trl": "trl", "openenv": "openenv", "verifiers": "verifiers", "verl": "verl", "datasets": "trl"}
 
 
 def _module_name(path: Path) -> str:
@@ -89,3 +93,13 @@ def test_the_check_sees_late_and_relative_imports(tmp_path, monkeypatch):
         "cuda_agent/guard/late.py:2: guard imports cuda_agent.evaluate",
         "cuda_agent/guard/late.py:3: guard imports cuda_agent.cli",
     ]
+
+
+def test_each_rl_library_is_imported_by_its_adapter_alone():
+    problems = []
+    for path in sorted((PACKAGE / "integrations").rglob("*.py")):
+        for line, name in imported_modules(path):
+            top = name.split(".")[0]
+            if top in STACKS and path.stem != STACKS[top]:
+                problems.append(f"{path.relative_to(PACKAGE.parent)}:{line}: imports {name}")
+    assert not problems, "RL libraries outside their adapter:\n" + "\n".join(problems)

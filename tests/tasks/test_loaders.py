@@ -189,3 +189,11 @@ def test_binary_file_names_the_file(tmp_path):
     table.write_bytes(b'{"level": 1}\n\xff\n')
     with pytest.raises(TaskError, match=rf"{table}: not UTF-8 text"):
         load_tasks(table)
+
+
+def test_a_folder_of_task_files_is_a_task_source(tmp_path):
+    # examples/' layout (a folder per task with model.py, its solution beside it) and a flat folder of tasks
+    write(tmp_path / "swish" / "model.py", GOOD)
+    write(tmp_path / "swish" / "solution" / "model_new.py", "class ModelNew: pass\n")
+    write(tmp_path / "relu.py", GOOD)
+    assert [t.name for t in load_tasks(tmp_path)] == ["relu", "swish"]

@@ -14,6 +14,7 @@ pytest.importorskip("verl", reason="verl is not installed: pip install 'cuda-age
 
 import asyncio  # noqa: E402
 import re  # noqa: E402
+import shutil  # noqa: E402
 import threading  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -32,6 +33,7 @@ from cuda_agent.agent.loop import AgentConfig, run_episode  # noqa: E402
 from cuda_agent.agent.tokens import TokenChat, TokenOutput  # noqa: E402
 from cuda_agent.build import BuildResult  # noqa: E402
 from cuda_agent.evaluate import Policy, TimingConfig  # noqa: E402
+from cuda_agent.evaluate.counters import unavailable  # noqa: E402
 from cuda_agent.evaluate.degenerate import DegenerateReport  # noqa: E402
 from cuda_agent.evaluate.interface import EvaluatorLike  # noqa: E402
 from cuda_agent.evaluate.result import EvalResult  # noqa: E402
@@ -44,6 +46,10 @@ from cuda_agent.train.verl.data import AGENT_NAME, task_from_extra_info, tasks_t
 from cuda_agent.train.verl.reward import compute_score  # noqa: E402
 
 SANDBOX = "auto"
+# The loop's episodes run the agent's shell in bubblewrap ("auto" never falls back to no sandbox): where it is
+# missing, those tests skip and say so rather than fail.
+needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None,
+                                 reason="bubblewrap (bwrap) is not installed: the episodes' shell runs in it")
 SOLVED = 2.5  # the scripted evaluator's reward for the example's solution
 SAMPLING = dict(temperature=1.0, top_p=1.0, top_k=-1, repetition_penalty=1.0, logprobs=True)  # as verl's worker sends
 
@@ -77,6 +83,9 @@ class SolutionChecker:
 
     def check_degenerate(self, task, draws=3):
         return DegenerateReport(task=task.name, policy="fair", passing=[])
+
+    def counters(self, task, candidate, times=None):
+        return unavailable("the scripted evaluator reads no hardware counters", times)
 
     def close(self):
         pass
@@ -182,6 +191,7 @@ def row(task, tokenizer, tmp_path, monkeypatch):
     return dataset_row(tasks_to_parquet(task.source, tmp_path / "tasks.parquet"), tokenizer, tmp_path, monkeypatch)
 
 
+@needs_bwrap
 def test_the_verl_loop_returns_our_episode_token_for_token(row, task, tokenizer, checker, examples, tmp_path):
     assert isinstance(checker, EvaluatorLike)
     assert _agent_loop_registry[AGENT_NAME] == {"_target_": "cuda_agent.train.verl.agent_loop.CudaAgentLoop"}
@@ -225,6 +235,7 @@ def test_the_verl_loop_returns_our_episode_token_for_token(row, task, tokenizer,
     assert float(scores[-1]) == SOLVED and float(scores.abs().sum()) == SOLVED
 
 
+@needs_bwrap
 def test_episodes_run_at_once_each_on_its_own_sequence(row, tokenizer, checker, examples, tmp_path):
     server = ScriptedServer(tokenizer, turns(examples))
     outputs, _ = run_loop(row, server, tokenizer, checker, tmp_path, prompt_length=8192, response_length=16384,
@@ -238,6 +249,7 @@ def test_episodes_run_at_once_each_on_its_own_sequence(row, tokenizer, checker, 
         assert [i for i, m in zip(output.response_ids, output.response_mask) if m] == [i for r in replies for i in r]
 
 
+@needs_bwrap
 def test_an_episode_ends_where_the_response_budget_is_spent(row, tokenizer, checker, examples, tmp_path):
     script = turns(examples)
     first_reply = len(tokenizer.encode(script[0], add_special_tokens=False)) + 1
@@ -252,6 +264,7 @@ def test_an_episode_ends_where_the_response_budget_is_spent(row, tokenizer, chec
     assert output.reward_score == SOLVED
 
 
+@needs_bwrap
 def test_a_first_prompt_longer_than_verls_prompt_length_names_the_setting(row, tokenizer, checker, examples, tmp_path):
     server = ScriptedServer(tokenizer, turns(examples))
     with pytest.raises(ValueError, match=r"prompt_length=64: set it to at least \d+"):

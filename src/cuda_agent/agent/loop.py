@@ -19,34 +19,15 @@ from pathlib import Path
 from typing import Any, Callable
 
 from cuda_agent.evaluate.interface import EvaluatorLike
-from cuda_agent.agent.commands import CommandServer, Evaluation, better, candidate_files
+from cuda_agent.agent.commands import Evaluation
 from cuda_agent.agent.llm import BackendError, ChatBackend, Usage, assistant_message, tool_message
+# AgentConfig and SYSTEM_PROMPT live with the session now; importing them from here still works.
+from cuda_agent.agent.session import SYSTEM_PROMPT, AgentConfig, EpisodeSession  # noqa: F401
 from cuda_agent.agent.tokens import token_trace
-from cuda_agent.agent.tools import Toolbox
-from cuda_agent.agent.workspace import SOCKET_ENV, create_workspace
-from cuda_agent.candidates import CandidateError, load_workspace
-from cuda_agent.evaluate.result import EvalResult
 from cuda_agent.tasks.task import Task
 
 TRAJECTORY_FORMAT = 1
 CHARS_PER_TOKEN = 4.0  # until the server's usage tells the real ratio
-
-SYSTEM_PROMPT = """You are an expert CUDA performance engineer. You work alone in a sandboxed workspace \
-through the tools you are given. Your goal: a ModelNew that is correct and faster than torch.compile, \
-following SKILL.md exactly. Act, check the result of every action, and keep going until the goal is met; \
-then reply with a short summary and no tool call."""
-
-
-@dataclass
-class AgentConfig:
-    max_turns: int = 150  # the paper: 150 in training, 200 for evaluation
-    context_tokens: int = 128_000
-    wall_clock_s: float | None = None
-    command_timeout_s: float = 300.0
-    max_output_chars: int = 20_000
-    # utils/profile.py ends with the hardware counters of a correct candidate (GPU only; 10-14 s more
-    # per profile on the H200, docs/COUNTERS.md)
-    counters: bool = True
 
 
 @dataclass
@@ -100,8 +81,6 @@ def run_episode(task: Task, backend: ChatBackend, evaluator: EvaluatorLike, work
                 on_turn: Callable[[dict[str, Any]], None] | None = None) -> Episode:
     """One episode in a fresh workspace under ``workdir``."""
     config = config or AgentConfig()
-    workdir = Path(workdir)
-    workspace = create_workspace(workdir / "workspace", task, evaluator.policy, evaluator.device)
     started = time.time()
     clock = time.monotonic()
     record: dict[str, Any] = {
@@ -109,12 +88,6 @@ def run_episode(task: Task, backend: ChatBackend, evaluator: EvaluatorLike, work
         "device": evaluator.device, "policy": evaluator.policy.to_dict(), "config": asdict(config),
         "started": started, "turns": [], "evaluations": [],
     }
-    skill = (workspace.root / "SKILL.md").read_text()
-    messages: list[dict[str, Any]] = [
-        {"role": "system", "content": SYSTEM_PROMPT},
-        {"role": "user", "content": f"{skill}\n\n# The task: model.py\n\n```python\n{task.code}\n```\n\n"
-                                    f"The workspace is your current directory: {workspace.root}"},
-    ]
     usage = Usage()
     token_turns: list[dict[str, list]] = []  # token-level backends only
     chars_per_token = CHARS_PER_TOKEN
@@ -123,56 +96,50 @@ def run_episode(task: Task, backend: ChatBackend, evaluator: EvaluatorLike, work
     def evaluated(evaluation: Evaluation) -> None:
         record["evaluations"].append(_evaluation_record(evaluation))
 
-    with CommandServer(workspace.root, task, evaluator, on_evaluation=evaluated, counters=config.counters) as server:
-        # Only what the commands need: the toolbox's own minimal environment keeps API keys out of the shell.
-        env = {SOCKET_ENV: str(server.socket_path)}
-        with Toolbox(workspace.root, protected=workspace.protected, sandbox=sandbox, gpu=evaluator.device == "cuda",
-                     env=env, readable=[server.directory], command_timeout_s=config.command_timeout_s,
-                     max_output_chars=config.max_output_chars) as toolbox:
-            tools = toolbox.schemas()
-            for turn in range(config.max_turns):
-                if config.wall_clock_s is not None and time.monotonic() - clock > config.wall_clock_s:
-                    end_reason = "wall_clock"
-                    break
-                server.turn = turn
-                request, dropped = fit_to_budget(messages, config.context_tokens, chars_per_token)
-                if len(request) <= 2 and len(messages) > 2:
-                    end_reason = "context"  # not even the latest turn fits
-                    break
-                try:
-                    reply = backend.complete(request, tools)
-                except BackendError as exc:
-                    end_reason = f"backend_error: {exc}"
-                    break
-                usage.add(reply.usage)
-                if reply.tokens is not None:
-                    token_turns.append(reply.tokens)
-                if reply.usage.prompt_tokens:
-                    chars_per_token = sum(len(json.dumps(m)) for m in request) / reply.usage.prompt_tokens
-                messages.append(assistant_message(reply))
-                entry: dict[str, Any] = {"turn": turn, "model_seconds": round(reply.seconds, 3),
-                                         "usage": asdict(reply.usage), "dropped_turns": dropped,
-                                         "finish_reason": reply.finish_reason, "tool_calls": []}
-                for call in reply.tool_calls:
-                    tick = time.monotonic()
-                    result = toolbox.call(call.name, call.arguments)
-                    messages.append(tool_message(call.id, result.content))
-                    entry["tool_calls"].append({"id": call.id, "name": call.name, "arguments": call.arguments,
-                                                "error": result.error, "metadata": result.metadata,
-                                                "seconds": round(time.monotonic() - tick, 3)})
-                record["turns"].append(entry)
-                if on_turn:
-                    on_turn(entry)
-                if not reply.tool_calls:
-                    end_reason = "done"
-                    break
-        best = server.best
-    # After the shell and its background jobs are gone: nothing may run beside the final timing.
-    final, files = _final_evaluation(task, evaluator, workspace.root)
-    if files is not None:
-        closing = Evaluation("final", len(record["turns"]), 0.0, final, files)
-        if better(best, closing):
-            best = closing
+    # The workspace, its tools and the closing evaluation are the session's (the RL-stack adapters drive the
+    # same one); the loop is the model's side.
+    with EpisodeSession(task, evaluator, Path(workdir), config=config, sandbox=sandbox,
+                        on_evaluation=evaluated) as session:
+        messages = session.messages
+        tools = session.tools
+        for turn in range(config.max_turns):
+            if config.wall_clock_s is not None and time.monotonic() - clock > config.wall_clock_s:
+                end_reason = "wall_clock"
+                break
+            session.turn = turn
+            request, dropped = fit_to_budget(messages, config.context_tokens, chars_per_token)
+            if len(request) <= 2 and len(messages) > 2:
+                end_reason = "context"  # not even the latest turn fits
+                break
+            try:
+                reply = backend.complete(request, tools)
+            except BackendError as exc:
+                end_reason = f"backend_error: {exc}"
+                break
+            usage.add(reply.usage)
+            if reply.tokens is not None:
+                token_turns.append(reply.tokens)
+            if reply.usage.prompt_tokens:
+                chars_per_token = sum(len(json.dumps(m)) for m in request) / reply.usage.prompt_tokens
+            messages.append(assistant_message(reply))
+            entry: dict[str, Any] = {"turn": turn, "model_seconds": round(reply.seconds, 3),
+                                     "usage": asdict(reply.usage), "dropped_turns": dropped,
+                                     "finish_reason": reply.finish_reason, "tool_calls": []}
+            for call in reply.tool_calls:
+                tick = time.monotonic()
+                result = session.call(call.name, call.arguments)
+                messages.append(tool_message(call.id, result.content))
+                entry["tool_calls"].append({"id": call.id, "name": call.name, "arguments": call.arguments,
+                                            "error": result.error, "metadata": result.metadata,
+                                            "seconds": round(time.monotonic() - tick, 3)})
+            record["turns"].append(entry)
+            if on_turn:
+                on_turn(entry)
+            if not reply.tool_calls:
+                end_reason = "done"
+                break
+        outcome = session.finish(turn=len(record["turns"]))
+    final, best = outcome.final, outcome.best
     record.update(messages=messages, final=final, end_reason=end_reason, usage=asdict(usage),
                   best=_evaluation_record(best, files=True) if best else None,
                   reward=final.get("reward"), best_reward=best.result.get("reward") if best else None,
@@ -181,17 +148,6 @@ def run_episode(task: Task, backend: ChatBackend, evaluator: EvaluatorLike, work
         # Token ids, logprobs and a mask (1: sampled by the model), what training needs.
         record["tokens"] = token_trace(token_turns)
     return Episode(record, final, best, end_reason)
-
-
-def _final_evaluation(task: Task, evaluator: EvaluatorLike, root: Path) -> tuple[dict[str, Any], dict[str, str] | None]:
-    """A fresh trusted evaluation of the workspace as the agent left it (and its files)."""
-    try:
-        candidate = load_workspace(root)
-    except CandidateError as exc:
-        result = EvalResult.unloadable(task.to_dict(), str(root), evaluator.device, evaluator.policy.to_dict(),
-                                       evaluator.timing.to_dict(), str(exc))
-        return result.to_dict(), None
-    return evaluator.evaluate(task, candidate).to_dict(), candidate_files(candidate)
 
 
 def _evaluation_record(evaluation: Evaluation, files: bool = False) -> dict[str, Any]:

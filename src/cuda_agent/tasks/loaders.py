@@ -1,8 +1,8 @@
 """Loaders for every place tasks come from.
 
 ``load_tasks(source)`` dispatches on what ``source`` is: a ``.py`` file, a
-KernelBench checkout (or its ``levelN`` folders), a ``cuda-agent synth`` output
-directory, a JSONL / parquet table in
+KernelBench checkout (or its ``levelN`` folders), a folder of task files (as
+``examples/`` holds them), a ``cuda-agent synth`` output directory, a JSONL / parquet table in
 the KernelBench or CUDA-Agent-Ops-6K shape, or a Hugging Face dataset name.
 Every task is checked statically before it is returned.
 """
@@ -56,8 +56,10 @@ def load_tasks(source: str | Path, levels: Iterable[int] | None = None) -> list[
         tasks = [load_task_file(path)]
     elif path.is_dir() and (path / "tasks.jsonl").is_file():
         tasks = load_table(path / "tasks.jsonl")  # a `cuda-agent synth` output directory
-    elif path.is_dir():
+    elif path.is_dir() and _kernelbench_levels(path):
         tasks = load_kernelbench_dir(path)
+    elif path.is_dir():
+        tasks = load_task_folder(path)
     elif path.is_file() and path.suffix in (".jsonl", ".json", ".parquet"):
         tasks = load_table(path)
     elif path.exists():
@@ -73,6 +75,24 @@ def load_tasks(source: str | Path, levels: Iterable[int] | None = None) -> list[
         wanted = set(levels)
         tasks = [t for t in tasks if t.level in wanted]
     return tasks
+
+
+def _kernelbench_levels(root: Path) -> bool:
+    """Whether ``root`` is a KernelBench checkout, its ``KernelBench/`` folder or a ``levelN`` folder."""
+    return any(_LEVEL_DIR.match(base.name) or any(d.is_dir() and _LEVEL_DIR.match(d.name) for d in base.glob("level*"))
+               for base in (root, root / "KernelBench"))
+
+
+def load_task_folder(root: str | Path) -> list[Task]:
+    """A folder of task files: every ``model.py`` below it (a task per folder, as ``examples/`` holds them, named
+    by its folder) and the other ``.py`` files directly in it (a flat folder of tasks). Solutions beside a task
+    (``model_new.py``, ``kernels/``) are not tasks and are not read."""
+    root = Path(root)
+    files = sorted({*root.rglob("model.py"), *(p for p in root.glob("*.py") if p.name != "model_new.py")})
+    if not files:
+        raise TaskError(f"{root}: no task files here (model.py in a folder per task, or .py files in the folder) "
+                        "and not a KernelBench checkout (no levelN/ folders).")
+    return [load_task_file(p) for p in files]
 
 
 def load_task_file(path: str | Path) -> Task:

@@ -89,7 +89,7 @@ def _schema(pa: Any) -> Any:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m cuda_agent.train.verl.data", description=__doc__.split("\n")[0])
-    parser.add_argument("source", help="tasks: a .py file, a KernelBench directory, JSONL/parquet, a hub dataset")
+    parser.add_argument("source", help="tasks: a .py file, a folder of task files, a KernelBench directory, JSONL/parquet, a hub dataset")
     parser.add_argument("out", help="the parquet file to write (verl's data.train_files / data.val_files)")
     parser.add_argument("--levels", type=int, nargs="*", help="only these KernelBench levels")
     parser.add_argument("--agent", default=AGENT_NAME,

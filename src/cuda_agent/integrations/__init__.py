@@ -1,0 +1,14 @@
+"""The kernel environment in the RL stacks people already train with. One episode core (``core``: tasks as
+dataset rows, the single-turn reward, a tool-at-a-time agentic episode over ``agent.session``) under a thin
+adapter per stack; each adapter imports its library, nothing else here does:
+
+    trl        TRL's GRPOTrainer: ``KernelReward`` (single-turn), ``KernelEnvironment`` (multi-turn,
+               ``environment_factory``), ``tasks_to_dataset``            pip install 'cuda-agent[trl]'
+    openenv    an OpenEnv environment (``KernelEnv``: reset / step / state) and its HTTP/WebSocket server
+               (``python -m cuda_agent.integrations.openenv serve``)    pip install 'cuda-agent[openenv]'
+    verl       ``cuda_agent.train.verl`` (agent loop, reward, data, SFT), re-exported as ``integrations.verl``
+                                                                         pip install 'cuda-agent[verl]'
+
+docs/INTEGRATIONS.md says which path of each library is used, why, and with which versions (and why there is
+no verifiers adapter yet: verifiers 0.4 replaced ``load_environment`` modules with tasksets and harnesses).
+"""

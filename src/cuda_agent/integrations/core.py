@@ -1,0 +1,192 @@
+"""The episode core every RL-stack adapter stands on: tasks as dataset rows, the single-turn reward, and a
+tool-at-a-time agentic episode with its evaluator. Nothing here imports an RL library.
+
+    task_columns / task_from_row  a task as flat dataset columns (TRL, verifiers) and back; verl's rows carry
+                                  the same fields in ``extra_info`` (``train.verl.data``)
+    score_completions             the single-turn reward of many replies at once, each with its task,
+                                  ``workers`` evaluations at a time (``train.single_turn.score_reply``)
+    ToolEpisode                   one agentic episode driven from outside: ``agent.session.EpisodeSession``
+                                  (the workspace, tools and closing evaluation ``run_episode`` uses) with an
+                                  evaluator lent for its lifetime and a scratch folder it removes
+
+Evaluators come from ``train.verl.evaluators.lend_evaluator``: an ``EvaluatorLike`` given by the caller, else
+the evaluation service (``service=URL`` or ``$CUDA_AGENT_SERVICE``), else local evaluators lent one per
+caller at a time, sharing one timing lock. So every adapter can send its evaluations to one GPU pool.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+from cuda_agent.agent.session import AgentConfig, EpisodeSession, SessionOutcome
+from cuda_agent.tasks import Task, TaskError, load_tasks
+from cuda_agent.train.single_turn import FAILURE_REWARD, score_reply, single_turn_messages
+from cuda_agent.train.verl.evaluators import lend_evaluator
+
+__all__ = ["FAILURE_REWARD", "TASK_COLUMNS", "EvaluatorOptions", "ToolEpisode", "completion_text", "load_task_rows",
+           "score_completions", "single_turn_messages", "task_columns", "task_from_row"]
+
+TASK_COLUMNS = ("name", "code", "source", "level", "problem_id")  # the columns a row carries its task in
+
+
+def task_columns(task: Task) -> dict[str, Any]:
+    """The task as flat columns of a dataset row (``task_from_row`` reads them back)."""
+    return {"name": task.name, "code": task.code, "source": task.source, "level": task.level,
+            "problem_id": task.problem_id}
+
+
+def task_from_row(row: Mapping[str, Any]) -> Task:
+    """The task a row's columns carry: ``name`` and ``code`` at least (``extra_info`` too, verl's shape)."""
+    if not row.get("code") and isinstance(row.get("extra_info"), Mapping):
+        row = row["extra_info"]
+    if not row.get("code") or not row.get("name"):
+        raise TaskError("the row carries no task: it needs the task's name and code columns "
+                        "(write the dataset with cuda_agent.integrations' converters)")
+
+    def optional_int(value: Any) -> int | None:
+        return None if value is None else int(value)
+
+    return Task(name=str(row["name"]), code=str(row["code"]), source=str(row.get("source") or row["name"]),
+                level=optional_int(row.get("level")), problem_id=optional_int(row.get("problem_id")))
+
+
+def load_task_rows(source: str | Path, levels: Iterable[int] | None = None) -> list[dict[str, Any]]:
+    """Every task of ``source`` (a task file, a folder of them, a KernelBench tree, JSONL/parquet, a hub
+    dataset: ``tasks.load_tasks``) as rows: the single-turn ``prompt`` (chat messages) and the task columns."""
+    return [{"prompt": single_turn_messages(task), **task_columns(task)} for task in load_tasks(source, levels)]
+
+
+@dataclass(frozen=True)
+class EvaluatorOptions:
+    """Where evaluations go: ``evaluator`` (an ``EvaluatorLike`` safe to share), else ``service`` (a URL, or
+    ``$CUDA_AGENT_SERVICE``), else local evaluators with ``device``, ``policy`` and ``sandbox``."""
+
+    service: str | None = None
+    device: str = "auto"
+    policy: str = "fair"
+    sandbox: str = "auto"
+    evaluator: Any = None
+
+    def lend(self):
+        return lend_evaluator(self.service, device=self.device, policy=self.policy, sandbox=self.sandbox,
+                              evaluator=self.evaluator)
+
+
+def completion_text(completion: Any) -> str:
+    """A completion as text: a string (standard format) or chat messages (conversational format: the
+    assistant's contents joined)."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, Mapping):
+        return str(completion.get("content") or "")
+    return "\n".join(str(m.get("content") or "") for m in completion if m.get("role", "assistant") == "assistant")
+
+
+def score_completions(tasks: Sequence[Task], completions: Sequence[Any], options: EvaluatorOptions,
+                      workers: int = 4) -> list[float]:
+    """The single-turn reward of each completion for its task (the failure reward when it writes no usable
+    candidate), ``workers`` at a time: builds and checks overlap; timed regions never do (one timing lock,
+    or the service's scheduling)."""
+    if len(tasks) != len(completions):
+        raise ValueError(f"{len(tasks)} tasks for {len(completions)} completions")
+
+    def one(pair: tuple[Task, Any]) -> float:
+        task, completion = pair
+        with options.lend() as evaluator, tempfile.TemporaryDirectory(prefix="cuda-agent-reply-") as where:
+            return score_reply(task, completion_text(completion), evaluator, Path(where)).reward
+
+    if options.evaluator is not None and not _shareable(options.evaluator):
+        workers = 1  # a local Evaluator keeps per-evaluation processes: one caller at a time
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(tasks)))) as pool:
+        return list(pool.map(one, zip(tasks, completions)))
+
+
+def _shareable(evaluator: Any) -> bool:
+    """Whether threads may call ``evaluator`` at once: the service's client may (each call is its own request)."""
+    from cuda_agent.service import RemoteEvaluator
+
+    return isinstance(evaluator, RemoteEvaluator)
+
+
+@dataclass
+class ToolEpisode:
+    """One agentic episode a tool call at a time, for stacks that own the loop (OpenEnv, verifiers, TRL's
+    environments). ``open`` makes the workspace; ``call`` runs a tool and returns its text (errors are text
+    too, as our loop sends them); ``finish`` closes the tools and evaluates: its ``reward`` is the one
+    ``run_episode`` gives for the same tool calls. ``close`` removes the scratch folder (after ``finish``,
+    or to abandon the episode)."""
+
+    task: Task
+    options: EvaluatorOptions = field(default_factory=EvaluatorOptions)
+    config: AgentConfig = field(default_factory=AgentConfig)
+    workdir: str | None = None
+    calls: list[dict[str, Any]] = field(default_factory=list)
+    session: EpisodeSession | None = None
+    outcome: SessionOutcome | None = None
+
+    def open(self) -> list[dict[str, Any]]:
+        """Make the workspace; returns the opening messages (system prompt, SKILL.md and the task)."""
+        if self.session is not None:
+            raise RuntimeError("the episode is open already")
+        self._stack = ExitStack()
+        try:
+            self.folder = Path(tempfile.mkdtemp(prefix="cuda-agent-episode-", dir=self.workdir))
+            self._stack.callback(shutil.rmtree, self.folder, ignore_errors=True)
+            # The evaluator is held for the whole episode: its command server evaluates with it.
+            evaluator = self._stack.enter_context(self.options.lend())
+            self.session = self._stack.enter_context(EpisodeSession(
+                self.task, evaluator, self.folder, config=self.config, sandbox=self.options.sandbox))
+        except BaseException:
+            self._stack.close()
+            raise
+        return [dict(m) for m in self.session.messages]
+
+    @property
+    def tools(self) -> list[dict[str, Any]]:
+        """The tools' schemas, OpenAI function format."""
+        return self._open().tools
+
+    def _open(self) -> EpisodeSession:
+        if self.session is None:
+            raise RuntimeError("the episode is not open: call open() first")
+        return self.session
+
+    def call(self, name: str, arguments: str | Mapping[str, Any] | None = None) -> str:
+        """Run one tool call; its result as the model would see it."""
+        session = self._open()
+        session.turn = len(self.calls)
+        result = session.call(name, arguments if isinstance(arguments, str) else dict(arguments or {}))
+        text = arguments if isinstance(arguments, str) else json.dumps(arguments or {})
+        self.calls.append({"name": name, "arguments": text, "error": result.error})
+        return result.content
+
+    def finish(self) -> SessionOutcome:
+        """Close the tools and evaluate the workspace (once)."""
+        if self.outcome is None:
+            self.outcome = self._open().finish(turn=len(self.calls))
+        return self.outcome
+
+    @property
+    def reward(self) -> float:
+        """The episode's reward: the final evaluation's (the failure reward without one)."""
+        reward = self.finish().reward
+        return FAILURE_REWARD if reward is None else float(reward)
+
+    def close(self) -> None:
+        stack = getattr(self, "_stack", None)
+        if stack is not None:
+            stack.close()
+
+    def __enter__(self) -> "ToolEpisode":
+        self.open()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,201 @@
+"""OpenEnv (``openenv`` on PyPI, 0.10): our agent workspace as an OpenEnv environment, served over OpenEnv's
+HTTP/WebSocket protocol. Checked against openenv 0.10.0 (docs/INTEGRATIONS.md).
+
+    KernelAction       a tool call: ``tool`` (one of the episode's tools, or ``finish``) and its ``arguments``
+    KernelObservation  ``content`` (a tool's output; at reset, SKILL.md and the task), ``messages`` and ``tools`` at
+                       reset (the opening chat and the tools' schemas, as our loop sends them to a model),
+                       ``error``; ``done`` and ``reward`` once the episode ends
+    KernelState        the episode id, step count, task, whether it is done and its reward
+    KernelEnv          ``reset(task=NAME | seed=N)`` opens a fresh workspace for a task of the server's task set,
+                       ``step(action)`` runs one tool call; ``finish`` (or the step limit) closes the tools and
+                       evaluates the workspace: that reward is the one ``run_episode`` gives for the same calls
+    KernelEnvClient    OpenEnv's typed client for it (WebSocket session per client)
+    make_app / main    the server: ``python -m cuda_agent.integrations.openenv serve --tasks DIR --service URL``
+
+Every session has its own workspace, shell and command server (``SUPPORTS_CONCURRENT_SESSIONS``); the evaluations
+go to the evaluation service when one is given, so many environment servers share one GPU pool.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import uuid
+from typing import Any, Optional, Sequence
+
+try:
+    from openenv.core.client_types import StepResult
+    from openenv.core.env_client import EnvClient
+    from openenv.core.env_server.http_server import create_fastapi_app
+    from openenv.core.env_server.interfaces import Environment
+    from openenv.core.env_server.types import Action, Observation, State
+    from pydantic import Field
+except ImportError as exc:  # pragma: no cover - the message is the point
+    raise ImportError(f"the OpenEnv adapter needs openenv ({exc}): pip install 'cuda-agent[openenv]'") from exc
+
+from cuda_agent.agent.session import AgentConfig
+from cuda_agent.integrations.core import FAILURE_REWARD, EvaluatorOptions, ToolEpisode
+from cuda_agent.tasks import Task, TaskError, load_tasks
+
+ENV_NAME = "cuda_agent"
+FINISH = "finish"  # the action that ends an episode (a model's reply without a tool call, in our loop)
+
+
+class KernelAction(Action):
+    tool: str = Field(description=f"the tool to call (its schema is in the reset observation's tools), or "
+                                  f"'{FINISH}' to end the episode and have the workspace evaluated")
+    arguments: dict[str, Any] = Field(default_factory=dict, description="the tool's arguments")
+
+
+class KernelObservation(Observation):
+    content: str = Field(default="", description="the tool's output; at reset, SKILL.md and the task")
+    error: bool = Field(default=False, description="the call failed (its content says why and what to do)")
+    task: str = Field(default="", description="the task's name")
+    messages: list[dict[str, Any]] = Field(default_factory=list,
+                                           description="at reset: the opening chat (system prompt, SKILL.md, task)")
+    tools: list[dict[str, Any]] = Field(default_factory=list, description="at reset: the tools' schemas")
+    status: Optional[str] = Field(default=None, description="at the end: the final evaluation's status")
+
+
+class KernelState(State):
+    task: str = ""
+    done: bool = False
+    reward: Optional[float] = None
+
+
+class KernelEnv(Environment[KernelAction, KernelObservation, KernelState]):
+    """One episode at a time over ``tasks``; a new ``reset`` abandons the episode in progress."""
+
+    SUPPORTS_CONCURRENT_SESSIONS = True  # each instance has its own workspace, shell and command server
+
+    def __init__(self, tasks: Sequence[Task], options: EvaluatorOptions | None = None, *,
+                 config: AgentConfig | None = None, max_steps: int = 150, workdir: str | None = None):
+        super().__init__()
+        if not tasks:
+            raise TaskError("the environment needs at least one task")
+        self.tasks = {task.name: task for task in tasks}
+        self.order = itertools.cycle(list(self.tasks))
+        self.options = options or EvaluatorOptions()
+        self.config = config or AgentConfig()
+        self.max_steps, self.workdir = max_steps, workdir
+        self.episode: ToolEpisode | None = None
+        self._state = KernelState(episode_id=None, step_count=0)
+
+    def reset(self, seed: Optional[int] = None, episode_id: Optional[str] = None, task: Optional[str] = None,
+              **kwargs: Any) -> KernelObservation:
+        """A fresh workspace for ``task`` (a name), else the ``seed``-th task, else the next task in turn."""
+        names = list(self.tasks)
+        if task is not None:
+            if task not in self.tasks:
+                raise ValueError(f"unknown task {task!r}; this server has: {', '.join(names[:20])}")
+            name = task
+        elif seed is not None:
+            name = names[int(seed) % len(names)]
+        else:
+            name = next(self.order)
+        self._close()
+        self.episode = ToolEpisode(self.tasks[name], self.options, self.config, self.workdir)
+        messages = self.episode.open()
+        self._state = KernelState(episode_id=episode_id or uuid.uuid4().hex[:12], step_count=0, task=name)
+        return KernelObservation(content=messages[-1]["content"], task=name, messages=messages,
+                                 tools=self.episode.tools)
+
+    def step(self, action: KernelAction, timeout_s: Optional[float] = None, **kwargs: Any) -> KernelObservation:
+        if self.episode is None or self._state.done:
+            raise RuntimeError("no episode in progress: call reset first")
+        self._state.step_count += 1
+        if action.tool == FINISH:
+            return self._finish("")
+        content = self.episode.call(action.tool, action.arguments)
+        error = bool(self.episode.calls[-1]["error"])
+        if self._state.step_count >= self.max_steps:
+            return self._finish(content, error=error)
+        return KernelObservation(content=content, error=error, task=self._state.task)
+
+    def _finish(self, content: str, error: bool = False) -> KernelObservation:
+        outcome = self.episode.finish()
+        reward = FAILURE_REWARD if outcome.reward is None else float(outcome.reward)
+        self._state.done, self._state.reward = True, reward
+        summary = outcome.final.get("status", "")
+        return KernelObservation(content=content or f"final evaluation: {summary}", error=error,
+                                 task=self._state.task, status=summary, done=True, reward=reward,
+                                 metadata={"final": _brief(outcome.final)})
+
+    @property
+    def state(self) -> KernelState:
+        return self._state
+
+    def close(self) -> None:
+        self._close()
+
+    def _close(self) -> None:
+        if self.episode is not None:
+            self.episode.close()
+            self.episode = None
+
+
+def _brief(final: dict[str, Any]) -> dict[str, Any]:
+    keys = ("status", "reward", "speedup_eager", "speedup_compile", "reason", "rule")
+    return {k: final.get(k) for k in keys if k in final}
+
+
+class KernelEnvClient(EnvClient[KernelAction, KernelObservation, KernelState]):
+    """``with KernelEnvClient(base_url=URL).sync() as env: env.reset(task=...); env.step(KernelAction(...))``."""
+
+    def _step_payload(self, action: KernelAction) -> dict[str, Any]:
+        return action.model_dump()
+
+    def _parse_result(self, payload: dict[str, Any]) -> StepResult[KernelObservation]:
+        fields = dict(payload.get("observation") or {})
+        observation = KernelObservation(**fields, reward=payload.get("reward"), done=bool(payload.get("done")))
+        return StepResult(observation=observation, reward=payload.get("reward"), done=bool(payload.get("done")),
+                          metadata=payload.get("metadata"))
+
+    def _parse_state(self, payload: dict[str, Any]) -> KernelState:
+        return KernelState(**payload)
+
+
+def make_app(tasks: Sequence[Task], options: EvaluatorOptions | None = None, *, max_sessions: int = 8,
+             max_steps: int = 150, config: AgentConfig | None = None, workdir: str | None = None):
+    """OpenEnv's FastAPI app (HTTP and WebSocket routes, ``/schema``, ``/health``) over ``KernelEnv``: one
+    environment per WebSocket session, at most ``max_sessions`` at once."""
+    tasks = list(tasks)
+
+    def factory() -> KernelEnv:
+        return KernelEnv(tasks, options, config=config, max_steps=max_steps, workdir=workdir)
+
+    return create_fastapi_app(factory, KernelAction, KernelObservation, max_concurrent_envs=max_sessions,
+                              env_name=ENV_NAME, state_cls=KernelState)
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m cuda_agent.integrations.openenv") -> int:
+    """``serve``: the environment server (``cuda-agent env serve`` once the CLI registers it, with ``prog``
+    "cuda-agent env")."""
+    parser = argparse.ArgumentParser(prog=prog,
+                                     description="Serve the kernel environment over OpenEnv's protocol.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="the OpenEnv server (HTTP and WebSocket)")
+    serve.add_argument("--tasks", required=True, help="a task source: a task file, a folder of them, KernelBench, "
+                                                      "JSONL/parquet, a hub dataset")
+    serve.add_argument("--levels", type=int, nargs="*", help="only these KernelBench levels")
+    serve.add_argument("--service", help="the evaluation service's URL (cuda-agent serve); default "
+                                         "$CUDA_AGENT_SERVICE, else evaluators on this machine")
+    serve.add_argument("--device", default="auto")
+    serve.add_argument("--policy", default="fair")
+    serve.add_argument("--sandbox", default="auto")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--max-sessions", type=int, default=8, help="environments (WebSocket sessions) at once")
+    serve.add_argument("--max-steps", type=int, default=150, help="tool calls per episode (the paper: 150)")
+    args = parser.parse_args(argv)
+    import uvicorn
+
+    options = EvaluatorOptions(args.service, args.device, args.policy, args.sandbox)
+    app = make_app(load_tasks(args.tasks, args.levels or None), options, max_sessions=args.max_sessions,
+                   max_steps=args.max_steps)
+    uvicorn.run(app, host=args.host, port=args.port)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

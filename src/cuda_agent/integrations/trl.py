@@ -1,0 +1,126 @@
+"""TRL (``trl``, its ``GRPOTrainer``): the kernel reward for single-turn GRPO, and the agentic episode as a TRL
+environment for multi-turn GRPO. Checked against trl 1.16.0 (docs/INTEGRATIONS.md).
+
+    tasks_to_dataset    tasks (a file, a folder, KernelBench, JSONL/parquet, a hub dataset) as a ``datasets``
+                        dataset: ``prompt`` (conversational) and the task columns, which TRL passes to reward
+                        functions and to an environment's ``reset`` as keyword arguments
+    KernelReward        a reward function: ``(prompts, completions, **columns) -> rewards``; each completion
+                        parsed into a candidate and evaluated for the task of its row (local evaluators, or the
+                        service), ``workers`` at a time
+    KernelEnvironment   for ``GRPOTrainer(environment_factory=KernelEnvironment.factory(...))``, TRL's documented
+                        path for multi-turn tool episodes: ``reset(**row)`` opens the task's workspace and returns
+                        SKILL.md and the task (appended to the prompt's user message), our tools are its methods,
+                        ``get_reward()`` closes the tools and evaluates (the reward ``run_episode`` gives)
+
+Single-turn::
+
+    trainer = GRPOTrainer(model=..., reward_funcs=KernelReward(service="http://HOST:PORT"),
+                          train_dataset=tasks_to_dataset("examples/"), args=GRPOConfig(...))
+
+Multi-turn::
+
+    trainer = GRPOTrainer(model=..., environment_factory=KernelEnvironment.factory(service=...),
+                          train_dataset=tasks_to_dataset("examples/", multi_turn=True), args=GRPOConfig(...))
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+try:
+    import datasets
+except ImportError as exc:  # pragma: no cover - the message is the point
+    raise ImportError(f"the TRL adapter needs trl and datasets ({exc}): pip install 'cuda-agent[trl]'") from exc
+
+from cuda_agent.agent.session import SYSTEM_PROMPT, AgentConfig
+from cuda_agent.integrations.core import (FAILURE_REWARD, EvaluatorOptions, ToolEpisode, load_task_rows,
+                                          score_completions, task_from_row)
+from cuda_agent.integrations.tool_functions import tool_function, tool_schemas
+
+
+def tasks_to_dataset(source: str | Path, *, levels: Iterable[int] | None = None,
+                     multi_turn: bool = False) -> "datasets.Dataset":
+    """The tasks of ``source`` as TRL's prompt dataset (conversational format). Single-turn: the prompt asks for
+    the whole solution in one reply. ``multi_turn``: the prompt is our system prompt and an empty user message;
+    the environment's ``reset`` fills the user message with SKILL.md and the task, as our loop's opens."""
+    rows = load_task_rows(source, levels)
+    if multi_turn:
+        for row in rows:
+            row["prompt"] = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": ""}]
+    return datasets.Dataset.from_list(rows)
+
+
+class KernelReward:
+    """TRL's custom reward function: called as ``reward(prompts=..., completions=..., name=[...], code=[...],
+    ...)`` with the batch's dataset columns; returns one float per completion (the failure reward, -1, for a
+    reply without a usable candidate)."""
+
+    __name__ = "kernel_reward"  # TRL logs each reward function under its __name__
+
+    def __init__(self, *, service: str | None = None, device: str = "auto", policy: str = "fair",
+                 sandbox: str = "auto", evaluator: Any = None, workers: int = 4):
+        self.options = EvaluatorOptions(service, device, policy, sandbox, evaluator)
+        self.workers = workers
+
+    def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **columns: Any) -> list[float]:
+        keys = [k for k in ("name", "code", "source", "level", "problem_id", "extra_info") if k in columns]
+        tasks = [task_from_row({k: columns[k][i] for k in keys}) for i in range(len(completions))]
+        return score_completions(tasks, completions, self.options, workers=self.workers)
+
+
+class KernelEnvironment:
+    """One agentic episode per rollout, for TRL's ``environment_factory``. TRL makes instances once and reuses
+    them (``reset`` between rollouts); it lists an environment's tools from its class's public methods, so the
+    tools are set on the class from their schemas (``tool_functions``) when this module is imported."""
+
+    def __init__(self, *, service: str | None = None, device: str = "auto", policy: str = "fair",
+                 sandbox: str = "auto", evaluator: Any = None, max_output_chars: int = 20_000,
+                 command_timeout_s: float = 300.0, workdir: str | None = None):
+        self.options = EvaluatorOptions(service, device, policy, sandbox, evaluator)
+        self.config = AgentConfig(max_output_chars=max_output_chars, command_timeout_s=command_timeout_s)
+        self.workdir = workdir
+        self.episode: ToolEpisode | None = None
+
+    @classmethod
+    def factory(cls, **options: Any):
+        """The ``environment_factory`` TRL calls (no arguments) for each instance it needs."""
+        return lambda: cls(**options)
+
+    def reset(self, **row: Any) -> str:
+        """Start the episode of the row's task (the previous one, if any, is closed): the user message our loop
+        opens with (SKILL.md, the task, the workspace)."""
+        self._close()
+        self.episode = ToolEpisode(task_from_row(row), self.options, self.config, self.workdir)
+        messages = self.episode.open()
+        return messages[-1]["content"]
+
+    def get_reward(self) -> float:
+        """The episode's reward: the tools are closed and the workspace evaluated (the failure reward, -1, for a
+        workspace that does not load or a ModelNew that is not correct)."""
+        if self.episode is None:
+            return FAILURE_REWARD
+        return self.episode.reward
+
+    def _call(self, name: str, arguments: dict[str, Any]) -> str:
+        if self.episode is None:
+            raise RuntimeError("no episode: TRL calls reset() before the tools")
+        return self.episode.call(name, arguments)
+
+    def _close(self) -> None:
+        if self.episode is not None:
+            self.episode.close()
+            self.episode = None
+
+    def __del__(self) -> None:
+        # TRL keeps its pooled instances to the end and never closes them: the last episode's shell and
+        # scratch folder go with the instance (quietly at interpreter exit, when modules may be gone).
+        try:
+            self._close()
+        except Exception:
+            pass
+
+
+for _schema in tool_schemas():
+    setattr(KernelEnvironment, _schema["function"]["name"],
+            tool_function(_schema, lambda self, name, arguments: self._call(name, arguments), method=True))

@@ -1,0 +1,49 @@
+"""The episode core under every adapter, and the converters from a folder of task files (no RL library needed)."""
+
+from __future__ import annotations
+
+import inspect
+
+import pyarrow.parquet as pq
+import pytest
+
+from cuda_agent.agent.session import AgentConfig
+from cuda_agent.integrations.core import completion_text, load_task_rows, task_columns, task_from_row
+from cuda_agent.integrations.tool_functions import tool_function, tool_schemas
+from cuda_agent.tasks import TaskError
+from cuda_agent.train.verl.data import main as verl_data
+
+
+def test_verls_converter_takes_a_folder_of_task_files(examples, tmp_path, capsys):
+    """``python -m cuda_agent.train.verl.data examples/ out.parquet`` (it ended in a traceback: a folder of task
+    files was not a task source)."""
+    verl_data([str(examples), str(tmp_path / "out.parquet")])
+    rows = pq.read_table(tmp_path / "out.parquet").to_pylist()
+    assert sorted(r["extra_info"]["name"] for r in rows) == ["cpu_swish", "cuda_bias_scale_tanh", "cuda_gelu",
+                                                            "cuda_row_softmax"]
+    assert capsys.readouterr().out.strip() == str(tmp_path / "out.parquet")
+
+
+def test_a_row_carries_its_task_in_columns_or_in_extra_info(examples, task):
+    (row,) = [r for r in load_task_rows(examples) if r["name"] == task.name]
+    assert task_from_row(row) == task
+    assert task_from_row({"extra_info": task_columns(task)}) == task
+    with pytest.raises(TaskError, match="name and code"):
+        task_from_row({"prompt": "no task here"})
+
+
+def test_completions_in_either_trl_format_are_text():
+    assert completion_text("plain") == "plain"
+    assert completion_text([{"role": "assistant", "content": "a"}, {"role": "assistant", "content": "b"}]) == "a\nb"
+
+
+def test_tool_functions_carry_the_schema_and_forward_their_arguments():
+    calls = []
+    schemas = {s["function"]["name"]: s for s in tool_schemas(AgentConfig(max_output_chars=1234))}
+    assert "1234" in schemas["bash"]["function"]["description"]  # the episode's limits are in the text
+    read = tool_function(schemas["read"], lambda name, arguments: calls.append((name, arguments)) or "ok")
+    params = inspect.signature(read).parameters
+    assert list(params)[0] == "path" and params["path"].default is inspect.Parameter.empty
+    assert params["offset"].default is None  # optional: the tool's own default applies when left out
+    assert read("model.py", limit=5) == "ok"
+    assert calls == [("read", {"path": "model.py", "limit": 5})]
