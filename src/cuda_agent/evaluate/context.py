@@ -51,7 +51,8 @@ def resolve_device(device: str) -> str:
         else f"torch {torch.__version__} is a CPU-only build"
     raise ValueError(f"device 'cuda': no CUDA GPU is visible here (torch.cuda.is_available() is False; {build}); "
                      "use device 'cpu' (`--device cpu`, or `--device auto`), or run on a machine with a GPU. "
-                     "Compiling needs no GPU: `cuda-agent compile CANDIDATE --backend cuda`.")
+                     "Compiling needs no GPU: `cuda-agent compile CANDIDATE --backend cuda` (nvcc, and for the C++ "
+                     "glue a CUDA build of torch).")
 
 
 def default_memory_limit() -> int:
