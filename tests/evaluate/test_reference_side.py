@@ -84,3 +84,35 @@ def test_a_sampled_output_is_kept_for_the_next_and_compared_with_it_whole(refere
     assert second["same_as_kept"] is True and second["outputs"] == first["outputs"] and reference.kept is None
     sample(same, keep=True)
     assert sample(other)["same_as_kept"] is False and "same_as_kept" not in sample(other)
+
+
+HUGE_TASK = """import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.relu(x)
+
+
+def get_inputs():
+    return [torch.randn(1 << 17, 1 << 17)]  # 64 GiB
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_a_task_bigger_than_the_memory_limit_is_refused_before_anything_is_allocated(tmp_path):
+    from cuda_agent.tasks import TaskError
+
+    (tmp_path / "task.py").write_text(HUGE_TASK)
+    request = {"task_file": str(tmp_path / "task.py"), "task_name": "huge", "task_source": "huge.py", "device": "cpu",
+               "tf32": "off", "init_seed": 1, "state_dict_path": str(tmp_path / "sd.pt"), "memory_limit": 4 * 1024**3}
+    with pytest.raises(TaskError, match=r"huge.py: needs at least 128.0 GiB .* 4.0 GiB .*--memory-limit"):
+        ReferenceSide().handle("load", request)
+    # A task that fits is loaded as before under the same limit.
+    (tmp_path / "task.py").write_text(FLAG_SENSITIVE_TASK)
+    assert ReferenceSide().handle("load", request | {"tf32": "on"})["parameters"] == 0
+    pin_precision("off")

@@ -101,6 +101,7 @@ class Setup:
             "device": self.device,
             "tf32": self.policy.tf32,
             "allowed_aten": list(self.policy.allowed_aten),
+            "memory_limit": self.memory_limit,
             "init_seed": init_seed,
             "state_dict_path": str(home / "reference" / "state_dict.pt"),
         }

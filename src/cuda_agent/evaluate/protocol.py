@@ -187,6 +187,7 @@ class LoadRequest(_Request):
     init_seed: int
     state_dict_path: str
     allowed_aten: list[str] | None = None
+    memory_limit: int | None = None  # bytes each evaluation process may use (CPU: refused early if the task needs more)
     warm: ExpectRequest | None = None  # reference: one expected output computed and dropped
     model_new_file: str | None = None  # candidate
     modules: dict[str, str] | None = None  # candidate: extension name -> built file

@@ -20,7 +20,7 @@ from cuda_agent.sandbox.process import send_fd
 from cuda_agent.tensors import tensors_in
 from cuda_agent.tasks.task import TaskError
 
-from cuda_agent.evaluate.side import _Side, fingerprint, pin_precision, seed_everything, synchronize
+from cuda_agent.evaluate.side import _Side, fingerprint, pin_precision, refuse_if_too_big, seed_everything, synchronize
 
 
 class ReferenceSide(_Side):
@@ -37,6 +37,8 @@ class ReferenceSide(_Side):
         msg = parse_request(op, msg)
         if op == "load":
             self.load_task(msg)
+            if self.device == "cpu":  # host memory is what the limit bounds; a GPU task's tensors live on the GPU
+                refuse_if_too_big(self.task_module, self.init_args, msg.memory_limit, self.source)
             seed_everything(msg.init_seed)
             model = self.task_module.Model(*self.init_args)
             if not isinstance(model, torch.nn.Module):

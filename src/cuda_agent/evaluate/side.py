@@ -17,7 +17,7 @@ from cuda_agent.evaluate.records import RECORDED_PER_REGION, Recorder
 from cuda_agent.evaluate.regions import Ringer, encode_calls
 from cuda_agent.evaluate.shared import SharedBuffer
 from cuda_agent.evaluate.timing import HostLaunch, calibrate, time_round, trial_seed
-from cuda_agent.tensors import wide_squares, wide_sum
+from cuda_agent.tensors import tensors_in, wide_squares, wide_sum
 from cuda_agent.tasks.task import Task, TaskError, describe_inputs, exec_task_module
 
 
@@ -201,3 +201,32 @@ class _Side:
         return self.time_calls(lambda *args: marker, request, host=self.launch("bell", fixed_us=msg.bell_hold_us))[0]
 
 
+
+
+GIB = 1024**3
+
+
+def memory_needed(module: types.ModuleType, init_args: list[Any]) -> int | None:
+    """Bytes the task needs at the least: its inputs, Model's weights and one output, sized on the meta device
+    (nothing allocated, no values computed); None where the task cannot be sized that way."""
+    import torch
+
+    try:
+        with torch.device("meta"):
+            inputs = module.get_inputs()
+            model = module.Model(*init_args)
+            with torch.no_grad():
+                output = model(*inputs)
+    except Exception:  # noqa: BLE001 - an operator without a meta kernel: the real load decides
+        return None
+    leaves = [*tensors_in(inputs), *model.parameters(), *model.buffers(), *tensors_in(output)]
+    return sum(t.numel() * t.element_size() for t in leaves)
+
+
+def refuse_if_too_big(module: types.ModuleType, init_args: list[Any], limit: int | None, source: str) -> None:
+    """Fail before any real tensor is made when the task cannot fit the memory each process may use."""
+    need = memory_needed(module, init_args) if limit else None
+    if need is not None and need > limit:
+        raise TaskError(f"{source}: needs at least {need / GIB:.1f} GiB of memory (its inputs, weights and one output, "
+                        f"sized without allocating them), more than the {limit / GIB:.1f} GiB each evaluation process "
+                        "may use: raise it with --memory-limit GIB (Evaluator(memory_limit=...)), or choose a smaller task")
