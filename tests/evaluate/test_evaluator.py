@@ -280,18 +280,24 @@ def test_a_timing_reply_that_offers_another_last_call_is_forged(example, evaluat
     assert evaluator.evaluate(task, load_candidate(solution)).status == "correct"
 
 
-def test_a_round_whose_records_are_left_out_is_forged(example, evaluator, tmp_path):
-    """Every region's records come back with its round; a reply that leaves out the ones it got wrong
-    (or names calls of another round) is refused."""
+def test_a_region_whose_calls_are_left_out_is_forged(example, evaluator, tmp_path):
+    """Each region's DONE describes every call the region was asked for (the evaluator reads the ones it
+    draws from outside); a description that leaves out the one it got wrong (or names calls of another
+    region) is refused, and so is a reply that brings records of its own."""
     task, solution = example
-    forger = variant(tmp_path, solution, "return cuda_extension.scaled_swish(x, self.scale)", name="dropper", prelude=(
-        "import sys\n"
-        "_side = sys.modules['__main__'].CandidateSide\n"
-        "_time = _side.time\n"
-        "_side.time = lambda self, msg: (lambda r: dict(r, records=r['records'][1:]))(_time(self, msg))\n"))
-    result = runtime_only(evaluator).evaluate(task, forger)
-    assert result.status == "failed" and result.rule == "forged-reply", result.summary()
-    assert "records of this round" in result.reason
+    for name, prelude, reason in (
+            ("dropper", "import sys\n_side = sys.modules['cuda_agent.evaluate.side']\n_encode = _side.encode_calls\n"
+                        "_side.encode_calls = lambda calls: _encode(calls[1:])\n",
+             "described other calls than were asked for"),
+            ("recorder", "import sys\n_cls = sys.modules['__main__'].CandidateSide\n_time = _cls.time\n"
+                         "_cls.time = lambda self, msg: dict(_time(self, msg), records=[{'index': msg.first, "
+                         "'outputs': [], 'inputs': []}])\n",
+             "records no one asked for")):
+        forger = variant(tmp_path, solution, "return cuda_extension.scaled_swish(x, self.scale)", name=name,
+                         prelude=prelude)
+        result = runtime_only(evaluator).evaluate(task, forger)
+        assert result.status == "failed" and result.rule == "forged-reply", result.summary()
+        assert reason in result.reason, result.reason
 
 
 def test_a_candidate_wrong_on_some_timed_calls_fails_on_their_records(example, evaluator, tmp_path):
