@@ -138,7 +138,7 @@ class CandidateBrackets:
                                f"were asked for", rule="forged-reply")
             if probe is None or self.reader is None:
                 return
-            if not self.worker.pause():
+            if not self.worker.pause(timeout_s=10.0):  # a busy host delivers SIGSTOP late; a refusal is not that
                 raise Stop("failed", "profile", "the candidate's processes did not stop after a timed region",
                            rule="forged-reply")
             try:
