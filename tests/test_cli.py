@@ -155,7 +155,7 @@ def test_synth_on_the_cpu_without_kernelbench_runs_with_a_note(tmp_path, capsys,
                  "--no-transformers", "--max-candidates", "30", "--sandbox", sandbox])
     captured = capsys.readouterr()
     assert "NOT decontaminated against KernelBench" in captured.err and "--kernelbench" in captured.err
-    assert code == 0 and "1 tasks accepted" in captured.out, captured.out + captured.err
+    assert code == 0 and "1 task accepted" in captured.out, captured.out + captured.err
     run = json.loads((tmp_path / "out" / "run.json").read_text())
     assert run["identity"]["kernelbench"] is None
 
