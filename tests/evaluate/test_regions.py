@@ -138,6 +138,10 @@ def test_the_judgement_passes_agreeing_clocks_and_fails_a_forged_time():
     assert honest.ok and honest.agreement == pytest.approx(0.999, abs=0.01)
     forged = judge([bracket(2.05)] * 9, [1.0] * 9, cost, 0.0, slack=0.05, region_us=20)
     assert not forged.ok and forged.agreement == pytest.approx(2.0, abs=0.01)
+    # Run-queue waits over-counted while the brackets' cost was measured (a busy host) cannot make it
+    # smaller than the harness's own CPU time there.
+    busy = [Bracket(0, 0, 0, 1_000_000, 1_000_000 + 2_000_000, waited_ns=1_990_000, cpu_ns=40_000) for _ in range(5)]
+    assert overhead(busy, [0.0] * 5, hold_us=0.0).median_ms == pytest.approx(0.04)
     # A region whose hold is longer than the calibration's is allowed that much more.
     held = judge([bracket(2.55)] * 9, [2.0] * 9, cost, 500.0, slack=0.05, region_us=20)
     assert held.ok
