@@ -72,7 +72,9 @@ def test_two_ranks_take_the_rft_step_one_process_takes(tiny, tmp_path):
     a = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "one" / "checkpoint" / "actor")
     b = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "two" / "checkpoint" / "actor")
     for (name, x), y in zip(a.state_dict().items(), b.state_dict().values()):
-        assert torch.allclose(x, y, atol=1e-5), name
+        # Two ranks reduce in another order than one: 2.3e-5 apart after two steps at lr 1e-2 (transformers 5.24);
+        # a wrong gradient average would be orders of magnitude further.
+        assert torch.allclose(x, y, atol=1e-4), (name, (x - y).abs().max().item())
 
 
 @pytest.mark.slow
