@@ -20,6 +20,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
+from cuda_agent.evaluate.regions import robust_sd
 from cuda_agent.evaluate.policy import Policy, TimingConfig
 from cuda_agent.evaluate.reward import milestone
 from cuda_agent.evaluate.timing import TimingStats
@@ -264,22 +265,11 @@ def clock_check(walls_ms: list[float], claimed_ms: list[float], empty_ms: list[f
     harness = [w - c for w, c in zip(walls_ms, claimed_ms)]
     unexplained = statistics.median(harness) - statistics.median(empty_ms)
     claimed = statistics.median(claimed_ms)
-    scatter = max(_robust_sd(harness), _robust_sd(empty_ms))
+    scatter = max(robust_sd(harness), robust_sd(empty_ms))
     limit = (config.clock_slack * claimed + config.clock_trial_us * trials / 1e3 + config.clock_noise * scatter
              + config.clock_harness_share * statistics.median(empty_ms))
     return ClockCheck(len(walls_ms), claimed, statistics.median(walls_ms), statistics.median(empty_ms),
                       unexplained, limit, scatter, harness, list(empty_ms))
-
-
-def _robust_sd(values: list[float]) -> float:
-    """1.4826 x the median absolute deviation (the standard deviation for normal scatter, unmoved by
-    one outlier); for two values, their distance over sqrt(2)."""
-    if len(values) < 2:
-        return 0.0
-    if len(values) == 2:
-        return abs(values[0] - values[1]) / math.sqrt(2)
-    middle = statistics.median(values)
-    return 1.4826 * statistics.median(abs(v - middle) for v in values)
 
 
 def other_threads_ms(before: dict[int, tuple[str, int]], after: dict[int, tuple[str, int]],
