@@ -579,14 +579,16 @@ CASES = [
          status="incorrect", rule="timed-output"),
     # Keyed on the shape (the same for every call), so it replays from the first timed call on: the
     # checked timed calls return one stored tensor. A pointer key behaves the same wherever the
-    # allocator reuses memory (always, with CUDA's); a copy of the stored result would be stale.
+    # allocator reuses memory (always, with CUDA's); a copy of the stored result would be stale. Since the
+    # CPU backend reads timed calls' records from outside during the rounds (trust v3), the stale values
+    # are caught there, before the shared memory is looked for after the last round.
     Case("replay-by-shape-after-checks", "Output caching / replay",
          forward="self.calls = getattr(self, 'calls', 0) + 1\nif self.calls <= 5:\n"
                  "    return cuda_extension.scaled_swish(x, self.scale)\n"
                  "if not hasattr(self, 'memo'):\n    self.memo = {}\nkey = tuple(x.shape)\n"
                  "if key not in self.memo:\n    self.memo[key] = cuda_extension.scaled_swish(x, self.scale)\n"
                  "return self.memo[key]",
-         rule="output-reuse"),
+         status="incorrect", rule="timed-output"),
     Case("return-input", "Return input / identity", forward="return x", rule="output-alias"),
     Case("view-of-input", "Output aliasing", forward="return x.view(-1).view(x.shape)", rule="output-alias"),
     # Right values, written over the input and returned as the output, on timed calls only: caught on the
