@@ -186,14 +186,16 @@ class OpenAIChat:
 
     def __init__(self, model: str, *, base_url: str | None = None, api_key_env: str = "OPENAI_API_KEY",
                  tool_format: str = "native", temperature: float | None = None, max_tokens: int | None = None,
-                 timeout_s: float = 600.0, max_retries: int = 5, extra_body: dict | None = None):
+                 timeout_s: float = 600.0, max_retries: int = 5, extra_body: dict | None = None,
+                 api_key: str | None = None):
         if tool_format not in ("native", "hermes"):
             raise ValueError(f"tool_format must be 'native' or 'hermes', not {tool_format!r}")
         try:
             import openai
         except ImportError:
             raise BackendError("the model backends need the `openai` package: pip install 'cuda-agent[llm]'") from None
-        key = os.environ.get(api_key_env)
+        # ``api_key`` is for keys that differ per caller in one process (verifiers' per-rollout token).
+        key = api_key or os.environ.get(api_key_env)
         if not key:
             if not _is_local(base_url):
                 raise BackendError(f"no API key: set the environment variable {api_key_env} "

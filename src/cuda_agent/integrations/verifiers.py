@@ -1,0 +1,154 @@
+"""verifiers (``verifiers`` 0.4, ``verifiers.v1``: prime-rl's environment library): the kernel episode as a
+verifiers taskset plugin. Checked against verifiers 0.4.0 (docs/INTEGRATIONS.md says why this shape).
+
+verifiers resolves a taskset id by importing it as a top-level module and taking the ``Taskset``, ``Harness``
+and ``Env`` subclasses its ``__all__`` exports; the package ``cuda_agent_kernels`` exports these, so users name
+``cuda-agent-kernels``::
+
+    vf-eval cuda-agent-kernels --env.taskset.tasks examples/ \\
+        --env.agent.harness.service http://HOST:8470 -m MODEL -b http://HOST:8000/v1 -n 4 -r 2
+
+    KernelTaskset  the tasks of ``tasks`` (a task file, a folder of them, KernelBench, JSONL/parquet, a hub
+                   dataset), one ``KernelTask`` each; its data carries the task (``name``, ``code``, ...)
+    KernelTask     the reward: ``kernel_reward``, the closing evaluation's (what ``run_episode`` gives)
+    KernelHarness  the program the model runs in, the taskset's default: our episode (a fresh workspace, our
+                   tools, the closing trusted evaluation) with every model call sent to verifiers' interception
+                   endpoint, so verifiers records the trace (and, for prime-rl, its tokens) and applies its
+                   model, sampling and limits. verifiers 0.4 documents this in ``Harness.launch``: a harness may
+                   run its loop in-process as long as every model call goes through ``endpoint`` + ``secret``.
+    KernelEnv      one agent seat, the subprocess runtime by default (the harness runs in the env worker;
+                   a Prime sandbox per rollout would sit idle)
+
+Evaluations go to the evaluation service (``--env.agent.harness.service URL`` or ``$CUDA_AGENT_SERVICE``), else
+to local evaluators (``device``, ``policy``, ``sandbox``); ``KernelHarness.evaluator`` takes an ``EvaluatorLike``
+for in-process callers (one that is safe to share between the worker's concurrent rollouts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from pathlib import Path
+from typing import Any, ClassVar, Iterator
+
+try:
+    import verifiers.v1 as vf
+except ImportError as exc:  # pragma: no cover - the message is the point
+    raise ImportError(f"the verifiers adapter needs verifiers 0.4 ({exc}): pip install 'cuda-agent[verifiers]' "
+                      "(it cannot share an environment with openenv 0.10: verifiers pins mcp 2)") from exc
+
+from cuda_agent.agent.llm import OpenAIChat
+from cuda_agent.agent.loop import run_episode
+from cuda_agent.agent.session import AgentConfig
+from cuda_agent.integrations.core import FAILURE_REWARD, EvaluatorOptions, task_columns, task_from_row
+from cuda_agent.tasks import TaskError, load_tasks
+
+__all__ = ["KernelData", "KernelEnv", "KernelEnvConfig", "KernelHarness", "KernelHarnessConfig", "KernelState",
+           "KernelTask", "KernelTaskset", "KernelTasksetConfig", "TASKSET_ID"]
+
+TASKSET_ID = "cuda-agent-kernels"  # what users name: the package cuda_agent_kernels (taskset, harness and env)
+
+
+class KernelData(vf.TaskData):
+    """A task as verifiers' wire data: ``name`` (TaskData's) and the task's other columns."""
+
+    code: str
+    source: str = ""
+    level: int | None = None
+    problem_id: int | None = None
+
+
+class KernelState(vf.State):
+    """What the harness leaves on the trace for scoring: the closing evaluation."""
+
+    reward: float | None = None
+    status: str | None = None
+    end_reason: str | None = None
+
+
+class KernelTask(vf.Task[KernelData, KernelState]):
+    @property
+    def key(self) -> str:
+        # The task's name is durable across runs; the default (a content hash) is too, but unreadable.
+        return self.data.name or self.hash
+
+    @vf.reward
+    async def kernel_reward(self, trace: vf.Trace) -> float:
+        """The closing evaluation's reward; the failure reward when the episode never reached it."""
+        reward = trace.state.reward
+        return FAILURE_REWARD if reward is None else float(reward)
+
+
+class KernelTasksetConfig(vf.TasksetConfig):
+    tasks: str | None = None
+    """A task source: a task file, a folder of them, a KernelBench tree, JSONL/parquet, a hub dataset."""
+    levels: list[int] | None = None
+    """Only these KernelBench levels."""
+
+
+class KernelTaskset(vf.Taskset[KernelTask, KernelTasksetConfig]):
+    def load(self) -> Iterator[KernelTask]:
+        if not self.config.tasks:
+            raise TaskError("the kernel taskset needs its tasks: --env.taskset.tasks PATH (a task file, a folder "
+                            "of them, KernelBench, JSONL/parquet or a hub dataset)")
+        for task in load_tasks(self.config.tasks, self.config.levels):
+            # The prompt is the task; the harness opens the episode with our own first messages (SKILL.md, the
+            # task and the workspace's path, known once the workspace exists), which the trace records.
+            prompt = f"# The task: model.py\n\n```python\n{task.code}\n```"
+            yield KernelTask(KernelData(id=task.name, prompt=prompt, **task_columns(task)), self.config.task)
+
+
+class KernelHarnessConfig(vf.HarnessConfig):
+    service: str | None = None
+    """The evaluation service's URL (cuda-agent serve); default $CUDA_AGENT_SERVICE, else local evaluators."""
+    device: str = "auto"
+    policy: str = "fair"
+    sandbox: str = "auto"
+    max_turns: int = 150
+    """Model turns per episode (the paper: 150); verifiers' own --env.agent.max-turns also ends it."""
+    command_timeout_s: float = 300.0
+    max_output_chars: int = 20_000
+    workdir: str | None = None
+    """Where episodes' scratch folders go (default: the system's temporary folder)."""
+
+
+class KernelHarness(vf.Harness[KernelHarnessConfig]):
+    """Our episode, in-process, its model calls through verifiers' interception (see the module's doc)."""
+
+    NEEDS_CONTAINER = False  # the agent's shell runs in our own bubblewrap sandbox, not in verifiers' runtime
+    evaluator: ClassVar[Any] = None  # an EvaluatorLike for in-process callers; else the config's
+
+    async def launch(self, ctx: Any, trace: vf.Trace, runtime: Any, endpoint: str, secret: str,
+                     mcp_urls: dict[str, str], data: vf.TaskData, **_: Any) -> vf.ProgramResult:
+        if mcp_urls:
+            raise vf.HarnessError(f"the kernel harness offers our tools only; it cannot wire in the tool servers "
+                                  f"{sorted(mcp_urls)} (pair it with the kernel taskset)")
+        task = task_from_row(data.model_dump())
+        # The episode blocks (tools, builds, evaluations): a thread keeps the worker's other rollouts going.
+        episode = await asyncio.to_thread(self._episode, task, ctx.model, endpoint, secret)
+        trace.state.reward = episode.reward
+        trace.state.status = episode.final.get("status")
+        trace.state.end_reason = episode.end_reason
+        return vf.ProgramResult(exit_code=0, stdout=f"final evaluation: {trace.state.status}", stderr="")
+
+    def _episode(self, task, model: str, endpoint: str, secret: str):
+        config = self.config
+        options = EvaluatorOptions(config.service, config.device, config.policy, config.sandbox, self.evaluator)
+        # The interception sets the model, sampling and limits itself; the loop only speaks to it.
+        backend = OpenAIChat(model, base_url=endpoint, api_key=secret)
+        agent = AgentConfig(max_turns=config.max_turns, command_timeout_s=config.command_timeout_s,
+                            max_output_chars=config.max_output_chars)
+        with options.lend() as evaluator, tempfile.TemporaryDirectory(prefix="cuda-agent-vf-",
+                                                                       dir=config.workdir) as where:
+            return run_episode(task, backend, evaluator, Path(where), config=agent, model=model,
+                               sandbox=config.sandbox)
+
+
+class KernelEnvConfig(vf.EnvConfig):
+    agent: vf.AgentConfig = vf.AgentConfig(runtime=vf.SubprocessConfig())
+    """The one seat: the policy under evaluation or training (``--env.agent.*``)."""
+
+
+class KernelEnv(vf.Env[KernelEnvConfig]):
+    async def run(self, task: vf.Task, agents: vf.Agents) -> None:
+        await agents.agent.run(task)
