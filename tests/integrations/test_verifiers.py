@@ -1,0 +1,83 @@
+"""verifiers (verifiers 0.4) with the real library: the plugin resolved by its id through verifiers' own loaders,
+one scripted episode run by verifiers' env (its rollout, its interception server between our loop and the model,
+its scoring), the same reward as our loop. The model is the local OpenAI-protocol double replaying the scripted
+tool calls; verifiers forwards each request to it.
+
+verifiers 0.4 cannot be installed beside openenv 0.10 (mcp pins), so these tests run in CI's verl virtualenv and
+skip in the main one."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+
+import pytest
+
+vf = pytest.importorskip("verifiers.v1", reason="verifiers 0.4 is not installed: pip install 'cuda-agent[verifiers]' "
+                                                "(not beside openenv: CI runs these in .ci/venv-verl)")
+
+from openai_server import OpenAIServer  # noqa: E402
+from scripted_policy import by_turn  # noqa: E402
+from verifiers.v1.utils.loaders import load_environment, resolve_env_config  # noqa: E402
+
+from cuda_agent.agent.session import SYSTEM_PROMPT  # noqa: E402
+from cuda_agent.integrations.verifiers import (TASKSET_ID, KernelEnv, KernelHarness, KernelTask,  # noqa: E402
+                                               KernelTaskset)
+from cuda_agent.tasks import TaskError  # noqa: E402
+
+from integration_setup import CORRECT, SANDBOX  # noqa: E402
+
+needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None,
+                                 reason="bubblewrap (bwrap) is missing: the episode's shell and candidates run in it")
+
+
+def kernel_env(examples, **harness):
+    """The env verifiers builds for ``vf-eval cuda-agent-kernels --env.taskset.tasks examples/cpu_swish``."""
+    config = resolve_env_config({"taskset": {"id": TASKSET_ID, "tasks": str(examples / "cpu_swish")},
+                                 "agent": {"harness": {"id": TASKSET_ID, **harness}}})
+    return load_environment(config)
+
+
+def test_the_id_resolves_to_our_taskset_harness_and_env(examples, task):
+    env = kernel_env(examples)
+    assert type(env) is KernelEnv and isinstance(env.taskset, KernelTaskset)
+    assert env.config.agent.runtime.type == "subprocess"  # the harness runs in the worker: no sandbox to boot
+    assert type(env._harnesses["agent"]) is KernelHarness  # the taskset's default harness, unnamed by the user
+    (only,) = list(env.taskset)
+    assert isinstance(only, KernelTask) and only.key == task.name and only.data.code == task.code
+    empty = load_environment(resolve_env_config({"taskset": {"id": TASKSET_ID}}))
+    with pytest.raises(TaskError, match="--env.taskset.tasks"):
+        list(empty.taskset)
+
+
+@pytest.mark.slow
+@needs_bwrap
+def test_episode_through_verifiers_earns_what_our_loop_earns(examples, task, evaluator, solved_calls, loop_episode,
+                                                             monkeypatch):
+    """The scripted calls (write the solution, verify it), then a call to a tool that does not exist, then a reply
+    without a tool call. The bad call changes no file, so the reward is still the loop's for the same calls."""
+    monkeypatch.setattr(KernelHarness, "evaluator", evaluator)
+    env = kernel_env(examples, sandbox=SANDBOX)
+    (kernel_task,) = list(env.taskset)
+    steps = [[call] for call in solved_calls] + [[("launch_missiles", {"target": "moon"})], "Verified."]
+
+    async def one_episode(url: str):
+        async with env.serving():
+            ctx = vf.ModelContext(model="scripted", client=vf.EvalClientConfig(base_url=url))
+            return await env.run_episode(kernel_task, ctx)
+
+    with OpenAIServer(by_turn(steps)) as model:
+        episode = asyncio.run(one_episode(model.url))
+    assert episode.ok, episode.errors
+    (trace,) = episode.traces
+    assert trace.rewards["kernel_reward"].score == loop_episode.reward == CORRECT
+    assert trace.state.status == "correct" and trace.state.end_reason == "done"
+    # Every model call went through verifiers' interception to the model, with our tools offered.
+    assert len(model.requests) == len(steps)
+    assert {"bash", "write", "read"} <= {t["function"]["name"] for t in model.requests[0]["tools"]}
+    messages = [node.message for node in trace.nodes]
+    assert messages[0].content == SYSTEM_PROMPT and task.code in messages[1].content
+    results = [m.content for m in messages if m.role == "tool"]
+    assert len(results) == len(solved_calls) + 1
+    assert "status: correct" in results[-2]  # verify's report
+    assert "unknown tool 'launch_missiles'" in results[-1] and "bash" in results[-1]
