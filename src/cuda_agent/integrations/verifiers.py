@@ -5,8 +5,8 @@ verifiers resolves a taskset id by importing it as a top-level module and taking
 and ``Env`` subclasses its ``__all__`` exports; the package ``cuda_agent_kernels`` exports these, so users name
 ``cuda-agent-kernels``::
 
-    vf-eval cuda-agent-kernels --env.taskset.tasks examples/ \\
-        --env.agent.harness.service http://HOST:8470 -m MODEL -b http://HOST:8000/v1 -n 4 -r 2
+    CUDA_AGENT_SERVICE=http://HOST:8470 vf-eval cuda-agent-kernels --env.taskset.tasks examples/ \\
+        -m MODEL --client.base-url http://HOST:8000/v1 -r 2
 
     KernelTaskset  the tasks of ``tasks`` (a task file, a folder of them, KernelBench, JSONL/parquet, a hub
                    dataset), one ``KernelTask`` each; its data carries the task (``name``, ``code``, ...)
@@ -19,7 +19,7 @@ and ``Env`` subclasses its ``__all__`` exports; the package ``cuda_agent_kernels
     KernelEnv      one agent seat, the subprocess runtime by default (the harness runs in the env worker;
                    a Prime sandbox per rollout would sit idle)
 
-Evaluations go to the evaluation service (``--env.agent.harness.service URL`` or ``$CUDA_AGENT_SERVICE``), else
+Evaluations go to the evaluation service (``$CUDA_AGENT_SERVICE``, or the harness config's ``service``), else
 to local evaluators (``device``, ``policy``, ``sandbox``); ``KernelHarness.evaluator`` takes an ``EvaluatorLike``
 for in-process callers (one that is safe to share between the worker's concurrent rollouts).
 """
