@@ -8,7 +8,9 @@ adapter per stack; each adapter imports its library, nothing else here does:
                (``python -m cuda_agent.integrations.openenv serve``)    pip install 'cuda-agent[openenv]'
     verl       ``cuda_agent.train.verl`` (agent loop, reward, data, SFT), re-exported as ``integrations.verl``
                                                                          pip install 'cuda-agent[verl]'
+    verifiers  verifiers 0.4's taskset plugin, id ``cuda-agent-kernels`` (the package ``cuda_agent_kernels``):
+               ``KernelTaskset``, ``KernelTask`` (the reward), ``KernelHarness`` (our episode, model calls
+               through verifiers' interception)                         pip install 'cuda-agent[verifiers]'
 
-docs/INTEGRATIONS.md says which path of each library is used, why, and with which versions (and why there is
-no verifiers adapter yet: verifiers 0.4 replaced ``load_environment`` modules with tasksets and harnesses).
+docs/INTEGRATIONS.md says which path of each library is used, why, and with which versions.
 """
