@@ -73,7 +73,7 @@ def main() -> None:
                 "rule": result.rule, "reason": (result.reason or "")[:300],
                 "candidate_ms": (result.times.get("candidate") or {}).get("median_ms"),
                 "speedup_eager": result.speedup_eager, "regions": regions,
-                "forgeable": round((regions["limit_ms"] - regions["excess_ms"]) / reported, 4) if reported else None,
+                "forgeable": regions.get("margin") if reported else None,
                 "device": result.environment.get("gpu") or platform.processor(),
                 "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             }

@@ -147,6 +147,29 @@ def test_the_judgement_passes_agreeing_clocks_and_fails_a_forged_time():
     assert held.ok
 
 
+def test_each_bound_is_judged_against_its_own_spread():
+    """A host busy in bursts while the brackets were calibrated spreads the wall clock by milliseconds and the
+    timing thread's CPU time hardly at all: a forgery the loose wall bound lets through, the CPU bound fails."""
+    from cuda_agent.evaluate.regions import Bracket
+
+    def bracket(outside_ms: float, cpu_ms: float) -> Bracket:
+        return Bracket(0, 0, 0, 1_000_000, 1_000_000 + int(outside_ms * 1e6), cpu_ns=int(cpu_ms * 1e6))
+
+    bursty = [bracket(0.05 + 0.5 * i, 0.04 + 0.001 * i) for i in range(9)]  # wall spread ~1.5 ms
+    cost = overhead(bursty, [0.0] * 9, hold_us=0.0)
+    assert cost.spread_ms > 1.0 and cost.cpu_spread_ms < 0.01
+    # Reported a third of what ran on the timing thread: the wall bound's limit (3 x 1.5 ms) covers it.
+    forged = judge([bracket(4.0, 3.9)] * 9, [1.3] * 9, cost, 0.0, slack=0.1, region_us=50)
+    assert forged.excess_ms <= forged.limit_ms and forged.cpu_excess_ms > forged.cpu_limit_ms
+    assert not forged.ok and forged.margin < 0
+    honest = judge([bracket(4.0, 3.9)] * 9, [3.85] * 9, cost, 0.0, slack=0.1, region_us=50)
+    assert honest.ok and 0 < honest.margin < 0.2
+    # Work off the timing thread (its CPU time small) leaves the wall bound to decide.
+    off_thread = judge([bracket(4.0, 0.3)] * 9, [1.3] * 9, overhead([bracket(0.05, 0.04)] * 9, [0.0] * 9, 0.0),
+                       0.0, slack=0.1, region_us=50)
+    assert off_thread.cpu_excess_ms < 0 and not off_thread.ok
+
+
 def _stopped_child_with(tensor_factory):
     """A forked process holding tensors, stopped; its description of them."""
     read_end, write_end = os.pipe()

@@ -154,7 +154,7 @@ static void round_enter() {
     round_clock = perf_counter_def();
     round_real = round_clock->ml_meth;
   }
-  if (round_last_exit != 0 && raw_ns() - round_last_exit > 20000000LL) {
+  if (round_last_exit != 0 && raw_ns() - round_last_exit > 200000000LL) {
     round_length = round_calls;
     round_calls = 0;
   }
@@ -685,7 +685,9 @@ CASES = [
          runtime=True, rule="integrity", reason="import slot of clock_gettime"),
     # The method slot halved between the first and the last call of each timing round, twenty passes a
     # call: the reads after the rounds find it restored; one read at a random moment within each round
-    # does not.
+    # does not. A round is told by a gap of 200 ms between calls: the brackets stop the process between
+    # regions for their outside reads, which at 20 ms made every call look like a round's first (the
+    # clock never halved: an inert attack, reward 1).
     Case("native-round-aware-clock-runtime", "Timer patched below Python",
          cpp_prelude=ROUND_AWARE_CLOCK,
          binding="round_enter(); RoundExit round_exit; " + TWENTY_PASSES,

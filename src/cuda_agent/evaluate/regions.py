@@ -199,13 +199,16 @@ class Ringer:
 class Overhead:
     """What the brackets add to a region beyond its calls, measured with a no-op call before any
     candidate code loaded: by the wall clock (less the run-queue wait) and by the timing thread's CPU
-    time, medians, and the wall's spread (robust standard deviation) over regions."""
+    time, medians, and each one's spread (robust standard deviation) over regions. The two spreads are
+    kept apart: a host busy in bursts (the reference process loading beside the no-op regions) spreads
+    the wall clock by milliseconds and the thread's CPU time hardly at all."""
 
     median_ms: float
     spread_ms: float
     regions: int
     hold_us: float  # the hold the calibration regions had (a region with another hold differs by that)
     cpu_ms: float = 0.0
+    cpu_spread_ms: float = 0.0
 
     def for_hold(self, hold_us: float) -> float:
         return self.median_ms + (hold_us - self.hold_us) / 1e3
@@ -222,7 +225,7 @@ def overhead(brackets: list[Bracket], inside_ms: list[float], hold_us: float) ->
     # loads beside these regions) the run-queue wait is over-counted (a wait begun before GO counts whole),
     # which would understate the brackets' cost and make every later region look long.
     return Overhead(max(statistics.median(wall), statistics.median(cpu)), robust_sd(wall), len(wall), hold_us,
-                    statistics.median(cpu))
+                    statistics.median(cpu), robust_sd(cpu))
 
 
 @dataclass
@@ -232,17 +235,23 @@ class RegionClock:
     Per region, two lower bounds on the region's real length, each less the calibrated overhead: the
     bracket less the time the timing thread waited for a CPU (a busy host lengthens a bracket, not a
     region), and the CPU time the timing thread used within it (a thread runs at most as long as the
-    wall clock; on a busy host this bound holds where the first loosens). ``excess``: the larger bound
-    less the reported region; honest regions sit at or below zero. The judgement is on the median, so
-    that a stall in a few regions is no forgery while a forgery in most regions is one.
-    ``agreement``: the median of (bracket less wait and overhead) / reported, 1.0 when the clocks agree."""
+    wall clock; on a busy host this bound holds where the first loosens). Each bound is judged on its own,
+    against its own limit (the calibration's spread of that bound): ``excess`` is the wall bound less the
+    reported region, ``cpu_excess`` the CPU bound less it; honest regions sit at or below zero. A region
+    whose work runs off the timing thread leaves the CPU bound loose and the wall bound to decide; a host
+    busy in bursts while the brackets were calibrated leaves the wall bound loose and the CPU bound to
+    decide. The judgement is on medians, so that a stall in a few regions is no forgery while a forgery
+    in most regions is one. ``agreement``: the median of (bracket less wait and overhead) / reported,
+    1.0 when the clocks agree."""
 
     regions: int = 0
     reported_ms: float = 0.0  # median reported region
     outside_ms: float = 0.0  # median bracket
     overhead_ms: float = 0.0
-    excess_ms: float = 0.0  # median excess
+    excess_ms: float = 0.0  # median excess of the wall bound
     limit_ms: float = 0.0
+    cpu_excess_ms: float = 0.0  # median excess of the CPU bound
+    cpu_limit_ms: float = 0.0
     agreement: float = 1.0
     prep_ms: float = 0.0  # median prep (inputs drawn between regions)
     waited_ms: float = 0.0  # median run-queue wait of the timing thread within a bracket
@@ -251,27 +260,40 @@ class RegionClock:
 
     @property
     def ok(self) -> bool:
-        return self.excess_ms <= self.limit_ms
+        return self.excess_ms <= self.limit_ms and self.cpu_excess_ms <= self.cpu_limit_ms
+
+    @property
+    def margin(self) -> float:
+        """The shortest reported region the tighter bound still lets pass, as a share of the reported one
+        less than 1: what a forgery can take off a region undetected."""
+        if self.reported_ms <= 0:
+            return 0.0
+        return min(self.limit_ms - self.excess_ms, self.cpu_limit_ms - self.cpu_excess_ms) / self.reported_ms
 
     def to_dict(self) -> dict[str, Any]:
         short = {k: (round(v, 5) if isinstance(v, float) else v) for k, v in asdict(self).items() if k != "excesses_ms"}
-        return short | {"ok": self.ok}
+        return short | {"ok": self.ok, "margin": round(self.margin, 5)}
 
 
 def judge(brackets: list[Bracket], reported_ms: list[float], cost: Overhead, hold_us: float, slack: float,
           region_us: float) -> RegionClock:
     """``reported_ms[i]``: the region of ``brackets[i]`` as the worker reported it (time per call x calls).
-    The limit: ``slack`` of the reported region plus ``region_us`` plus three times the calibration's
-    own spread (what the brackets alone move by on this host)."""
+    Each bound's limit: ``slack`` of the reported region plus ``region_us`` plus three times that bound's
+    spread in the calibration (what the brackets alone move it by on this host)."""
     fixed = cost.for_hold(hold_us)
-    excess = [max(b.wall_ms - fixed, b.cpu_ms - cost.cpu_ms) - r for b, r in zip(brackets, reported_ms)]
+    wall = [b.wall_ms - fixed - r for b, r in zip(brackets, reported_ms)]
+    # A longer hold than the calibration's may be spent spinning on the timing thread; a shorter one is not
+    # taken off (it may have been spent asleep).
+    cpu_fixed = cost.cpu_ms + max(0.0, hold_us - cost.hold_us) / 1e3
+    cpu = [b.cpu_ms - cpu_fixed - r for b, r in zip(brackets, reported_ms)]
     reported = statistics.median(reported_ms)
     ratios = [(b.wall_ms - fixed) / r for b, r in zip(brackets, reported_ms) if r > 0]
-    limit = slack * reported + region_us / 1e3 + 3 * cost.spread_ms
+    base = slack * reported + region_us / 1e3
     return RegionClock(len(brackets), reported, statistics.median(b.outside_ms for b in brackets), fixed,
-                       statistics.median(excess), limit, statistics.median(ratios) if ratios else 1.0,
+                       statistics.median(wall), base + 3 * cost.spread_ms, statistics.median(cpu),
+                       base + 3 * cost.cpu_spread_ms, statistics.median(ratios) if ratios else 1.0,
                        statistics.median(b.prep_ms for b in brackets), statistics.median(b.waited_ns / 1e6 for b in brackets),
-                       statistics.median(b.cpu_ms for b in brackets), excess)
+                       statistics.median(b.cpu_ms for b in brackets), [max(w, c) for w, c in zip(wall, cpu)])
 
 
 def robust_sd(values: list[float]) -> float:

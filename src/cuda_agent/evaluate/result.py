@@ -105,7 +105,8 @@ class EvalResult:
             lines.append(f"timing checked from outside over {regions['regions']} timed regions: "
                          + ("no reported time shorter than the evaluator's own clock allows" if regions.get("ok", True)
                             else "reported times shorter than the evaluator's own clock allows")
-                         + f" (the margin is {regions['limit_ms'] / regions['reported_ms']:.0%} of a region)")
+                         + (f" (a forgery could take at most {max(regions['margin'], 0):.0%} off a region)"
+                            if "margin" in regions else f" (the margin is {regions['limit_ms'] / regions['reported_ms']:.0%} of a region)"))
         if self.speedup_eager is not None:
             lines.append(f"speedup: {self.speedup_eager:.2f}x vs eager, " + (
                 f"{self.speedup_compile:.2f}x vs torch.compile" if self.speedup_compile is not None else "torch.compile n/a"

@@ -243,11 +243,14 @@ class Regions:
         self.result.timing = self.result.timing | {"regions": verdict.to_dict() | {"overhead": self.brackets.cost.to_dict()}}
         if verdict.ok:
             return []
-        return [Breach("clock", f"the candidate's process reported its timed regions {verdict.excess_ms:.3f} ms shorter "
-                       f"than the evaluator's own brackets allow (median over {verdict.regions} regions: reported "
-                       f"{verdict.reported_ms:.3f} ms; bracket {verdict.outside_ms:.3f} ms, of which its timing thread "
-                       f"waited for a CPU {verdict.waited_ms:.3f} ms and ran {verdict.cpu_ms:.3f} ms; the brackets' own "
-                       f"cost {verdict.overhead_ms:.3f} ms; limit {verdict.limit_ms:.3f} ms)")]
+        by_wall = verdict.excess_ms > verdict.limit_ms
+        excess, limit = (verdict.excess_ms, verdict.limit_ms) if by_wall else (verdict.cpu_excess_ms, verdict.cpu_limit_ms)
+        return [Breach("clock", f"the candidate's process reported its timed regions {excess:.3f} ms shorter "
+                       f"than the evaluator's own {'brackets' if by_wall else 'account of its timing thread'} allow "
+                       f"(median over {verdict.regions} regions: reported {verdict.reported_ms:.3f} ms; bracket "
+                       f"{verdict.outside_ms:.3f} ms, of which its timing thread waited for a CPU {verdict.waited_ms:.3f} "
+                       f"ms and ran {verdict.cpu_ms:.3f} ms; the brackets' own cost {verdict.overhead_ms:.3f} ms; "
+                       f"limit {limit:.3f} ms)")]
 
 
 class Plausibility:
