@@ -37,6 +37,9 @@ class ProcessResult:
     seconds: float
     timed_out: bool = False
     output_flooded: bool = False
+    # User+system CPU-seconds of the process and every descendant it reaped (the sandbox's init reaps
+    # them all): what a build costs the host, which wall time on a shared host does not tell.
+    cpu_s: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -275,13 +278,11 @@ def run_command(
     )
     capture = _OutputCapture(proc, limits.output_bytes)
     capture.start()
-    timed_out = False
-    try:
-        proc.wait(timeout=limits.timeout_s)
-    except subprocess.TimeoutExpired:
-        timed_out = True
+    cpu_s = _reap(proc, start + limits.timeout_s)
+    timed_out = cpu_s is _TIMED_OUT
+    if timed_out:
         kill_group(proc)
-        proc.wait()
+        cpu_s = _reap(proc, None)
     kill_group(proc)  # stray children of a finished job must not outlive it
     capture.join(timeout=5)
     return ProcessResult(
@@ -291,7 +292,33 @@ def run_command(
         seconds=time.monotonic() - start,
         timed_out=timed_out,
         output_flooded=capture.flooded,
+        cpu_s=cpu_s if isinstance(cpu_s, float) else None,
     )
+
+
+_TIMED_OUT = object()
+
+
+def _reap(proc: subprocess.Popen, deadline: float | None) -> Any:
+    """Wait for ``proc`` (until ``deadline``, monotonic, or for ever) and return its CPU-seconds with its
+    reaped descendants', or ``_TIMED_OUT``. ``Popen.wait`` discards the child's rusage, so this reaps
+    with ``wait4`` in the same polling loop ``Popen.wait(timeout)`` uses, and hands the status to the
+    Popen's own handler (``_BwrapPopen`` translates bwrap's exit codes there)."""
+    delay = 0.0005
+    while True:
+        try:
+            pid, status, usage = os.wait4(proc.pid, 0 if deadline is None else os.WNOHANG)
+        except ChildProcessError:  # reaped elsewhere: the exit status is still Popen's to find
+            proc.wait()
+            return None
+        if pid == proc.pid:
+            proc._handle_exitstatus(status)  # type: ignore[attr-defined]
+            return usage.ru_utime + usage.ru_stime
+        remaining = deadline - time.monotonic()  # type: ignore[operator]
+        if remaining <= 0:
+            return _TIMED_OUT
+        time.sleep(min(delay, remaining))
+        delay = min(delay * 2, 0.05)
 
 
 def send_fd(sock: socket.socket, fd: int) -> None:
