@@ -15,8 +15,9 @@ cache sees exactly one changed translation unit:
 Submitted round by round (round r: variant r of every task, tasks shuffled), ``--concurrency`` in
 flight at a time (a trainer's batch). Reported: evaluations per GPU-hour, seconds from submission to
 reward (median, p90), CPU-seconds per build (``build.cpu_s`` of the result: the compilers' and
-linker's user+system time; None in trees that predate the field), the host's CPU-seconds over the
-stream, GPU busy share (nvidia-smi utilization every 0.5 s), and each candidate's reward in the
+linker's user+system time, read from the job's cgroup under bwrap (None without one) or from wait4
+with ``--sandbox none``; None in trees that predate the field), the host's CPU-seconds over the
+stream (/proc/stat: the whole host), GPU busy share (nvidia-smi utilization every 0.5 s), and each candidate's reward in the
 stream against its reward alone afterwards (one at a time, warm cache): mismatches counted.
 Rows are appended to ``OUT.jsonl`` as they finish; the summary goes to ``--out`` (JSON).
 
@@ -37,7 +38,6 @@ import json
 import os
 import random
 import re
-import resource
 import shutil
 import statistics
 import subprocess
@@ -230,12 +230,13 @@ class GpuSampler:
 
 
 def host_cpu_s() -> float:
-    """User+system CPU-seconds of this process and every child it has reaped (compilers, workers)."""
-    total = 0.0
-    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
-        usage = resource.getrusage(who)
-        total += usage.ru_utime + usage.ru_stime
-    return total
+    """CPU-seconds the whole host has run (``/proc/stat``: all but idle and iowait). Not this process's
+    RUSAGE_CHILDREN: bwrap's outer process exits without reaping its init, so the sandboxed compilers and
+    workers never reach our children's usage. Meaningful on a host that runs nothing else (the GPU
+    machine); on a shared one it counts the neighbours too."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    busy = sum(fields[:8]) - fields[3] - fields[4]  # user nice system idle iowait irq softirq steal
+    return busy / os.sysconf("SC_CLK_TCK")
 
 
 def row_of(item: dict, reply, latency: float, phase: str) -> dict:
@@ -346,7 +347,7 @@ def table(summaries: list[tuple[str, dict]]) -> str:
               summaries[0][1]["device"] == "cuda" else "evaluations per host-hour", "per_gpu_hour"),
               ("submission to reward, median s", "latency_median_s"), ("submission to reward, p90 s", "latency_p90_s"),
               ("builds (not cached whole)", "builds"), ("CPU-s per build, median", "build_cpu_s_median"),
-              ("CPU-s per build, mean", "build_cpu_s_mean"), ("host CPU-s per evaluation", "host_cpu_s_per_eval"),
+              ("CPU-s per build, mean", "build_cpu_s_mean"), ("host CPU-s per evaluation (/proc/stat)", "host_cpu_s_per_eval"),
               ("GPU busy share", "gpu_busy_share"), ("slot busy share", "slot_busy_share"),
               ("status not as intended", "unexpected"), ("stream vs alone compared", "compared"),
               ("reward mismatches", "mismatches")]
@@ -416,7 +417,7 @@ def run(args) -> dict:
                               started + 0.6 * (deadline - started) if args.max_seconds else deadline)
         seconds = time.monotonic() - wall0
         stats = service.stats()
-        cpu_s = host_cpu_s() - cpu0  # children reaped so far: compilers, candidate workers
+        cpu_s = host_cpu_s() - cpu0
         answered = {(r["task"], r["variant"]) for r in stream}
         alone = [] if args.no_alone else run_pass(
             service, [i for i in items if (i["task"], i["variant"]) in answered], 1, "alone", rows_path, deadline)

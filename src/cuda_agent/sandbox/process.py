@@ -278,12 +278,13 @@ def run_command(
     )
     capture = _OutputCapture(proc, limits.output_bytes)
     capture.start()
-    cpu_s = _reap(proc, start + limits.timeout_s)
-    timed_out = cpu_s is _TIMED_OUT
+    reaped = _reap(proc, start + limits.timeout_s)
+    timed_out = reaped is _TIMED_OUT
     if timed_out:
         kill_group(proc)
-        cpu_s = _reap(proc, None)
+        reaped = _reap(proc, None)
     kill_group(proc)  # stray children of a finished job must not outlive it
+    cpu_s = _job_cpu_s(proc, sandbox, reaped)
     capture.join(timeout=5)
     return ProcessResult(
         returncode=proc.returncode,
@@ -292,8 +293,25 @@ def run_command(
         seconds=time.monotonic() - start,
         timed_out=timed_out,
         output_flooded=capture.flooded,
-        cpu_s=cpu_s if isinstance(cpu_s, float) else None,
+        cpu_s=cpu_s,
     )
+
+
+def _job_cpu_s(proc: subprocess.Popen, sandbox: Sandbox, reaped: Any) -> float | None:
+    """The job's CPU-seconds: its cgroup's ``cpu.stat`` where the sandbox gave it one (every process of
+    the job, reaped or not); else ``wait4``'s usage where the command is our own child and reaps its
+    children itself (``LocalSandbox``). bwrap's outer process exits on its init's word without reaping
+    that init, so ``wait4`` sees nothing of a bwrap job: None there."""
+    cgroup = getattr(proc, "cgroup", None)
+    if cgroup is not None:
+        try:
+            for line in (Path(cgroup) / "cpu.stat").read_text().splitlines():
+                if line.startswith("usage_usec "):
+                    return int(line.split()[1]) / 1e6
+        except (OSError, ValueError):
+            pass
+        return None  # removed already (another spawn's clean-up of empty job cgroups)
+    return reaped if isinstance(reaped, float) and isinstance(sandbox, LocalSandbox) else None
 
 
 _TIMED_OUT = object()
