@@ -37,6 +37,11 @@
 #                                            # baselines table's retries (into $OUT/baselines_h200)
 #   bash benchmarks/gpu_session.sh counters  # hardware counters (tests/gpu/test_gpu_counters.py), raw ncu CSVs kept
 #   bash benchmarks/gpu_session.sh service   # the evaluation service (local backend) vs evaluate_many (SERVICE_REPEATS)
+#   bash benchmarks/gpu_session.sh rl_workload # an RL trainer's stream of new candidates (honest, slow, wrong,
+#                                            # broken) through the local service: evaluations per GPU-hour, latency,
+#                                            # CPU-s per build, GPU busy share, stream vs alone rewards; then the same
+#                                            # stream with a carried .data/prev/src if there is one (RL_TASKS,
+#                                            # RL_CONCURRENCY, RL_SECONDS: the budget of each tree's run)
 #   bash benchmarks/gpu_session.sh train_demo # cuda-agent train demo --device cuda (TRAIN_STEPS), into $OUT/train_demo
 #   bash benchmarks/gpu_session.sh train_tests      # the training stages on the GPU (tests/gpu/test_gpu_train.py)
 #   bash benchmarks/gpu_session.sh train_throughput # 0.5B/1.5B generation, evaluation and update at 32k
@@ -206,6 +211,17 @@ service)
     python3 benchmarks/service_throughput.py --device cuda --repeats "${SERVICE_REPEATS:-6}" \
         --out "$OUT/service_throughput.json" 2>&1 | tail -30
     ;;
+rl_workload)
+    # Each tree gets RL_SECONDS (its stream stops submitting at 60% of it, the rewards alone at 100%; what is
+    # in flight then still finishes, hence the margin) so that both fit the device tool's 10-minute call. A
+    # new task costs a reference start, torch.compile and its baselines (~15-25 s), so few tasks with the
+    # baseline tree; all 16 in a call of their own: RL_TASKS=16 RL_SECONDS=480 without .data/prev/src.
+    baseline=""; [ -d .data/prev/src ] && baseline="--baseline-src .data/prev/src"
+    if [ -n "$baseline" ]; then tasks=${RL_TASKS:-4} secs=${RL_SECONDS:-200}; else tasks=${RL_TASKS:-8} secs=${RL_SECONDS:-450}; fi
+    python3 benchmarks/rl_workload.py --device cuda --kernelbench .data/kernelbench/kernelbench.jsonl \
+        --tasks "$tasks" --concurrency "${RL_CONCURRENCY:-8}" --max-seconds "$secs" \
+        --out "$OUT/rl_workload.json" $baseline "$@" 2>&1 | tee "$OUT/rl_workload.log" | grep -v "^USDT" | tail -60
+    ;;
 overhead)
     [ -d .data/prev/src ] || { echo "carry .data/prev/src (the tree to compare with)" >&2; exit 2; }
     for run in 1-prev 2-this 3-prev 4-this; do
@@ -270,7 +286,7 @@ bench_own)
     rm -f "$OUT/baselines_h200/baselines.md"
     ;;
 *)
-    echo "usage: $0 tests|redteam|legit|issue13|issue17|integrity_reads|vs_release|speed|guard|overhead|stability|compile_noise|counters|service|train_demo|train_tests|train_throughput|drift|precision|bench|synth|baselines|bench_own [pytest args]" >&2
+    echo "usage: $0 tests|redteam|legit|issue13|issue17|integrity_reads|vs_release|speed|guard|overhead|stability|compile_noise|counters|service|rl_workload|train_demo|train_tests|train_throughput|drift|precision|bench|synth|baselines|bench_own [pytest args]" >&2
     exit 2
     ;;
 esac

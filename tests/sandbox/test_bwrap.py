@@ -34,6 +34,18 @@ def run(tmp_path, code, **kwargs):
     return run_command([PY, "-c", code], cwd=tmp_path, sandbox=SANDBOX, **kwargs)
 
 
+def test_cpu_time_is_the_job_cgroups_or_unknown(tmp_path):
+    # bwrap's outer process never reaps its init, so wait4 sees nothing: only a job cgroup can tell.
+    spin = "import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass\n"
+    code = f"import subprocess, sys\nsubprocess.run([sys.executable, '-c', {spin!r}])\n" + spin
+    result = run(tmp_path, code)
+    assert result.ok
+    if SANDBOX.cgroups_available:
+        assert result.cpu_s is not None and result.cpu_s >= 0.6
+    else:
+        assert result.cpu_s is None
+
+
 def outside_dir():
     """A fresh host directory outside /tmp (the sandbox has its own /tmp)."""
     base = Path.home() if os.access(Path.home(), os.W_OK) else Path(__file__).parent

@@ -12,6 +12,15 @@ def test_run_command_collects_output(tmp_path):
     assert result.ok and result.output.strip() == "hello"
 
 
+def test_cpu_time_counts_the_process_and_the_children_it_reaped(tmp_path):
+    # A compiler driver (nvcc, g++) does its work in children it waits for: they must be counted.
+    spin = "import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass\n"
+    code = f"import subprocess, sys\nsubprocess.run([sys.executable, '-c', {spin!r}])\n" + spin
+    result = run_command([sys.executable, "-c", code], cwd=tmp_path)
+    assert result.ok and result.cpu_s is not None and result.cpu_s >= 0.6
+    assert run_command([sys.executable, "-c", "import sys; sys.exit(3)"], cwd=tmp_path).returncode == 3
+
+
 def test_time_limit_kills_the_whole_group(tmp_path):
     marker = tmp_path / "child-alive"
     grandchild = tmp_path / "grandchild.py"

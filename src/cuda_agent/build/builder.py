@@ -54,6 +54,10 @@ class BuildResult:
     # One entry per translation unit compiled for this result: unit, key, reused (taken from the object
     # cache) or compiled, glue, pch, compile seconds. Empty for a result reused whole.
     units: list[dict[str, Any]] = field(default_factory=list)
+    # User+system CPU-seconds of the compiler and linker processes this call ran (0 for a result reused
+    # whole; None where a process's usage could not be read): the host's cost, which the wall
+    # ``seconds`` of a build sharing its cores with others does not give.
+    cpu_s: float | None = 0.0
 
     @property
     def errors(self) -> list[Diagnostic]:
@@ -70,6 +74,7 @@ class BuildResult:
             "seconds": round(self.seconds, 3),
             "error": self.error,
             "units": [dict(u) for u in self.units],
+            "cpu_s": None if self.cpu_s is None else round(self.cpu_s, 3),
         }
 
     @classmethod
@@ -85,6 +90,7 @@ class BuildResult:
             error=data.get("error"),
             log=log,
             units=[dict(u) for u in data.get("units", [])],
+            cpu_s=data.get("cpu_s"),
         )
 
 
@@ -146,6 +152,7 @@ def build(
     if cached is not None:
         cached.cached = True
         cached.seconds = time.monotonic() - start
+        cached.cpu_s = 0.0
         return cached
     root.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f"{key}-", dir=root))
@@ -163,6 +170,7 @@ def build(
         if stored is None:
             return result
         stored.units = result.units  # what this call compiled or reused, even where a twin stored first
+        stored.cpu_s = result.cpu_s
         return stored
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -187,10 +195,16 @@ def compile_only(candidate: Candidate, backend: str, **options: Any) -> BuildRes
 def _compile_all(*args: Any) -> BuildResult:
     pch_state: dict[str, Any] = {}
     try:
-        return _compile_extensions(*args, pch_state)
+        result = _compile_extensions(*args, pch_state)
     finally:
         if "pool" in pch_state:
             pch_state["pool"].shutdown(wait=True)  # never leave it writing into a work dir being removed
+    result.cpu_s = _add_cpu(result.cpu_s, pch_state.get("cpu_s", 0.0))
+    return result
+
+
+def _add_cpu(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a + b
 
 
 def _compile_extensions(
@@ -224,7 +238,8 @@ def _compile_extensions(
             # On its own thread, so the kernels compile while the header does (the first build of a
             # toolchain); the glue units wait for it.
             pch_state["pool"] = ThreadPoolExecutor(max_workers=1)
-            pch_state["future"] = pch_state["pool"].submit(_ensure_pch, toolchain, work, sandbox, limits, objects, logs)
+            pch_state["future"] = pch_state["pool"].submit(_ensure_pch, toolchain, work, sandbox, limits, objects, logs,
+                                                           pch_state)
         workers = max(1, min(len(plans) or 1, jobs or os.cpu_count() or 1))
 
         def run_unit(plan: UnitPlan) -> tuple[UnitPlan, UnitOutcome]:
@@ -239,7 +254,9 @@ def _compile_extensions(
         failed = []
         for plan, outcome in outcomes:
             units_out.append({"extension": ext.name, "unit": plan.rel, "key": plan.key, "reused": outcome.reused,
-                              "glue": plan.glue, "pch": plan.pch, "seconds": round(outcome.seconds, 3)})
+                              "glue": plan.glue, "pch": plan.pch, "seconds": round(outcome.seconds, 3),
+                              "cpu_s": None if outcome.cpu_s is None else round(outcome.cpu_s, 3)})
+            result.cpu_s = _add_cpu(result.cpu_s, outcome.cpu_s)
             logs.append(f"$ compile {ext.name}/{plan.rel}" + (" (reused)" if outcome.reused else "") + f"\n{outcome.output}")
             result.diagnostics += parse_diagnostics(outcome.output, outcome.source_root + "/")
             if not outcome.ok:
@@ -258,6 +275,7 @@ def _compile_extensions(
             except ToolchainError as exc:
                 return BuildResult(ok=False, backend=toolchain.backend, key="", error=str(exc))
             proc = run_command(argv, cwd=work, limits=limits, sandbox=sandbox, writable=(work,))
+            result.cpu_s = _add_cpu(result.cpu_s, proc.cpu_s)
             logs.append(f"$ link {ext.name}\n{proc.output}")
             result.diagnostics += parse_diagnostics(proc.output, str(work) + "/")
             if not proc.ok:
@@ -380,6 +398,7 @@ class UnitOutcome:
     source_root: str
     seconds: float = 0.0
     failure: str = ""
+    cpu_s: float | None = 0.0  # 0 for a reused unit
 
 
 def plan_unit(ext: Extension, rel: str, toolchain: Toolchain, src_root: Path, obj: Path) -> UnitPlan:
@@ -411,14 +430,15 @@ def _object(
                 argv = _unit_argv(ext, plan.rel, toolchain, src_root, plan.obj, pch_header if plan.pch else None, plan.glue)
                 proc = run_command(argv, cwd=src_root, limits=limits, sandbox=sandbox, writable=(work,))
                 if not proc.ok:
-                    return UnitOutcome(False, False, proc.output, str(src_root), proc.seconds, proc.describe_failure())
+                    return UnitOutcome(False, False, proc.output, str(src_root), proc.seconds, proc.describe_failure(),
+                                       proc.cpu_s)
                 record = {"unit": plan.rel, "module": ext.name, "seconds": round(proc.seconds, 3),
                           "output": proc.output, "source_root": str(src_root)}
                 try:
                     objects.publish(plan.key, plan.obj, record)
                 except OSError:
                     pass  # an unwritable cache costs reuse, not this build: the object is in place
-                return UnitOutcome(True, False, proc.output, str(src_root), proc.seconds)
+                return UnitOutcome(True, False, proc.output, str(src_root), proc.seconds, cpu_s=proc.cpu_s)
     objects.place(cached, plan.obj)
     # Warnings the compile printed are replayed, so a reused unit reports what a fresh one would.
     return UnitOutcome(True, True, cached.record.get("output", ""), cached.record.get("source_root", str(src_root)))
@@ -432,7 +452,7 @@ def pch_key(toolchain: Toolchain) -> str:
 
 
 def _ensure_pch(toolchain: Toolchain, work: Path, sandbox: Sandbox, limits: Limits, objects: ObjectCache,
-                logs: list[str]) -> Path | None:
+                logs: list[str], state: dict[str, Any] | None = None) -> Path | None:
     """``work/pch/cuda_agent_pch.h`` with its .gch beside it, built once per toolchain and shared
     through the object cache; None when it cannot be built (the glue then parses the headers)."""
     key = pch_key(toolchain)
@@ -448,6 +468,8 @@ def _ensure_pch(toolchain: Toolchain, work: Path, sandbox: Sandbox, limits: Limi
             if cached is None:
                 proc = run_command(toolchain.pch_command(header, gch), cwd=folder, limits=limits, sandbox=sandbox,
                                    writable=(work,))
+                if state is not None:
+                    state["cpu_s"] = proc.cpu_s
                 if not proc.ok:
                     logs.append(f"$ precompile {PCH_NAME} (failed; the glue parses the headers instead)\n{proc.output}")
                     return None
@@ -470,7 +492,8 @@ def _store(result: BuildResult, work: Path, final: Path) -> None:
         target = staged / f"{name}.so"
         shutil.copy2(path, target)
         modules[name] = str(final / f"{name}.so")
-    record = result.to_dict() | {"modules": modules, "units": []}  # units: what one call did, not the result
+    # units and cpu_s: what one call did, not the result
+    record = result.to_dict() | {"modules": modules, "units": [], "cpu_s": 0.0}
     (staged / "build.json").write_text(json.dumps(record, indent=1))
     (staged / "build.log").write_text(result.log)
     try:

@@ -186,6 +186,8 @@ class _BwrapPopen(subprocess.Popen):
     """bwrap reports a child killed by signal N as exit status 128 + N; report it as -N
     like a plain child, so ``describe_returncode`` still says e.g. "killed by SIGKILL"."""
 
+    cgroup: Path | None = None  # the job's own cgroup, if any (run_command reads its CPU time there)
+
     def _handle_exitstatus(self, *args, **kwargs):  # type: ignore[override]
         super()._handle_exitstatus(*args, **kwargs)  # type: ignore[misc]
         code = self.returncode
@@ -508,4 +510,5 @@ class BwrapSandbox:
             # Only now: until its process is in it, another spawn's cleanup would remove the empty cgroup.
             with self._lock:
                 self._cgroups.append(job)
+            proc.cgroup = job
         return proc

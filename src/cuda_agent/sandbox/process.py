@@ -37,6 +37,9 @@ class ProcessResult:
     seconds: float
     timed_out: bool = False
     output_flooded: bool = False
+    # User+system CPU-seconds of the process and every descendant it reaped (the sandbox's init reaps
+    # them all): what a build costs the host, which wall time on a shared host does not tell.
+    cpu_s: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -275,14 +278,13 @@ def run_command(
     )
     capture = _OutputCapture(proc, limits.output_bytes)
     capture.start()
-    timed_out = False
-    try:
-        proc.wait(timeout=limits.timeout_s)
-    except subprocess.TimeoutExpired:
-        timed_out = True
+    reaped = _reap(proc, start + limits.timeout_s)
+    timed_out = reaped is _TIMED_OUT
+    if timed_out:
         kill_group(proc)
-        proc.wait()
+        reaped = _reap(proc, None)
     kill_group(proc)  # stray children of a finished job must not outlive it
+    cpu_s = _job_cpu_s(proc, sandbox, reaped)
     capture.join(timeout=5)
     return ProcessResult(
         returncode=proc.returncode,
@@ -291,7 +293,50 @@ def run_command(
         seconds=time.monotonic() - start,
         timed_out=timed_out,
         output_flooded=capture.flooded,
+        cpu_s=cpu_s,
     )
+
+
+def _job_cpu_s(proc: subprocess.Popen, sandbox: Sandbox, reaped: Any) -> float | None:
+    """The job's CPU-seconds: its cgroup's ``cpu.stat`` where the sandbox gave it one (every process of
+    the job, reaped or not); else ``wait4``'s usage where the command is our own child and reaps its
+    children itself (``LocalSandbox``). bwrap's outer process exits on its init's word without reaping
+    that init, so ``wait4`` sees nothing of a bwrap job: None there."""
+    cgroup = getattr(proc, "cgroup", None)
+    if cgroup is not None:
+        try:
+            for line in (Path(cgroup) / "cpu.stat").read_text().splitlines():
+                if line.startswith("usage_usec "):
+                    return int(line.split()[1]) / 1e6
+        except (OSError, ValueError):
+            pass
+        return None  # removed already (another spawn's clean-up of empty job cgroups)
+    return reaped if isinstance(reaped, float) and isinstance(sandbox, LocalSandbox) else None
+
+
+_TIMED_OUT = object()
+
+
+def _reap(proc: subprocess.Popen, deadline: float | None) -> Any:
+    """Wait for ``proc`` (until ``deadline``, monotonic, or for ever) and return its CPU-seconds with its
+    reaped descendants', or ``_TIMED_OUT``. ``Popen.wait`` discards the child's rusage, so this reaps
+    with ``wait4`` in the same polling loop ``Popen.wait(timeout)`` uses, and hands the status to the
+    Popen's own handler (``_BwrapPopen`` translates bwrap's exit codes there)."""
+    delay = 0.0005
+    while True:
+        try:
+            pid, status, usage = os.wait4(proc.pid, 0 if deadline is None else os.WNOHANG)
+        except ChildProcessError:  # reaped elsewhere: the exit status is still Popen's to find
+            proc.wait()
+            return None
+        if pid == proc.pid:
+            proc._handle_exitstatus(status)  # type: ignore[attr-defined]
+            return usage.ru_utime + usage.ru_stime
+        remaining = deadline - time.monotonic()  # type: ignore[operator]
+        if remaining <= 0:
+            return _TIMED_OUT
+        time.sleep(min(delay, remaining))
+        delay = min(delay * 2, 0.05)
 
 
 def send_fd(sock: socket.socket, fd: int) -> None:
