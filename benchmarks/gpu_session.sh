@@ -121,6 +121,9 @@ integrations)
 'transformers', transformers.__version__, 'datasets', datasets.__version__, 'openenv', openenv.__version__, 'fastapi', \
 fastapi.__version__, 'uvicorn', uvicorn.__version__, 'pyarrow', pyarrow.__version__, 'fsspec', fsspec.__version__)" \
         2>&1 | tee -a "$OUT/gpu.csv"
+    # The image's versions of what the carried packages ask for by name only (benchmarks/wheels_check.py -v).
+    python3 -m pip list 2>/dev/null | grep -iE "^(typing.extensions|anyio|attrs|certifi|rich|httpx|pyarrow|fsspec|huggingface.hub|accelerate|transformers) " \
+        | tr -s ' ' | tee -a "$OUT/gpu.csv"
     python3 -m pytest -m gpu -q -s -p no:cacheprovider --timeout 600 -rf tests/gpu/test_gpu_integrations.py "$@" 2>&1 \
         | tee "$OUT/gpu_integrations.log"
     ;;
