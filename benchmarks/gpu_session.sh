@@ -47,6 +47,10 @@
 #   bash benchmarks/gpu_session.sh train_throughput # 0.5B/1.5B generation, evaluation and update at 32k
 #                                            # (THROUGHPUT_ARGS go to benchmarks/train_throughput.py,
 #                                            # THROUGHPUT_NAME names the output folder)
+#   bash benchmarks/gpu_session.sh integrations # issue 33: TRL's GRPO step (tiny model on the GPU, rewards from the
+#                                            # CUDA evaluator) and an OpenEnv episode evaluated by the service on
+#                                            # the GPU (tests/gpu/test_gpu_integrations.py); carry [".data", ".whl"]
+#                                            # with the wheel set below
 #   bash benchmarks/gpu_session.sh tests -k "illegal or profiler"   # extra arguments go to pytest
 #
 # With the device tool, carry [".data"]. It holds:
@@ -58,6 +62,18 @@
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_17_x86_64 -d .whl \
 #       openai pydantic pydantic-core jiter distro sniffio annotated-types typing-inspection httpx2 httpcore2 \
 #       anyio truststore idna h11 typing-extensions   (the versions installed here)
+# For `integrations`, carry [".data", ".whl"], .whl holding trl 1.16.0, openenv 0.10.0 and every dependency the
+# device machine lacks (its list: /work/.library/device/KINDS.md, "Python packages already there"; it has torch,
+# transformers, accelerate, pyarrow, pandas, httpx, rich, typer, ...), one version each, at the versions installed
+# here (`pip show`): 67 wheels, 19 MiB. Made by walking Requires-Dist (with the extras asked for, e.g.
+# fastmcp-slim[client,server]) from trl, datasets, openenv, uvicorn and websockets, leaving out what the device has
+# and gradio (openenv imports its web UI only if gradio is there; create_fastapi_app does not need it), then
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#       --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+#       --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .whl NAME==VERSION ...
+# and checked with `python3 benchmarks/wheels_check.py .whl --roots trl datasets openenv uvicorn websockets
+# --skip gradio` (every requirement met on the device or in the folder, one version each). The openai SDK the
+# agent's GPU test needs is in that set too.
 # The device machine has no network: pyseccomp is installed from that wheel, and torch
 # and the rest are what the machine has.
 set -uo pipefail
@@ -67,7 +83,7 @@ mkdir -p "$OUT"
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 KERNELBENCH_DATA=$PWD/.data/kernelbench
 export CUDA_AGENT_TEST_CACHE=/dev/shm/cuda-agent-cache CUDA_AGENT_CACHE=/dev/shm/cuda-agent-cache TMPDIR=/dev/shm
 python3 -c "import pyseccomp" 2>/dev/null || python3 -m pip install --no-index --no-deps -q .data/wheels/pyseccomp-*.whl
-if ! python3 -c "import openai" 2>/dev/null && ls .whl/openai-*.whl >/dev/null 2>&1; then
+if [ "${1:-}" != integrations ] && ! python3 -c "import openai" 2>/dev/null && ls .whl/openai-*.whl >/dev/null 2>&1; then
     # The agent's model backend (the [llm] extra): carried wheels, see the comment at the top.
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
         && export PYTHONPATH=$PYTHONPATH:/tmp/site
@@ -99,6 +115,23 @@ python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.versio
 part=${1:-tests}
 shift || true  # the rest goes to pytest (tests, redteam), e.g. -k "illegal or profiler"
 case "$part" in
+integrations)
+    # Issue 33 (tests/gpu/test_gpu_integrations.py): the whole carried wheel set, first on the path (its packages
+    # are ones the machine lacks; first, so a carried version wins over anything older the image may gain).
+    ls .whl/trl-*.whl .whl/openenv-*.whl >/dev/null 2>&1 || { echo "carry .whl with trl and openenv (see the top)" >&2; exit 2; }
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        || { echo "the carried wheels did not install" >&2; exit 2; }
+    export PYTHONPATH=/tmp/site:$PYTHONPATH
+    python3 -c "import trl, transformers, datasets, openenv, fastapi, uvicorn, pyarrow, fsspec; print('trl', trl.__version__, \
+'transformers', transformers.__version__, 'datasets', datasets.__version__, 'openenv', openenv.__version__, 'fastapi', \
+fastapi.__version__, 'uvicorn', uvicorn.__version__, 'pyarrow', pyarrow.__version__, 'fsspec', fsspec.__version__)" \
+        2>&1 | tee -a "$OUT/gpu.csv"
+    # The image's versions of what the carried packages ask for by name only (benchmarks/wheels_check.py -v).
+    python3 -m pip list 2>/dev/null | grep -iE "^(typing.extensions|anyio|attrs|certifi|rich|httpx|pyarrow|fsspec|huggingface.hub|accelerate|transformers) " \
+        | tr -s ' ' | tee -a "$OUT/gpu.csv"
+    python3 -m pytest -m gpu -q -s -p no:cacheprovider --timeout 600 -rf tests/gpu/test_gpu_integrations.py "$@" 2>&1 \
+        | tee "$OUT/gpu_integrations.log"
+    ;;
 vs_release)
     # Side by side with the CUDA Agent release's scripts (carry .data/ca_release/agent_workdir: a copy of
     # the release's agent_workdir/, e.g. `git archive HEAD agent_workdir` of its repository).
@@ -286,7 +319,7 @@ bench_own)
     rm -f "$OUT/baselines_h200/baselines.md"
     ;;
 *)
-    echo "usage: $0 tests|redteam|legit|issue13|issue17|integrity_reads|vs_release|speed|guard|overhead|stability|compile_noise|counters|service|rl_workload|train_demo|train_tests|train_throughput|drift|precision|bench|synth|baselines|bench_own [pytest args]" >&2
+    echo "usage: $0 tests|integrations|redteam|legit|issue13|issue17|integrity_reads|vs_release|speed|guard|overhead|stability|compile_noise|counters|service|rl_workload|train_demo|train_tests|train_throughput|drift|precision|bench|synth|baselines|bench_own [pytest args]" >&2
     exit 2
     ;;
 esac
