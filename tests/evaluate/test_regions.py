@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import time
 
 import pytest
@@ -220,3 +219,39 @@ def test_a_description_pointing_nowhere_cannot_be_read():
         reader.close()
     finally:
         os.kill(pid, signal.SIGKILL)
+
+
+def test_brackets_too_loose_to_bound_a_region_refuse_to_decide():
+    """Both bounds' calibrations spread by more than half a region (a host and GPU busy while the no-op regions
+    ran): no reward either way, an error that says why, not a decision on the candidate's own clock."""
+    from types import SimpleNamespace
+
+    from cuda_agent.evaluate.channel import Stop
+    from cuda_agent.evaluate.policy import TimingConfig
+    from cuda_agent.evaluate.regions import Bracket
+    from cuda_agent.evaluate.watchers import Regions
+
+    def bracket(outside_ms: float, cpu_ms: float) -> Bracket:
+        return Bracket(0, 0, 0, 1_000_000, 1_000_000 + int(outside_ms * 1e6), cpu_ns=int(cpu_ms * 1e6))
+
+    loose = overhead([bracket(0.05 + 0.1 * i, 0.04 + 0.1 * i) for i in range(9)], [0.0] * 9, hold_us=0.0)
+    tight = overhead([bracket(0.05 + 0.001 * i, 0.04 + 0.001 * i) for i in range(9)], [0.0] * 9, hold_us=0.0)
+    regions = [bracket(0.9, 0.85)] * 9
+    assert judge(regions, [0.4] * 9, loose, 0.0, slack=0.1, region_us=50).spread_share > 0.5
+    assert judge(regions, [0.4] * 9, tight, 0.0, slack=0.1, region_us=50).spread_share < 0.05
+
+    class Judged:
+        def __init__(self, cost, reported_ms):
+            self.cost, self.reported_ms = cost, reported_ms
+
+        def judge(self, hold_us, slack, region_us):
+            return judge(regions, [self.reported_ms] * 9, self.cost, hold_us, slack, region_us)
+
+    setup = SimpleNamespace(device="cuda", timing=TimingConfig())
+    result = SimpleNamespace(timing={})
+    with pytest.raises(Stop) as stopped:
+        Regions(Judged(loose, 0.4), 0.0, setup, result).check("profile", "")
+    assert stopped.value.status == "error" and "could not check the timing" in stopped.value.reason
+    assert result.timing["regions"]["spread_share"] > 0.5
+    assert Regions(Judged(tight, 0.82), 0.0, setup, result).check("profile", "") == []
+    assert [b.rule for b in Regions(Judged(tight, 0.4), 0.0, setup, result).check("profile", "")] == ["clock"]

@@ -198,9 +198,13 @@ class TimingConfig:
     # cost measured before its code loaded, by region_slack of the region plus region_us (plus three times
     # that cost's own spread), in the median over regions; more fails as ``clock``. On the CPU backend the
     # timed calls' outputs are read from outside the stopped process there (evaluate.outside).
+    # Where even the tighter bound's calibrated spread (three times it) is more than region_spread_max of the
+    # median region, the brackets bound nothing worth a reward: the evaluation is refused as an error (no
+    # reward; evaluate it again on a quieter host) rather than decided on the candidate's own clock.
     brackets: bool = True
     region_slack: float = 0.10
     region_us: float = 50.0
+    region_spread_max: float = 0.5
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

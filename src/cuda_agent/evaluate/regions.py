@@ -257,10 +257,19 @@ class RegionClock:
     waited_ms: float = 0.0  # median run-queue wait of the timing thread within a bracket
     cpu_ms: float = 0.0  # median CPU time of the timing thread within a bracket
     excesses_ms: list[float] = field(default_factory=list)
+    base_ms: float = 0.0  # the limits' part that is not the calibration's spread (slack and region_us)
 
     @property
     def ok(self) -> bool:
         return self.excess_ms <= self.limit_ms and self.cpu_excess_ms <= self.cpu_limit_ms
+
+    @property
+    def spread_share(self) -> float:
+        """The tighter bound's allowance for the calibration's own spread (3 x spread), as a share of the
+        median reported region: how much of a region the brackets cannot resolve on this host now."""
+        if self.reported_ms <= 0:
+            return 0.0
+        return min(self.limit_ms - self.base_ms, self.cpu_limit_ms - self.base_ms) / self.reported_ms
 
     @property
     def margin(self) -> float:
@@ -272,7 +281,7 @@ class RegionClock:
 
     def to_dict(self) -> dict[str, Any]:
         short = {k: (round(v, 5) if isinstance(v, float) else v) for k, v in asdict(self).items() if k != "excesses_ms"}
-        return short | {"ok": self.ok, "margin": round(self.margin, 5)}
+        return short | {"ok": self.ok, "margin": round(self.margin, 5), "spread_share": round(self.spread_share, 5)}
 
 
 def judge(brackets: list[Bracket], reported_ms: list[float], cost: Overhead, hold_us: float, slack: float,
@@ -293,7 +302,7 @@ def judge(brackets: list[Bracket], reported_ms: list[float], cost: Overhead, hol
                        statistics.median(wall), base + 3 * cost.spread_ms, statistics.median(cpu),
                        base + 3 * cost.cpu_spread_ms, statistics.median(ratios) if ratios else 1.0,
                        statistics.median(b.prep_ms for b in brackets), statistics.median(b.waited_ns / 1e6 for b in brackets),
-                       statistics.median(b.cpu_ms for b in brackets), [max(w, c) for w, c in zip(wall, cpu)])
+                       statistics.median(b.cpu_ms for b in brackets), [max(w, c) for w, c in zip(wall, cpu)], base)
 
 
 def robust_sd(values: list[float]) -> float:

@@ -241,6 +241,13 @@ class Regions:
         if verdict is None:
             return []
         self.result.timing = self.result.timing | {"regions": verdict.to_dict() | {"overhead": self.brackets.cost.to_dict()}}
+        if verdict.ok and verdict.spread_share > self.timing.region_spread_max:
+            # Not the candidate's doing (its code had not loaded when the spread was measured), so no reward
+            # either way: a forged report could pass by this much.
+            raise Stop("error", "profile", f"the evaluator's own clock could not check the timing: its brackets "
+                       f"moved by {verdict.spread_share:.0%} of a timed region when calibrated (limit "
+                       f"{self.timing.region_spread_max:.0%}), so a forged time could pass; the host or GPU was busy "
+                       f"with other work: evaluate again when it is quieter")
         if verdict.ok:
             return []
         by_wall = verdict.excess_ms > verdict.limit_ms
