@@ -104,9 +104,16 @@ class CommandServer:
             try:
                 line = conn.makefile("rb").readline(MAX_REQUEST_BYTES)
                 request = json.loads(line)
-                text, code = self.run(str(request.get("command")))
             except (ValueError, OSError) as exc:
                 text, code = f"bad request: {exc}", 2
+            else:
+                command = str(request.get("command"))
+                try:
+                    text, code = self.run(command)
+                except Exception as exc:  # noqa: BLE001 - the command in the shell must get an answer, not a closed socket
+                    # The evaluator itself failed (the service down or refusing, a harness error): not the
+                    # candidate's result, so said as such, with the evaluator's own words.
+                    text, code = f"{command}: the evaluator could not answer: {type(exc).__name__}: {exc}", 3
             try:
                 conn.sendall(json.dumps({"text": text, "exit_code": code}).encode() + b"\n")
             except OSError:
