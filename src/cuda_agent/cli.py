@@ -173,7 +173,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         service = ray_service(args.ray, "cuda" if args.device == "auto" else args.device, slots=args.slots,
                               **common, **options)
     else:
-        service = local_service(args.device, slots=args.slots, gpus=args.gpus, **common, **options)
+        service = local_service(args.device, slots=args.slots, gpus=args.gpus, per_gpu=args.per_gpu, **common,
+                                **options)
     try:
         server = make_server(service, args.host, args.port)
     except OSError:
@@ -714,6 +715,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slots", type=int, default=None,
                    help="evaluators: default one per GPU (cuda) or 1 (cpu); with --ray, actors (default: the cluster's GPUs)")
     p.add_argument("--gpus", type=int, nargs="+", default=None, help="GPU indices to serve on (default: all visible)")
+    p.add_argument("--per-gpu", type=int, default=1, metavar="N",
+                   help="local slots sharing each GPU (default 1): each times alone on it while the others load, "
+                        "verify and read their outputs, so the GPU works between timings (memory: N reference "
+                        "processes per GPU)")
     p.add_argument("--ray", default=None, metavar="ADDRESS",
                    help="run the slots as Ray actors on the cluster at ADDRESS ('local' starts one here; needs "
                         "cuda-agent[ray]; default: local processes)")

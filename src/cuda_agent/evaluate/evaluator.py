@@ -37,6 +37,7 @@ from cuda_agent.evaluate.counters import CounterReport, unavailable
 from cuda_agent.evaluate.counters_run import find_ncu, profile_counters
 from cuda_agent.evaluate.decide import Plan
 from cuda_agent.evaluate.degenerate import DegenerateReport
+from cuda_agent.evaluate.device_lock import shared_use
 from cuda_agent.evaluate.environment import describe_environment
 from cuda_agent.evaluate.policy import Policy, TimingConfig
 from cuda_agent.evaluate.processes import (
@@ -168,6 +169,14 @@ class Evaluator:
         code_policy = self.policy.code_policy()
         if self.policy.static_checks:
             self._refuse(check_candidate(candidate, code_policy), result)
+        # On a device shared with other evaluators (a DeviceLock), this evaluation uses it side by side with
+        # theirs and times it alone; on the CPU backend its compiles use the device too.
+        with shared_use(setup.timing_lock) if self.device == "cpu" else contextlib.nullcontext():
+            built = self._built(candidate, build_result, result)
+        with shared_use(setup.timing_lock):
+            self._evaluate_built(task, candidate, built, result, timed, setup)
+
+    def _built(self, candidate: Candidate, build_result: BuildResult | None, result: EvalResult) -> BuildResult:
         clock = time.monotonic()
         self.on_stage("build", f"{len(candidate.extensions)} extension(s), backend {self.backend}")
         built = build_result or self.build(candidate)
@@ -176,9 +185,13 @@ class Evaluator:
         result.durations["build"] = round(time.monotonic() - clock, 3)
         if not built.ok:
             raise Stop("failed", "build", built.error or "build failed")
+        return built
+
+    def _evaluate_built(self, task: Task, candidate: Candidate, built: BuildResult, result: EvalResult, timed: bool,
+                        setup: Setup) -> None:
         if self.policy.static_checks:
-            self._refuse(audit_symbols([Path(p) for p in built.modules.values()], code_policy, self.toolchain_imports()),
-                         result, "built extension: ")
+            self._refuse(audit_symbols([Path(p) for p in built.modules.values()], self.policy.code_policy(),
+                                       self.toolchain_imports()), result, "built extension: ")
 
         workers = take_workers(self._spare, setup)
         reference = self.references.take(ref.reference_key(setup, task))
@@ -280,7 +293,10 @@ class Evaluator:
         # region's limit by three times that. The candidate waits for the first GO meanwhile.
         if run.fresh:
             ref.await_loaded(setup, reference)
-        calibration = brackets.serve_calibration(setup.timeouts.load_s) if brackets is not None else None
+        calibration = None
+        if brackets is not None:
+            with setup.timing_lock:  # measured like the timing: nothing else on the device meanwhile
+                calibration = brackets.serve_calibration(setup.timeouts.load_s)
         result.durations["reference"] = round(time.monotonic() - clock, 3)
         result.notes.append(f"reference process {'started' if run.fresh else 'kept'} "
                             f"({reference.evaluations} earlier evaluation(s))")

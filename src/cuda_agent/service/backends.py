@@ -1,9 +1,10 @@
 """Where the service's slots live: in this process (``local_service``) or in Ray actors
 (``ray_service``, ``pip install 'cuda-agent[ray]'``). Both return the same ``EvalService``.
 
-One slot per GPU, each an ``Evaluator(prestart=True)`` that owns its GPU: on a cluster an actor asks
-Ray for a whole GPU (``num_gpus=1``), so the pool's GPUs are never shared with training. On the CPU
-backend each slot takes a core. Every slot points at the same ``cache_dir``: builds and baselines
+One slot per GPU by default, each an ``Evaluator(prestart=True)`` that owns its GPU: on a cluster an
+actor asks Ray for a whole GPU (``num_gpus=1``), so the pool's GPUs are never shared with training.
+Locally, ``per_gpu`` slots may share a GPU through a ``DeviceLock`` (timing alone, the rest side by
+side). On the CPU backend each slot takes a core, and several CPU slots share the CPU the same way. Every slot points at the same ``cache_dir``: builds and baselines
 are content-addressed and written atomically, so a shared filesystem path is a cache shared across
 nodes.
 """
@@ -14,6 +15,7 @@ import os
 from typing import Any
 
 from cuda_agent.evaluate import Evaluator, Policy, TimingConfig, resolve_device
+from cuda_agent.evaluate.device_lock import DeviceLock
 from cuda_agent.evaluate.pool import device_slots
 from cuda_agent.service.messages import Job
 from cuda_agent.service.pool import EvalService, LocalSlot, SlotLost, execute
@@ -28,24 +30,34 @@ def _info(device: str, backend: str, slots: int, options: dict[str, Any]) -> dic
 
 
 def local_service(device: str = "auto", *, slots: int | None = None, gpus: list[int] | None = None,
-                  queue_size: int = 64, job_timeout_s: float = 3600.0, build_workers: int | None = None,
+                  per_gpu: int = 1, queue_size: int = 64, job_timeout_s: float = 3600.0, build_workers: int | None = None,
                   on_reply: Any = None, **options: Any) -> EvalService:
-    """The service on this machine: one slot per GPU in ``gpus`` (default every visible one), or
-    ``slots`` CPU slots (default 1); ``options`` go to each ``Evaluator``."""
+    """The service on this machine: ``per_gpu`` slots per GPU in ``gpus`` (default every visible one), or
+    ``slots`` CPU slots (default 1); ``options`` go to each ``Evaluator``. Slots that share a device share a
+    ``DeviceLock`` (unless ``options`` name a ``timing_lock``): each times alone on it, and loads, verifies
+    and reads its outputs beside the others, so the device works while a slot is between timings."""
+    if per_gpu < 1:
+        raise ValueError(f"per_gpu must be at least 1, not {per_gpu}")
     device = resolve_device(device)
-    indices = device_slots(device, gpus) if device == "cuda" else [None] * max(1, slots or 1)
+    if device == "cuda":
+        indices = [gpu for gpu in device_slots(device, gpus) for _ in range(per_gpu)]
+    else:
+        indices = [None] * max(1, slots or 1)
     # The same prestart choice as evaluate_many: on the CPU a prestarted process competes for the cores.
     options = {"prestart": device == "cuda"} | options
+    shared = len(set(indices)) < len(indices) and "timing_lock" not in options
+    locks = {index: DeviceLock() for index in set(indices)} if shared else {}
 
     def make_slot(i: int) -> LocalSlot:
+        lock = {"timing_lock": locks[indices[i]]} if shared else {}
         return LocalSlot(f"local-{i}" + (f"-gpu{indices[i]}" if indices[i] is not None else ""),
-                         Evaluator(device, gpu_index=indices[i], **options))
+                         Evaluator(device, gpu_index=indices[i], **(options | lock)))
 
-    builder = Evaluator(device, **(options | {"prestart": False}))
+    builder = Evaluator(device, **({k: v for k, v in options.items() if k != "timing_lock"} | {"prestart": False}))
     workers = (max(1, (os.cpu_count() or 2) // 2) if device == "cuda" else 0) if build_workers is None else build_workers
     return EvalService(make_slot, len(indices), queue_size=queue_size, job_timeout_s=job_timeout_s,
                        builder=builder.build, build_workers=workers, on_reply=on_reply,
-                       info=_info(device, "local", len(indices), options))
+                       info=_info(device, "local", len(indices), options) | {"per_gpu": per_gpu if device == "cuda" else None})
 
 
 class _EvaluatorActor:

@@ -1,0 +1,104 @@
+"""One device shared by several evaluators: timing alone on it, everything else side by side.
+
+A GPU node fed by a stream of new candidates idles while an evaluation loads, verifies and reads its
+outputs, if evaluations run one at a time. Several evaluators may share one device through a
+``DeviceLock``: every evaluation holds it *shared* while it uses the device (its processes start and
+load, the checks run, the timed outputs are read), and *exclusively* where what it measures must not
+be disturbed (the brackets' no-op regions and the timing rounds). An evaluation that holds it shared
+and asks for it exclusively gives up its share first and takes it back after, so two evaluations that
+both want to time never wait on each other's share. Waiting writers go first: a stream of new
+evaluations cannot keep a timing round waiting.
+
+Used as a plain context manager (``with lock:``) it is the exclusive side, so it stands wherever the
+evaluator takes its ``timing_lock``; ``shared_use`` gives the shared side of a ``DeviceLock`` and nothing
+for any other lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from typing import Any, Iterator
+
+
+class DeviceLock:
+    def __init__(self, trace: bool = False) -> None:
+        self._cond = threading.Condition()
+        self._readers = 0
+        self._writer = False
+        self._writers_waiting = 0
+        self._mine = threading.local()  # this thread's shares (an evaluation's thread holds at most one)
+        # (thread name, "shared" | "exclusive", start, end) of every hold, for tests and benchmarks
+        self.holds: list[tuple[str, str, float, float]] | None = [] if trace else None
+
+    # -- the exclusive side ---------------------------------------------------------------
+    def __enter__(self) -> "DeviceLock":
+        self._acquire_exclusive()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._release_exclusive()
+
+    def _acquire_exclusive(self) -> None:
+        with self._cond:
+            given_up = getattr(self._mine, "shares", 0)
+            if given_up:
+                # Our own share would keep us waiting for ourselves.
+                self._readers -= given_up
+                self._mine.shares = 0
+                self._record("shared", self._mine.share_since)
+                self._cond.notify_all()
+            self._mine.given_up = given_up
+            self._writers_waiting += 1
+            while self._writer or self._readers:
+                self._cond.wait()
+            self._writers_waiting -= 1
+            self._writer = True
+            self._mine.since = time.monotonic()
+
+    def _release_exclusive(self) -> None:
+        with self._cond:
+            self._writer = False
+            self._record("exclusive", self._mine.since)
+            self._cond.notify_all()
+            given_up = getattr(self._mine, "given_up", 0)
+            self._mine.given_up = 0
+            if given_up:
+                self._take_share(given_up)
+
+    # -- the shared side ------------------------------------------------------------------
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._cond:
+            self._take_share(1)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._mine.shares -= 1
+                self._readers -= 1
+                self._record("shared", self._mine.share_since)
+                self._cond.notify_all()
+
+    def _take_share(self, count: int) -> None:
+        if getattr(self._mine, "shares", 0):
+            # Already ours (a nested use): waiting behind a writer that waits for our share would never end.
+            self._readers += count
+            self._mine.shares += count
+            return
+        while self._writer or self._writers_waiting:
+            self._cond.wait()
+        self._readers += count
+        self._mine.shares = getattr(self._mine, "shares", 0) + count
+        self._mine.share_since = time.monotonic()
+
+    def _record(self, mode: str, since: float) -> None:
+        if self.holds is not None:
+            self.holds.append((threading.current_thread().name, mode, since, time.monotonic()))
+
+
+def shared_use(lock: Any) -> contextlib.AbstractContextManager:
+    """The shared side of a ``DeviceLock``; nothing for any other lock (a plain lock serialises only
+    the timing, as it always did)."""
+    return lock.shared() if isinstance(lock, DeviceLock) else contextlib.nullcontext()
