@@ -41,7 +41,8 @@
 #                                            # broken) through the local service: evaluations per GPU-hour, latency,
 #                                            # CPU-s per build, GPU busy share, stream vs alone rewards; then the same
 #                                            # stream with a carried .data/prev/src if there is one (RL_TASKS,
-#                                            # RL_CONCURRENCY, RL_SECONDS: the budget of each tree's run)
+#                                            # RL_CONCURRENCY, RL_PER_GPU (slots sharing the GPU, this tree; default 2),
+#                                            # RL_SECONDS: the budget of each tree's run)
 #   bash benchmarks/gpu_session.sh train_demo # cuda-agent train demo --device cuda (TRAIN_STEPS), into $OUT/train_demo
 #   bash benchmarks/gpu_session.sh train_tests      # the training stages on the GPU (tests/gpu/test_gpu_train.py)
 #   bash benchmarks/gpu_session.sh train_throughput # 0.5B/1.5B generation, evaluation and update at 32k
@@ -252,7 +253,7 @@ rl_workload)
     baseline=""; [ -d .data/prev/src ] && baseline="--baseline-src .data/prev/src"
     if [ -n "$baseline" ]; then tasks=${RL_TASKS:-4} secs=${RL_SECONDS:-200}; else tasks=${RL_TASKS:-8} secs=${RL_SECONDS:-450}; fi
     python3 benchmarks/rl_workload.py --device cuda --kernelbench .data/kernelbench/kernelbench.jsonl \
-        --tasks "$tasks" --concurrency "${RL_CONCURRENCY:-8}" --max-seconds "$secs" \
+        --tasks "$tasks" --concurrency "${RL_CONCURRENCY:-8}" --max-seconds "$secs" --per-gpu "${RL_PER_GPU:-2}" \
         --out "$OUT/rl_workload.json" $baseline "$@" 2>&1 | tee "$OUT/rl_workload.log" | grep -v "^USDT" | tail -60
     ;;
 overhead)

@@ -404,7 +404,10 @@ def run(args) -> dict:
     if args.sandbox:
         options["sandbox"] = args.sandbox
     if args.device == "cuda":
-        service = local_service("cuda", gpus=[args.gpu], queue_size=max(64, args.concurrency), **options)
+        # Slots sharing the GPU (timing alone, the rest side by side): only where asked, so that a baseline
+        # tree older than the option runs as it always did.
+        shared = {"per_gpu": args.per_gpu} if args.per_gpu > 1 else {}
+        service = local_service("cuda", gpus=[args.gpu], queue_size=max(64, args.concurrency), **shared, **options)
     else:
         service = local_service("cpu", slots=args.slots, queue_size=max(64, args.concurrency), **options)
     started = time.monotonic()
@@ -475,6 +478,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="the stream's order")
     parser.add_argument("--gpu", type=int, default=0, help="the one GPU the service uses (cuda)")
     parser.add_argument("--slots", type=int, default=1, help="CPU slots (cpu)")
+    parser.add_argument("--per-gpu", type=int, default=1,
+                        help="slots sharing the GPU through a DeviceLock (cuda; this tree only, the baseline runs 1)")
     parser.add_argument("--sandbox", default=None, help="the evaluator's sandbox (default: its own, auto)")
     parser.add_argument("--cache-dir", type=Path, default=None,
                         help="where the run's fresh cache directory is made (default $TMPDIR); removed at the end")
