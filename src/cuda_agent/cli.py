@@ -157,6 +157,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """An evaluation service: local slots (or Ray actors with --ray) behind an HTTP front."""
     from cuda_agent.service import local_service, make_server, ray_service
 
+    if args.per_gpu < 1:
+        raise ValueError(f"--per-gpu must be at least 1 (local slots sharing each GPU), not {args.per_gpu}")
     policy = Policy.preset(args.policy)
     options = {"policy": policy, "cache_dir": args.cache_dir, "sandbox": args.sandbox, "timeouts": _timeouts(args),
                "memory_limit": _memory_limit(args)}
