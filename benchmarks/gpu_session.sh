@@ -43,6 +43,9 @@
 #                                            # stream with a carried .data/prev/src if there is one (RL_TASKS,
 #                                            # RL_CONCURRENCY, RL_PER_GPU (slots sharing the GPU, this tree; default 2),
 #                                            # RL_SECONDS: the budget of each tree's run)
+#   bash benchmarks/gpu_session.sh edit_to_reward # issue 34: source to reward after a one-line kernel edit, this
+#                                            # tree beside a carried .data/prev/src (EDITS, SPEED_EXAMPLES), then
+#                                            # the shared GPU's out-of-memory rerun (tests/gpu/test_gpu_device_lock.py)
 #   bash benchmarks/gpu_session.sh train_demo # cuda-agent train demo --device cuda (TRAIN_STEPS), into $OUT/train_demo
 #   bash benchmarks/gpu_session.sh train_tests      # the training stages on the GPU (tests/gpu/test_gpu_train.py)
 #   bash benchmarks/gpu_session.sh train_throughput # 0.5B/1.5B generation, evaluation and update at 32k
@@ -255,6 +258,14 @@ rl_workload)
     python3 benchmarks/rl_workload.py --device cuda --kernelbench .data/kernelbench/kernelbench.jsonl \
         --tasks "$tasks" --concurrency "${RL_CONCURRENCY:-8}" --max-seconds "$secs" --per-gpu "${RL_PER_GPU:-2}" \
         --out "$OUT/rl_workload.json" $baseline "$@" 2>&1 | tee "$OUT/rl_workload.log" | grep -v "^USDT" | tail -60
+    ;;
+edit_to_reward)
+    baseline=""; [ -d .data/prev/src ] && baseline="--baseline-src .data/prev/src"
+    python3 benchmarks/edit_to_reward.py --device cuda --examples ${SPEED_EXAMPLES:-cuda_gelu cuda_row_softmax} \
+        --edits "${EDITS:-3}" --out "$OUT/edit_to_reward.json" $baseline "$@" 2>&1 | tee "$OUT/edit_to_reward.log" \
+        | grep -v "^USDT" | tail -30
+    python3 -m pytest -m gpu -q -s -p no:cacheprovider --timeout 300 -rf tests/gpu/test_gpu_device_lock.py 2>&1 \
+        | tee "$OUT/gpu_device_lock.log" | tail -15
     ;;
 overhead)
     [ -d .data/prev/src ] || { echo "carry .data/prev/src (the tree to compare with)" >&2; exit 2; }

@@ -38,6 +38,68 @@ def test_shares_overlap_and_timing_has_the_device_alone():
     assert overlapping(lock.holds) == []
 
 
+def test_crowded_says_whether_another_evaluation_shared_the_device():
+    lock = DeviceLock()
+    with lock.shared():
+        pass
+    assert not lock.crowded  # alone from start to end
+
+    other_in, mine_in, done = threading.Event(), threading.Event(), threading.Event()
+    seen = {}
+
+    def other():
+        mine_in.wait(5)
+        with lock.shared():
+            other_in.set()
+            done.wait(5)
+
+    def mine():
+        with lock.shared():
+            mine_in.set()
+            other_in.wait(5)  # another share comes while ours is held
+        seen["mine"] = lock.crowded
+        done.set()
+
+    threads = [threading.Thread(target=other), threading.Thread(target=mine)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert seen == {"mine": True}
+    with lock.shared():
+        pass
+    assert not lock.crowded  # each hold is judged afresh
+
+
+def test_alone_holds_the_device_for_a_whole_evaluation():
+    lock = DeviceLock(trace=True)
+    inside, order = threading.Event(), []
+
+    def evaluation_alone():
+        with lock.alone():
+            inside.set()
+            with lock.shared():  # already its own: neither waits nor lets anyone in
+                time.sleep(0.05)
+                with lock:
+                    time.sleep(0.02)
+            time.sleep(0.05)
+            order.append("alone done")
+
+    def another():
+        inside.wait(5)
+        with lock.shared():
+            order.append("another")
+
+    threads = [threading.Thread(target=evaluation_alone, name="alone"), threading.Thread(target=another, name="other")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert not any(t.is_alive() for t in threads), "deadlock: the evaluation alone waited for itself"
+    assert order == ["alone done", "another"]
+    assert overlapping(lock.holds) == []
+
+
 def test_a_waiting_timing_round_goes_before_new_shares():
     lock = DeviceLock(trace=True)
     order = []

@@ -11,7 +11,9 @@ evaluations cannot keep a timing round waiting.
 
 Used as a plain context manager (``with lock:``) it is the exclusive side, so it stands wherever the
 evaluator takes its ``timing_lock``; ``shared_use`` gives the shared side of a ``DeviceLock`` and nothing
-for any other lock.
+for any other lock. ``alone`` holds it exclusively for a whole evaluation (what it takes inside, shared or
+exclusive, is already its own): an evaluation that ran out of device memory beside others is run again
+that way, so that its reward never depends on what else ran (``crowded`` says whether others did).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class DeviceLock:
         self._writer = False
         self._writers_waiting = 0
         self._mine = threading.local()  # this thread's shares (an evaluation's thread holds at most one)
+        self._grants = 0  # shares ever taken: a change during a hold means another evaluation came
         # (thread name, "shared" | "exclusive", start, end) of every hold, for tests and benchmarks
         self.holds: list[tuple[str, str, float, float]] | None = [] if trace else None
 
@@ -41,6 +44,8 @@ class DeviceLock:
         self._release_exclusive()
 
     def _acquire_exclusive(self) -> None:
+        if getattr(self._mine, "alone", 0):
+            return
         with self._cond:
             given_up = getattr(self._mine, "shares", 0)
             if given_up:
@@ -58,6 +63,8 @@ class DeviceLock:
             self._mine.since = time.monotonic()
 
     def _release_exclusive(self) -> None:
+        if getattr(self._mine, "alone", 0):
+            return
         with self._cond:
             self._writer = False
             self._record("exclusive", self._mine.since)
@@ -70,16 +77,41 @@ class DeviceLock:
     # -- the shared side ------------------------------------------------------------------
     @contextlib.contextmanager
     def shared(self) -> Iterator[None]:
+        if getattr(self._mine, "alone", 0):
+            yield
+            return
         with self._cond:
+            nested = getattr(self._mine, "shares", 0) > 0
             self._take_share(1)
+            self._grants += 1
+            # Others holding it now, or taking it before we are done, shared the device with us.
+            self._mine.crowded = (nested and self.crowded) or self._readers > self._mine.shares
+            grants = self._grants
         try:
             yield
         finally:
             with self._cond:
+                self._mine.crowded = self._mine.crowded or self._grants != grants
                 self._mine.shares -= 1
                 self._readers -= 1
                 self._record("shared", self._mine.share_since)
                 self._cond.notify_all()
+
+    @property
+    def crowded(self) -> bool:
+        """Whether this thread's last shared hold overlapped another evaluation's."""
+        return bool(getattr(self._mine, "crowded", False))
+
+    @contextlib.contextmanager
+    def alone(self) -> Iterator[None]:
+        """The device to this thread only, from here to the end of the block."""
+        self._acquire_exclusive()
+        self._mine.alone = getattr(self._mine, "alone", 0) + 1
+        try:
+            yield
+        finally:
+            self._mine.alone -= 1
+            self._release_exclusive()
 
     def _take_share(self, count: int) -> None:
         if getattr(self._mine, "shares", 0):

@@ -37,7 +37,7 @@ from cuda_agent.evaluate.counters import CounterReport, unavailable
 from cuda_agent.evaluate.counters_run import find_ncu, profile_counters
 from cuda_agent.evaluate.decide import Plan
 from cuda_agent.evaluate.degenerate import DegenerateReport
-from cuda_agent.evaluate.device_lock import shared_use
+from cuda_agent.evaluate.device_lock import DeviceLock, shared_use
 from cuda_agent.evaluate.environment import describe_environment
 from cuda_agent.evaluate.policy import Policy, TimingConfig
 from cuda_agent.evaluate.processes import (
@@ -137,6 +137,22 @@ class Evaluator:
         """Build, verify and (``timed``) time ``candidate`` on ``task``: the rewarded record. With
         ``timed=False`` (``verify``) the record says whether it is correct, with no times and no reward."""
         started = time.monotonic()
+        result = self._attempt(task, candidate, build_result, timed)
+        lock = self.timing_lock
+        if self._out_of_memory_beside_others(result, lock):
+            # Another evaluation's memory, not this candidate's, may have been what ran out: the reward must
+            # not depend on what else shared the GPU, so the device is taken whole and it runs once more.
+            first = result.reason
+            self.on_stage("build", "out of GPU memory beside other evaluations: evaluated again with the GPU alone")
+            with lock.alone():
+                result = self._attempt(task, candidate, build_result, timed)
+            result.notes.append(f"evaluated again with the GPU alone: beside other evaluations it ran out of "
+                                f"memory ({first})")
+        result.durations["total"] = round(time.monotonic() - started, 3)
+        self.on_stage("done", f"{result.status}, reward {result.reward}")
+        return result
+
+    def _attempt(self, task: Task, candidate: Candidate, build_result: BuildResult | None, timed: bool) -> EvalResult:
         result = EvalResult(
             task=task.to_dict(),
             candidate=candidate.to_dict(),
@@ -153,9 +169,13 @@ class Evaluator:
             result.traceback = stop.traceback
             result.rule = stop.rule
             result.reward = None if stop.status == "error" else -1.0
-        result.durations["total"] = round(time.monotonic() - started, 3)
-        self.on_stage("done", f"{result.status}, reward {result.reward}")
         return result
+
+    def _out_of_memory_beside_others(self, result: EvalResult, lock: Any) -> bool:
+        """A GPU evaluation that ran out of device memory (the candidate's or the reference's) while
+        another evaluation shared the device."""
+        return (self.device == "cuda" and isinstance(lock, DeviceLock) and lock.crowded
+                and result.stage is not None and "out of memory" in (result.reason or ""))
 
     def verify(self, task: Task, candidate: Candidate, build_result: BuildResult | None = None) -> EvalResult:
         """Correctness only (the checks, the runtime guards, attribution), no timing: what an agent's
