@@ -254,6 +254,8 @@ def row_of(item: dict, reply, latency: float, phase: str) -> dict:
         "units_compiled": sorted(u["unit"] for u in units if not u.get("reused")),
         "units_reused": sorted(u["unit"] for u in units if u.get("reused")),
         "durations": result.get("durations") or {},
+        # Out of GPU memory beside another slot's evaluation, then evaluated again with the GPU alone.
+        "reran_alone": any("evaluated again with the GPU alone" in n for n in result.get("notes") or []),
     }
 
 
@@ -323,6 +325,7 @@ def summarise(args, stream: list[dict], alone: list[dict], seconds: float, cpu_s
         "build_cpu_s_total": round(sum(cpu), 1) if cpu else None,
         "host_cpu_s_per_eval": round(cpu_s / len(stream), 2) if stream else None,
         "gpu_busy_share": gpu_share, "slot_busy_share": stats.get("busy_share"),
+        "reran_alone": sum(bool(r.get("reran_alone")) for r in stream),
         "unexpected": [{"task": r["task"], "variant": r["variant"], "status": r["status"], "reason": r["reason"]}
                        for r in stream if r["status"] != r["expected"]],
         "by_variant": {v: {"n": sum(r["variant"] == v for r in stream),
@@ -349,6 +352,7 @@ def table(summaries: list[tuple[str, dict]]) -> str:
               ("builds (not cached whole)", "builds"), ("CPU-s per build, median", "build_cpu_s_median"),
               ("CPU-s per build, mean", "build_cpu_s_mean"), ("host CPU-s per evaluation (/proc/stat)", "host_cpu_s_per_eval"),
               ("GPU busy share", "gpu_busy_share"), ("slot busy share", "slot_busy_share"),
+              ("evaluated again alone (out of memory beside another)", "reran_alone"),
               ("status not as intended", "unexpected"), ("stream vs alone compared", "compared"),
               ("reward mismatches", "mismatches")]
     lines = ["| | " + " | ".join(name for name, _ in summaries) + " |", "|---" * (len(summaries) + 1) + "|"]
