@@ -1,5 +1,6 @@
 """OpenEnv (openenv) with the real library: the environment served by OpenEnv's own FastAPI app under uvicorn,
-driven by OpenEnv's WebSocket client, one scripted episode, the same reward as our loop."""
+driven by OpenEnv's WebSocket client, one scripted episode, the same reward as our loop; and the single-turn env
+(``serve --single-turn``): one reply per episode, the same reward as ``score_reply`` for the same text."""
 
 from __future__ import annotations
 
@@ -14,18 +15,33 @@ pytest.importorskip("openenv", reason="openenv is not installed: pip install 'cu
 uvicorn = pytest.importorskip("uvicorn")
 
 from cuda_agent.integrations.core import EvaluatorOptions  # noqa: E402
-from cuda_agent.integrations.openenv import FINISH, KernelAction, KernelEnvClient, make_app  # noqa: E402
+from cuda_agent.integrations.openenv import (FINISH, KernelAction, KernelEnvClient,  # noqa: E402
+                                             KernelReplyEnvClient, ReplyAction, make_app)
+from cuda_agent.train.single_turn import FAILURE_REWARD, score_reply, single_turn_messages  # noqa: E402
 
 from integration_setup import CORRECT, SANDBOX  # noqa: E402
+from tiny_lm import solution_reply  # noqa: E402
 
 
 @pytest.fixture
 def server(task, evaluator):
     """OpenEnv's app over the example task, evaluations by the shared CPU evaluator, on a free local port."""
+    yield from serving(make_app([task], EvaluatorOptions(evaluator=evaluator, sandbox=SANDBOX), max_sessions=2,
+                                max_steps=20))
+
+
+@pytest.fixture
+def single_turn_server(task, evaluator):
+    """The same, single-turn (``serve --single-turn``)."""
+    yield from serving(make_app([task], EvaluatorOptions(evaluator=evaluator, sandbox=SANDBOX), max_sessions=2,
+                                single_turn=True))
+
+
+def serving(app):
+    """Serve ``app`` with uvicorn on a free local port until the test ends; yields its URL."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    app = make_app([task], EvaluatorOptions(evaluator=evaluator, sandbox=SANDBOX), max_sessions=2, max_steps=20)
     running = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=running.run, daemon=True)
     thread.start()
@@ -64,3 +80,25 @@ def test_episode_over_the_websocket_earns_what_our_loop_earns(server, task, solv
         bad = env.step(KernelAction(tool="launch_missiles", arguments={}))
         assert bad.observation.error and "launch_missiles" in bad.observation.content and not bad.done
         assert env.state().step_count == 2 and not env.state().done
+
+
+@pytest.mark.slow
+def test_single_turn_reply_over_the_websocket_earns_what_score_reply_gives(single_turn_server, examples, task,
+                                                                          evaluator, tmp_path):
+    """reset gives the single-turn prompt (no tools); one ReplyAction with the example's solution as files ends the
+    episode with score_reply's reward for that text; a reply without code earns the failure reward."""
+    text = solution_reply(examples / "cpu_swish" / "solution")
+    with KernelReplyEnvClient(base_url=single_turn_server, message_timeout_s=300).sync() as env:
+        opened = env.reset(task=task.name)
+        assert not opened.done and opened.observation.task == task.name
+        assert opened.observation.messages == single_turn_messages(task) and not opened.observation.tools
+        closed = env.step(ReplyAction(reply=text))
+        assert closed.done and closed.observation.status == "correct"
+        assert closed.reward == score_reply(task, text, evaluator, tmp_path).reward == CORRECT
+        state = env.state()
+        assert state.done and state.reward == CORRECT and state.step_count == 1
+        # The session goes on: a new episode; prose writes no candidate (nothing is evaluated).
+        env.reset(task=task.name)
+        prose = env.step(ReplyAction(reply="I cannot write this kernel."))
+        assert prose.done and prose.reward == FAILURE_REWARD and prose.observation.status == "no candidate"
+        assert "model_new.py" in prose.observation.content  # why: the reply holds no model_new.py

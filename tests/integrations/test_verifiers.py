@@ -1,7 +1,8 @@
 """verifiers (verifiers 0.4) with the real library: the plugin resolved by its id through verifiers' own loaders,
 one scripted episode run by verifiers' env (its rollout, its interception server between our loop and the model,
-its scoring), the same reward as our loop. The model is the local OpenAI-protocol double replaying the scripted
-tool calls; verifiers forwards each request to it.
+its scoring), the same reward as our loop; and the single-turn harness (one reply, scored), the same reward as
+``score_reply`` for the same text. The model is the local OpenAI-protocol double replaying the scripted tool calls
+or reply; verifiers forwards each request to it.
 
 verifiers 0.4 cannot be installed beside openenv 0.10 (mcp pins), so these tests run in CI's verl virtualenv and
 skip in the main one."""
@@ -18,12 +19,14 @@ vf = pytest.importorskip("verifiers.v1", reason="verifiers 0.4 is not installed:
 
 from openai_server import OpenAIServer  # noqa: E402
 from scripted_policy import by_turn  # noqa: E402
+from tiny_lm import solution_reply  # noqa: E402
 from verifiers.v1.utils.loaders import load_environment, resolve_env_config  # noqa: E402
 
 from cuda_agent.agent.session import SYSTEM_PROMPT  # noqa: E402
 from cuda_agent.integrations.verifiers import (TASKSET_ID, KernelEnv, KernelHarness, KernelTask,  # noqa: E402
                                                KernelTaskset)
 from cuda_agent.tasks import TaskError  # noqa: E402
+from cuda_agent.train.single_turn import FAILURE_REWARD, score_reply, single_turn_messages  # noqa: E402
 
 from integration_setup import CORRECT, SANDBOX  # noqa: E402
 
@@ -48,6 +51,11 @@ def test_the_id_resolves_to_our_taskset_harness_and_env(examples, task):
     empty = load_environment(resolve_env_config({"taskset": {"id": TASKSET_ID}}))
     with pytest.raises(TaskError, match="--env.taskset.tasks"):
         list(empty.taskset)
+    assert not env._harnesses["agent"].config.single_turn  # the agentic episode unless asked
+    # --env.agent.harness.single-turn, the harness left unnamed: it merges onto ours (not onto bash's).
+    single = load_environment(resolve_env_config({"taskset": {"id": TASKSET_ID, "tasks": str(examples / "cpu_swish")},
+                                                  "agent": {"harness": {"single_turn": True}}}))
+    assert type(single._harnesses["agent"]) is KernelHarness and single._harnesses["agent"].config.single_turn
 
 
 @pytest.mark.slow
@@ -81,3 +89,43 @@ def test_episode_through_verifiers_earns_what_our_loop_earns(examples, task, eva
     assert len(results) == len(solved_calls) + 1
     assert "status: correct" in results[-2]  # verify's report
     assert "unknown tool 'launch_missiles'" in results[-1] and "bash" in results[-1]
+
+
+def single_turn_episode(env, reply: str):
+    """One rollout of ``env`` with the model answering ``reply``; the episode and the model's requests."""
+    (kernel_task,) = list(env.taskset)
+
+    async def one_episode(url: str):
+        async with env.serving():
+            ctx = vf.ModelContext(model="scripted", client=vf.EvalClientConfig(base_url=url))
+            return await env.run_episode(kernel_task, ctx)
+
+    with OpenAIServer(lambda request: reply) as model:
+        episode = asyncio.run(one_episode(model.url))
+    assert episode.ok, episode.errors
+    return episode, model.requests
+
+
+@pytest.mark.slow
+def test_single_turn_reply_through_verifiers_earns_what_score_reply_gives(examples, task, evaluator, tmp_path,
+                                                                         monkeypatch):
+    """``--env.agent.harness.single-turn``: one model call through verifiers' interception, the single-turn
+    prompt without tools; the reply (the example's solution as files) is scored as TRL's and verl's single-turn
+    rewards score it. A reply without code earns the failure reward without an evaluation."""
+    monkeypatch.setattr(KernelHarness, "evaluator", evaluator)
+    env = kernel_env(examples, sandbox=SANDBOX, single_turn=True)
+    text = solution_reply(examples / "cpu_swish" / "solution")
+    episode, requests = single_turn_episode(env, text)
+    (trace,) = episode.traces
+    expected = score_reply(task, text, evaluator, tmp_path).reward
+    assert trace.rewards["kernel_reward"].score == expected == CORRECT
+    assert trace.state.status == "correct" and trace.state.end_reason == "single_turn"
+    (request,) = requests  # one model call, through the interception
+    assert not request.get("tools")
+    assert [{"role": m["role"], "content": m["content"]} for m in request["messages"]] == single_turn_messages(task)
+    assert [node.message.content for node in trace.nodes][-1] == text  # the trace records the reply
+
+    prose, requests = single_turn_episode(env, "I cannot write this kernel.")
+    (trace,) = prose.traces
+    assert trace.rewards["kernel_reward"].score == FAILURE_REWARD and trace.state.status == "no candidate"
+    assert len(requests) == 1

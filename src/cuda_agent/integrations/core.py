@@ -3,8 +3,11 @@ tool-at-a-time agentic episode with its evaluator. Nothing here imports an RL li
 
     task_columns / task_from_row  a task as flat dataset columns (TRL, verifiers) and back; verl's rows carry
                                   the same fields in ``extra_info`` (``train.verl.data``)
+    score_completion              one single-turn reply scored for its task (``train.single_turn.score_reply``
+                                  with an evaluator lent for the call): TRL's, verl's, verifiers' and OpenEnv's
+                                  single-turn rewards all come from it
     score_completions             the single-turn reward of many replies at once, each with its task,
-                                  ``workers`` evaluations at a time (``train.single_turn.score_reply``)
+                                  ``workers`` evaluations at a time
     ToolEpisode                   one agentic episode driven from outside: ``agent.session.EpisodeSession``
                                   (the workspace, tools and closing evaluation ``run_episode`` uses) with an
                                   evaluator lent for its lifetime and a scratch folder it removes
@@ -27,11 +30,11 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from cuda_agent.agent.session import AgentConfig, EpisodeSession, SessionOutcome
 from cuda_agent.tasks import Task, TaskError, load_tasks
-from cuda_agent.train.single_turn import FAILURE_REWARD, score_reply, single_turn_messages
+from cuda_agent.train.single_turn import FAILURE_REWARD, SingleTurnOutcome, score_reply, single_turn_messages
 from cuda_agent.train.verl.evaluators import lend_evaluator
 
 __all__ = ["FAILURE_REWARD", "TASK_COLUMNS", "EvaluatorOptions", "ToolEpisode", "completion_text", "load_task_rows",
-           "score_completions", "single_turn_messages", "task_columns", "task_from_row"]
+           "score_completion", "score_completions", "single_turn_messages", "task_columns", "task_from_row"]
 
 TASK_COLUMNS = ("name", "code", "source", "level", "problem_id")  # the columns a row carries its task in
 
@@ -89,6 +92,14 @@ def completion_text(completion: Any) -> str:
     return "\n".join(str(m.get("content") or "") for m in completion if m.get("role", "assistant") == "assistant")
 
 
+def score_completion(task: Task, completion: Any, options: EvaluatorOptions) -> SingleTurnOutcome:
+    """One single-turn reply (text or chat messages) scored for ``task``: parsed into a candidate and evaluated
+    (``score_reply``) by an evaluator lent for the call, in a scratch folder removed afterwards. Its ``reward``
+    is the failure reward when the reply writes no usable candidate."""
+    with options.lend() as evaluator, tempfile.TemporaryDirectory(prefix="cuda-agent-reply-") as where:
+        return score_reply(task, completion_text(completion), evaluator, Path(where))
+
+
 def score_completions(tasks: Sequence[Task], completions: Sequence[Any], options: EvaluatorOptions,
                       workers: int = 4) -> list[float]:
     """The single-turn reward of each completion for its task (the failure reward when it writes no usable
@@ -98,9 +109,7 @@ def score_completions(tasks: Sequence[Task], completions: Sequence[Any], options
         raise ValueError(f"{len(tasks)} tasks for {len(completions)} completions")
 
     def one(pair: tuple[Task, Any]) -> float:
-        task, completion = pair
-        with options.lend() as evaluator, tempfile.TemporaryDirectory(prefix="cuda-agent-reply-") as where:
-            return score_reply(task, completion_text(completion), evaluator, Path(where)).reward
+        return score_completion(*pair, options).reward
 
     if options.evaluator is not None and not _shareable(options.evaluator):
         workers = 1  # a local Evaluator keeps per-evaluation processes: one caller at a time

@@ -10,7 +10,13 @@ HTTP/WebSocket protocol. Checked against openenv 0.10.0 (docs/INTEGRATIONS.md).
                        ``step(action)`` runs one tool call; ``finish`` (or the step limit) closes the tools and
                        evaluates the workspace: that reward is the one ``run_episode`` gives for the same calls
     KernelEnvClient    OpenEnv's typed client for it (WebSocket session per client)
+    ReplyAction        single-turn: the model's one ``reply``, which writes the whole solution
+    KernelReplyEnv     single-turn (the paper's stage 1): ``reset`` returns the single-turn prompt (``messages``, no
+                       tools), one ``step(ReplyAction(reply=...))`` ends the episode with the reward TRL's
+                       ``KernelReward`` and verl's ``compute_score`` give for that reply (``core.score_completion``)
+    KernelReplyEnvClient  OpenEnv's typed client for it
     make_app / main    the server: ``python -m cuda_agent.integrations.openenv serve --tasks DIR --service URL``
+                       (``--single-turn``: ``KernelReplyEnv``)
 
 Every session has its own workspace, shell and command server (``SUPPORTS_CONCURRENT_SESSIONS``); the evaluations
 go to the evaluation service when one is given, so many environment servers share one GPU pool.
@@ -34,7 +40,8 @@ except ImportError as exc:  # pragma: no cover - the message is the point
     raise ImportError(f"the OpenEnv adapter needs openenv ({exc}): pip install 'cuda-agent[openenv]'") from exc
 
 from cuda_agent.agent.session import AgentConfig
-from cuda_agent.integrations.core import FAILURE_REWARD, EvaluatorOptions, ToolEpisode
+from cuda_agent.integrations.core import (FAILURE_REWARD, EvaluatorOptions, ToolEpisode, score_completion,
+                                          single_turn_messages)
 from cuda_agent.tasks import Task, TaskError, load_tasks
 
 ENV_NAME = "cuda_agent"
@@ -45,6 +52,11 @@ class KernelAction(Action):
     tool: str = Field(description=f"the tool to call (its schema is in the reset observation's tools), or "
                                   f"'{FINISH}' to end the episode and have the workspace evaluated")
     arguments: dict[str, Any] = Field(default_factory=dict, description="the tool's arguments")
+
+
+class ReplyAction(Action):
+    reply: str = Field(description="the model's one reply: the solution's files, each a path line (### model_new.py) "
+                                   "followed by a fenced code block, as the reset observation's prompt asks")
 
 
 class KernelObservation(Observation):
@@ -63,7 +75,35 @@ class KernelState(State):
     reward: Optional[float] = None
 
 
-class KernelEnv(Environment[KernelAction, KernelObservation, KernelState]):
+class _OverTasks:
+    """What both environments keep: the server's tasks by name, the turn ``reset`` follows without a name or
+    seed, where evaluations go, and the episode's state."""
+
+    def _set_tasks(self, tasks: Sequence[Task], options: EvaluatorOptions | None) -> None:
+        if not tasks:
+            raise TaskError("the environment needs at least one task")
+        self.tasks = {task.name: task for task in tasks}
+        self.order = itertools.cycle(list(self.tasks))
+        self.options = options or EvaluatorOptions()
+        self._state = KernelState(episode_id=None, step_count=0)
+
+    def _pick(self, task: Optional[str], seed: Optional[int]) -> str:
+        """The task a ``reset`` names: ``task`` (a name), else the ``seed``-th, else the next in turn."""
+        names = list(self.tasks)
+        if task is not None:
+            if task not in self.tasks:
+                raise ValueError(f"unknown task {task!r}; this server has: {', '.join(names[:20])}")
+            return task
+        if seed is not None:
+            return names[int(seed) % len(names)]
+        return next(self.order)
+
+    @property
+    def state(self) -> KernelState:
+        return self._state
+
+
+class KernelEnv(_OverTasks, Environment[KernelAction, KernelObservation, KernelState]):
     """One episode at a time over ``tasks``; a new ``reset`` abandons the episode in progress."""
 
     SUPPORTS_CONCURRENT_SESSIONS = True  # each instance has its own workspace, shell and command server
@@ -71,28 +111,15 @@ class KernelEnv(Environment[KernelAction, KernelObservation, KernelState]):
     def __init__(self, tasks: Sequence[Task], options: EvaluatorOptions | None = None, *,
                  config: AgentConfig | None = None, max_steps: int = 150, workdir: str | None = None):
         super().__init__()
-        if not tasks:
-            raise TaskError("the environment needs at least one task")
-        self.tasks = {task.name: task for task in tasks}
-        self.order = itertools.cycle(list(self.tasks))
-        self.options = options or EvaluatorOptions()
+        self._set_tasks(tasks, options)
         self.config = config or AgentConfig()
         self.max_steps, self.workdir = max_steps, workdir
         self.episode: ToolEpisode | None = None
-        self._state = KernelState(episode_id=None, step_count=0)
 
     def reset(self, seed: Optional[int] = None, episode_id: Optional[str] = None, task: Optional[str] = None,
               **kwargs: Any) -> KernelObservation:
         """A fresh workspace for ``task`` (a name), else the ``seed``-th task, else the next task in turn."""
-        names = list(self.tasks)
-        if task is not None:
-            if task not in self.tasks:
-                raise ValueError(f"unknown task {task!r}; this server has: {', '.join(names[:20])}")
-            name = task
-        elif seed is not None:
-            name = names[int(seed) % len(names)]
-        else:
-            name = next(self.order)
+        name = self._pick(task, seed)
         self._close()
         self.episode = ToolEpisode(self.tasks[name], self.options, self.config, self.workdir)
         messages = self.episode.open()
@@ -121,10 +148,6 @@ class KernelEnv(Environment[KernelAction, KernelObservation, KernelState]):
                                  task=self._state.task, status=summary, done=True, reward=reward,
                                  metadata={"final": _brief(outcome.final)})
 
-    @property
-    def state(self) -> KernelState:
-        return self._state
-
     def close(self) -> None:
         self._close()
 
@@ -132,6 +155,36 @@ class KernelEnv(Environment[KernelAction, KernelObservation, KernelState]):
         if self.episode is not None:
             self.episode.close()
             self.episode = None
+
+
+class KernelReplyEnv(_OverTasks, Environment[ReplyAction, KernelObservation, KernelState]):
+    """Single-turn episodes over ``tasks``: ``reset`` gives the prompt, one ``step(ReplyAction(reply=...))`` scores
+    the reply and ends the episode. No workspace: the reply is parsed into a candidate and evaluated."""
+
+    SUPPORTS_CONCURRENT_SESSIONS = True
+
+    def __init__(self, tasks: Sequence[Task], options: EvaluatorOptions | None = None):
+        super().__init__()
+        self._set_tasks(tasks, options)
+
+    def reset(self, seed: Optional[int] = None, episode_id: Optional[str] = None, task: Optional[str] = None,
+              **kwargs: Any) -> KernelObservation:
+        """The single-turn prompt of ``task`` (a name), else the ``seed``-th task, else the next task in turn."""
+        name = self._pick(task, seed)
+        messages = single_turn_messages(self.tasks[name])
+        self._state = KernelState(episode_id=episode_id or uuid.uuid4().hex[:12], step_count=0, task=name)
+        return KernelObservation(content=messages[-1]["content"], task=name, messages=messages)
+
+    def step(self, action: ReplyAction, timeout_s: Optional[float] = None, **kwargs: Any) -> KernelObservation:
+        if not self._state.task or self._state.done:
+            raise RuntimeError("no episode in progress: call reset first")
+        self._state.step_count += 1
+        outcome = score_completion(self.tasks[self._state.task], action.reply, self.options)
+        self._state.done, self._state.reward = True, outcome.reward
+        status = (outcome.evaluation or {}).get("status") or "no candidate"
+        return KernelObservation(content=f"evaluation: {outcome.reason}", task=self._state.task, status=status,
+                                 done=True, reward=outcome.reward,
+                                 metadata={"final": _brief(outcome.evaluation or {}), "reason": outcome.reason})
 
 
 def _brief(final: dict[str, Any]) -> dict[str, Any]:
@@ -155,11 +208,20 @@ class KernelEnvClient(EnvClient[KernelAction, KernelObservation, KernelState]):
         return KernelState(**payload)
 
 
+class KernelReplyEnvClient(KernelEnvClient):
+    """``with KernelReplyEnvClient(base_url=URL).sync() as env: env.reset(task=...); env.step(ReplyAction(reply=...))``
+    against a ``serve --single-turn`` server."""
+
+
 def make_app(tasks: Sequence[Task], options: EvaluatorOptions | None = None, *, max_sessions: int = 8,
-             max_steps: int = 150, config: AgentConfig | None = None, workdir: str | None = None):
-    """OpenEnv's FastAPI app (HTTP and WebSocket routes, ``/schema``, ``/health``) over ``KernelEnv``: one
-    environment per WebSocket session, at most ``max_sessions`` at once."""
+             max_steps: int = 150, config: AgentConfig | None = None, workdir: str | None = None,
+             single_turn: bool = False):
+    """OpenEnv's FastAPI app (HTTP and WebSocket routes, ``/schema``, ``/health``) over ``KernelEnv`` (with
+    ``single_turn``: ``KernelReplyEnv``): one environment per WebSocket session, at most ``max_sessions`` at once."""
     tasks = list(tasks)
+    if single_turn:
+        return create_fastapi_app(lambda: KernelReplyEnv(tasks, options), ReplyAction, KernelObservation,
+                                  max_concurrent_envs=max_sessions, env_name=ENV_NAME, state_cls=KernelState)
 
     def factory() -> KernelEnv:
         return KernelEnv(tasks, options, config=config, max_steps=max_steps, workdir=workdir)
@@ -187,12 +249,14 @@ def main(argv: list[str] | None = None, prog: str = "python -m cuda_agent.integr
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--max-sessions", type=int, default=8, help="environments (WebSocket sessions) at once")
     serve.add_argument("--max-steps", type=int, default=150, help="tool calls per episode (the paper: 150)")
+    serve.add_argument("--single-turn", action="store_true",
+                       help="single-turn episodes: reset gives the prompt, one ReplyAction(reply=...) is scored")
     args = parser.parse_args(argv)
     import uvicorn
 
     options = EvaluatorOptions(args.service, args.device, args.policy, args.sandbox)
     app = make_app(load_tasks(args.tasks, args.levels or None), options, max_sessions=args.max_sessions,
-                   max_steps=args.max_steps)
+                   max_steps=args.max_steps, single_turn=args.single_turn)
     uvicorn.run(app, host=args.host, port=args.port)
     return 0
 

@@ -16,6 +16,9 @@ and ``Env`` subclasses its ``__all__`` exports; the package ``cuda_agent_kernels
                    endpoint, so verifiers records the trace (and, for prime-rl, its tokens) and applies its
                    model, sampling and limits. verifiers 0.4 documents this in ``Harness.launch``: a harness may
                    run its loop in-process as long as every model call goes through ``endpoint`` + ``secret``.
+                   With ``single_turn`` (``--env.agent.harness.single-turn``) it makes one model call instead,
+                   the single-turn prompt without tools, and scores the reply as TRL's ``KernelReward`` and
+                   verl's ``compute_score`` do (``integrations.core.score_completion``)
     KernelEnv      one agent seat, the subprocess runtime by default (the harness runs in the env worker;
                    a Prime sandbox per rollout would sit idle)
 
@@ -40,7 +43,8 @@ except ImportError as exc:  # pragma: no cover - the message is the point
 from cuda_agent.agent.llm import OpenAIChat
 from cuda_agent.agent.loop import run_episode
 from cuda_agent.agent.session import AgentConfig
-from cuda_agent.integrations.core import FAILURE_REWARD, EvaluatorOptions, task_columns, task_from_row
+from cuda_agent.integrations.core import (FAILURE_REWARD, EvaluatorOptions, score_completion,
+                                          single_turn_messages, task_columns, task_from_row)
 from cuda_agent.tasks import TaskError, load_tasks
 
 __all__ = ["KernelData", "KernelEnv", "KernelEnvConfig", "KernelHarness", "KernelHarnessConfig", "KernelState",
@@ -59,7 +63,7 @@ class KernelData(vf.TaskData):
 
 
 class KernelState(vf.State):
-    """What the harness leaves on the trace for scoring: the closing evaluation."""
+    """What the harness leaves on the trace for scoring: the closing evaluation (single-turn: the reply's)."""
 
     reward: float | None = None
     status: str | None = None
@@ -101,6 +105,9 @@ class KernelTaskset(vf.Taskset[KernelTask, KernelTasksetConfig]):
 class KernelHarnessConfig(vf.HarnessConfig):
     service: str | None = None
     """The evaluation service's URL (cuda-agent serve); default $CUDA_AGENT_SERVICE, else local evaluators."""
+    single_turn: bool = False
+    """One model call, no tools: the reply writes the whole solution (the paper's stage 1), parsed and evaluated
+    as TRL's and verl's single-turn rewards do. Default: the agentic episode."""
     device: str = "auto"
     policy: str = "fair"
     sandbox: str = "auto"
@@ -124,6 +131,8 @@ class KernelHarness(vf.Harness[KernelHarnessConfig]):
             raise vf.HarnessError(f"the kernel harness offers our tools only; it cannot wire in the tool servers "
                                   f"{sorted(mcp_urls)} (pair it with the kernel taskset)")
         task = task_from_row(data.model_dump())
+        if self.config.single_turn:
+            return await self._single_turn(task, ctx.model, endpoint, secret, trace)
         # The episode blocks (tools, builds, evaluations): a thread keeps the worker's other rollouts going.
         episode = await asyncio.to_thread(self._episode, task, ctx.model, endpoint, secret)
         trace.state.reward = episode.reward
@@ -131,9 +140,23 @@ class KernelHarness(vf.Harness[KernelHarnessConfig]):
         trace.state.end_reason = episode.end_reason
         return vf.ProgramResult(exit_code=0, stdout=f"final evaluation: {trace.state.status}", stderr="")
 
+    def _options(self) -> EvaluatorOptions:
+        config = self.config
+        return EvaluatorOptions(config.service, config.device, config.policy, config.sandbox, self.evaluator)
+
+    async def _single_turn(self, task, model: str, endpoint: str, secret: str, trace: vf.Trace) -> vf.ProgramResult:
+        """One model call through the interception (the single-turn prompt, no tools), its reply scored."""
+        backend = OpenAIChat(model, base_url=endpoint, api_key=secret)
+        reply = await asyncio.to_thread(backend.complete, single_turn_messages(task), [])
+        outcome = await asyncio.to_thread(score_completion, task, reply.content, self._options())
+        trace.state.reward = outcome.reward
+        trace.state.status = (outcome.evaluation or {}).get("status") or "no candidate"
+        trace.state.end_reason = "single_turn"
+        return vf.ProgramResult(exit_code=0, stdout=f"single-turn reply: {outcome.reason}", stderr="")
+
     def _episode(self, task, model: str, endpoint: str, secret: str):
         config = self.config
-        options = EvaluatorOptions(config.service, config.device, config.policy, config.sandbox, self.evaluator)
+        options = self._options()
         # The interception sets the model, sampling and limits itself; the loop only speaks to it.
         backend = OpenAIChat(model, base_url=endpoint, api_key=secret)
         agent = AgentConfig(max_turns=config.max_turns, command_timeout_s=config.command_timeout_s,
@@ -145,8 +168,12 @@ class KernelHarness(vf.Harness[KernelHarnessConfig]):
 
 
 class KernelEnvConfig(vf.EnvConfig):
-    agent: vf.AgentConfig = vf.AgentConfig(runtime=vf.SubprocessConfig())
-    """The one seat: the policy under evaluation or training (``--env.agent.*``)."""
+    # Constructed, not validated: validating would resolve the harness id by importing this plugin mid-import.
+    agent: vf.AgentConfig = vf.AgentConfig.model_construct(runtime=vf.SubprocessConfig(),
+                                                           harness=KernelHarnessConfig(id=TASKSET_ID))
+    """The one seat: the policy under evaluation or training (``--env.agent.*``). Its harness is ours, named, so
+    that ``--env.agent.harness.single-turn`` (or any of its knobs) merges onto it; verifiers would read an unnamed
+    harness block as ``bash``'s."""
 
 
 class KernelEnv(vf.Env[KernelEnvConfig]):
