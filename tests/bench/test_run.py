@@ -71,6 +71,12 @@ def test_run_resumes_reports_and_compares(tmp_path, examples, cache_dir):
 
     # The baselines table measured here seeds the evaluation core's cache: the run times none.
     table = tmp_path / "baselines.jsonl"
+    # The baselines are this test's own (it clears and seeds them); the builds are the run's, so the toolchain
+    # probe (30-60 s on a fresh cache) and the example's extension are not built again for this test.
+    (tmp_path / "cache").mkdir()
+    for shared in ("builds", "objects"):
+        (cache_dir / shared).mkdir(parents=True, exist_ok=True)
+        (tmp_path / "cache" / shared).symlink_to(cache_dir / shared)
     options = {"sandbox": SANDBOX, "cache_dir": tmp_path / "cache", "time_compile": False}
     measure_baselines(tasks, table, device="cpu", evaluator_options=options)
     shutil.rmtree(tmp_path / "cache" / "baselines", ignore_errors=True)  # baselines too noisy here are not cached

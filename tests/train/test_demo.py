@@ -20,8 +20,9 @@ STEPS = 30
 @pytest.fixture(scope="module")
 def learned(tmp_path_factory, cache_dir):
     out = tmp_path_factory.mktemp("demo") / "run"
+    # The menu's candidates share one task: one reference process (started and torch.compile'd once) serves them.
     rows = run_demo(out, steps=STEPS, config=DemoConfig(device="cpu"), quiet=True,
-                    evaluator_options={"cache_dir": cache_dir})
+                    evaluator_options={"cache_dir": cache_dir, "references": 1})
     return out, rows
 
 
