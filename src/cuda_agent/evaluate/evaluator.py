@@ -138,13 +138,12 @@ class Evaluator:
         ``timed=False`` (``verify``) the record says whether it is correct, with no times and no reward."""
         started = time.monotonic()
         result = self._attempt(task, candidate, build_result, timed)
-        lock = self.timing_lock
-        if self._out_of_memory_beside_others(result, lock):
+        if self._out_of_memory_beside_others(result):
             # Another evaluation's memory, not this candidate's, may have been what ran out: the reward must
             # not depend on what else shared the GPU, so the device is taken whole and it runs once more.
             first = result.reason
             self.on_stage("build", "out of GPU memory beside other evaluations: evaluated again with the GPU alone")
-            with lock.alone():
+            with self.timing_lock.alone():
                 result = self._attempt(task, candidate, build_result, timed)
             result.notes.append(f"evaluated again with the GPU alone: beside other evaluations it ran out of "
                                 f"memory ({first})")
@@ -171,9 +170,10 @@ class Evaluator:
             result.reward = None if stop.status == "error" else -1.0
         return result
 
-    def _out_of_memory_beside_others(self, result: EvalResult, lock: Any) -> bool:
+    def _out_of_memory_beside_others(self, result: EvalResult) -> bool:
         """A GPU evaluation that ran out of device memory (the candidate's or the reference's) while
         another evaluation shared the device."""
+        lock = self.timing_lock
         return (self.device == "cuda" and isinstance(lock, DeviceLock) and lock.crowded
                 and result.stage is not None and "out of memory" in (result.reason or ""))
 

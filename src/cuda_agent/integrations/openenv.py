@@ -181,9 +181,8 @@ class KernelReplyEnv(_OverTasks, Environment[ReplyAction, KernelObservation, Ker
         self._state.step_count += 1
         outcome = score_completion(self.tasks[self._state.task], action.reply, self.options)
         self._state.done, self._state.reward = True, outcome.reward
-        status = (outcome.evaluation or {}).get("status") or "no candidate"
-        return KernelObservation(content=f"evaluation: {outcome.reason}", task=self._state.task, status=status,
-                                 done=True, reward=outcome.reward,
+        return KernelObservation(content=f"evaluation: {outcome.reason}", task=self._state.task,
+                                 status=outcome.status, done=True, reward=outcome.reward,
                                  metadata={"final": _brief(outcome.evaluation or {}), "reason": outcome.reason})
 
 

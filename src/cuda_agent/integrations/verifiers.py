@@ -150,7 +150,7 @@ class KernelHarness(vf.Harness[KernelHarnessConfig]):
         reply = await asyncio.to_thread(backend.complete, single_turn_messages(task), [])
         outcome = await asyncio.to_thread(score_completion, task, reply.content, self._options())
         trace.state.reward = outcome.reward
-        trace.state.status = (outcome.evaluation or {}).get("status") or "no candidate"
+        trace.state.status = outcome.status
         trace.state.end_reason = "single_turn"
         return vf.ProgramResult(exit_code=0, stdout=f"single-turn reply: {outcome.reason}", stderr="")
 

@@ -98,6 +98,11 @@ class SingleTurnOutcome:
     reason: str  # why the reply earned what it did
     evaluation: dict[str, Any] | None = None  # the evaluator's result, when there was a candidate
 
+    @property
+    def status(self) -> str:
+        """The evaluation's status, or "no candidate" when the reply wrote nothing usable."""
+        return (self.evaluation or {}).get("status") or "no candidate"
+
 
 def score_reply(task: Task, text: str, evaluator: Any, where: Path) -> SingleTurnOutcome:
     """Parse a reply and evaluate what it writes; the failure reward when it writes nothing usable."""
