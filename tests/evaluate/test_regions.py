@@ -81,6 +81,25 @@ def test_a_round_through_the_brackets_is_bracketed_by_the_evaluators_clock():
     bell.close()
 
 
+def test_the_evaluators_work_between_regions_is_held_time_not_the_regions():
+    """What the evaluator does after a region (stop the worker, read it from outside) lands in the round's
+    wall: the brackets say how long, so the round's clock can leave it out (rounds.time_candidate)."""
+    bell = Bell()
+    config = TimingConfig(flush_l2=False)
+
+    def worker() -> None:
+        time_round(lambda: (lambda: None), "cpu", config, trials=3, calls=1, after_end=lambda: b"[]",
+                   bell=Ringer(bell.theirs))
+
+    pid = _fork(worker)
+    brackets = bell.serve(3, 30, alive=lambda: True, between=lambda bracket: time.sleep(0.05))
+    assert _exit_status(pid) == 0
+    for bracket in brackets:
+        assert bracket.held_ns >= 50e6
+        assert bracket.outside_ms < 50  # the worker waited for CONT after DONE: not in its region
+    bell.close()
+
+
 def test_a_failing_round_says_fail_and_a_datagram_out_of_turn_is_an_error():
     bell = Bell()
 

@@ -57,6 +57,9 @@ class Bracket:
     # time it ran on a CPU (which no wall clock of a region can be shorter than).
     waited_ns: int = 0
     cpu_ns: int = 0
+    # The evaluator's own work after the region while the worker waited for CONT (on the CPU backend:
+    # stopping it and reading its outputs from outside): part of the round's wall, none of it the worker's.
+    held_ns: int = 0
 
     @property
     def outside_ms(self) -> float:
@@ -115,7 +118,9 @@ class Bell:
                               cpu_after - cpu_before)
             brackets.append(bracket)
             if between is not None:
+                held_from = time.time_ns()
                 between(bracket)
+                bracket.held_ns = time.time_ns() - held_from
             start = time.time_ns()
             self.ours.send(HEADER.pack(CONT, region, 0))
         return brackets
