@@ -44,7 +44,7 @@ from cuda_agent.evaluate.processes import (
     SPARE_CANDIDATES, Workers, close_all, copy_modules, spares_stopped, start_workers, take_workers,
 )
 from cuda_agent.evaluate.protocol import LoadReply, LoadRequest, ReadyReply, ReadyRequest, ReleaseRequest, WeightsRequest
-from cuda_agent.evaluate.references import ReferencePool
+from cuda_agent.evaluate.references import REFERENCE_MEMORY, ReferencePool
 from cuda_agent.evaluate.result import EvalResult
 from cuda_agent.evaluate.rounds import CandidateRounds, time_rounds
 from cuda_agent.evaluate.verdict import decide
@@ -80,8 +80,8 @@ class Evaluator:
         idle_wait_s: float = 30.0,
         timing_lock: contextlib.AbstractContextManager | None = None,
         prestart: bool | int = False,
-        references: int | None = None,
-        reference_memory: int = 16 * 1024**3,
+        references: int | ReferencePool | None = None,
+        reference_memory: int = REFERENCE_MEMORY,
         on_stage: StageCallback | None = None,
     ):
         self.device = resolve_device(device)
@@ -114,8 +114,10 @@ class Evaluator:
         # a long-lived (prestarted) evaluator, none for a one-shot one, which leaves nothing behind.
         # They hold GPU memory while idle (model, compiled graph, CUDA context): at most
         # ``reference_memory`` bytes together, or candidates of other tasks run out of memory.
-        self.references = ReferencePool(references if references is not None else (4 if self.prestart else 0),
-                                        reference_memory if self.device == "cuda" else None)
+        # Evaluators on one GPU may share a pool (``local_service``): each task's reference started once.
+        self.references = references if isinstance(references, ReferencePool) else ReferencePool(
+            references if references is not None else (4 if self.prestart else 0),
+            reference_memory if self.device == "cuda" else None)
         weakref.finalize(self, close_all, self._spare, self.references)
 
     @property
@@ -238,6 +240,8 @@ class Evaluator:
                 # may have left a request unanswered).
                 reference.evaluations += 1
                 self.references.give_back(reference, ref.idle(setup, self.references, reference))
+            else:
+                self.references.forfeit(ref.reference_key(setup, task))
             while len(self._spare) < self.prestart:
                 # Started now, so they are ready when the next evaluations come.
                 self._spare.append(start_workers(setup))

@@ -94,6 +94,8 @@ def loaded_reference(setup: Setup, pool: ReferencePool, task: Task, failure: str
     finally:
         if reference is not None:
             pool.give_back(reference, healthy and idle(setup, pool, reference))
+        else:
+            pool.forfeit(reference_key(setup, task))
 
 
 # -- baselines -----------------------------------------------------------------------------

@@ -14,12 +14,16 @@ import collections
 import os
 import shutil
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from cuda_agent.evaluate.channel import Channel
 from cuda_agent.evaluate.protocol import LoadReply
+
+# What idle references may hold of a GPU together by default: more, and candidates of other tasks run out.
+REFERENCE_MEMORY = 16 * 1024**3
 
 
 @dataclass
@@ -58,28 +62,53 @@ class ReferencePool:
     """Up to ``capacity`` idle reference processes holding at most ``memory`` bytes of GPU memory
     together. ``take`` hands one out for the exclusive use of an evaluation; ``give_back`` keeps it for
     the next one (or closes it, if it is not in a state to be trusted again); the least recently
-    used go first."""
+    used go first.
 
-    def __init__(self, capacity: int, memory: int | None = None):
+    Evaluators that share a GPU may share one pool (``local_service``): then a task's reference is
+    started once for all of them. An evaluation that finds its task's reference out (in use by
+    another, or being started by it) waits up to ``wait_s`` for it rather than starting a second
+    one: on the H100 four slots that each started the same task's reference took 28 s instead of 10,
+    and each compiled and timed its own baselines."""
+
+    def __init__(self, capacity: int, memory: int | None = None, wait_s: float = 0.0):
         self.capacity = capacity
         self.memory = memory
+        self.wait_s = wait_s
         self._idle: collections.OrderedDict[str, LiveReference] = collections.OrderedDict()
+        self._out: collections.Counter[str] = collections.Counter()  # taken (or being started), not given back
         self._lock = threading.Lock()
+        self._returned = threading.Condition(self._lock)
+        self._closed = False
 
     def take(self, key: str) -> LiveReference | None:
-        with self._lock:
+        """An idle reference for ``key``, or None: the caller starts one. Either way the caller owes
+        the pool a ``give_back`` (of the reference it used) or a ``forfeit`` (where it has none)."""
+        deadline = time.monotonic() + (self.wait_s if self.capacity > 0 else 0.0)  # none would be kept
+        with self._returned:
+            while key not in self._idle and self._out[key] > 0:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._returned.wait(left)
             reference = self._idle.pop(key, None)
+            self._out[key] += 1
         if reference is not None and not reference.alive():
             reference.close()
             return None
         return reference
 
+    def forfeit(self, key: str) -> None:
+        """A ``take`` that ends with no reference to give back (its start failed)."""
+        with self._returned:
+            self._release(key)
+
     def give_back(self, reference: LiveReference, healthy: bool) -> None:
-        if not healthy or self.capacity <= 0:
+        if not healthy or self.capacity <= 0 or self._closed:
             reference.close()
+            self.forfeit(reference.key)
             return
         evicted = []
-        with self._lock:
+        with self._returned:
             older = self._idle.pop(reference.key, None)
             if older is not None:
                 evicted.append(older)
@@ -88,14 +117,24 @@ class ReferencePool:
                     self.memory is not None and len(self._idle) > 0
                     and sum(r.reserved for r in self._idle.values()) > self.memory):
                 evicted.append(self._idle.popitem(last=False)[1])
+            self._release(reference.key)
         for old in evicted:
             old.close()
+
+    def _release(self, key: str) -> None:
+        self._out[key] -= 1
+        if self._out[key] <= 0:
+            del self._out[key]
+        self._returned.notify_all()
 
     def __len__(self) -> int:
         return len(self._idle)
 
     def close(self) -> None:
+        """Closes the idle references now, and any still out as it comes back (a pool shared by
+        evaluators is closed by the first of them to close)."""
         with self._lock:
+            self._closed = True
             idle, self._idle = list(self._idle.values()), collections.OrderedDict()
         for reference in idle:
             reference.close()

@@ -12,13 +12,20 @@ nodes.
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
 from cuda_agent.evaluate import Evaluator, Policy, TimingConfig, resolve_device
 from cuda_agent.evaluate.device_lock import DeviceLock
 from cuda_agent.evaluate.pool import device_slots
+from cuda_agent.evaluate.references import REFERENCE_MEMORY, ReferencePool
 from cuda_agent.service.messages import Job
 from cuda_agent.service.pool import EvalService, LocalSlot, SlotLost, execute
+
+
+# How long a slot waits for its task's reference to come back from another slot before it starts its own:
+# longer than an evaluation's verify and timing (5-30 s on the H100), shorter than a stuck one.
+REFERENCE_WAIT_S = 60.0
 
 
 def _info(device: str, backend: str, slots: int, options: dict[str, Any]) -> dict[str, Any]:
@@ -47,17 +54,43 @@ def local_service(device: str = "auto", *, slots: int | None = None, gpus: list[
     options = {"prestart": device == "cuda"} | options
     shared = len(set(indices)) < len(indices) and "timing_lock" not in options
     locks = {index: DeviceLock() for index in set(indices)} if shared else {}
+    # Slots on one GPU share its reference processes: a task's reference (its torch.compile, its baselines'
+    # warm-up) is started once for them, and a slot whose task's reference is busy waits for it.
+    pools = {index: shared_references(device, indices.count(index), options) for index in set(indices)} if (
+        shared and not isinstance(options.get("references"), ReferencePool)) else {}
 
     def make_slot(i: int) -> LocalSlot:
         lock = {"timing_lock": locks[indices[i]]} if shared else {}
+        lock |= {"references": pools[indices[i]]} if pools else {}
         return LocalSlot(f"local-{i}" + (f"-gpu{indices[i]}" if indices[i] is not None else ""),
                          Evaluator(device, gpu_index=indices[i], **(options | lock)))
 
-    builder = Evaluator(device, **({k: v for k, v in options.items() if k != "timing_lock"} | {"prestart": False}))
+    builder = Evaluator(device, **({k: v for k, v in options.items() if k not in ("timing_lock", "references")}
+                                   | {"prestart": False}))
     workers = (max(1, (os.cpu_count() or 2) // 2) if device == "cuda" else 0) if build_workers is None else build_workers
+    if workers:
+        # What every candidate's build shares (the glue's precompiled header, binding.cpp) is built now,
+        # not by the first candidates, which waited 21-23 s for it on the H100 (a cached one returns at once).
+        threading.Thread(target=_prepare, args=(builder,), name="build-prepare", daemon=True).start()
     return EvalService(make_slot, len(indices), queue_size=queue_size, job_timeout_s=job_timeout_s,
                        builder=builder.build, build_workers=workers, on_reply=on_reply,
                        info=_info(device, "local", len(indices), options) | {"per_gpu": per_gpu if device == "cuda" else None})
+
+
+def _prepare(builder: Evaluator) -> None:
+    try:
+        builder.toolchain_imports()
+    except Exception:  # noqa: BLE001 - the first candidate's build meets the same trouble and reports it
+        pass
+
+
+def shared_references(device: str, slots: int, options: dict[str, Any]) -> ReferencePool:
+    """One pool for ``slots`` evaluators on one device: as many idle references as they would keep apart
+    (``Evaluator``'s default: 4 each where processes are started ahead, else none), within one memory bound."""
+    each = options.get("references")
+    each = each if each is not None else (4 if options.get("prestart") else 0)
+    return ReferencePool(each * slots, options.get("reference_memory", REFERENCE_MEMORY) if device == "cuda" else None,
+                         wait_s=REFERENCE_WAIT_S)
 
 
 class _EvaluatorActor:

@@ -1,0 +1,91 @@
+"""The reference pool (evaluate.references) as evaluators sharing a GPU use it: one reference per task, handed
+from one evaluation to the next, a second evaluation of the task waiting for it rather than starting its own."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from cuda_agent.evaluate.references import ReferencePool
+
+
+class _Reference:
+    """What the pool touches of a LiveReference: its key, whether it lives, closing it, its memory."""
+
+    def __init__(self, key: str):
+        self.key, self.closed, self.reserved = key, False, 0
+
+    def alive(self) -> bool:
+        return not self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _take_in_thread(pool: ReferencePool, key: str) -> tuple[threading.Thread, dict]:
+    got: dict = {}
+
+    def run() -> None:
+        started = time.monotonic()
+        got["reference"] = pool.take(key)
+        got["waited_s"] = time.monotonic() - started
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, got
+
+
+def test_a_second_evaluation_of_a_task_waits_for_its_reference_and_gets_that_one():
+    pool = ReferencePool(4, wait_s=30)
+    assert pool.take("gelu") is None  # nothing idle: the first evaluation starts it
+    thread, got = _take_in_thread(pool, "gelu")
+    time.sleep(0.3)
+    assert thread.is_alive()  # waiting, not starting a second one
+    started = _Reference("gelu")
+    pool.give_back(started, healthy=True)
+    thread.join(5)
+    assert got["reference"] is started and got["waited_s"] >= 0.3
+    assert not started.closed
+
+
+def test_other_tasks_do_not_wait_and_a_failed_start_lets_the_waiter_start_its_own():
+    pool = ReferencePool(4, wait_s=30)
+    assert pool.take("gelu") is None
+    started = time.monotonic()
+    assert pool.take("softmax") is None
+    assert time.monotonic() - started < 0.2
+    thread, got = _take_in_thread(pool, "gelu")
+    time.sleep(0.2)
+    pool.forfeit("gelu")  # the first evaluation's reference never came up
+    thread.join(5)
+    assert got["reference"] is None and not thread.is_alive()
+
+
+def test_the_wait_is_bounded_and_a_private_pool_does_not_wait():
+    pool = ReferencePool(4, wait_s=0.3)
+    assert pool.take("gelu") is None
+    started = time.monotonic()
+    assert pool.take("gelu") is None  # the other still has it: this one starts a second reference
+    assert 0.3 <= time.monotonic() - started < 3
+    private = ReferencePool(4)
+    assert private.take("gelu") is None
+    started = time.monotonic()
+    assert private.take("gelu") is None and time.monotonic() - started < 0.2
+    keeps_none = ReferencePool(0, wait_s=30)  # what it would wait for is closed when given back
+    assert keeps_none.take("gelu") is None
+    started = time.monotonic()
+    assert keeps_none.take("gelu") is None and time.monotonic() - started < 0.2
+
+
+def test_an_unhealthy_reference_is_closed_and_one_back_after_close_is_closed_too():
+    pool = ReferencePool(4, wait_s=30)
+    pool.take("gelu")
+    thread, got = _take_in_thread(pool, "gelu")
+    broken = _Reference("gelu")
+    pool.give_back(broken, healthy=False)
+    thread.join(5)
+    assert broken.closed and got["reference"] is None
+    pool.take("softmax")
+    pool.close()
+    late = _Reference("softmax")
+    pool.give_back(late, healthy=True)
+    assert late.closed and len(pool) == 0
