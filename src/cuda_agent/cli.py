@@ -16,7 +16,7 @@ from pathlib import Path
 from cuda_agent.agent.llm import BackendError
 from cuda_agent.build import build, compile_only
 from cuda_agent.candidates import Candidate, CandidateError, load_candidate
-from cuda_agent.evaluate import Evaluator, Policy, TimingConfig, Timeouts, resolve_device
+from cuda_agent.evaluate import Evaluator, Policy, TimingConfig, Timeouts, long_lived, resolve_device
 from cuda_agent.evaluate.policy import PRESETS
 from cuda_agent.evaluate.result import EvalResult
 from cuda_agent.evaluate.counters import times_of, unavailable
@@ -522,7 +522,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     backend = _chat_backend(args)
     # On a GPU machine, the processes of the agent's next evaluation start while it thinks.
     evaluator = Evaluator(device, policy=Policy.preset(args.policy), sandbox=args.sandbox, timeouts=_timeouts(args),
-                          memory_limit=_memory_limit(args), timing_lock=threading.Lock(), prestart=device == "cuda")
+                          memory_limit=_memory_limit(args), timing_lock=threading.Lock(), **long_lived(device))
     config = AgentConfig(max_turns=args.max_turns, context_tokens=args.context_tokens,
                          wall_clock_s=args.wall_clock_s, counters=not args.no_counters)
     start = time.monotonic()
@@ -532,8 +532,9 @@ def cmd_optimize(args: argparse.Namespace) -> int:
             calls = ", ".join(c["name"] + ("!" if c["error"] else "") for c in entry["tool_calls"]) or "(no tool call)"
             say(f"[{time.monotonic() - start:6.0f}s] episode {episode} turn {entry['turn']}: {calls}")
 
-    episodes = optimize(task, backend, args.out, evaluator, episodes=args.episodes, config=config, model=args.model,
-                        sandbox=args.sandbox, on_turn=show)
+    with evaluator:  # its kept reference and started processes end with the command
+        episodes = optimize(task, backend, args.out, evaluator, episodes=args.episodes, config=config,
+                            model=args.model, sandbox=args.sandbox, on_turn=show)
     print((args.out / "report.md").read_text())
     failed = [e.end_reason for e in episodes if e.end_reason.startswith("backend_error")]
     if len(failed) == len(episodes):

@@ -18,6 +18,7 @@ import pytest
 
 from cuda_agent import Evaluator, load_candidate, load_task
 from cuda_agent.evaluate import Policy, Timeouts
+from cuda_agent.evaluate.references import ReferencePool
 
 pytestmark = pytest.mark.slow
 
@@ -870,7 +871,13 @@ CASES += V3_CASES
 
 @pytest.fixture(scope="module")
 def evaluator(cache_dir):
-    return Evaluator("cpu", cache_dir=cache_dir, timeouts=Timeouts(check_s=60, load_s=180), memory_limit=6 * 1024**3)
+    # One pool of reference processes for every case, as the service keeps them for every candidate of a
+    # task: a case that could reach a kept reference would show in the cases after it. It spares each case
+    # a reference start and torch.compile (~10 s on a 2-core host).
+    references = ReferencePool(4)
+    yield Evaluator("cpu", cache_dir=cache_dir, timeouts=Timeouts(check_s=60, load_s=180), memory_limit=6 * 1024**3,
+                    references=references)
+    references.close()
 
 
 @pytest.fixture(scope="module")
@@ -917,7 +924,7 @@ def make_task(case: Case, examples: Path, tmp_path: Path):
 def test_hacking_candidate_is_rejected_for_the_right_reason(case, evaluator, solution, examples, tmp_path):
     policy = evaluator.policy.with_(static_checks=not case.runtime, **case.policy)
     judge = Evaluator("cpu", policy=policy, cache_dir=evaluator.cache_dir, timeouts=evaluator.timeouts,
-                      memory_limit=evaluator.memory_limit, sandbox=evaluator.sandbox)
+                      memory_limit=evaluator.memory_limit, sandbox=evaluator.sandbox, references=evaluator.references)
     result = judge.evaluate(make_task(case, examples, tmp_path), make_candidate(case, solution, tmp_path / case.name))
     detail = f"{result.summary()}\n{result.traceback or ''}\n{result.output[-2000:]}"
     assert result.status == case.status, detail
@@ -931,7 +938,7 @@ def test_the_precision_exploit_passes_the_paper_preset(evaluator, solution, exam
     """The paper's fixed 1e-2 tolerance lets zeros through for small outputs; the default does not."""
     case = next(c for c in CASES if c.name == "zeros-for-tiny-outputs")
     judge = Evaluator("cpu", policy=Policy.preset("paper"), cache_dir=evaluator.cache_dir, timeouts=evaluator.timeouts,
-                      memory_limit=evaluator.memory_limit, sandbox=evaluator.sandbox)
+                      memory_limit=evaluator.memory_limit, sandbox=evaluator.sandbox, references=evaluator.references)
     result = judge.evaluate(make_task(case, examples, tmp_path), make_candidate(case, solution, tmp_path / "c"))
     assert result.status == "correct", result.summary()
 

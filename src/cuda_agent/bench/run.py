@@ -173,7 +173,7 @@ def run_agent_bench(run_dir: Path, tasks: list[Task], make_backend: Callable[[],
     import shutil
 
     from cuda_agent.agent.loop import run_episode
-    from cuda_agent.evaluate.evaluator import Evaluator
+    from cuda_agent.evaluate.evaluator import Evaluator, long_lived
     from cuda_agent.evaluate.pool import device_slots, drain
 
     start_run(run_dir, tasks, f"agent:{model}", settings or {})
@@ -186,7 +186,7 @@ def run_agent_bench(run_dir: Path, tasks: list[Task], make_backend: Callable[[],
         if evaluator is not None:
             return evaluator
         # On a GPU machine, the processes of the agent's next evaluation start while it thinks.
-        return Evaluator(device, gpu_index=gpu, **({"prestart": device == "cuda"} | (evaluator_options or {})))
+        return Evaluator(device, gpu_index=gpu, **(long_lived(device) | (evaluator_options or {})))
 
     def episode_of(evaluator: EvaluatorLike, gpu: int | None, task: Task) -> None:
         workdir = Path(run_dir) / "episodes" / task.name.replace("/", "_")

@@ -1,6 +1,6 @@
 """Evaluation core: a task and a candidate in; a verified, timed, rewarded record out."""
 
-from cuda_agent.evaluate.evaluator import Evaluator, Timeouts, evaluate, resolve_device
+from cuda_agent.evaluate.evaluator import Evaluator, Timeouts, evaluate, long_lived, resolve_device
 from cuda_agent.evaluate.policy import Policy, TimingConfig
 from cuda_agent.evaluate.result import EvalResult
 from cuda_agent.evaluate.reward import compute_reward, milestone_reward
@@ -15,6 +15,7 @@ __all__ = [
     "TimingStats",
     "compute_reward",
     "evaluate",
+    "long_lived",
     "milestone_reward",
     "resolve_device",
 ]

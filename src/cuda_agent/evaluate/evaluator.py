@@ -49,14 +49,24 @@ from cuda_agent.evaluate.result import EvalResult
 from cuda_agent.evaluate.rounds import CandidateRounds, time_rounds
 from cuda_agent.evaluate.verdict import decide
 from cuda_agent.evaluate.watchers import Attributed, Clock, Integrity, NewThreads, Regions, Signals, stop_on
-from cuda_agent.guard import Violation, audit_symbols, check_candidate
+from cuda_agent.guard import CodePolicy, Violation, audit_symbols, check_candidate
 from cuda_agent.guard.symbols import imported_symbols
 from cuda_agent.paths import cache_root
 from cuda_agent.sandbox import Sandbox, make_sandbox
 from cuda_agent.tasks import Task
 
 __all__ = ["TIMED_CHECKS", "Evaluator", "StageCallback", "Timeouts", "default_memory_limit", "evaluate", "find_ncu",
-           "resolve_device"]
+           "long_lived", "resolve_device"]
+
+
+def long_lived(device: str) -> dict[str, Any]:
+    """``Evaluator`` options for one that serves many evaluations (an agent's episodes, a service slot, a
+    trainer, a benchmark run): on a GPU, candidate processes started ahead and up to 4 task references kept;
+    on the CPU, where a process started ahead competes with the evaluation for a few cores, none started
+    ahead and the last task's reference kept (its start and torch.compile cost ~10 s of a 2-core host; idle,
+    it costs no CPU). A one-shot evaluator (``Evaluator()``) keeps nothing."""
+    cuda = resolve_device(device) == "cuda"
+    return {"prestart": cuda, "references": None if cuda else 1}
 
 
 class Evaluator:
@@ -196,7 +206,7 @@ class Evaluator:
         with shared_use(setup.timing_lock) if self.device == "cpu" else contextlib.nullcontext():
             built = self._built(candidate, build_result, result)
         with shared_use(setup.timing_lock):
-            self._evaluate_built(task, candidate, built, result, timed, setup)
+            self._evaluate_built(task, candidate, built, result, timed, setup, code_policy)
 
     def _built(self, candidate: Candidate, build_result: BuildResult | None, result: EvalResult) -> BuildResult:
         clock = time.monotonic()
@@ -210,9 +220,9 @@ class Evaluator:
         return built
 
     def _evaluate_built(self, task: Task, candidate: Candidate, built: BuildResult, result: EvalResult, timed: bool,
-                        setup: Setup) -> None:
+                        setup: Setup, code_policy: CodePolicy) -> None:
         if self.policy.static_checks:
-            self._refuse(audit_symbols([Path(p) for p in built.modules.values()], self.policy.code_policy(),
+            self._refuse(audit_symbols([Path(p) for p in built.modules.values()], code_policy,
                                        self.toolchain_imports()), result, "built extension: ")
 
         workers = take_workers(self._spare, setup)

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable, Sequence, TypeVar
 from cuda_agent.build import BuildResult
 from cuda_agent.build.toolchain import visible_gpus
 from cuda_agent.candidates import Candidate
-from cuda_agent.evaluate.evaluator import Evaluator, resolve_device
+from cuda_agent.evaluate.evaluator import Evaluator, long_lived, resolve_device
 from cuda_agent.evaluate.result import EvalResult
 from cuda_agent.tasks import Task
 
@@ -86,9 +86,7 @@ def evaluate_many(
     free: "queue.Queue[int | None]" = queue.Queue()
     for index in indices:
         free.put(index)
-    # On a GPU machine each evaluation's processes start while the one before it finishes; on the CPU
-    # backend they would compete with it for the same few cores.
-    evaluators = {index: Evaluator(device, gpu_index=index, **({"prestart": device == "cuda"} | options))
+    evaluators = {index: Evaluator(device, gpu_index=index, **(long_lived(device) | options))
                   for index in set(indices)}
     builder = next(iter(evaluators.values()))
     results: list[EvalResult | None] = [None] * len(pairs)

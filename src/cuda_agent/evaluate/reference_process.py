@@ -6,6 +6,7 @@ rounds; ``Evaluator.baseline``) and the degenerate-task check."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import secrets
 import time
 from typing import Any, Iterator
@@ -29,7 +30,11 @@ from cuda_agent.tasks import Task, TaskError
 
 # -- the reference process ----------------------------------------------------------------
 def reference_key(setup: Setup, task: Task) -> str:
-    return f"{task.digest}:{task.name}:{setup.policy.tf32}"
+    """What a kept reference must share with an evaluation to serve it: the task, and everything its load
+    depends on (``Setup.task_message``), so that evaluators with other settings may share one pool."""
+    loaded = (setup.device, setup.gpu_index, setup.policy.tf32, tuple(setup.policy.allowed_aten), setup.memory_limit,
+              type(setup.sandbox).__name__)
+    return f"{task.digest}:{task.name}:{hashlib.sha256(repr(loaded).encode()).hexdigest()[:16]}"
 
 
 def launch(setup: Setup, task: Task) -> LiveReference:

@@ -22,7 +22,7 @@ import socket
 import statistics
 import struct
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux; Python names it only on some builds
@@ -261,20 +261,24 @@ class RegionClock:
     prep_ms: float = 0.0  # median prep (inputs drawn between regions)
     waited_ms: float = 0.0  # median run-queue wait of the timing thread within a bracket
     cpu_ms: float = 0.0  # median CPU time of the timing thread within a bracket
-    excesses_ms: list[float] = field(default_factory=list)
-    base_ms: float = 0.0  # the limits' part that is not the calibration's spread (slack and region_us)
+    noise_ms: float = 0.0  # the tighter bound's allowance for the calibration's spread (3 x that spread)
+
+    @property
+    def breached(self) -> str | None:
+        """Which bound the reported regions fall short of: "wall" (checked first), "cpu", or None."""
+        if self.excess_ms > self.limit_ms:
+            return "wall"
+        return "cpu" if self.cpu_excess_ms > self.cpu_limit_ms else None
 
     @property
     def ok(self) -> bool:
-        return self.excess_ms <= self.limit_ms and self.cpu_excess_ms <= self.cpu_limit_ms
+        return self.breached is None
 
     @property
     def spread_share(self) -> float:
         """The tighter bound's allowance for the calibration's own spread (3 x spread), as a share of the
         median reported region: how much of a region the brackets cannot resolve on this host now."""
-        if self.reported_ms <= 0:
-            return 0.0
-        return min(self.limit_ms - self.base_ms, self.cpu_limit_ms - self.base_ms) / self.reported_ms
+        return self.noise_ms / self.reported_ms if self.reported_ms > 0 else 0.0
 
     @property
     def margin(self) -> float:
@@ -285,7 +289,7 @@ class RegionClock:
         return min(self.limit_ms - self.excess_ms, self.cpu_limit_ms - self.cpu_excess_ms) / self.reported_ms
 
     def to_dict(self) -> dict[str, Any]:
-        short = {k: (round(v, 5) if isinstance(v, float) else v) for k, v in asdict(self).items() if k != "excesses_ms"}
+        short = {k: (round(v, 5) if isinstance(v, float) else v) for k, v in asdict(self).items()}
         return short | {"ok": self.ok, "margin": round(self.margin, 5), "spread_share": round(self.spread_share, 5)}
 
 
@@ -307,7 +311,7 @@ def judge(brackets: list[Bracket], reported_ms: list[float], cost: Overhead, hol
                        statistics.median(wall), base + 3 * cost.spread_ms, statistics.median(cpu),
                        base + 3 * cost.cpu_spread_ms, statistics.median(ratios) if ratios else 1.0,
                        statistics.median(b.prep_ms for b in brackets), statistics.median(b.waited_ns / 1e6 for b in brackets),
-                       statistics.median(b.cpu_ms for b in brackets), [max(w, c) for w, c in zip(wall, cpu)], base)
+                       statistics.median(b.cpu_ms for b in brackets), 3 * min(cost.spread_ms, cost.cpu_spread_ms))
 
 
 def robust_sd(values: list[float]) -> float:

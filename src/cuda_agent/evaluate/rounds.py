@@ -19,6 +19,7 @@ from cuda_agent.evaluate.context import Setup
 from cuda_agent.evaluate.decide import Plan, Rounds, run_rounds, speedups, reward_settled
 from cuda_agent.evaluate.protocol import CalibrateReply, CalibrateRequest, CallRecord, TimeReply, TimeRequest
 from cuda_agent.evaluate.records import RECORDED_PER_REGION
+from cuda_agent.evaluate.pressure import Pressure
 from cuda_agent.evaluate.result import EvalResult
 from cuda_agent.evaluate.timing import host_hold
 from cuda_agent.evaluate.watchers import BorrowedThreads, Integrity, NewThreads, Signals, stop_on
@@ -94,6 +95,8 @@ def time_rounds(setup: Setup, reference: Channel, baseline: dict[str, Any], resu
         rounds = Rounds(fixed=fixed)
         if undecided is None:
             undecided = lambda r: not reward_settled(speedups(r, setup.policy, config))  # noqa: E731
+        pressure = Pressure()
+        sides = {side: pressure.wrap(side, call) for side, call in sides.items()}
         try:
             run_rounds(sides, plans, config, undecided, rounds, on_round=lambda n, r: _report_round(setup, n, r))
         finally:
@@ -104,7 +107,8 @@ def time_rounds(setup: Setup, reference: Channel, baseline: dict[str, Any], resu
             stop_on("profile", "while the candidate was timed", borrowed)
             for _ in range(EMPTY_ROUNDS - 1):
                 _time_empty(setup, reference, log)
-    result.timing = result.timing | {"plans": {side: vars(plan) for side, plan in plans.items()}, "host": hosts}
+    result.timing = result.timing | {"plans": {side: vars(plan) for side, plan in plans.items()}, "host": hosts,
+                                     "cpu_pressure": pressure.shares()}
     late = hosts.get("candidate", {})
     # A stall in one region in a few (measured: 1-2 of 35 on the H200) moves no round's median; a
     # host path longer than the hold in a quarter of them is the candidate's to shorten.

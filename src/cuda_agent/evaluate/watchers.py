@@ -250,7 +250,7 @@ class Regions:
                        f"with other work: evaluate again when it is quieter")
         if verdict.ok:
             return []
-        by_wall = verdict.excess_ms > verdict.limit_ms
+        by_wall = verdict.breached == "wall"
         excess, limit = (verdict.excess_ms, verdict.limit_ms) if by_wall else (verdict.cpu_excess_ms, verdict.cpu_limit_ms)
         return [Breach("clock", f"the candidate's process reported its timed regions {excess:.3f} ms shorter "
                        f"than the evaluator's own {'brackets' if by_wall else 'account of its timing thread'} allow "

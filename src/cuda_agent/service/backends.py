@@ -15,7 +15,7 @@ import os
 import threading
 from typing import Any
 
-from cuda_agent.evaluate import Evaluator, Policy, TimingConfig, resolve_device
+from cuda_agent.evaluate import Evaluator, Policy, TimingConfig, long_lived, resolve_device
 from cuda_agent.evaluate.device_lock import DeviceLock
 from cuda_agent.evaluate.pool import device_slots
 from cuda_agent.evaluate.references import REFERENCE_MEMORY, ReferencePool
@@ -50,8 +50,7 @@ def local_service(device: str = "auto", *, slots: int | None = None, gpus: list[
         indices = [gpu for gpu in device_slots(device, gpus) for _ in range(per_gpu)]
     else:
         indices = [None] * max(1, slots or 1)
-    # The same prestart choice as evaluate_many: on the CPU a prestarted process competes for the cores.
-    options = {"prestart": device == "cuda"} | options
+    options = long_lived(device) | options
     shared = len(set(indices)) < len(indices) and "timing_lock" not in options
     locks = {index: DeviceLock() for index in set(indices)} if shared else {}
     # Slots on one GPU share its reference processes: a task's reference (its torch.compile, its baselines'
@@ -88,7 +87,7 @@ def shared_references(device: str, slots: int, options: dict[str, Any]) -> Refer
     """One pool for ``slots`` evaluators on one device: as many idle references as they would keep apart
     (``Evaluator``'s default: 4 each where processes are started ahead, else none), within one memory bound."""
     each = options.get("references")
-    each = each if each is not None else (4 if options.get("prestart") else 0)
+    each = each if each is not None else (4 if options.get("prestart") else 0)  # as Evaluator counts them
     return ReferencePool(each * slots, options.get("reference_memory", REFERENCE_MEMORY) if device == "cuda" else None,
                          wait_s=REFERENCE_WAIT_S)
 
@@ -97,7 +96,7 @@ class _EvaluatorActor:
     """A Ray actor that owns one evaluator (and, on a GPU node, one GPU)."""
 
     def __init__(self, device: str, options: dict[str, Any]):
-        self.evaluator = Evaluator(device, **({"prestart": device == "cuda"} | options))
+        self.evaluator = Evaluator(device, **(long_lived(device) | options))
 
     def run(self, job: dict[str, Any]) -> Any:
         return execute(self.evaluator, Job.from_dict(job))

@@ -36,7 +36,7 @@ from typing import Any, Callable
 import torch
 
 from cuda_agent.candidates import load_candidate
-from cuda_agent.evaluate import Evaluator, Policy
+from cuda_agent.evaluate import Evaluator, Policy, long_lived
 from cuda_agent.paths import EXAMPLES
 from cuda_agent.tasks import load_task
 from cuda_agent.train.models import critic_from_actor
@@ -156,7 +156,7 @@ def run_demo(out: Path, device: str = "cpu", steps: int = 40, config: DemoConfig
     task, menu = prepare_menu(config.device, out / "menu")
     policy = Policy.preset("fair", reward=config.reward)
     rewards = MenuRewards(out / "menu.json", task, menu,
-                          lambda: Evaluator(config.device, policy=policy, **(evaluator_options or {})), say)
+                          lambda: Evaluator(config.device, policy=policy, **(long_lived(config.device) | (evaluator_options or {}))), say)
     tokenizer = make_tokenizer(PROMPT.split() + list(menu) + FILLER.split())
     random.seed(config.seed)
     actor = make_actor(tokenizer, config.seed).to(config.device)

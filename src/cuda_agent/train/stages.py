@@ -201,7 +201,7 @@ def make_evaluator_factory(config: StageConfig, dist: Dist = Dist()) -> Callable
     """Evaluators on this rank's GPU (``gpu_index``), all of a rank sharing its timing lock; with
     ``evaluator.remote``, the evaluation service at that URL for every episode of every rank (its pool
     owns its GPUs and times one job per GPU, so no lock is needed here)."""
-    from cuda_agent.evaluate import Evaluator, resolve_device
+    from cuda_agent.evaluate import Evaluator, long_lived, resolve_device
     from cuda_agent.evaluate.policy import Policy
 
     if config.evaluator.remote:
@@ -214,7 +214,7 @@ def make_evaluator_factory(config: StageConfig, dist: Dist = Dist()) -> Callable
 
     def make(lock: threading.Lock) -> Any:
         return Evaluator(device, policy=Policy.preset(config.evaluator.policy), sandbox=config.evaluator.sandbox,
-                         timing_lock=lock, prestart=device == "cuda",
+                         timing_lock=lock, **long_lived(device),
                          gpu_index=dist.local_rank if device == "cuda" and dist.world > 1 else None)
     return make
 

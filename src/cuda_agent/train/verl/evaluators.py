@@ -38,13 +38,13 @@ class LocalEvaluators:
         self._guard = threading.Lock()
 
     def _make(self) -> Any:
-        from cuda_agent.evaluate import Evaluator, resolve_device
+        from cuda_agent.evaluate import Evaluator, long_lived, resolve_device
         from cuda_agent.evaluate.policy import Policy
 
         device = resolve_device(self.device)
         # As the training stages make theirs: candidates prestarted where a process start costs seconds.
         evaluator = Evaluator(device, policy=Policy.preset(self.policy), sandbox=self.sandbox,
-                              timing_lock=self.timing_lock, prestart=device == "cuda")
+                              timing_lock=self.timing_lock, **long_lived(device))
         with self._guard:
             self._made.append(evaluator)
         return evaluator
