@@ -5,7 +5,10 @@ import copy
 import dataclasses
 import importlib.util
 import json
+import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 from samples import INLINE_SWISH
@@ -16,6 +19,7 @@ from cuda_agent.evaluate import Timeouts
 from cuda_agent.evaluate.baseline import baseline_key
 from cuda_agent.evaluate.policy import TimingConfig
 from cuda_agent.evaluate.pool import evaluate_many
+from cuda_agent.evaluate.pressure import cpu_stall_us
 from cuda_agent.evaluate.reference_process import cached_baseline
 
 pytestmark = pytest.mark.slow
@@ -116,6 +120,22 @@ def test_end_to_end_correct(example, evaluator):
     # Baselines are timed again, interleaved with the candidate: never a stale cached time.
     assert again.status == "correct" and again.build["cached"] and not again.baseline_cached
     assert again.times["eager"] != result.times["eager"]
+
+
+@pytest.mark.skipif(cpu_stall_us() is None, reason="the kernel exposes no CPU pressure (/proc/pressure/cpu)")
+def test_a_host_busy_while_the_baselines_are_timed_is_refused_not_rewarded(example, evaluator):
+    """Other work on the host slows eager's threads more than the one-thread kernel: on this 2-core host an
+    honest 0.23x candidate was timed at 3-4x beside one busy process. Such an evaluation earns nothing."""
+    task, solution = example
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
+    try:
+        result = evaluator.evaluate(task, load_candidate(solution))
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    assert result.status == "error" and result.stage == "profile" and result.reward is None, result.summary()
+    assert "host was busy" in result.reason and result.timing["cpu_pressure"]["eager"] > 0.25, result.timing
 
 
 def test_verify_only_checks_and_neither_times_nor_rewards(example, evaluator, tmp_path):

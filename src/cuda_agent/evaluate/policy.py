@@ -205,6 +205,12 @@ class TimingConfig:
     region_slack: float = 0.10
     region_us: float = 50.0
     region_spread_max: float = 0.5
+    # CPU backend: the most of a baseline's timing in which some task on the host waited for a CPU
+    # (evaluate.pressure). The baselines run in the trusted reference with the candidate stopped, so a
+    # stall there is other work on the host, and it slows eager's threads more than a one-thread kernel:
+    # on the 2-core host, quiet 0.6-2.2%, one busy process beside 45-48% and an honest 0.23x candidate
+    # timed at 3.1-4.0x (reward 3). Above it the evaluation is refused as an error (no reward).
+    pressure_max: float = 0.25
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -226,6 +232,8 @@ class TimingConfig:
             raise ValueError("TimingConfig needs 3 <= rounds_min <= rounds_max (a speedup's interval needs rounds).")
         if not 2 <= self.round_trials[0] <= self.round_trials[1]:
             raise ValueError("TimingConfig.round_trials is (min, max) trials per round, min at least 2.")
+        if not 0 < self.pressure_max <= 1:
+            raise ValueError("TimingConfig.pressure_max is a share of the baselines' timing, above 0 and at most 1.")
         if not 0.5 <= self.confidence < 1:
             raise ValueError("TimingConfig.confidence is a probability between 0.5 and 1.")
 

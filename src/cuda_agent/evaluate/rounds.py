@@ -107,8 +107,15 @@ def time_rounds(setup: Setup, reference: Channel, baseline: dict[str, Any], resu
             stop_on("profile", "while the candidate was timed", borrowed)
             for _ in range(EMPTY_ROUNDS - 1):
                 _time_empty(setup, reference, log)
+    shares = pressure.shares()
     result.timing = result.timing | {"plans": {side: vars(plan) for side, plan in plans.items()}, "host": hosts,
-                                     "cpu_pressure": pressure.shares()}
+                                     "cpu_pressure": shares}
+    busy = {side: share for side, share in shares.items() if side != "candidate" and share > config.pressure_max}
+    if setup.device == "cpu" and log is not None and busy:
+        raise Stop("error", "profile", "the host was busy with other work while the baselines were timed: some task "
+                   "waited for a CPU in " + ", ".join(f"{share:.0%} of {side}'s timing" for side, share in busy.items())
+                   + f" (limit {config.pressure_max:.0%}), which slows eager's threads more than a kernel's and "
+                   "would inflate the speedup: evaluate again when the host is quieter")
     late = hosts.get("candidate", {})
     # A stall in one region in a few (measured: 1-2 of 35 on the H200) moves no round's median; a
     # host path longer than the hold in a quarter of them is the candidate's to shorten.
