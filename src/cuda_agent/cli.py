@@ -21,6 +21,7 @@ from cuda_agent.evaluate.policy import PRESETS
 from cuda_agent.evaluate.result import EvalResult
 from cuda_agent.evaluate.counters import times_of, unavailable
 from cuda_agent.evaluate.evaluator import default_memory_limit
+from cuda_agent.evaluate.device_lock import DeviceLock
 from cuda_agent.paths import EXAMPLES
 from cuda_agent.sandbox import SANDBOX_CHOICES, SandboxUnavailable
 from cuda_agent.service.messages import ServiceError
@@ -522,7 +523,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     backend = _chat_backend(args)
     # On a GPU machine, the processes of the agent's next evaluation start while it thinks.
     evaluator = Evaluator(device, policy=Policy.preset(args.policy), sandbox=args.sandbox, timeouts=_timeouts(args),
-                          memory_limit=_memory_limit(args), timing_lock=threading.Lock(), **long_lived(device))
+                          memory_limit=_memory_limit(args), timing_lock=DeviceLock(), **long_lived(device))
     config = AgentConfig(max_turns=args.max_turns, context_tokens=args.context_tokens,
                          wall_clock_s=args.wall_clock_s, counters=not args.no_counters)
     start = time.monotonic()

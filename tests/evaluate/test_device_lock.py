@@ -172,3 +172,14 @@ def test_two_cpu_slots_of_the_service_never_time_beside_each_others_work(cache_d
     # Side by side where they may be: some of one slot's shared use overlapped the other's.
     shared = [h for h in lock.holds if h[1] == "shared"]
     assert any(a[0] != b[0] and a[2] < b[3] and b[2] < a[3] for a in shared for b in shared)
+
+
+def test_a_cpu_build_uses_the_device_its_evaluators_time_on(cache_dir, examples):
+    """An agent's compile (``Evaluator.build``) on the CPU backend takes the shared side: another episode's
+    timing waits for it, not runs beside it (which the CPU pressure check would refuse)."""
+    from cuda_agent import Evaluator, load_candidate
+
+    lock = DeviceLock(trace=True)
+    evaluator = Evaluator("cpu", cache_dir=cache_dir, timing_lock=lock)
+    assert evaluator.build(load_candidate(examples / "cpu_swish" / "solution")).ok
+    assert [mode for _, mode, _, _ in lock.holds] == ["shared"]

@@ -141,7 +141,11 @@ class Evaluator:
                      self.idle_wait_s, self.timing_lock, self.on_stage)
 
     def build(self, candidate: Candidate) -> BuildResult:
-        return build(candidate, self.backend, cache_dir=self.cache_dir, sandbox=self.sandbox, timeout_s=self.timeouts.build_s)
+        # On the CPU backend a compile uses the device that evaluators sharing it time on (a DeviceLock):
+        # it waits for their timing, and their timing for it.
+        with shared_use(self.timing_lock) if self.device == "cpu" else contextlib.nullcontext():
+            return build(candidate, self.backend, cache_dir=self.cache_dir, sandbox=self.sandbox,
+                         timeout_s=self.timeouts.build_s)
 
     # -- one evaluation -----------------------------------------------------------
     def evaluate(self, task: Task, candidate: Candidate, build_result: BuildResult | None = None, *,
@@ -202,9 +206,8 @@ class Evaluator:
         if self.policy.static_checks:
             self._refuse(check_candidate(candidate, code_policy), result)
         # On a device shared with other evaluators (a DeviceLock), this evaluation uses it side by side with
-        # theirs and times it alone; on the CPU backend its compiles use the device too.
-        with shared_use(setup.timing_lock) if self.device == "cpu" else contextlib.nullcontext():
-            built = self._built(candidate, build_result, result)
+        # theirs and times it alone (on the CPU backend its compiles use the device too: ``build``).
+        built = self._built(candidate, build_result, result)
         with shared_use(setup.timing_lock):
             self._evaluate_built(task, candidate, built, result, timed, setup, code_policy)
 

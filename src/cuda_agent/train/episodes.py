@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from cuda_agent.evaluate.device_lock import DeviceLock
 from cuda_agent.agent.tokens import TokenChat, TokenOutput
 from cuda_agent.tasks import Task
 from cuda_agent.train.rollout import Rollout, RolloutError, rollouts_from_trace
@@ -104,7 +105,8 @@ class EpisodeRunner:
         self.max_new_tokens, self.context_tokens, self.generate_batch = max_new_tokens, context_tokens, generate_batch
         self.max_turns, self.wall_clock_s, self.sandbox, self.model_name = max_turns, wall_clock_s, sandbox, model_name
         self._generation_lock = threading.Lock()
-        self._timing_lock = threading.Lock()
+        # Timing alone: on the CPU backend another rollout's compile beside a timing would make it refused.
+        self._timing_lock = DeviceLock()
         self._evaluators: "queue.Queue[Any]" = queue.Queue()
         self._made: list[Any] = []
 

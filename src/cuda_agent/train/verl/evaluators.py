@@ -19,6 +19,8 @@ import queue
 import threading
 from typing import Any, Iterator
 
+from cuda_agent.evaluate.device_lock import DeviceLock
+
 SERVICE_ENV = "CUDA_AGENT_SERVICE"
 
 
@@ -32,7 +34,7 @@ class LocalEvaluators:
 
     def __init__(self, device: str = "auto", policy: str = "fair", sandbox: str = "auto"):
         self.device, self.policy, self.sandbox = device, policy, sandbox
-        self.timing_lock = threading.Lock()
+        self.timing_lock = DeviceLock()  # timing alone, the rest side by side (evaluate.device_lock)
         self._idle: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
         self._made: list[Any] = []
         self._guard = threading.Lock()
