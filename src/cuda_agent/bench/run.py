@@ -181,12 +181,14 @@ def run_agent_bench(run_dir: Path, tasks: list[Task], make_backend: Callable[[],
     todo = [task for task in tasks if task.name not in done]
     lock = threading.Lock()
     written: list[dict[str, Any]] = []
+    made: list[Evaluator] = []
 
     def setup(gpu: int | None) -> EvaluatorLike:
         if evaluator is not None:
             return evaluator
         # On a GPU machine, the processes of the agent's next evaluation start while it thinks.
-        return Evaluator(device, gpu_index=gpu, **(long_lived(device) | (evaluator_options or {})))
+        made.append(Evaluator(device, gpu_index=gpu, **(long_lived(device) | (evaluator_options or {}))))
+        return made[-1]
 
     def episode_of(evaluator: EvaluatorLike, gpu: int | None, task: Task) -> None:
         workdir = Path(run_dir) / "episodes" / task.name.replace("/", "_")
@@ -201,5 +203,10 @@ def run_agent_bench(run_dir: Path, tasks: list[Task], make_backend: Callable[[],
             if progress:
                 progress(len({r["task"]["name"] for r in written}), len(todo), rows[-1])
 
-    drain(todo, [None] * max(1, concurrency) if evaluator is not None else device_slots(device, gpus), setup, episode_of)
+    try:
+        drain(todo, [None] * max(1, concurrency) if evaluator is not None else device_slots(device, gpus), setup,
+              episode_of)
+    finally:
+        for own in made:  # their kept references and started processes end with the run
+            own.close()
     return written

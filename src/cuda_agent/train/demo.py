@@ -144,6 +144,12 @@ class MenuRewards:
             self.on_stage(f"  {answer}: reward {reward}, {status}")
         return float(self.results[answer]["reward"])
 
+    def close(self) -> None:
+        """Ends the evaluator's processes (its kept reference), if one was made."""
+        if self._evaluator is not None:
+            self._evaluator.close()
+            self._evaluator = None
+
 
 def run_demo(out: Path, device: str = "cpu", steps: int = 40, config: DemoConfig | None = None,
              evaluator_options: dict[str, Any] | None = None, quiet: bool = False) -> list[dict[str, Any]]:
@@ -171,6 +177,22 @@ def run_demo(out: Path, device: str = "cpu", steps: int = 40, config: DemoConfig
     from cuda_agent.agent.tokens import TransformersBackend
 
     sampler = TransformersBackend(actor, tokenizer)
+    try:
+        _train(run, config, steps, done, sampler, prompt, tokenizer, rewards, trainer, menu, models, optimizers, say)
+    finally:
+        rewards.close()
+    rows = run.metrics()
+    if rows:
+        try:
+            plot_metrics(out)
+        except ImportError:
+            say("no plots: matplotlib is not installed (pip install 'cuda-agent[train]')")
+    return rows
+
+
+def _train(run: Any, config: DemoConfig, steps: int, done: int, sampler: Any, prompt: list[int], tokenizer: Any,
+           rewards: MenuRewards, trainer: Any, menu: dict[str, Path], models: dict[str, Any], optimizers: dict[str, Any],
+           say: Callable[[str], None]) -> None:
     for step in range(done + 1, steps + 1):
         started = time.perf_counter()
         rollouts, answers, evaluate_s, clipped = [], [], 0.0, 0
@@ -200,10 +222,3 @@ def run_demo(out: Path, device: str = "cpu", steps: int = 40, config: DemoConfig
         run.commit(step, line, models, optimizers)
         say(f"step {step:3d}/{steps}: reward {line['reward_mean']:+.2f}  pass {line['pass_rate']:.0%}  "
             f"answers {', '.join(f'{k or chr(8709)} {v:.0%}' for k, v in line['answers'].items())}")
-    rows = run.metrics()
-    if rows:
-        try:
-            plot_metrics(out)
-        except ImportError:
-            say("no plots: matplotlib is not installed (pip install 'cuda-agent[train]')")
-    return rows
