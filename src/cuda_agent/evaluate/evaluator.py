@@ -44,7 +44,7 @@ from cuda_agent.evaluate.processes import (
     SPARE_CANDIDATES, Workers, close_all, copy_modules, spares_stopped, start_workers, take_workers,
 )
 from cuda_agent.evaluate.protocol import LoadReply, LoadRequest, ReadyReply, ReadyRequest, ReleaseRequest, WeightsRequest
-from cuda_agent.evaluate.references import REFERENCE_MEMORY, ReferencePool
+from cuda_agent.evaluate.references import REFERENCE_MEMORY, ReferencePool, kept_references
 from cuda_agent.evaluate.result import EvalResult
 from cuda_agent.evaluate.rounds import CandidateRounds, time_rounds
 from cuda_agent.evaluate.verdict import decide
@@ -126,7 +126,7 @@ class Evaluator:
         # ``reference_memory`` bytes together, or candidates of other tasks run out of memory.
         # Evaluators on one GPU may share a pool (``local_service``): each task's reference started once.
         self.references = references if isinstance(references, ReferencePool) else ReferencePool(
-            references if references is not None else (4 if self.prestart else 0),
+            kept_references(references, self.prestart),
             reference_memory if self.device == "cuda" else None)
         weakref.finalize(self, close_all, self._spare, self.references)
 

@@ -26,6 +26,12 @@ from cuda_agent.evaluate.protocol import LoadReply
 REFERENCE_MEMORY = 16 * 1024**3
 
 
+def kept_references(references: int | None, prestart: int | bool) -> int:
+    """How many idle references an evaluator keeps: as asked, else 4 for a long-lived (prestarted) one and
+    none for a one-shot one, which leaves nothing behind."""
+    return references if references is not None else (4 if prestart else 0)
+
+
 @dataclass
 class LiveReference:
     key: str

@@ -18,7 +18,7 @@ from typing import Any
 from cuda_agent.evaluate import Evaluator, Policy, TimingConfig, long_lived, resolve_device
 from cuda_agent.evaluate.device_lock import DeviceLock
 from cuda_agent.evaluate.pool import device_slots
-from cuda_agent.evaluate.references import REFERENCE_MEMORY, ReferencePool
+from cuda_agent.evaluate.references import REFERENCE_MEMORY, ReferencePool, kept_references
 from cuda_agent.service.messages import Job
 from cuda_agent.service.pool import EvalService, LocalSlot, SlotLost, execute
 
@@ -86,8 +86,7 @@ def _prepare(builder: Evaluator) -> None:
 def shared_references(device: str, slots: int, options: dict[str, Any]) -> ReferencePool:
     """One pool for ``slots`` evaluators on one device: as many idle references as they would keep apart
     (``Evaluator``'s default: 4 each where processes are started ahead, else none), within one memory bound."""
-    each = options.get("references")
-    each = each if each is not None else (4 if options.get("prestart") else 0)  # as Evaluator counts them
+    each = kept_references(options.get("references"), options.get("prestart", False))
     return ReferencePool(each * slots, options.get("reference_memory", REFERENCE_MEMORY) if device == "cuda" else None,
                          wait_s=REFERENCE_WAIT_S)
 
