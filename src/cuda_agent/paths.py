@@ -31,7 +31,9 @@ def worker_env(home: Path, inductor_cache: Path | None = None) -> dict[str, str]
     for name in ("HOME", "TMPDIR", "TRITON_CACHE_DIR", "CUDA_CACHE_PATH", "TORCH_EXTENSIONS_DIR"):
         env[name] = str(home)
     if inductor_cache is not None:
+        # Compiled Triton kernels too: under ``home`` each process compiled again what the last one had.
         env["TORCHINDUCTOR_CACHE_DIR"] = str(inductor_cache)
+        env["TRITON_CACHE_DIR"] = str(inductor_cache / "triton")
     return env
 
 

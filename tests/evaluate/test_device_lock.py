@@ -100,6 +100,75 @@ def test_alone_holds_the_device_for_a_whole_evaluation():
     assert overlapping(lock.holds) == []
 
 
+def test_alone_first_lets_evaluations_in_progress_finish_even_while_they_time():
+    """An evaluation that gave its share up to time still holds device memory: ``alone`` (the rerun of one
+    that ran out of memory beside others) waits for it to end, and a new evaluation waits for ``alone``."""
+    lock = DeviceLock(trace=True)
+    order = []
+    timing, asked = threading.Event(), threading.Event()
+
+    def in_progress():
+        with lock.shared():
+            with lock:  # its timing: the share is given up here, the memory is not
+                timing.set()
+                asked.wait(5)
+                time.sleep(0.1)
+            time.sleep(0.05)
+            order.append("in progress done")
+
+    def rerun_alone():
+        timing.wait(5)
+        asked.set()
+        with lock.alone():
+            order.append("alone")
+
+    def newcomer():
+        asked.wait(5)
+        time.sleep(0.05)  # the rerun is draining by now
+        with lock.shared():
+            order.append("newcomer")
+
+    threads = [threading.Thread(target=f, name=f.__name__) for f in (in_progress, rerun_alone, newcomer)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert not any(t.is_alive() for t in threads), "deadlock"
+    assert order == ["in progress done", "alone", "newcomer"]
+    assert overlapping(lock.holds) == []
+
+
+def test_a_compile_holds_off_timing_but_not_an_evaluation_alone():
+    """A compile (``occupy=False``) puts nothing on the device: timing waits for it (it would slow the timed
+    process's host side), ``alone`` does not drain it; the shares of several locks are taken together."""
+    locks = [DeviceLock(trace=True), DeviceLock(trace=True)]
+    compiling, order = threading.Event(), []
+
+    def compile_():
+        with shared_use(locks, occupy=False):
+            compiling.set()
+            time.sleep(0.15)
+            order.append("compiled")
+
+    def timer():
+        compiling.wait(5)
+        with locks[1]:
+            order.append("timed")
+
+    def drained():
+        compiling.wait(5)
+        with locks[0]._cond:
+            order.append(f"occupants {locks[0]._occupants}")
+
+    threads = [threading.Thread(target=f, name=f.__name__) for f in (compile_, timer, drained)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert order == ["occupants 0", "compiled", "timed"]
+    assert [h[1] for h in locks[0].holds] == ["shared"] and overlapping(locks[1].holds) == []
+
+
 def test_a_waiting_timing_round_goes_before_new_shares():
     lock = DeviceLock(trace=True)
     order = []

@@ -89,3 +89,14 @@ def test_an_unhealthy_reference_is_closed_and_one_back_after_close_is_closed_too
     late = _Reference("softmax")
     pool.give_back(late, healthy=True)
     assert late.closed and len(pool) == 0
+
+
+def test_an_evaluation_alone_gets_the_memory_of_other_tasks_idle_references():
+    pool = ReferencePool(4)
+    kept = {key: _Reference(key) for key in ("gelu", "softmax", "conv")}
+    for key, reference in kept.items():
+        assert pool.take(key) is None
+        pool.give_back(reference, healthy=True)
+    assert pool.drop_idle(keep="softmax") == 2
+    assert [key for key, r in kept.items() if r.closed] == ["gelu", "conv"]
+    assert pool.take("softmax") is kept["softmax"] and pool.take("gelu") is None

@@ -274,3 +274,29 @@ def test_brackets_too_loose_to_bound_a_region_refuse_to_decide():
     assert result.timing["regions"]["spread_share"] > 0.5
     assert Regions(Judged(tight, 0.82), 0.0, setup, result).check("profile", "") == []
     assert [b.rule for b in Regions(Judged(tight, 0.4), 0.0, setup, result).check("profile", "")] == ["clock"]
+
+
+def test_the_round_clock_judges_only_gross_excess_where_the_brackets_judged_every_region():
+    """The round's empty twin runs in the reference process, whose harness time differs from the candidate's:
+    an honest level2_76 (H100) came 8.0 ms over a 6-8 ms round limit while its brackets found every region
+    explained. Once the brackets judged, the round decides only a gross excess; without them it decides as before."""
+    from types import SimpleNamespace
+
+    from cuda_agent.evaluate.policy import TimingConfig
+    from cuda_agent.evaluate.watchers import Clock
+
+    timing = TimingConfig()
+    claimed, empty = [13.764] * 5, [9.318] * 5
+    marginal, gross = [31.083] * 5, [80.0] * 5
+
+    def rules(walls, judged):
+        result = SimpleNamespace(timing={}, notes=[])
+        regions = SimpleNamespace(judged=judged)
+        return [b.rule for b in Clock(walls, claimed, empty, 4, timing, result, regions).check("profile", "")], result
+
+    found, result = rules(marginal, judged=False)
+    assert found == ["clock"] and result.timing["clock"]["decisive"]
+    found, result = rules(marginal, judged=True)
+    assert found == [] and not result.timing["clock"]["decisive"] and not result.timing["clock"]["ok"]
+    assert "brackets" in result.notes[0]
+    assert rules(gross, judged=True)[0] == ["clock"] and rules(gross, judged=False)[0] == ["clock"]

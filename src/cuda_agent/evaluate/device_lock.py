@@ -13,7 +13,15 @@ Used as a plain context manager (``with lock:``) it is the exclusive side, so it
 evaluator takes its ``timing_lock``; ``shared_use`` gives the shared side of a ``DeviceLock`` and nothing
 for any other lock. ``alone`` holds it exclusively for a whole evaluation (what it takes inside, shared or
 exclusive, is already its own): an evaluation that ran out of device memory beside others is run again
-that way, so that its reward never depends on what else ran (``crowded`` says whether others did).
+that way, so that its reward never depends on what else ran (``crowded`` says whether others did). An
+evaluation that gave its share up to time still holds device memory, so ``alone`` first lets every
+evaluation in progress finish (new ones wait), then takes the device: alone in memory, not only in time.
+Tasks that ran out of memory beside others are remembered (``alone_keys``) and evaluated alone from the
+start from then on: a stream of them would otherwise run out, and push others out, every time.
+
+Compiles take the shared side too (``Evaluator.build``; the service gives its build workers every GPU's
+lock): a compile beside a timing round slows the timed process's host side (measured on the H100: honest
+sub-ms candidates failed as ``clock`` while 8 builds ran), and timing waits for the compiles in flight.
 """
 
 from __future__ import annotations
@@ -32,6 +40,9 @@ class DeviceLock:
         self._writers_waiting = 0
         self._mine = threading.local()  # this thread's shares (an evaluation's thread holds at most one)
         self._grants = 0  # shares ever taken: a change during a hold means another evaluation came
+        self._occupants = 0  # outermost shared holds in progress, counted while their share is given up to time
+        self._draining = 0  # ``alone`` callers waiting for those to finish: new outermost holds wait
+        self.alone_keys: set[str] = set()  # tasks evaluated alone from the start (``alone``)
         # (thread name, "shared" | "exclusive", start, end) of every hold, for tests and benchmarks
         self.holds: list[tuple[str, str, float, float]] | None = [] if trace else None
 
@@ -76,12 +87,19 @@ class DeviceLock:
 
     # -- the shared side ------------------------------------------------------------------
     @contextlib.contextmanager
-    def shared(self) -> Iterator[None]:
+    def shared(self, occupy: bool = True) -> Iterator[None]:
+        """The shared side. ``occupy``: the holder puts data on the device (an evaluation), so ``alone`` waits
+        for it to finish; a compile does not occupy it and only waits for, and holds off, timing."""
         if getattr(self._mine, "alone", 0):
             yield
             return
         with self._cond:
             nested = getattr(self._mine, "shares", 0) > 0
+            occupy = occupy and not nested
+            if occupy:
+                while self._draining:
+                    self._cond.wait()
+                self._occupants += 1
             self._take_share(1)
             self._grants += 1
             # Others holding it now, or taking it before we are done, shared the device with us.
@@ -94,6 +112,8 @@ class DeviceLock:
                 self._mine.crowded = self._mine.crowded or self._grants != grants
                 self._mine.shares -= 1
                 self._readers -= 1
+                if occupy:
+                    self._occupants -= 1
                 self._record("shared", self._mine.share_since)
                 self._cond.notify_all()
 
@@ -104,8 +124,18 @@ class DeviceLock:
 
     @contextlib.contextmanager
     def alone(self) -> Iterator[None]:
-        """The device to this thread only, from here to the end of the block."""
+        """The device to this thread only, from here to the end of the block: every evaluation in progress
+        (holding its share, or timing) finishes first, and none starts meanwhile. Called outside any share."""
+        with self._cond:
+            self._draining += 1
+            try:
+                while self._occupants:
+                    self._cond.wait()
+            finally:
+                self._draining -= 1
+                self._cond.notify_all()
         self._acquire_exclusive()
+        self._mine.crowded = False  # nobody else from here on: an earlier hold's answer no longer applies
         self._mine.alone = getattr(self._mine, "alone", 0) + 1
         try:
             yield
@@ -130,7 +160,12 @@ class DeviceLock:
             self.holds.append((threading.current_thread().name, mode, since, time.monotonic()))
 
 
-def shared_use(lock: Any) -> contextlib.AbstractContextManager:
-    """The shared side of a ``DeviceLock``; nothing for any other lock (a plain lock serialises only
-    the timing, as it always did)."""
-    return lock.shared() if isinstance(lock, DeviceLock) else contextlib.nullcontext()
+def shared_use(lock: Any, occupy: bool = True) -> contextlib.AbstractContextManager:
+    """The shared side of a ``DeviceLock`` (of each, for a list of them, taken in order); nothing for any
+    other lock (a plain lock serialises only the timing, as it always did)."""
+    if isinstance(lock, (list, tuple)):
+        stack = contextlib.ExitStack()
+        for each in lock:
+            stack.enter_context(shared_use(each, occupy))
+        return stack
+    return lock.shared(occupy) if isinstance(lock, DeviceLock) else contextlib.nullcontext()

@@ -89,6 +89,7 @@ class Evaluator:
         check_idle: bool = True,
         idle_wait_s: float = 30.0,
         timing_lock: contextlib.AbstractContextManager | None = None,
+        build_lock: Any = None,
         prestart: bool | int = False,
         references: int | ReferencePool | None = None,
         reference_memory: int = REFERENCE_MEMORY,
@@ -111,6 +112,10 @@ class Evaluator:
         # Evaluators that share a GPU share one lock: each times only while it holds it, so
         # timings never overlap while loading, compiling and checking do.
         self.timing_lock = timing_lock or contextlib.nullcontext()
+        # Whose shared side a compile takes (``device_lock.shared_use``): on the CPU backend the timing
+        # lock (compiles use the device its evaluators time on); a service's build workers get every GPU's
+        # lock, since a compile beside a timing slows the timed process's host side.
+        self.build_lock = build_lock if build_lock is not None else (self.timing_lock if self.device == "cpu" else None)
         self.on_stage = on_stage or (lambda stage, detail: None)
         self.baselines = BaselineCache(self.cache_dir / "baselines")
         self._probe_imports: frozenset[str] | None = None
@@ -141,9 +146,8 @@ class Evaluator:
                      self.idle_wait_s, self.timing_lock, self.on_stage)
 
     def build(self, candidate: Candidate) -> BuildResult:
-        # On the CPU backend a compile uses the device that evaluators sharing it time on (a DeviceLock):
-        # it waits for their timing, and their timing for it.
-        with shared_use(self.timing_lock) if self.device == "cpu" else contextlib.nullcontext():
+        # A compile waits for the timing of evaluators sharing ``build_lock``, and their timing for it.
+        with shared_use(self.build_lock, occupy=False):
             return build(candidate, self.backend, cache_dir=self.cache_dir, sandbox=self.sandbox,
                          timeout_s=self.timeouts.build_s)
 
@@ -153,14 +157,20 @@ class Evaluator:
         """Build, verify and (``timed``) time ``candidate`` on ``task``: the rewarded record. With
         ``timed=False`` (``verify``) the record says whether it is correct, with no times and no reward."""
         started = time.monotonic()
-        result = self._attempt(task, candidate, build_result, timed)
+        lock = self.timing_lock
+        if isinstance(lock, DeviceLock) and task.digest in lock.alone_keys:
+            result = self._attempt_alone(task, candidate, build_result, timed)
+            result.notes.append("evaluated with the GPU alone: this task ran out of memory beside other evaluations "
+                                "on this GPU before")
+        else:
+            result = self._attempt(task, candidate, build_result, timed)
         if self._out_of_memory_beside_others(result):
             # Another evaluation's memory, not this candidate's, may have been what ran out: the reward must
             # not depend on what else shared the GPU, so the device is taken whole and it runs once more.
             first = result.reason
             self.on_stage("build", "out of GPU memory beside other evaluations: evaluated again with the GPU alone")
-            with self.timing_lock.alone():
-                result = self._attempt(task, candidate, build_result, timed)
+            lock.alone_keys.add(task.digest)
+            result = self._attempt_alone(task, candidate, build_result, timed)
             result.notes.append(f"evaluated again with the GPU alone: beside other evaluations it ran out of "
                                 f"memory ({first})")
         result.durations["total"] = round(time.monotonic() - started, 3)
@@ -185,6 +195,14 @@ class Evaluator:
             result.rule = stop.rule
             result.reward = None if stop.status == "error" else -1.0
         return result
+
+    def _attempt_alone(self, task: Task, candidate: Candidate, build_result: BuildResult | None,
+                       timed: bool) -> EvalResult:
+        """``_attempt`` with the GPU alone: the evaluations in progress finish first, and the idle references
+        of other tasks (up to ``reference_memory`` of device memory) are closed."""
+        with self.timing_lock.alone():
+            self.references.drop_idle(keep=ref.reference_key(self._setup(), task))
+            return self._attempt(task, candidate, build_result, timed)
 
     def _out_of_memory_beside_others(self, result: EvalResult) -> bool:
         """A GPU evaluation that ran out of device memory (the candidate's or the reference's) while
@@ -296,8 +314,9 @@ class Evaluator:
         stop_on("profile", "during the timing rounds", integrity)
         # After the records: work finished past the end fails there, by name, before it shows as lost time.
         # The brackets first: where they and the round's clock disagree, they are the tighter.
-        stop_on("profile", "", Regions(run.brackets, log.hold_us, setup, result),
-                Clock(log.walls_ms, log.claimed_ms, log.empty_ms, log.plan.trials, setup.timing, result))
+        regions = Regions(run.brackets, log.hold_us, setup, result)
+        stop_on("profile", "", regions,
+                Clock(log.walls_ms, log.claimed_ms, log.empty_ms, log.plan.trials, setup.timing, result, regions))
         result.durations["verify"] += round(time.monotonic() - clock, 3)
         result.correct = True
         decide(setup, self.baselines, rounds, baseline, key, output_bytes, result)

@@ -20,7 +20,8 @@ from cuda_agent.sandbox.process import send_fd
 from cuda_agent.tensors import tensors_in
 from cuda_agent.tasks.task import TaskError
 
-from cuda_agent.evaluate.side import _Side, fingerprint, pin_precision, refuse_if_too_big, seed_everything, synchronize
+from cuda_agent.evaluate.side import (_Side, fingerprint, pin_precision, refuse_if_too_big, seed_everything,
+                                      share_inductor_headers, synchronize)
 
 
 class ReferenceSide(_Side):
@@ -171,6 +172,7 @@ class ReferenceSide(_Side):
         from the timing, so that compiling (CPU work, seconds to minutes) needs no exclusive GPU."""
         import torch
 
+        share_inductor_headers()
         inputs = self.inputs(msg.seed)
         start = time.perf_counter()
         try:
@@ -235,5 +237,6 @@ class ReferenceSide(_Side):
             raise TaskError(f"{self.source}: torch.compile baseline unavailable: "
                             f"{(self.compiled or {}).get('compile_error', 'not compiled')}")
         return self.compiled["model"]
+
 
 

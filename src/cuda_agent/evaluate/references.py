@@ -133,6 +133,16 @@ class ReferencePool:
             del self._out[key]
         self._returned.notify_all()
 
+    def drop_idle(self, keep: str | None = None) -> int:
+        """Closes the idle references, all but ``keep``'s: the device memory they hold goes to an evaluation
+        that must run with the device alone (``DeviceLock.alone``). How many were closed."""
+        with self._lock:
+            dropped = [key for key in self._idle if key != keep]
+            closing = [self._idle.pop(key) for key in dropped]
+        for reference in closing:
+            reference.close()
+        return len(closing)
+
     def __len__(self) -> int:
         return len(self._idle)
 

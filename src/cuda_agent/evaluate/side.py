@@ -3,6 +3,7 @@ from a seed on the device, their fingerprints, and ``_Side``, the task loaded an
 
 from __future__ import annotations
 
+import os
 import random
 import secrets
 import socket
@@ -230,3 +231,18 @@ def refuse_if_too_big(module: types.ModuleType, init_args: list[Any], limit: int
         raise TaskError(f"{source}: needs at least {need / GIB:.1f} GiB of memory (its inputs, weights and one output, "
                         f"sized without allocating them), more than the {limit / GIB:.1f} GiB each evaluation process "
                         "may use: raise it with --memory-limit GIB (Evaluator(memory_limit=...)), or choose a smaller task")
+
+
+def share_inductor_headers() -> None:
+    """Inductor keeps its C++ precompiled header (150 MB, ~7 s to build on a 2-core host) under $TMPDIR, not
+    under TORCHINDUCTOR_CACHE_DIR, and each reference process has a TMPDIR of its own: every torch.compile on
+    the CPU rebuilt it (9.5 s against 2.9 s with it kept). Pointed into the shared inductor cache, where
+    inductor's own file lock makes concurrent builds safe; a torch without these names is left as it is."""
+    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if not cache:
+        return
+    from torch._inductor import codecache
+
+    if hasattr(codecache, "_HEADER_DIR") and hasattr(codecache, "_HEADER_LOCK_DIR"):
+        codecache._HEADER_DIR = os.path.join(cache, "precompiled_headers")
+        codecache._HEADER_LOCK_DIR = os.path.join(codecache._HEADER_DIR, "locks")

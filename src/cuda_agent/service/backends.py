@@ -51,7 +51,8 @@ def local_service(device: str = "auto", *, slots: int | None = None, gpus: list[
     else:
         indices = [None] * max(1, slots or 1)
     options = long_lived(device) | options
-    shared = len(set(indices)) < len(indices) and "timing_lock" not in options
+    # Every GPU gets a DeviceLock, one slot or several: the build workers take its shared side (below).
+    shared = (device == "cuda" or len(set(indices)) < len(indices)) and "timing_lock" not in options
     locks = {index: DeviceLock() for index in set(indices)} if shared else {}
     # Slots on one GPU share its reference processes: a task's reference (its torch.compile, its baselines'
     # warm-up) is started once for them, and a slot whose task's reference is busy waits for it.
@@ -64,8 +65,9 @@ def local_service(device: str = "auto", *, slots: int | None = None, gpus: list[
         return LocalSlot(f"local-{i}" + (f"-gpu{indices[i]}" if indices[i] is not None else ""),
                          Evaluator(device, gpu_index=indices[i], **(options | lock)))
 
+    # Compiles wait for every GPU's timing on this host, and its timing for them (evaluate.device_lock).
     builder = Evaluator(device, **({k: v for k, v in options.items() if k not in ("timing_lock", "references")}
-                                   | {"prestart": False}))
+                                   | {"prestart": False} | ({"build_lock": list(locks.values())} if locks else {})))
     workers = (max(1, (os.cpu_count() or 2) // 2) if device == "cuda" else 0) if build_workers is None else build_workers
     if workers:
         # What every candidate's build shares (the glue's precompiled header, binding.cpp) is built now,

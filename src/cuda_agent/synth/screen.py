@@ -18,6 +18,7 @@ from typing import Any
 from cuda_agent.evaluate.compare import compare_outputs, error_ratio, output_rms
 from cuda_agent.evaluate.policy import TimingConfig
 from cuda_agent.evaluate.protocol import SCREEN_REQUESTS, ScreenCheckRequest, ScreenTimeRequest, parse_request
+from cuda_agent.evaluate.side import share_inductor_headers
 from cuda_agent.evaluate.timing import measure
 from cuda_agent.evaluate.worker import init_inputs, make_inputs, pin_precision, seed_everything, serve, synchronize
 from cuda_agent.tasks.task import Task, exec_task_module
@@ -134,6 +135,7 @@ class ScreenSide:
 
         if self.model is None:
             raise RuntimeError("no program is held: send 'check' first")
+        share_inductor_headers()
         started = time.perf_counter()
         try:
             compiled = torch.compile(self.model)
