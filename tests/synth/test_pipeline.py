@@ -120,14 +120,16 @@ def test_an_interrupted_run_resumes_without_duplicates(tmp_path, catalog):
 
 
 @pytest.mark.slow
-def test_program_composer_run_on_cpu_accepts_50_tasks(tmp_path, kernelbench_dir_or_none):
-    """The issue's CPU acceptance run: the programmatic composer, the CPU window, real filters."""
-    config = SynthConfig(n=50, out=tmp_path, device="cpu", workers=2, seed=11, sandbox=SANDBOX,
+def test_program_composer_run_on_cpu_accepts_as_many_tasks_as_asked(tmp_path, kernelbench_dir_or_none):
+    """The programmatic composer, the CPU window, real filters, decontamination, the report and the parquet.
+    16 tasks (each one a cold torch.compile, ~10 CPU-s here): the 50-task acceptance run of the synthesis
+    issue took 250 s of CI's 40 minutes; its figures are in benchmarks/RESULTS.md."""
+    config = SynthConfig(n=16, out=tmp_path, device="cpu", workers=2, seed=11, sandbox=SANDBOX,
                          kernelbench=kernelbench_dir_or_none)
     summary = synthesize(config, build_catalog(transformers=False), progress=False)
-    assert summary["accepted"] == 50 and summary["candidates"] >= 50
+    assert summary["accepted"] == 16 and summary["candidates"] >= 16
     tasks = load_tasks(tmp_path / "tasks.jsonl")
-    assert len(tasks) == 50 and all(t.metadata["data_source"].startswith("torch#") for t in tasks)
+    assert len(tasks) == 16 and all(t.metadata["data_source"].startswith("torch#") for t in tasks)
     rows = _rows(tmp_path / TASKS_FILE)
     assert all(0.2 <= row["eager_ms"] <= 200 and row["compile_ms"] > 0 for row in rows)
     if kernelbench_dir_or_none is not None:
