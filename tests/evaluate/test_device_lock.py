@@ -16,6 +16,16 @@ def overlapping(holds):
             if a[0] != b[0] and "exclusive" in (a[1], b[1]) and a[2] < b[3] and b[2] < a[3]]
 
 
+def run_together(*functions) -> bool:
+    """Each function in a thread named after it, all started, then joined; whether every one ended."""
+    threads = [threading.Thread(target=f, name=f.__name__) for f in functions]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    return not any(t.is_alive() for t in threads)
+
+
 def test_shares_overlap_and_timing_has_the_device_alone():
     lock = DeviceLock(trace=True)
     both_in = threading.Barrier(2, timeout=5)
@@ -128,12 +138,7 @@ def test_alone_first_lets_evaluations_in_progress_finish_even_while_they_time():
         with lock.shared():
             order.append("newcomer")
 
-    threads = [threading.Thread(target=f, name=f.__name__) for f in (in_progress, rerun_alone, newcomer)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(10)
-    assert not any(t.is_alive() for t in threads), "deadlock"
+    assert run_together(in_progress, rerun_alone, newcomer), "deadlock"
     assert order == ["in progress done", "alone", "newcomer"]
     assert overlapping(lock.holds) == []
 
@@ -160,11 +165,7 @@ def test_a_compile_holds_off_timing_but_not_an_evaluation_alone():
         with locks[0]._cond:
             order.append(f"occupants {locks[0]._occupants}")
 
-    threads = [threading.Thread(target=f, name=f.__name__) for f in (compile_, timer, drained)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(10)
+    assert run_together(compile_, timer, drained), "deadlock"
     assert order == ["occupants 0", "compiled", "timed"]
     assert [h[1] for h in locks[0].holds] == ["shared"] and overlapping(locks[1].holds) == []
 
@@ -191,11 +192,7 @@ def test_a_waiting_timing_round_goes_before_new_shares():
         with lock.shared():
             order.append("late share")
 
-    threads = [threading.Thread(target=f, name=f.__name__) for f in (long_share, timer, late_share)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(10)
+    assert run_together(long_share, timer, late_share), "deadlock"
     assert order.index("timed") < order.index("late share")
     assert overlapping(lock.holds) == []
 
