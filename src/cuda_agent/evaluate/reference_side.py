@@ -237,6 +237,3 @@ class ReferenceSide(_Side):
             raise TaskError(f"{self.source}: torch.compile baseline unavailable: "
                             f"{(self.compiled or {}).get('compile_error', 'not compiled')}")
         return self.compiled["model"]
-
-
-
