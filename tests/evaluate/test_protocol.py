@@ -38,6 +38,7 @@ EXAMPLES = [
         index=2, outputs=[p.LeafSample(shape=[2, 3], dtype="float32", values=[0.5, -1.0])],
         inputs=[p.LeafSample(shape=[2, 3], dtype="float32", values=[2.0])]))], **TOL),
     p.SampleRequest(dir="out", manifest={"kind": "tensor"}, probe=6),
+    p.ReadGpuRequest(sizes=[2 << 20], reads=[[0, 4096, 4]], apart_s=0.001),
     p.ScreenCheckRequest(path="program.py", name="p", seeds=[1, 2, 3], stochastic_ops=["torch.dropout"], **TOL),
     p.ScreenTimeRequest(compiled=True, tf32="torch"),
     p.ScreenCompileRequest(),
@@ -49,7 +50,8 @@ def test_every_request_kind_has_an_example():
     assert set(p.REQUESTS.values()) | set(p.SCREEN_REQUESTS.values()) == kinds
     assert all(cls.op == op for op, cls in p.REQUESTS.items())
     assert set(p.REQUESTS) == {"ready", "load", "weights", "attach", "run", "calibrate", "time", "timed", "output", "expect",
-                               "release", "compare", "degenerate", "compile", "records", "sample"}
+                               "release", "compare", "degenerate", "compile", "records", "sample",
+                               "read_gpu"}
     assert set(p.SCREEN_REQUESTS) == {"check", "time", "compile"}
 
 

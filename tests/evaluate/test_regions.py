@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from cuda_agent.evaluate.outside import OutsideError, OutsideReader, describe
+from cuda_agent.evaluate.outside import OutsideError, ProcessMemory as OutsideReader, describe
 from cuda_agent.evaluate.policy import TimingConfig
 from cuda_agent.evaluate.records import OUTPUT_VALUES, positions
 from cuda_agent.evaluate.regions import (

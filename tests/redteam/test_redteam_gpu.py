@@ -261,13 +261,11 @@ CASES = [
          cpp_prelude=SCALED_SAMPLES, binding="scale_samples(); auto y = torch::empty_like(x);",
          runtime=True, rule="clock"),
     # Class 1: the probe read from the timing loop's frame, a quarter of each timed output computed and the
-    # probed positions. Open on the GPU (outputs are still recorded in the candidate's process): kept as a
-    # strict expected failure, so that the day it is rejected the test says so.
-    pytest.param(Case("secrets-from-the-timing-frame-runtime", "Harness secrets read (class 1)", forward=GOOD,
-                      cpp_prelude=SECRETS_FROM_THE_FRAME, binding=GPU_COMPUTE_ONLY_WHAT_IS_READ, runtime=True,
-                      status="incorrect", rule="timed-output"),
-                 marks=pytest.mark.xfail(strict=True, reason="open on the GPU: records are read inside the candidate's "
-                                                             "process (docs/SECURITY.md, trust v3)")),
+    # probed positions. The timed outputs are read from outside the process now (evaluate.vmm): there is no
+    # probe in it to read, and the positions read are three quarters wrong.
+    Case("secrets-from-the-timing-frame-runtime", "Harness secrets read (class 1)", forward=GOOD,
+         cpp_prelude=SECRETS_FROM_THE_FRAME, binding=GPU_COMPUTE_ONLY_WHAT_IS_READ, runtime=True,
+         status="incorrect", rule="timed-output"),
 ]
 
 

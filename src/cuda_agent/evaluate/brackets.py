@@ -3,7 +3,8 @@
 It hands the candidate's process its end of the brackets before any candidate code loads, has it time
 no-op regions through them while its harness is still pristine (the brackets' own cost), brackets every
 timed region of the rounds, and on the CPU backend stops the process after each region and reads the
-calls it chose there, in secret, from outside (``evaluate.outside``). After the rounds, ``judge`` sets the
+calls it chose there, in secret, from outside (``evaluate.outside``: on the CPU backend its memory, on a
+GPU the allocations it exported after the region, read by the reference process). After the rounds, ``judge`` sets the
 regions the candidate's process reported against the brackets.
 """
 
@@ -14,14 +15,18 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from cuda_agent.evaluate.channel import Stop
-from cuda_agent.evaluate.outside import OutsideError, OutsideReader
+from cuda_agent.evaluate.outside import GpuMemory, OutsideError, OutsideReader, ProcessMemory, RemoteRead
 from cuda_agent.evaluate.protocol import CallRecord
 from cuda_agent.evaluate.records import RECORDED_PER_REGION
 from cuda_agent.evaluate.regions import (
-    Bell, BellError, BellFailed, Bracket, Overhead, RegionClock, decode_calls, judge, overhead, thread_times,
+    Bell, BellError, BellFailed, BellUnreadable, Bracket, Overhead, RegionClock, decode_calls, judge, overhead, thread_times,
 )
 
-CALIBRATION_REGIONS = 9  # no-op regions timed before the candidate's code loads
+CALIBRATION_REGIONS = 11  # no-op regions timed before the candidate's code loads
+# The first ones warm the path up and are left out of the brackets' cost: on a GPU the first region exports the
+# task's memory (tens of descriptors), and a freshly started process's first regions ran slower (the H100, its
+# first two evaluations: spread over 9 regions 0.09-0.23 ms against 0.01-0.03 ms later).
+WARM_UP_REGIONS = 2
 
 
 def bracket_hold(setup: Any) -> float:
@@ -41,6 +46,9 @@ class CandidateBrackets:
     stopped_check: Callable[[], None] | None = None  # run once stopped, before anything is read (signal handlers)
     timed: list[tuple[Bracket, float]] = field(default_factory=list)  # each region, its reported time (ms)
     records: list[tuple[int, CallRecord]] = field(default_factory=list)  # (probe, record) read from outside
+    # Whether timed calls are read from outside (``evaluate.outside``): always on the CPU backend; on a GPU
+    # where the candidate's process can export its memory (``read_from``), else its harness records them.
+    outside: bool = False
 
     @classmethod
     def open(cls, worker: Any, device: str) -> "CandidateBrackets":
@@ -50,25 +58,24 @@ class CandidateBrackets:
         except OSError as exc:
             bell.close()
             raise Stop("error", "load", f"candidate process: cannot take the region brackets: {exc}") from None
-        return cls(bell, device, worker)
+        return cls(bell, device, worker, outside=device == "cpu")
 
-    @property
-    def outside(self) -> bool:
-        """Whether timed calls are read from outside (CPU tensors: ``evaluate.outside``)."""
-        return self.device == "cpu"
-
-    def read_from(self, pid: int | None) -> None:
-        """Watch the harness process's timing thread, and (CPU backend) open its memory, while it is still
-        the harness's alone."""
+    def read_from(self, pid: int | None, gpu_export: str | None = None, remote: RemoteRead | None = None) -> None:
+        """Watch the harness process's timing thread, and open its memory (CPU backend) or take the reader
+        of what it exports (``remote``, on a GPU where ``gpu_export`` is "on"), while it is still the harness's
+        alone."""
         if pid is not None:
             self.thread = thread_times(pid)
-        if not self.outside:
+        if self.device == "cuda":
+            self.outside = self.bell.chunked = gpu_export == "on" and remote is not None
+            if self.outside:
+                self.reader = GpuMemory(remote)  # type: ignore[arg-type]
             return
         if pid is None:
             raise Stop("error", "load", "the candidate's harness process was not found: its outputs cannot be read "
                        "from outside")
         try:
-            self.reader = OutsideReader(pid)
+            self.reader = ProcessMemory(pid)
         except OSError as exc:
             raise Stop("error", "load", f"the candidate's memory cannot be read from outside: {exc}") from None
 
@@ -98,7 +105,7 @@ class CandidateBrackets:
     def calibrate(self, brackets: list[Bracket] | None, reported_ms: list[float] | None, hold_us: float) -> None:
         if brackets is None or not reported_ms or len(reported_ms) != len(brackets):
             raise Stop("error", "load", "the candidate's process did not time the no-op regions before its code loaded")
-        self.cost = overhead(brackets, reported_ms, hold_us)
+        self.cost = overhead(brackets[WARM_UP_REGIONS:], reported_ms[WARM_UP_REGIONS:], hold_us)
         self.records.clear()
 
     # -- the rounds --------------------------------------------------------------------------
@@ -109,6 +116,9 @@ class CandidateBrackets:
             return self.bell.serve(trials, timeout_s, self._alive, self._reader_for(first, calls, probe), self.thread)
         except BellFailed:
             return None
+        except BellUnreadable as exc:
+            raise Stop("failed", "verify", f"a timed call's output cannot be read from outside the candidate's "
+                       f"process: {exc}", rule="timed-output") from None
         except BellError as exc:
             if not self._alive():
                 return None
@@ -127,9 +137,15 @@ class CandidateBrackets:
         return self.worker.proc.poll() is None
 
     def _reader_for(self, first: int, calls: int, probe: int | None) -> Callable[[Bracket], None] | None:
-        """After each region: its calls as described, checked against the calls asked for; on the CPU backend
-        the process stopped and ``RECORDED_PER_REGION`` of them, drawn now, read from outside."""
+        """After each region: its calls as described, checked against the calls asked for; then the process
+        stopped and ``RECORDED_PER_REGION`` of them, drawn now, read from outside."""
         def between(bracket: Bracket) -> None:
+            if isinstance(self.reader, GpuMemory):
+                try:
+                    self.reader.take(bracket.chunks)
+                except OutsideError as exc:
+                    raise Stop("failed", "verify", f"a timed call's output, read from outside the candidate's "
+                               f"process: {exc}", rule="timed-output") from None
             described = decode_calls(bracket.payload) if self.outside else []
             if self.outside:
                 wanted = list(range(first + bracket.region * calls, first + (bracket.region + 1) * calls))
@@ -144,8 +160,8 @@ class CandidateBrackets:
             try:
                 if self.stopped_check is not None:
                     self.stopped_check()
-                for call in secrets.SystemRandom().sample(described, min(len(described), RECORDED_PER_REGION)):
-                    self.records.append((probe, self.reader.record(call, probe)))
+                chosen = secrets.SystemRandom().sample(described, min(len(described), RECORDED_PER_REGION))
+                self.records.extend((probe, record) for record in self.reader.records(chosen, probe))
             except OutsideError as exc:
                 raise Stop("failed", "verify", f"a timed call's output, read from outside the candidate's process: "
                            f"{exc}", rule="timed-output") from None

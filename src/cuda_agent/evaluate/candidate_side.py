@@ -43,6 +43,7 @@ class CandidateSide(_Side):
         self.held: dict[int, dict[str, Any]] = {}
         self.recorded = 0
         self.code_lock = "not asked"  # "on", or why not (sandbox.nocode), reported with "ready"
+        self.gpu_export = "not a GPU"  # "on", or why its GPU memory cannot be read from outside (evaluate.vmm)
 
     def handle(self, op: str, msg: Any) -> dict[str, Any]:
         """Answer request ``op``: its dataclass (``protocol.REQUESTS``), or a dict it is parsed from."""
@@ -58,7 +59,8 @@ class CandidateSide(_Side):
             # Data pointers too: the allocators (on a GPU the caching allocator as well) and the C
             # library's clocks, on both backends alike; on a GPU the runtime's pointers to the driver.
             data = allocator_slots(cuda) | vdso_slots() | (driver_slots() if cuda else {})
-            return {"slots": native_slots(harness_native_functions(cuda)) | data, "code_lock": self.code_lock}
+            return {"slots": native_slots(harness_native_functions(cuda)) | data, "code_lock": self.code_lock,
+                    "gpu_export": self.gpu_export}
         if op == "load":
             # The task program runs first, before any candidate code can touch torch;
             # the guard's snapshot of the harness is taken before candidate code too.

@@ -339,7 +339,11 @@ class Evaluator:
             result.notes.append(f"code pages not locked in the candidate's process: {ready.code_lock}")
         calibrating: dict[str, Any] = {}
         if brackets is not None:
-            brackets.read_from(integrity.pid if integrity.pid is not None else candidate.worker.harness_pid())
+            brackets.read_from(integrity.pid if integrity.pid is not None else candidate.worker.harness_pid(),
+                               ready.gpu_export, ref.gpu_reader(setup, reference) if setup.device == "cuda" else None)
+            if setup.device == "cuda" and not brackets.outside:
+                result.notes.append(f"timed outputs recorded in the candidate's process, not read from outside it: "
+                                    f"{ready.gpu_export}")
             calibrating = brackets.calibration_fields(bracket_hold(setup), setup.timing.to_dict())
         candidate.send("load", LoadRequest(**setup.task_message(run.task, run.job, reference.init_seed),
                                            model_new_file=str(run.job / "model_new.py"), modules=modules, **calibrating))

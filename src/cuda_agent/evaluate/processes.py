@@ -66,6 +66,10 @@ def spawn(setup: Setup, role: str, home: Path, readable: list[Path]) -> WorkerPr
         env["CUDA_VISIBLE_DEVICES"] = str(setup.gpu_index)
     if role == "candidate":
         env[LOCK_CODE_ENV] = "1"  # nothing may become executable once its start-up is over (sandbox.nocode)
+        if setup.device == "cuda":
+            # Memory of the driver's VMM API, which another process can map: its timed outputs are read
+            # from outside it (evaluate.vmm). Replaces any other allocator setting of the user's.
+            env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     limits = Limits(timeout_s=setup.timeouts.baseline_s, output_bytes=setup.output_limit,
                     memory_bytes=setup.memory_limit)
     return WorkerProcess(

@@ -247,7 +247,8 @@ class TimeRequest(_Request):
     probe: int | None = None  # the secret the recorded positions are drawn from (evaluate.records)
     hold_us: float | None = None  # candidate and empty rounds: the hold the evaluator set (timing.HostLaunch)
     bell: bool = False  # each region bracketed by the evaluator (evaluate.regions)
-    outside: bool = False  # candidate: its calls described in DONE and read from outside (evaluate.outside)
+    outside: bool = False  # its calls described in DONE and read from outside (evaluate.outside); on a GPU the
+    # candidate exports their memory after DONE (evaluate.vmm)
 
 
 @dataclass(frozen=True)
@@ -338,10 +339,21 @@ class CompileRequest(_Request):
     seed: int
 
 
+@dataclass(frozen=True)
+class ReadGpuRequest(_Request):
+    """Reference: read the candidate's GPU memory from outside it (``evaluate.vmm``): ``len(sizes)``
+    allocations, their descriptors sent on the descriptor channel just before, each ``sizes[i]`` bytes;
+    each read ``[allocation, offset, bytes]``, all read twice ``apart_s`` apart."""
+    op: ClassVar[str] = "read_gpu"
+    sizes: list[int]
+    reads: list[list[int]]
+    apart_s: float
+
+
 REQUESTS: dict[str, type[_Request]] = {cls.op: cls for cls in (
     ReadyRequest, LoadRequest, WeightsRequest, AttachRequest, RunRequest, CalibrateRequest, TimeRequest, TimedRequest,
     OutputRequest, ExpectRequest, ReleaseRequest, CompareRequest, DegenerateRequest, CompileRequest,
-    RecordsRequest, SampleRequest)}
+    RecordsRequest, SampleRequest, ReadGpuRequest)}
 
 
 # -- requests of the synth screener ----------------------------------------------------------------
@@ -398,9 +410,11 @@ class ReadyReply(_Reply):
     live in this process (``guard.integrity.native_slots``), and the data pointers that reach the
     allocators and the C library's clocks (``allocator_slots``, ``vdso_slots``), for the evaluator to read
     from outside;
-    whether nothing can become executable in it any more (``sandbox.nocode``: "on", or why not)."""
+    whether nothing can become executable in it any more (``sandbox.nocode``: "on", or why not); on a GPU
+    whether its memory can be exported for reads from outside (``evaluate.vmm``: "on", or why not)."""
     slots: dict[str, int] | None = None
     code_lock: str | None = None
+    gpu_export: str | None = None
 
 
 @dataclass(frozen=True)
@@ -492,6 +506,13 @@ class AttachReply(_Reply):
     attached: bool
     reason: str | None = None
     pinned: bool | None = None
+
+
+@dataclass(frozen=True)
+class ReadGpuReply(_Reply):
+    data: list[str]  # each read's bytes (hex), as first read
+    changed: list[int]  # the reads whose bytes differed the second time
+    error: str | None = None  # the memory could not be imported, mapped or read (the candidate's doing)
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,10 @@ from cuda_agent.evaluate.context import Setup
 from cuda_agent.evaluate.decide import BASELINES, Rounds
 from cuda_agent.evaluate.degenerate import DegenerateReport
 from cuda_agent.evaluate.environment import describe_environment
+from cuda_agent.evaluate.outside import OutsideError, RemoteRead
 from cuda_agent.evaluate.processes import new_job, spawn
 from cuda_agent.evaluate.protocol import (
+    ReadGpuReply, ReadGpuRequest,
     AttachReply, AttachRequest, CompileReply, CompileRequest, DegenerateReply, DegenerateRequest, LoadReply,
     LoadRequest, ReleaseReply, ReleaseRequest,
 )
@@ -228,3 +230,20 @@ def share_output_memory(setup: Setup, reference: LiveReference, candidate: Chann
                                    setup.timeouts.check_s)
     if not attached.attached:
         result.notes.append(f"outputs handed over through files: {attached.reason}")
+
+
+def gpu_reader(setup: Setup, reference: LiveReference) -> RemoteRead:
+    """Reads of the candidate's GPU memory by the reference process (``evaluate.vmm``): the descriptors of
+    the allocations relayed over its descriptor channel, the reads asked for by request."""
+    def read(fds: list[int], sizes: list[int], reads: list[tuple[int, int, int]],
+             apart_s: float) -> tuple[list[bytes], list[int]]:
+        try:
+            reference.channel.worker.send_fds(fds)
+        except OSError as exc:
+            raise Stop("error", "profile", f"reference process: cannot take the candidate's GPU memory: {exc}") from None
+        request = ReadGpuRequest(sizes=sizes, reads=[list(r) for r in reads], apart_s=apart_s)
+        reply = reference.channel.ask_typed("profile", request, ReadGpuReply, setup.timeouts.check_s)
+        if reply.error:
+            raise OutsideError(reply.error)
+        return [bytes.fromhex(d) for d in reply.data], reply.changed
+    return read

@@ -4,6 +4,7 @@ handed over, checks the records of timed calls, and times the baselines."""
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -11,12 +12,13 @@ from typing import Any
 from cuda_agent.evaluate.compare import compare_outputs, precision_allowance
 from cuda_agent.evaluate.policy import TimingConfig
 from cuda_agent.evaluate.protocol import (CalibrateRequest, CompareRequest, CompileRequest, DegenerateRequest,
-                                          ExpectRequest, RecordsRequest, TimeRequest, parse_request)
+                                          ExpectRequest, ReadGpuRequest, RecordsRequest, TimeRequest,
+                                          parse_request)
 from cuda_agent.evaluate.records import compare_record, same_outputs, sample_output
 from cuda_agent.evaluate.shared import SharedBuffer, SharedError
 from cuda_agent.evaluate.timing import HostLaunch
 from cuda_agent.evaluate.transfer import TransferError, manifest_devices, packed_bytes, read_outputs
-from cuda_agent.sandbox.process import send_fd
+from cuda_agent.sandbox.process import receive_fds, send_fd
 from cuda_agent.tensors import tensors_in
 from cuda_agent.tasks.task import TaskError
 
@@ -30,6 +32,7 @@ class ReferenceSide(_Side):
     allowance = 1.0  # factor on the tolerance for the expected output held now
     compiled: dict[str, Any] | None = None  # torch.compile(Model) (or its error) and its compile time
     output_specs: list[tuple[Any, Any, Any]] = []  # (shape, dtype, device) of the Model's output tensors
+    importer: Any = None  # maps the candidate's exported GPU memory (evaluate.vmm.Importer), once needed
 
     def handle(self, op: str, msg: Any) -> dict[str, Any]:
         """Answer request ``op``: its dataclass (``protocol.REQUESTS``), or a dict it is parsed from."""
@@ -102,6 +105,8 @@ class ReferenceSide(_Side):
             return reply
         if op == "degenerate":
             return self.degenerate(msg)
+        if op == "read_gpu":
+            return self.read_gpu(msg)
         raise ValueError(f"unknown request {op!r}")
 
     def share(self) -> dict[str, Any]:
@@ -118,6 +123,28 @@ class ReferenceSide(_Side):
             return {"shared": False, "reason": f"{type(exc).__name__}: {exc}"}
         send_fd(self.fd_socket, self.shared.fd)
         return {"shared": True, "bytes": nbytes, "pinned": self.shared.pinned}
+
+    def read_gpu(self, msg: ReadGpuRequest) -> dict[str, Any]:
+        """The candidate's GPU memory read here, where its code cannot reach (``evaluate.vmm``): what fails
+        because of what it exported is said in the reply (the candidate's failure), not raised."""
+        import torch
+
+        from cuda_agent.evaluate.vmm import Importer, VmmError
+
+        if self.fd_socket is None:
+            raise ValueError("'read_gpu': no descriptor channel")
+        fds = receive_fds(self.fd_socket, len(msg.sizes), 30)
+        try:
+            if self.importer is None:
+                self.importer = Importer(torch.cuda.current_device())
+            reads = [(int(c), int(o), int(n)) for c, o, n in msg.reads]
+            data, changed = self.importer.read(fds, msg.sizes, reads, msg.apart_s)
+        except VmmError as exc:
+            return {"data": [], "changed": [], "error": str(exc)}
+        finally:
+            for fd in fds:
+                os.close(fd)
+        return {"data": [d.hex() for d in data], "changed": changed}
 
     def precision_allowance(self, inputs: list[Any], msg: ExpectRequest) -> float:
         """How far the baselines' own arithmetic (this Model under the pinned flags) is from

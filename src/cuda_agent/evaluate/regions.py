@@ -17,17 +17,32 @@ a forged time (``judge``): the outside clock wins.
 
 from __future__ import annotations
 
+import array
 import json
+import os
 import socket
 import statistics
 import struct
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
+
+from cuda_agent.evaluate.vmm import MAX_CHUNKS
 
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux; Python names it only on some builds
 HEADER = struct.Struct("<4sIq")  # what, region number, a value (unused: 0)
 READY, GO, DONE, CONT, FAIL = b"RDY_", b"GO__", b"DONE", b"CONT", b"FAIL"
+# After DONE, on a GPU: the allocations the region's tensors span (evaluate.vmm), as descriptors, up to
+# FDS_PER_DATAGRAM a datagram; its value is 1 on the last, -1 where they could not be exported.
+FDS = b"FDS_"
+FDS_PER_DATAGRAM = 200  # the kernel carries at most 253 descriptors a message
+# The worker's time from DONE to its last FDS is part of the region (the candidate's code could run then), less
+# what looking up (a driver call or three) and exporting (a descriptor made) more allocations than the no-op
+# regions did costs. Both are rare after a round's first region: the worker looks its allocations up before
+# each region, while it draws the inputs. Generous against the measured costs (docs/SECURITY.md), so that a
+# task with 6 GiB tensors (hundreds of 20 MiB allocations) is not failed by its first region.
+CHECK_MS_PER_CHUNK = 0.01
+EXPORT_MS_PER_CHUNK = 0.15
 MAX_DATAGRAM = 1 << 20  # DONE carries the region's output descriptors (evaluate.outside)
 STAMP = struct.Struct("qq")
 
@@ -36,8 +51,22 @@ class BellError(Exception):
     """The worker broke the region protocol (a datagram out of turn, or none in time)."""
 
 
+class BellUnreadable(BellError):
+    """The worker could not export a GPU region's memory (its tensors are not memory another process can map)."""
+
+
 class BellFailed(Exception):
     """The worker said FAIL: its round raised, and its reply says why."""
+
+
+@dataclass
+class Chunk:
+    """One allocation a GPU region's tensors lie in, at ``base`` in the worker's address space, and the
+    evaluator's descriptor of it."""
+
+    base: int
+    size: int
+    fd: int
 
 
 @dataclass
@@ -60,10 +89,17 @@ class Bracket:
     # The evaluator's own work after the region while the worker waited for CONT (on the CPU backend:
     # stopping it and reading its outputs from outside): part of the round's wall, none of it the worker's.
     held_ns: int = 0
+    # On a GPU: from DONE to the last of the region's exported allocations; how many allocations the worker
+    # looked up after DONE (those it had not looked up before the region), and how many it exported anew
+    # (``chunks``: their descriptors, for ``between`` to take or close).
+    exported_ns: int = 0
+    chunk_count: int = 0
+    new_chunks: int = 0
+    chunks: list[Chunk] = field(default_factory=list)
 
     @property
     def outside_ms(self) -> float:
-        return (self.done_ns - self.go_ns) / 1e6
+        return (self.done_ns - self.go_ns + self.exported_ns) / 1e6
 
     @property
     def prep_ms(self) -> float:
@@ -82,7 +118,8 @@ class Bracket:
 class Bell:
     """The evaluator's end of one worker's region brackets."""
 
-    def __init__(self) -> None:
+    def __init__(self, chunked: bool = False) -> None:
+        self.chunked = chunked  # each DONE is followed by the region's allocations (FDS datagrams)
         self.ours, self.theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.ours.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
         self.ours.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, MAX_DATAGRAM * 2)
@@ -113,17 +150,100 @@ class Bell:
             go_ns = time.time_ns()
             self.ours.send(HEADER.pack(GO, region, 0))
             done_ns, payload = self._expect(DONE, region, deadline, alive)
-            cpu_after, waited_after = thread()
-            bracket = Bracket(region, start, ready_ns, go_ns, done_ns, payload, waited_after - waited_before,
-                              cpu_after - cpu_before)
-            brackets.append(bracket)
-            if between is not None:
+            chunks, exported_ns, spanned = [], 0, 0
+            if self.chunked:
+                # The export runs in the worker's process, where the candidate's code could do work of its
+                # own meanwhile: it is part of the region (``Bracket.exported_ns``), not of the evaluator's hold.
+                chunks, last_ns, spanned = self._chunks(region, deadline, alive)
+                exported_ns = max(0, last_ns - done_ns)
+            bracket = None
+            try:
+                cpu_after, waited_after = thread()
+                bracket = Bracket(region, start, ready_ns, go_ns, done_ns, payload, waited_after - waited_before,
+                                  cpu_after - cpu_before, exported_ns=exported_ns, chunk_count=spanned,
+                                  new_chunks=len(chunks), chunks=chunks)
+                brackets.append(bracket)
                 held_from = time.time_ns()
-                between(bracket)
-                bracket.held_ns = time.time_ns() - held_from
+                if between is not None:
+                    between(bracket)  # takes the descriptors it keeps out of ``bracket.chunks``
+            finally:
+                for chunk in (bracket.chunks if bracket is not None else chunks):
+                    os.close(chunk.fd)
+            bracket.chunks = []
+            bracket.held_ns = time.time_ns() - held_from
             start = time.time_ns()
             self.ours.send(HEADER.pack(CONT, region, 0))
         return brackets
+
+    def _chunks(self, region: int, deadline: float, alive: Callable[[], bool]) -> tuple[list[Chunk], int, int]:
+        """The FDS datagrams after a region's DONE: the allocations its tensors span that were not sent before,
+        each with a descriptor; when the last datagram was sent (the kernel's stamp); how many allocations the
+        tensors span."""
+        chunks: list[Chunk] = []
+        try:
+            while True:
+                stamp, data, fds = self._receive(region, deadline, alive, FDS_PER_DATAGRAM)
+                kind, number, last = HEADER.unpack_from(data) if len(data) >= HEADER.size else (b"", -1, 0)
+                try:
+                    if kind == FAIL:
+                        raise BellFailed(f"the worker's round failed in region {number}")
+                    if kind != FDS or number != region:
+                        raise BellError(f"{kind!r} for region {number} where the allocations of region {region} "
+                                        "were due")
+                    if last == -1:
+                        raise BellUnreadable("its tensors' GPU memory could not be exported: "
+                                             + data[HEADER.size:HEADER.size + 500].decode(errors="replace"))
+                    message = json.loads(data[HEADER.size:])
+                    table = message.get("chunks") if isinstance(message, dict) else None
+                    spanned = message.get("spanned") if isinstance(message, dict) else None
+                    if not isinstance(table, list) or len(table) != len(fds) or not all(
+                            isinstance(e, list) and len(e) == 2 and all(isinstance(v, int) and v > 0 for v in e)
+                            for e in table) or not isinstance(spanned, int) or not 0 <= spanned <= MAX_CHUNKS:
+                        raise BellError(f"region {region}: an allocation table that does not match its descriptors")
+                except (BellError, BellFailed, ValueError):
+                    for fd in fds:
+                        os.close(fd)
+                    raise
+                chunks.extend(Chunk(base, size, fd) for (base, size), fd in zip(table, fds))
+                if len(chunks) > MAX_CHUNKS:
+                    raise BellError(f"region {region}: more than {MAX_CHUNKS} allocations")
+                if last == 1:
+                    return chunks, stamp, spanned
+        except BaseException:
+            for chunk in chunks:
+                os.close(chunk.fd)
+            raise
+
+    def _receive(self, region: int, deadline: float, alive: Callable[[], bool], fds: int = 0,
+                 what: str = "datagram") -> tuple[int, bytes, list[int]]:
+        """The kernel's send stamp of the next datagram, the datagram, and the descriptors it carried (at most
+        ``fds``; more are closed by the kernel)."""
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise BellError(f"no {what} for timed region {region} in time")
+            self.ours.settimeout(min(left, 1.0))
+            try:
+                data, ancillary, _, _ = self.ours.recvmsg(MAX_DATAGRAM, socket.CMSG_SPACE(STAMP.size)
+                                                          + socket.CMSG_SPACE(4 * max(fds, 1)))
+            except socket.timeout:
+                if not alive():
+                    raise BellError(f"the worker died in timed region {region}") from None
+                continue
+            received: list[int] = []
+            stamp = None
+            for level, kind, payload in ancillary:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    received.extend(struct.unpack(f"{len(payload) // 4}i", payload[:len(payload) - len(payload) % 4]))
+                elif level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
+                    seconds, nanoseconds = STAMP.unpack(payload[:STAMP.size])
+                    stamp = seconds * 1_000_000_000 + nanoseconds
+            if stamp is None or (not fds and received):
+                for fd in received:
+                    os.close(fd)
+                raise BellError("the kernel gave no send time for a datagram (SO_TIMESTAMPNS)" if stamp is None
+                                else f"descriptors where none were due in timed region {region}")
+            return stamp, data, received
 
     def drain(self) -> None:
         """Datagrams left from a round that stopped early are not the next round's: drop them before
@@ -140,18 +260,7 @@ class Bell:
     def _expect(self, what: bytes, region: int, deadline: float, alive: Callable[[], bool]) -> tuple[int, bytes]:
         """The kernel's send stamp and the payload of the next datagram, which must be ``what`` for
         ``region``."""
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise BellError(f"no {what.decode().strip('_')} for timed region {region} in time")
-            self.ours.settimeout(min(left, 1.0))
-            try:
-                data, ancillary, _, _ = self.ours.recvmsg(MAX_DATAGRAM, socket.CMSG_SPACE(STAMP.size))
-            except socket.timeout:
-                if not alive():
-                    raise BellError(f"the worker died in timed region {region}") from None
-                continue
-            break
+        stamp, data, _ = self._receive(region, deadline, alive, what=what.decode().strip("_"))
         if len(data) < HEADER.size:
             raise BellError(f"a malformed datagram in timed region {region}")
         kind, number, _ = HEADER.unpack_from(data)
@@ -159,11 +268,7 @@ class Bell:
             raise BellFailed(f"the worker's round failed in region {number}")
         if kind != what or number != region:
             raise BellError(f"{kind!r} for region {number} where {what!r} for region {region} was due")
-        stamp = next((STAMP.unpack(payload[:STAMP.size]) for level, kind_, payload in ancillary
-                      if level == socket.SOL_SOCKET and kind_ == SO_TIMESTAMPNS), None)
-        if stamp is None:
-            raise BellError("the kernel gave no send time for a datagram (SO_TIMESTAMPNS)")
-        return stamp[0] * 1_000_000_000 + stamp[1], data[HEADER.size:]
+        return stamp, data[HEADER.size:]
 
 
 class Ringer:
@@ -176,6 +281,10 @@ class Ringer:
         self._recv = sock.recv
         self._pack = HEADER.pack
         self._unpack = HEADER.unpack_from
+        self._sendmsg = sock.sendmsg
+        self._close = os.close
+        self._dumps = json.dumps
+        self._ints = array.array
 
     def ready(self, region: int) -> None:
         self._send(self._pack(READY, region, 0))
@@ -192,6 +301,23 @@ class Ringer:
 
     def done(self, region: int, payload: bytes = b"") -> None:
         self._send(self._pack(DONE, region, 0) + payload)
+
+    def chunks(self, region: int, chunks: list[tuple[int, int]], fds: list[int], spanned: int) -> None:
+        """After DONE: the region's allocations not sent before and a descriptor of each (closed here once
+        sent), and how many allocations were looked up after DONE."""
+        try:
+            for at in range(0, max(len(fds), 1), FDS_PER_DATAGRAM):
+                last = int(at + FDS_PER_DATAGRAM >= len(fds))
+                part = fds[at:at + FDS_PER_DATAGRAM]
+                table = self._dumps({"chunks": chunks[at:at + FDS_PER_DATAGRAM], "spanned": spanned}).encode()
+                self._sendmsg([self._pack(FDS, region, last) + table],
+                              [(socket.SOL_SOCKET, socket.SCM_RIGHTS, self._ints("i", part))] if part else [])
+        finally:
+            for fd in fds:
+                self._close(fd)
+
+    def chunks_failed(self, region: int, reason: str) -> None:
+        self._send(self._pack(FDS, region, -1) + reason.encode()[:500])
 
     def fail(self, region: int) -> None:
         try:
@@ -214,9 +340,16 @@ class Overhead:
     hold_us: float  # the hold the calibration regions had (a region with another hold differs by that)
     cpu_ms: float = 0.0
     cpu_spread_ms: float = 0.0
+    chunks: float = 0.0  # GPU: allocations a no-op region looked up after DONE (median)
+    new_chunks: float = 0.0  # GPU: allocations it exported anew (median)
 
     def for_hold(self, hold_us: float) -> float:
         return self.median_ms + (hold_us - self.hold_us) / 1e3
+
+    def export_ms(self, bracket: Bracket) -> float:
+        """What looking up and exporting more allocations after DONE than the no-op regions did adds to a region."""
+        return (CHECK_MS_PER_CHUNK * max(0.0, bracket.chunk_count - self.chunks)
+                + EXPORT_MS_PER_CHUNK * max(0.0, bracket.new_chunks - self.new_chunks))
 
     def to_dict(self) -> dict[str, Any]:
         return {k: round(v, 5) if isinstance(v, float) else v for k, v in asdict(self).items()}
@@ -230,7 +363,8 @@ def overhead(brackets: list[Bracket], inside_ms: list[float], hold_us: float) ->
     # loads beside these regions) the run-queue wait is over-counted (a wait begun before GO counts whole),
     # which would understate the brackets' cost and make every later region look long.
     return Overhead(max(statistics.median(wall), statistics.median(cpu)), robust_sd(wall), len(wall), hold_us,
-                    statistics.median(cpu), robust_sd(cpu))
+                    statistics.median(cpu), robust_sd(cpu), statistics.median(b.chunk_count for b in brackets),
+                    statistics.median(b.new_chunks for b in brackets))
 
 
 @dataclass
@@ -262,6 +396,8 @@ class RegionClock:
     waited_ms: float = 0.0  # median run-queue wait of the timing thread within a bracket
     cpu_ms: float = 0.0  # median CPU time of the timing thread within a bracket
     noise_ms: float = 0.0  # the tighter bound's allowance for the calibration's spread (3 x that spread)
+    exported_ms: float = 0.0  # GPU: median time from DONE to the region's memory exported (part of each bracket)
+    chunks: float = 0.0  # GPU: median allocations a region looked up after DONE
 
     @property
     def breached(self) -> str | None:
@@ -299,19 +435,21 @@ def judge(brackets: list[Bracket], reported_ms: list[float], cost: Overhead, hol
     Each bound's limit: ``slack`` of the reported region plus ``region_us`` plus three times that bound's
     spread in the calibration (what the brackets alone move it by on this host)."""
     fixed = cost.for_hold(hold_us)
-    wall = [b.wall_ms - fixed - r for b, r in zip(brackets, reported_ms)]
+    wall = [b.wall_ms - fixed - cost.export_ms(b) - r for b, r in zip(brackets, reported_ms)]
     # A longer hold than the calibration's may be spent spinning on the timing thread; a shorter one is not
     # taken off (it may have been spent asleep).
     cpu_fixed = cost.cpu_ms + max(0.0, hold_us - cost.hold_us) / 1e3
-    cpu = [b.cpu_ms - cpu_fixed - r for b, r in zip(brackets, reported_ms)]
+    cpu = [b.cpu_ms - cpu_fixed - cost.export_ms(b) - r for b, r in zip(brackets, reported_ms)]
     reported = statistics.median(reported_ms)
-    ratios = [(b.wall_ms - fixed) / r for b, r in zip(brackets, reported_ms) if r > 0]
+    ratios = [(b.wall_ms - fixed - cost.export_ms(b)) / r for b, r in zip(brackets, reported_ms) if r > 0]
     base = slack * reported + region_us / 1e3
     return RegionClock(len(brackets), reported, statistics.median(b.outside_ms for b in brackets), fixed,
                        statistics.median(wall), base + 3 * cost.spread_ms, statistics.median(cpu),
                        base + 3 * cost.cpu_spread_ms, statistics.median(ratios) if ratios else 1.0,
                        statistics.median(b.prep_ms for b in brackets), statistics.median(b.waited_ns / 1e6 for b in brackets),
-                       statistics.median(b.cpu_ms for b in brackets), 3 * min(cost.spread_ms, cost.cpu_spread_ms))
+                       statistics.median(b.cpu_ms for b in brackets), 3 * min(cost.spread_ms, cost.cpu_spread_ms),
+                       statistics.median(b.exported_ns / 1e6 for b in brackets),
+                       statistics.median(b.chunk_count for b in brackets))
 
 
 def robust_sd(values: list[float]) -> float:

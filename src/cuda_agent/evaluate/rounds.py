@@ -39,6 +39,7 @@ class CandidateLog:
     claimed_ms: list[float] = field(default_factory=list)  # each round's regions as the candidate reported them
     empty_ms: list[float] = field(default_factory=list)  # rounds of its plan without the calls (reference)
     hold_us: float | None = None  # before each of its regions and the empty rounds' (candidate_hold)
+    outside: bool = False  # its calls read from outside (CandidateBrackets): the empty rounds record none either
 
 
 @dataclass
@@ -79,7 +80,7 @@ def time_rounds(setup: Setup, reference: Channel, baseline: dict[str, Any], resu
             estimate = candidate.channel.ask_typed("profile", request, CalibrateReply, setup.timeouts.profile_s).estimate_ms
             pause(candidate.channel)
             plans["candidate"] = plan = Plan.for_call(_positive(estimate, "warm-up time"), config)
-            log = CandidateLog(plan)
+            log = CandidateLog(plan, outside=candidate.brackets is not None and candidate.brackets.outside)
             sides["candidate"] = _candidate_side(setup, candidate, log, hosts, estimate)
         host_us: dict[str, float] = {}
         for side in baseline.get("sides", []):
@@ -147,7 +148,8 @@ def _time_empty(setup: Setup, reference: Channel, log: CandidateLog) -> None:
     what the outside clock sees of the harness alone (draws, flushes, holds, records, the reply)."""
     plan = log.plan
     request = TimeRequest(side="empty", seed=secrets.randbits(62), first=0, trials=plan.trials, calls=plan.calls,
-                          probe=secrets.randbits(62), timing=setup.timing.to_dict(), hold_us=log.hold_us)
+                          probe=None if log.outside else secrets.randbits(62), timing=setup.timing.to_dict(),
+                          hold_us=log.hold_us, outside=log.outside)
     started = time.perf_counter()
     reference.ask_typed("baseline", request, TimeReply, setup.timeouts.baseline_s)
     log.empty_ms.append((time.perf_counter() - started) * 1e3)

@@ -13,11 +13,12 @@ from typing import Any
 
 from cuda_agent.evaluate.policy import TimingConfig
 from cuda_agent.evaluate.protocol import CalibrateRequest, LoadRequest, TimeRequest
-from cuda_agent.evaluate.outside import describe
+from cuda_agent.evaluate.outside import ITEMSIZE, describe
 from cuda_agent.evaluate.records import RECORDED_PER_REGION, Recorder
 from cuda_agent.evaluate.regions import Ringer, encode_calls
 from cuda_agent.evaluate.shared import SharedBuffer
 from cuda_agent.evaluate.timing import HostLaunch, calibrate, time_round, trial_seed
+from cuda_agent.evaluate.vmm import VmmError, spans as vmm_spans
 from cuda_agent.tensors import tensors_in, wide_squares, wide_sum
 from cuda_agent.tasks.task import Task, TaskError, describe_inputs, exec_task_module
 
@@ -96,6 +97,7 @@ class _Side:
     ringer: Ringer | None = None  # this worker's end of the region brackets (evaluate.regions)
     final_call: tuple[int, list[Any], dict[str, Any]] | None = None  # the latest round's last call
     shared: SharedBuffer | None = None  # where outputs are handed over, once shared
+    exporter: Any = None  # candidate on a GPU: exports its timed regions' memory (evaluate.vmm.Exporter)
 
     def load_task(self, msg: LoadRequest) -> None:
         self.device = msg.device
@@ -150,11 +152,22 @@ class _Side:
         region: list[tuple[int, list[Any], dict[str, Any]]] = []
         chooser = secrets.SystemRandom()
 
+        # On a GPU the memory the region's tensors span is looked up and exported before the region (its inputs,
+        # and the last region's outputs, whose memory its outputs reuse) and handed over after DONE
+        # (``after_done``); only what was not looked up before is looked up then, within the bracket.
+        exporter, ringer = self.exporter, self.ringer if msg.bell else None
+        exporting = msg.outside and exporter is not None and ringer is not None
+        spans: list[tuple[int, int]] = []
+        outputs_before: list[tuple[int, int]] = self.__dict__.setdefault("output_spans", [])
+
         def prepare() -> Any:
             index = next(count)
             inputs = self.inputs(trial_seed(msg.seed, index))
             box: dict[str, Any] = {}
             region.append((index, inputs, box))
+            if exporting and len(region) == msg.calls:
+                exporter.check(vmm_spans([describe(i, None, drawn) for i, drawn, _ in region], ITEMSIZE)
+                               + outputs_before)
 
             def call() -> None:
                 box["output"] = fn(*inputs)
@@ -163,8 +176,13 @@ class _Side:
         def after_end() -> bytes | None:
             # Described for the evaluator's reads from outside: the region's calls stay alive (the timing
             # loop holds them) until the evaluator says CONT.
-            payload = encode_calls([describe(index, box.get("output"), inputs) for index, inputs, box in region]) \
-                if msg.outside else None
+            payload = None
+            if msg.outside:
+                described = [describe(index, box.get("output"), inputs) for index, inputs, box in region]
+                payload = encode_calls(described)
+                if exporting:
+                    spans[:] = vmm_spans(described, ITEMSIZE)
+                    outputs_before[:] = vmm_spans([dict(call, **{"in": []}) for call in described], ITEMSIZE)
             if recorder is not None:
                 for index, inputs, box in chooser.sample(region, min(len(region), RECORDED_PER_REGION)):
                     recorder.record(index, box.get("output"), inputs)
@@ -177,10 +195,18 @@ class _Side:
             region.clear()
             return payload
 
+        def after_done(number: int) -> None:
+            try:
+                chunks, fds, looked_up = exporter.finish(spans)
+            except VmmError as exc:
+                ringer.chunks_failed(number, str(exc))
+                return
+            ringer.chunks(number, chunks, fds, looked_up)
+
         # A round that raises says FAIL on the brackets where it is handled (CandidateSide.handle).
         with torch.no_grad():
             samples = time_round(prepare, self.device, TimingConfig.from_dict(msg.timing), msg.trials, msg.calls,
-                                 after_end, host, fence, self.ringer if msg.bell else None)
+                                 after_end, host, fence, ringer, after_done if exporting else None)
         synchronize(self.device)
         if recorder is None:
             return samples, []
@@ -193,9 +219,9 @@ class _Side:
         import torch
 
         marker = torch.zeros(1, device=self.device)
-        outside = self.device == "cpu"
-        # Where the rounds record their calls in this process (GPU), these regions record theirs too: the
-        # records' gathers are inside every bracket, and so in what the brackets are found to cost.
+        outside = self.device == "cpu" or self.exporter is not None
+        # Where the rounds record their calls in this process (a GPU without exports), these regions record
+        # theirs too: the records' gathers are inside every bracket, and so in what the brackets are found to cost.
         request = TimeRequest(seed=msg.bell_seed, first=0, trials=msg.bell_regions, calls=1,
                               timing=msg.timing or TimingConfig().to_dict(), hold_us=msg.bell_hold_us, bell=True,
                               outside=outside, probe=None if outside else msg.bell_seed)

@@ -214,7 +214,8 @@ def calibrate(fn: Callable[[], Any], device: str, config: TimingConfig,
 
 def time_round(prepare: Callable[[], Callable[[], Any]], device: str, config: TimingConfig, trials: int,
                calls: int = 1, after_end: Callable[[], bytes | None] | None = None,
-               host: HostLaunch | None = None, fence: bool = True, bell: Any = None) -> list[float]:
+               host: HostLaunch | None = None, fence: bool = True, bell: Any = None,
+               after_done: Callable[[int], None] | None = None) -> list[float]:
     """One round of ``trials`` timed regions; each region runs ``calls`` calls back to back and
     gives one sample, its time per call in ms. ``prepare()`` runs outside the timed region (before
     the L2 flush) and returns the next call, inputs drawn: every call gets fresh inputs, and a
@@ -225,7 +226,8 @@ def time_round(prepare: Callable[[], Callable[[], Any]], device: str, config: Ti
     the calls may leave work running past the end event (the candidate's), so a region whose fence
     is late is timed to the fence; the trusted baselines' regions are always timed to their end.
     ``bell`` (``regions.Ringer``): each region is opened and closed through the evaluator's brackets
-    (READY once drawn, GO, DONE once over with what ``after_end`` returned, CONT)."""
+    (READY once drawn, GO, DONE once over with what ``after_end`` returned, CONT); ``after_done(region)``
+    runs between DONE and CONT, outside the bracket (on a GPU: the region's memory exported)."""
     import torch
 
     config = config.resolved(device)
@@ -243,13 +245,15 @@ def time_round(prepare: Callable[[], Callable[[], Any]], device: str, config: Ti
             payload = after_end()
             if bell is not None:
                 bell.done(region, payload or b"")
+                if after_done is not None:
+                    after_done(region)
                 bell.wait(CONT, region)
         return samples
     cuda = device == "cuda"
     flush = _flush_buffer(device, config)
     samples: list[float] = []
     if cuda:
-        samples = _time_regions_cuda(prepare, config, trials, calls, flush, after_end, host, fence, bell)
+        samples = _time_regions_cuda(prepare, config, trials, calls, flush, after_end, host, fence, bell, after_done)
     else:
         clock = time.perf_counter_ns
         for region in range(trials):
@@ -265,6 +269,8 @@ def time_round(prepare: Callable[[], Callable[[], Any]], device: str, config: Ti
             payload = after_end()
             if bell is not None:
                 bell.done(region, payload or b"")
+                if after_done is not None:
+                    after_done(region)
                 bell.wait(CONT, region)
             samples.append((end - begin) / 1e6 / calls)
             ready.clear()  # this region's inputs and outputs go before the next region draws its own
@@ -279,7 +285,7 @@ def _call_each(calls: list[Callable[[], Any]]) -> None:
 
 def _time_regions_cuda(prepare: Callable[[], Callable[[], Any]], config: TimingConfig, trials: int, calls: int,
                        flush: Any, after_end: Callable[[], bytes | None], host: HostLaunch, check_fence: bool,
-                       bell: Any = None) -> list[float]:
+                       bell: Any = None, after_done: Callable[[int], None] | None = None) -> list[float]:
     import torch
 
     stream_end = config.end_fence == "stream"
@@ -324,6 +330,8 @@ def _time_regions_cuda(prepare: Callable[[], Callable[[], Any]], config: TimingC
             payload = after_end()
         if bell is not None:
             bell.done(region, payload or b"")
+            if after_done is not None:
+                after_done(region)
             bell.wait(CONT, region)
         ready.clear()  # this region's inputs and outputs go before the next region draws its own
     torch.cuda.synchronize()

@@ -132,6 +132,10 @@ def main(argv: list[str] | None = None) -> None:
     # and the candidate's guard counts these threads as the harness's.
     warm_up_runtime(args.device, profiler=args.role == "candidate")
     side: Any = ReferenceSide() if args.role == "reference" else CandidateSide()
+    if args.role == "candidate" and args.device == "cuda":
+        from cuda_agent.evaluate.vmm import start_exporter
+
+        side.exporter, side.gpu_export = start_exporter()  # before any candidate code, before the code lock
     if args.role == "candidate" and os.environ.pop(LOCK_CODE_ENV, None):
         side.code_lock = forbid_new_code() or "on"
     serve(side)

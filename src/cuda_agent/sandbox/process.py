@@ -339,23 +339,45 @@ def _reap(proc: subprocess.Popen, deadline: float | None) -> Any:
         delay = min(delay * 2, 0.05)
 
 
+FDS_PER_MESSAGE = 250  # the kernel carries at most 253 descriptors a message
+
+
 def send_fd(sock: socket.socket, fd: int) -> None:
     """Send a copy of ``fd`` over a Unix socket (SCM_RIGHTS)."""
-    socket.send_fds(sock, [b"F"], [fd])
+    send_fds(sock, [fd])
+
+
+def send_fds(sock: socket.socket, fds: list[int]) -> None:
+    """Send copies of ``fds``, ``FDS_PER_MESSAGE`` to a message (``receive_fds`` takes them in order)."""
+    for at in range(0, len(fds), FDS_PER_MESSAGE):
+        socket.send_fds(sock, [b"F"], fds[at:at + FDS_PER_MESSAGE])
 
 
 def receive_fd(sock: socket.socket, timeout_s: float) -> int:
     """The one descriptor sent over ``sock``; OSError (TimeoutError) if none arrives in time."""
+    return receive_fds(sock, 1, timeout_s)[0]
+
+
+def receive_fds(sock: socket.socket, count: int, timeout_s: float) -> list[int]:
+    """``count`` descriptors sent over ``sock`` by ``send_fds``; OSError (TimeoutError) if they do not
+    arrive in time (the ones that did are closed)."""
+    received: list[int] = []
     sock.settimeout(timeout_s)
     try:
-        data, fds, _flags, _addr = socket.recv_fds(sock, 1, 4)
+        while len(received) < count:
+            want = min(FDS_PER_MESSAGE, count - len(received))
+            data, fds, _flags, _addr = socket.recv_fds(sock, 1, want)
+            received.extend(fds)
+            if len(fds) != want:
+                raise OSError(f"expected {want} descriptor(s), got {len(fds)}"
+                              + ("" if data else " (the channel is closed)"))
+    except BaseException:
+        for fd in received:
+            os.close(fd)
+        raise
     finally:
         sock.settimeout(None)
-    if len(fds) != 1:
-        for extra in fds:
-            os.close(extra)
-        raise OSError(f"expected one descriptor, got {len(fds)}" + ("" if data else " (the channel is closed)"))
-    return fds[0]
+    return received
 
 
 class WorkerTimeout(RuntimeError):
@@ -490,6 +512,11 @@ class WorkerProcess:
         if self.fds is None:
             raise OSError("this worker has no descriptor channel")
         send_fd(self.fds, fd)
+
+    def send_fds(self, fds: list[int]) -> None:
+        if self.fds is None:
+            raise OSError("this worker has no descriptor channel")
+        send_fds(self.fds, fds)
 
     def receive_fd(self, timeout_s: float) -> int:
         """A descriptor the worker sent over its descriptor channel."""

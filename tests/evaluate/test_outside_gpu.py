@@ -1,0 +1,284 @@
+"""Reading a GPU candidate's timed outputs from outside its process (evaluate.vmm, evaluate.outside.GpuMemory):
+the exported allocations' descriptors after each region (regions.Bell/Ringer), their relay, and the reads at the
+secret positions. On the CPU the allocations are memfds, read by a stand-in for the reference's mapping; on a GPU
+(``gpu`` marker) the real export and import, and a whole evaluation."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+
+import pytest
+import torch
+
+from cuda_agent.evaluate.outside import GpuMemory, OutsideError, describe
+from cuda_agent.evaluate.records import OUTPUT_VALUES, positions
+from cuda_agent.evaluate.regions import (
+    CONT, GO, Bell, BellError, BellUnreadable, Ringer, decode_calls, encode_calls, judge, overhead,
+)
+from cuda_agent.evaluate.vmm import spans
+from cuda_agent.sandbox.process import receive_fds, send_fds
+
+
+def _memfd(data: bytes) -> int:
+    fd = os.memfd_create("chunk")
+    os.write(fd, data)
+    return fd
+
+
+def _worker(ringer: Ringer, regions: int, exports) -> threading.Thread:
+    """A worker's timing loop: each region READY, GO, DONE, the region's allocations, CONT."""
+    def run() -> None:
+        for region in range(regions):
+            ringer.ready(region)
+            ringer.wait(GO, region)
+            ringer.done(region, b"[]")
+            exports(ringer, region)
+            ringer.wait(CONT, region)
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def _bell() -> tuple[Bell, Ringer]:
+    bell = Bell(chunked=True)
+    ringer = Ringer(bell.theirs)
+    return bell, ringer
+
+
+def test_every_exported_allocation_reaches_the_evaluator_and_is_closed_after_the_region():
+    bell, ringer = _bell()
+    count = 450  # three datagrams' worth
+    sent = {region: [(0x7000_0000 + i * (2 << 20), 2 << 20) for i in range(count)] for region in range(2)}
+    seen: dict[int, list[tuple[int, int, bytes]]] = {}
+    kept: list[int] = []
+
+    def exports(ringer: Ringer, region: int) -> None:
+        fds = [_memfd(f"{region}:{i}".encode()) for i in range(count)]
+        ringer.chunks(region, sent[region], fds, spanned=count + 7)
+
+    def between(bracket) -> None:
+        seen[bracket.region] = [(c.base, c.size, os.pread(c.fd, 16, 0)) for c in bracket.chunks]
+        kept.extend(c.fd for c in bracket.chunks)
+
+    worker = _worker(ringer, 2, exports)
+    brackets = bell.serve(2, 30, lambda: True, between)
+    worker.join(10)
+    for region in range(2):
+        assert [(b, s) for b, s, _ in seen[region]] == sent[region]
+        assert [d.rstrip(b"\0") for _, _, d in seen[region]] == [f"{region}:{i}".encode() for i in range(count)]
+        assert brackets[region].chunk_count == count + 7 and brackets[region].new_chunks == count
+        assert brackets[region].exported_ns > 0
+    for fd in kept:  # the evaluator's copies no reader took are closed once the region is over
+        with pytest.raises(OSError):
+            os.fstat(fd)
+    bell.close()
+
+
+def test_a_region_whose_memory_cannot_be_exported_or_whose_table_lies_is_refused():
+    bell, ringer = _bell()
+    worker = _worker(ringer, 1, lambda r, region: r.chunks_failed(region, "address 0x10 is not memory of torch's"))
+    with pytest.raises(BellUnreadable, match="is not memory of torch's"):
+        bell.serve(1, 10, lambda: True)
+    worker.join(5)
+    bell.close()
+
+    bell, ringer = _bell()
+    fds = [_memfd(b"x"), _memfd(b"y")]
+    worker = _worker(ringer, 1, lambda r, region: r.chunks(region, [(1 << 30, 2 << 20)], fds, 2))  # 2 fds, 1 entry
+    with pytest.raises(BellError, match="does not match its descriptors"):
+        bell.serve(1, 10, lambda: True)
+    worker.join(5)
+    bell.close()
+
+
+def test_descriptors_travel_in_as_many_messages_as_they_need():
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    fds = [_memfd(str(i).encode()) for i in range(600)]
+    sender = threading.Thread(target=send_fds, args=(ours, fds))
+    sender.start()
+    got = receive_fds(theirs, 600, 10)
+    sender.join()
+    assert [os.pread(fd, 8, 0).rstrip(b"\0") for fd in got] == [str(i).encode() for i in range(600)]
+    for fd in fds + got:
+        os.close(fd)
+    ours.close()
+    theirs.close()
+
+
+class _Allocations:
+    """The candidate's memory as exported allocations (memfds), and the reference's reads of them."""
+
+    def __init__(self, tensor: torch.Tensor, pieces: int, base: int = 0x7F00_0000_0000):
+        data = tensor.contiguous().view(torch.uint8).numpy().tobytes()
+        self.base = base
+        size = -(-len(data) // pieces)
+        self.chunks = []
+        for i in range(pieces):
+            from cuda_agent.evaluate.regions import Chunk
+            self.chunks.append(Chunk(base + i * size, size, _memfd(data[i * size:(i + 1) * size].ljust(size, b"\0"))))
+        self.asked: list[int] = []
+        self.late = False
+
+    def read(self, fds, sizes, reads, apart_s):
+        self.asked.append(len(fds))
+        first = [os.pread(fds[c], n, o) for c, o, n in reads]
+        return first, [0] if self.late else []
+
+
+def test_values_of_gpu_memory_are_read_at_the_secret_positions_across_allocations():
+    output = torch.arange(4096, dtype=torch.float32) * 0.25
+    memory = _Allocations(output, pieces=4)
+    call = describe(3, output, [])
+    call["o"][0][0] = memory.base  # where the tensor lies in the candidate's address space
+    reader = GpuMemory(memory.read)
+    reader.take(list(reversed(memory.chunks)))  # the reader owns their descriptors from now on
+    record = reader.records([call], probe=99)[0]
+    wanted = [float(output[p]) for p in positions(99, "output", 0, output.numel(), OUTPUT_VALUES)]
+    assert record.index == 3 and record.outputs[0].values == wanted
+    assert memory.asked == [len({p * 4 // memory.chunks[0].size for p in positions(99, "output", 0, 4096, OUTPUT_VALUES)})]
+
+    memory.late = True  # the second read saw other bytes: work still writing after the region
+    with pytest.raises(OutsideError, match="changed between two reads"):
+        reader.records([call], probe=99)
+    memory.late = False
+    elsewhere = dict(call, o=[[memory.base + 10 * memory.chunks[0].size, "float32", [16], [1]]])
+    with pytest.raises(OutsideError, match="not in the GPU memory the candidate's process exported"):
+        reader.records([elsewhere], probe=99)
+
+    # An allocation exported again at the same address (another one took its place) replaces the one held.
+    from cuda_agent.evaluate.regions import Chunk
+
+    old_fd = reader.held[memory.base].fd
+    zeros = _memfd(bytes(memory.chunks[0].size))
+    reader.take([Chunk(memory.base, memory.chunks[0].size, zeros)])
+    with pytest.raises(OSError):
+        os.fstat(old_fd)
+    again = reader.records([call], probe=99)[0].outputs[0].values
+    first_chunk = memory.chunks[0].size // 4
+    assert [v for p, v in zip(positions(99, "output", 0, 4096, OUTPUT_VALUES), again) if p < first_chunk] == \
+        [0.0] * sum(p < first_chunk for p in positions(99, "output", 0, 4096, OUTPUT_VALUES))
+    reader.close()
+    assert not reader.held
+
+
+def test_spans_cover_every_described_tensor_and_a_region_exporting_more_is_allowed_for_it():
+    x = torch.empty(64, 32)
+    call = describe(0, x.t(), [x[:, :4]])
+    assert spans([call], {"float32": 4}) == [(x.data_ptr(), x.data_ptr() + 64 * 32 * 4),
+                                             (x.data_ptr(), x.data_ptr() + (63 * 32 + 3 + 1) * 4)]
+    assert decode_calls(encode_calls([call])) == [call]
+
+    from cuda_agent.evaluate.regions import EXPORT_MS_PER_CHUNK, Bracket
+
+    def bracket(outside_ms: float, spanned: int, new: int) -> Bracket:
+        return Bracket(0, 0, 0, 1_000_000, 1_000_000 + int(outside_ms * 1e6), chunk_count=spanned, new_chunks=new)
+
+    cost = overhead([bracket(0.05, 2, 0)] * 5, [0.0] * 5, hold_us=0.0)
+    new = 200
+    honest = judge([bracket(2.05 + new * EXPORT_MS_PER_CHUNK * 0.5, 2 + new, new)] * 9, [2.0] * 9, cost, 0.0, 0.05, 20)
+    assert honest.ok and honest.chunks == 2 + new
+    # Work done while exporting beyond what the allocations allow is the region's.
+    allowed = cost.export_ms(bracket(0, 2 + new, new))
+    assert allowed >= new * EXPORT_MS_PER_CHUNK
+    hidden = judge([bracket(2.05 + allowed + 1.0, 2 + new, new)] * 9, [2.0] * 9, cost, 0.0, 0.05, 20)
+    assert not hidden.ok
+
+
+@pytest.mark.gpu
+def test_an_allocation_exported_in_one_sandboxed_process_is_read_in_another(tmp_path):
+    """The probe of docs/SECURITY.md as a test: torch's memory under expandable segments, exported by one
+    sandboxed process, relayed here, imported and read by another (other namespaces)."""
+    import subprocess
+    import sys
+
+    probe = __import__("pathlib").Path(__file__).resolve().parents[2] / "benchmarks" / "probes" / "vmm_share_probe.py"
+    out = subprocess.run([sys.executable, str(probe)], capture_output=True, text=True, timeout=300)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    assert any('"torch-expandable"' in line and '"ok": true' in line for line in lines), out.stdout + out.stderr
+
+
+@pytest.mark.gpu
+def test_an_honest_gpu_candidate_is_read_from_outside_and_keeps_its_reward(examples, cache_dir):
+    from cuda_agent.candidates import load_candidate
+    from cuda_agent.evaluate import Evaluator
+    from cuda_agent.tasks import load_task
+
+    task = load_task(examples / "cuda_gelu" / "model.py")
+    result = Evaluator("cuda", cache_dir=cache_dir).evaluate(task, load_candidate(examples / "cuda_gelu" / "solution"))
+    assert result.status == "correct", result.summary()
+    assert not any("recorded in the candidate's process" in note for note in result.notes), result.notes
+    regions = result.timing["regions"]
+    # Its allocations are looked up before each region: after DONE, nothing (the median region).
+    assert regions["ok"] and regions["chunks"] == 0, regions
+
+
+class _Driver:
+    """The driver's VMM calls as the exporter makes them, over a table of pages (a test double of libcuda)."""
+
+    def __init__(self, pages: dict[int, tuple[int, int]]):
+        self.pages = pages  # base -> (size, handle)
+        self.calls: list[str] = []
+        self.exported: list[int] = []
+
+    def _page(self, address: int) -> tuple[int, int, int] | None:
+        return next(((b, s, h) for b, (s, h) in self.pages.items() if b <= address < b + s), None)
+
+    def retain(self, handle_ref, address) -> int:
+        self.calls.append("retain")
+        page = self._page(address.value)
+        if page is None:
+            return 1
+        handle_ref._obj.value = page[2]
+        return 0
+
+    def range(self, base_ref, size_ref, address) -> int:
+        base, size, _ = self._page(address.value)
+        base_ref._obj.value, size_ref._obj.value = base, size
+        return 0
+
+    def export(self, fd_ref, handle, kind, flags) -> int:
+        self.exported.append(handle.value)
+        fd_ref._obj.value = os.memfd_create("page")
+        return 0
+
+
+def _exporter(driver: _Driver):
+    from cuda_agent.evaluate import vmm
+
+    exporter = vmm.Exporter.__new__(vmm.Exporter)
+    exporter.__dict__.update(_retain=driver.retain, _range=driver.range, _export=driver.export,
+                             _release=lambda handle: 0, _close=os.close, _sorted=sorted, known={}, checked={},
+                             checked_bases=[], pending=([], []), failed=None)
+    import bisect
+    exporter._bisect, exporter._insort = bisect.bisect_right, bisect.insort
+    return exporter
+
+
+def test_allocations_are_looked_up_before_the_region_and_exported_once_until_another_takes_their_place():
+    mib = 1 << 20
+    base = 0x7000_0000_0000
+    driver = _Driver({base + i * mib: (mib, 100 + i) for i in range(3)})
+    exporter = _exporter(driver)
+    inputs, outputs = [(base, base + 2 * mib - 8)], [(base + 2 * mib, base + 3 * mib)]
+    exporter.check(inputs)  # before the region: its inputs
+    chunks, fds, looked_up = exporter.finish(inputs + outputs)
+    assert [c[0] for c in chunks] == [base, base + mib, base + 2 * mib] and looked_up == 1  # the output's page
+    for fd in fds:
+        os.close(fd)
+    # The next region: inputs and the last outputs looked up before it; nothing left for after DONE, nothing new.
+    exporter.check(inputs + outputs)
+    assert exporter.checked == {base: base + 3 * mib}  # one run: a span over it is skipped with one lookup
+    assert exporter.finish(inputs + outputs) == ([], [], 0) and driver.exported == [100, 101, 102]
+    # Another allocation at the output's address (the allocator released and mapped again): exported again.
+    driver.pages[base + 2 * mib] = (mib, 999)
+    exporter.check(inputs + outputs)
+    chunks, fds, looked_up = exporter.finish(inputs + outputs)
+    assert chunks == [(base + 2 * mib, mib)] and looked_up == 0 and driver.exported[-1] == 999
+    for fd in fds:
+        os.close(fd)
+    # Memory that is not the allocator's: named after the region, its earlier exports closed, not sent.
+    exporter.check([(0x10, 0x20)])
+    with pytest.raises(Exception, match="not memory of torch's allocator"):
+        exporter.finish([(0x10, 0x20)])
