@@ -56,3 +56,21 @@ def test_rescale_changes_the_batch_everywhere(composer):
     module, _ = _run(bigger.code)
     assert module.get_inputs()[0].shape[0] == program.input_shapes[0][0] + 3
     assert bigger.input_shapes[0][0] == program.input_shapes[0][0] + 3
+
+
+def test_no_weight_exceeds_the_size_profile():
+    """Seed 2 drew nn.Bilinear on rank-1 inputs at indices 83 and 99: weights of 5e11 and 1e11 elements."""
+    import torch
+
+    from cuda_agent.synth.arguments import instantiate
+
+    composer = ProgramComposer(build_catalog(transformers=False), SizeProfile.for_device("cpu"), seed=2)
+    for index in range(100):
+        for step in composer.compose(index).steps:
+            op = composer.catalog.get(step["op"])
+            if op.kind != "module":
+                continue
+            with torch.device("meta"):
+                module, _ = instantiate(op, step["kwargs"], tuple(step["in_shape"]))
+            sizes = [t.numel() for t in (*module.parameters(), *module.buffers())]
+            assert max(sizes, default=0) <= composer.profile.max_elements, (index, step)

@@ -38,7 +38,7 @@ class ComposeError(RuntimeError):
 
 @dataclass(frozen=True)
 class SizeProfile:
-    """Input sizes per rank as (low, high) ranges, and a cap on any tensor's elements."""
+    """Input sizes per rank as (low, high) ranges, and a cap on any tensor's elements (weights included)."""
 
     name: str
     dims: dict[int, tuple[tuple[int, int], ...]]
@@ -201,6 +201,13 @@ class ProgramComposer:
                 out = call(torch.empty(shape), *extra)
         except Exception as exc:  # noqa: BLE001 - any failure means this choice does not fit
             raise ComposeError(f"{op.name} at {list(shape)}: {type(exc).__name__}: {str(exc)[:100]}") from None
+        # The cap holds for weights too: nn.Bilinear on a rank-1 input of 21672 made an 8x21672x21672 weight
+        # (15 GB) whose initialisation alone took a CPU screening process two minutes, and its rescaled
+        # retry as long again, for a program no GPU could hold either.
+        if isinstance(call, torch.nn.Module):
+            biggest = max((t.numel() for t in (*call.parameters(), *call.buffers())), default=0)
+            if biggest > self.profile.max_elements:
+                raise ComposeError(f"{op.name} at {list(shape)}: a {biggest}-element weight is outside the size profile")
         if not isinstance(out, torch.Tensor) or not out.is_floating_point():
             raise ComposeError(f"{op.name} does not return a floating tensor")
         if out.numel() > self.profile.max_elements or out.numel() == 0:
