@@ -146,13 +146,13 @@ def test_eval_json_prints_a_record_for_input_errors(task, candidate, reason, tmp
 
 
 @pytest.mark.slow
-def test_synth_on_the_cpu_without_kernelbench_runs_with_a_note(tmp_path, capsys, monkeypatch):
+def test_synth_on_the_cpu_without_kernelbench_runs_with_a_note(tmp_path, capsys, monkeypatch, cache_dir):
     # The README's first CPU example, with no KernelBench data anywhere.
     monkeypatch.setenv("KERNELBENCH_DATA", str(tmp_path / "nowhere"))
     monkeypatch.chdir(tmp_path)
     sandbox = "auto" if shutil.which("bwrap") else "none"
     code = main(["synth", "--n", "1", "--out", str(tmp_path / "out"), "--device", "cpu", "--quiet",
-                 "--no-transformers", "--max-candidates", "30", "--sandbox", sandbox])
+                 "--no-transformers", "--max-candidates", "30", "--sandbox", sandbox, "--cache-dir", str(cache_dir)])
     captured = capsys.readouterr()
     assert "NOT decontaminated against KernelBench" in captured.err and "--kernelbench" in captured.err
     assert code == 0 and "1 task accepted" in captured.out, captured.out + captured.err

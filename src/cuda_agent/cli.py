@@ -356,7 +356,8 @@ def cmd_synth(args: argparse.Namespace) -> int:
     config = SynthConfig(n=args.n, out=args.out, device=device, composer=args.composer,
                          seed=args.seed, workers=args.workers, window_ms=tuple(args.window_ms) if args.window_ms else None,
                          max_candidates=args.max_candidates, kernelbench=kernelbench, sandbox=args.sandbox,
-                         ray=args.ray, **({"timeout_s": args.timeout} if args.timeout is not None else {}))
+                         ray=args.ray, cache_dir=args.cache_dir,
+                         **({"timeout_s": args.timeout} if args.timeout is not None else {}))
     catalog = default_catalog(transformers=not args.no_transformers)
     summary = synthesize(config, catalog, progress=not args.quiet, **llm)
     print(f"{_plural(summary['accepted'], 'task')} accepted of {_plural(summary['candidates'], 'candidate')} -> {args.out}/tasks.jsonl "
@@ -810,6 +811,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                    help="bound each screening step of a candidate (runs, timing, torch.compile) to this many "
                         "seconds (default: 300)")
+    p.add_argument("--cache-dir", type=Path, default=None, metavar="DIR",
+                   help="where the screeners keep torch.compile's cache, DIR/inductor, shared with evaluations "
+                        "and later runs (default: $CUDA_AGENT_CACHE, else ~/.cache/cuda-agent)")
     add_sandbox_option(p)
     p.set_defaults(func=cmd_synth, kept=_continue(lambda a: f"verdicts and accepted tasks so far are in {a.out}"))
 

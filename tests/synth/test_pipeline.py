@@ -76,10 +76,10 @@ def _rows(path):
 
 
 @pytest.mark.slow
-def test_planted_candidates_are_rejected_with_the_right_reasons(tmp_path, catalog):
+def test_planted_candidates_are_rejected_with_the_right_reasons(tmp_path, catalog, cache_dir):
     names = list(PLANTED)
     config = SynthConfig(n=len(names), out=tmp_path, device="cpu", workers=2, window_ms=(0.01, 100.0),
-                         max_candidates=len(names), sandbox=SANDBOX)
+                         max_candidates=len(names), sandbox=SANDBOX, cache_dir=cache_dir)
     Synthesis(config, PlantedComposer(names), catalog, [("level1/relu", RELU_KERNELBENCH)], progress=False).run()
     rows = {names[row["index"]]: row for row in _rows(tmp_path / CANDIDATES_FILE)}
     assert set(rows) == set(names)
@@ -98,17 +98,17 @@ def test_planted_candidates_are_rejected_with_the_right_reasons(tmp_path, catalo
 
 
 @pytest.mark.slow
-def test_an_interrupted_run_resumes_without_duplicates(tmp_path, catalog):
+def test_an_interrupted_run_resumes_without_duplicates(tmp_path, catalog, cache_dir):
     names = ["good", "zeros", "other", "good", "identity"]
     first = SynthConfig(n=1, out=tmp_path, device="cpu", workers=1, window_ms=(0.01, 100.0), sandbox=SANDBOX,
-                        max_candidates=len(names))
+                        max_candidates=len(names), cache_dir=cache_dir)
     Synthesis(first, PlantedComposer(names), catalog, progress=False).run()
     assert len(_rows(tmp_path / TASKS_FILE)) == 1
     # A run killed while writing leaves half a line; the resumed run drops it and goes on.
     with (tmp_path / CANDIDATES_FILE).open("a") as handle:
         handle.write('{"id": "planted-0-000001", "acc')
     second = SynthConfig(n=2, out=tmp_path, device="cpu", workers=2, window_ms=(0.01, 100.0), sandbox=SANDBOX,
-                         max_candidates=len(names))
+                         max_candidates=len(names), cache_dir=cache_dir)
     done = Synthesis(second, PlantedComposer(names), catalog, progress=False).run()
     assert [o.index for o in done] == [1, 2]  # index 0 was not screened again
     ids = [row["id"] for row in _rows(tmp_path / CANDIDATES_FILE)]
@@ -120,12 +120,12 @@ def test_an_interrupted_run_resumes_without_duplicates(tmp_path, catalog):
 
 
 @pytest.mark.slow
-def test_program_composer_run_on_cpu_accepts_as_many_tasks_as_asked(tmp_path, kernelbench_dir_or_none):
+def test_program_composer_run_on_cpu_accepts_as_many_tasks_as_asked(tmp_path, kernelbench_dir_or_none, cache_dir):
     """The programmatic composer, the CPU window, real filters, decontamination, the report and the parquet.
     16 tasks (each one a cold torch.compile, ~10 CPU-s here): the 50-task acceptance run of the synthesis
     issue took 250 s of CI's 40 minutes; its figures are in benchmarks/RESULTS.md."""
     config = SynthConfig(n=16, out=tmp_path, device="cpu", workers=2, seed=11, sandbox=SANDBOX,
-                         kernelbench=kernelbench_dir_or_none)
+                         kernelbench=kernelbench_dir_or_none, cache_dir=cache_dir)
     summary = synthesize(config, build_catalog(transformers=False), progress=False)
     assert summary["accepted"] == 16 and summary["candidates"] >= 16
     tasks = load_tasks(tmp_path / "tasks.jsonl")
@@ -149,7 +149,7 @@ def kernelbench_dir_or_none():
 
 
 @pytest.mark.slow
-def test_llm_composer_run_through_a_local_openai_server(tmp_path, catalog):
+def test_llm_composer_run_through_a_local_openai_server(tmp_path, catalog, cache_dir):
     pytest.importorskip("openai")
     from tests.openai_server import OpenAIServer
 
@@ -162,7 +162,7 @@ def test_llm_composer_run_through_a_local_openai_server(tmp_path, catalog):
     # The runtime window is not what this test is about (the LLM path is), and a program's measured time on a
     # busy 2-core host can land anywhere: a window no time misses keeps the verdicts independent of the clock.
     config = SynthConfig(n=2, out=tmp_path, device="cpu", composer="llm", workers=1, window_ms=(1e-9, 1e9),
-                         max_candidates=3, sandbox=SANDBOX)
+                         max_candidates=3, sandbox=SANDBOX, cache_dir=cache_dir)
     with OpenAIServer(model) as server:
         summary = synthesize(config, catalog, progress=False, model="m", base_url=server.url)
     rows = _rows(tmp_path / CANDIDATES_FILE)
