@@ -56,7 +56,7 @@ def test_every_exported_allocation_reaches_the_evaluator_and_is_closed_after_the
 
     def exports(ringer: Ringer, region: int) -> None:
         fds = [_memfd(f"{region}:{i}".encode()) for i in range(count)]
-        ringer.chunks(region, sent[region], fds, spanned=count + 7)
+        ringer.chunks(region, sent[region], fds, looked_up=count + 7)
 
     def between(bracket) -> None:
         seen[bracket.region] = [(c.base, c.size, os.pread(c.fd, 16, 0)) for c in bracket.chunks]
@@ -68,7 +68,7 @@ def test_every_exported_allocation_reaches_the_evaluator_and_is_closed_after_the
     for region in range(2):
         assert [(b, s) for b, s, _ in seen[region]] == sent[region]
         assert [d.rstrip(b"\0") for _, _, d in seen[region]] == [f"{region}:{i}".encode() for i in range(count)]
-        assert brackets[region].chunk_count == count + 7 and brackets[region].new_chunks == count
+        assert brackets[region].looked_up == count + 7 and brackets[region].new_chunks == count
         assert brackets[region].exported_ns > 0
     for fd in kept:  # the evaluator's copies no reader took are closed once the region is over
         with pytest.raises(OSError):
@@ -173,7 +173,7 @@ def test_spans_cover_every_described_tensor_and_a_region_exporting_more_is_allow
     from cuda_agent.evaluate.regions import EXPORT_MS_PER_CHUNK, Bracket
 
     def bracket(outside_ms: float, spanned: int, new: int) -> Bracket:
-        return Bracket(0, 0, 0, 1_000_000, 1_000_000 + int(outside_ms * 1e6), chunk_count=spanned, new_chunks=new)
+        return Bracket(0, 0, 0, 1_000_000, 1_000_000 + int(outside_ms * 1e6), looked_up=spanned, new_chunks=new)
 
     cost = overhead([bracket(0.05, 2, 0)] * 5, [0.0] * 5, hold_us=0.0)
     new = 200

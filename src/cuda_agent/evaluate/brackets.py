@@ -19,7 +19,8 @@ from cuda_agent.evaluate.outside import GpuMemory, OutsideError, OutsideReader, 
 from cuda_agent.evaluate.protocol import CallRecord
 from cuda_agent.evaluate.records import RECORDED_PER_REGION
 from cuda_agent.evaluate.regions import (
-    Bell, BellError, BellFailed, BellUnreadable, Bracket, Overhead, RegionClock, decode_calls, judge, overhead, thread_times,
+    Bell, BellError, BellFailed, BellUnreadable, Bracket, Overhead, RegionClock, decode_calls, judge, overhead,
+    thread_times,
 )
 
 CALIBRATION_REGIONS = 11  # no-op regions timed before the candidate's code loads
@@ -144,8 +145,7 @@ class CandidateBrackets:
                 try:
                     self.reader.take(bracket.chunks)
                 except OutsideError as exc:
-                    raise Stop("failed", "verify", f"a timed call's output, read from outside the candidate's "
-                               f"process: {exc}", rule="timed-output") from None
+                    raise _unreadable(exc) from None
             described = decode_calls(bracket.payload) if self.outside else []
             if self.outside:
                 wanted = list(range(first + bracket.region * calls, first + (bracket.region + 1) * calls))
@@ -163,8 +163,12 @@ class CandidateBrackets:
                 chosen = secrets.SystemRandom().sample(described, min(len(described), RECORDED_PER_REGION))
                 self.records.extend((probe, record) for record in self.reader.records(chosen, probe))
             except OutsideError as exc:
-                raise Stop("failed", "verify", f"a timed call's output, read from outside the candidate's process: "
-                           f"{exc}", rule="timed-output") from None
+                raise _unreadable(exc) from None
             finally:
                 self.worker.resume()
         return between
+
+
+def _unreadable(exc: OutsideError) -> Stop:
+    return Stop("failed", "verify", f"a timed call's output, read from outside the candidate's process: {exc}",
+                rule="timed-output")

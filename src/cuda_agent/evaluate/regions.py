@@ -93,7 +93,7 @@ class Bracket:
     # looked up after DONE (those it had not looked up before the region), and how many it exported anew
     # (``chunks``: their descriptors, for ``between`` to take or close).
     exported_ns: int = 0
-    chunk_count: int = 0
+    looked_up: int = 0
     new_chunks: int = 0
     chunks: list[Chunk] = field(default_factory=list)
 
@@ -150,26 +150,25 @@ class Bell:
             go_ns = time.time_ns()
             self.ours.send(HEADER.pack(GO, region, 0))
             done_ns, payload = self._expect(DONE, region, deadline, alive)
-            chunks, exported_ns, spanned = [], 0, 0
+            chunks, exported_ns, looked_up = [], 0, 0
             if self.chunked:
                 # The export runs in the worker's process, where the candidate's code could do work of its
                 # own meanwhile: it is part of the region (``Bracket.exported_ns``), not of the evaluator's hold.
-                chunks, last_ns, spanned = self._chunks(region, deadline, alive)
+                chunks, last_ns, looked_up = self._chunks(region, deadline, alive)
                 exported_ns = max(0, last_ns - done_ns)
-            bracket = None
             try:
                 cpu_after, waited_after = thread()
                 bracket = Bracket(region, start, ready_ns, go_ns, done_ns, payload, waited_after - waited_before,
-                                  cpu_after - cpu_before, exported_ns=exported_ns, chunk_count=spanned,
+                                  cpu_after - cpu_before, exported_ns=exported_ns, looked_up=looked_up,
                                   new_chunks=len(chunks), chunks=chunks)
                 brackets.append(bracket)
                 held_from = time.time_ns()
                 if between is not None:
-                    between(bracket)  # takes the descriptors it keeps out of ``bracket.chunks``
+                    between(bracket)  # takes the descriptors it keeps out of ``chunks`` (the bracket's list)
             finally:
-                for chunk in (bracket.chunks if bracket is not None else chunks):
+                for chunk in chunks:
                     os.close(chunk.fd)
-            bracket.chunks = []
+                chunks.clear()
             bracket.held_ns = time.time_ns() - held_from
             start = time.time_ns()
             self.ours.send(HEADER.pack(CONT, region, 0))
@@ -178,7 +177,7 @@ class Bell:
     def _chunks(self, region: int, deadline: float, alive: Callable[[], bool]) -> tuple[list[Chunk], int, int]:
         """The FDS datagrams after a region's DONE: the allocations its tensors span that were not sent before,
         each with a descriptor; when the last datagram was sent (the kernel's stamp); how many allocations the
-        tensors span."""
+        worker looked up after DONE."""
         chunks: list[Chunk] = []
         try:
             while True:
@@ -195,10 +194,10 @@ class Bell:
                                              + data[HEADER.size:HEADER.size + 500].decode(errors="replace"))
                     message = json.loads(data[HEADER.size:])
                     table = message.get("chunks") if isinstance(message, dict) else None
-                    spanned = message.get("spanned") if isinstance(message, dict) else None
+                    looked_up = message.get("looked_up") if isinstance(message, dict) else None
                     if not isinstance(table, list) or len(table) != len(fds) or not all(
                             isinstance(e, list) and len(e) == 2 and all(isinstance(v, int) and v > 0 for v in e)
-                            for e in table) or not isinstance(spanned, int) or not 0 <= spanned <= MAX_CHUNKS:
+                            for e in table) or not isinstance(looked_up, int) or not 0 <= looked_up <= MAX_CHUNKS:
                         raise BellError(f"region {region}: an allocation table that does not match its descriptors")
                 except (BellError, BellFailed, ValueError):
                     for fd in fds:
@@ -208,7 +207,7 @@ class Bell:
                 if len(chunks) > MAX_CHUNKS:
                     raise BellError(f"region {region}: more than {MAX_CHUNKS} allocations")
                 if last == 1:
-                    return chunks, stamp, spanned
+                    return chunks, stamp, looked_up
         except BaseException:
             for chunk in chunks:
                 os.close(chunk.fd)
@@ -302,14 +301,14 @@ class Ringer:
     def done(self, region: int, payload: bytes = b"") -> None:
         self._send(self._pack(DONE, region, 0) + payload)
 
-    def chunks(self, region: int, chunks: list[tuple[int, int]], fds: list[int], spanned: int) -> None:
+    def chunks(self, region: int, chunks: list[tuple[int, int]], fds: list[int], looked_up: int) -> None:
         """After DONE: the region's allocations not sent before and a descriptor of each (closed here once
         sent), and how many allocations were looked up after DONE."""
         try:
             for at in range(0, max(len(fds), 1), FDS_PER_DATAGRAM):
                 last = int(at + FDS_PER_DATAGRAM >= len(fds))
                 part = fds[at:at + FDS_PER_DATAGRAM]
-                table = self._dumps({"chunks": chunks[at:at + FDS_PER_DATAGRAM], "spanned": spanned}).encode()
+                table = self._dumps({"chunks": chunks[at:at + FDS_PER_DATAGRAM], "looked_up": looked_up}).encode()
                 self._sendmsg([self._pack(FDS, region, last) + table],
                               [(socket.SOL_SOCKET, socket.SCM_RIGHTS, self._ints("i", part))] if part else [])
         finally:
@@ -348,7 +347,7 @@ class Overhead:
 
     def export_ms(self, bracket: Bracket) -> float:
         """What looking up and exporting more allocations after DONE than the no-op regions did adds to a region."""
-        return (CHECK_MS_PER_CHUNK * max(0.0, bracket.chunk_count - self.chunks)
+        return (CHECK_MS_PER_CHUNK * max(0.0, bracket.looked_up - self.chunks)
                 + EXPORT_MS_PER_CHUNK * max(0.0, bracket.new_chunks - self.new_chunks))
 
     def to_dict(self) -> dict[str, Any]:
@@ -363,7 +362,7 @@ def overhead(brackets: list[Bracket], inside_ms: list[float], hold_us: float) ->
     # loads beside these regions) the run-queue wait is over-counted (a wait begun before GO counts whole),
     # which would understate the brackets' cost and make every later region look long.
     return Overhead(max(statistics.median(wall), statistics.median(cpu)), robust_sd(wall), len(wall), hold_us,
-                    statistics.median(cpu), robust_sd(cpu), statistics.median(b.chunk_count for b in brackets),
+                    statistics.median(cpu), robust_sd(cpu), statistics.median(b.looked_up for b in brackets),
                     statistics.median(b.new_chunks for b in brackets))
 
 
@@ -449,7 +448,7 @@ def judge(brackets: list[Bracket], reported_ms: list[float], cost: Overhead, hol
                        statistics.median(b.prep_ms for b in brackets), statistics.median(b.waited_ns / 1e6 for b in brackets),
                        statistics.median(b.cpu_ms for b in brackets), 3 * min(cost.spread_ms, cost.cpu_spread_ms),
                        statistics.median(b.exported_ns / 1e6 for b in brackets),
-                       statistics.median(b.chunk_count for b in brackets))
+                       statistics.median(b.looked_up for b in brackets))
 
 
 def robust_sd(values: list[float]) -> float:
