@@ -2,6 +2,7 @@
 process: /proc/self/mem reads the same memory another process's /proc/PID/mem would."""
 
 import ctypes
+import dataclasses
 import os
 import shutil
 
@@ -347,7 +348,7 @@ def test_a_librarys_table_of_pointers_to_another_is_found_and_a_redirected_entry
     that keeps pointers to libm's functions in its writable data, filled at run time."""
     import subprocess
 
-    from cuda_agent.guard.integrity import driver_slots, entry_point_slots
+    from cuda_agent.guard.integrity import _writable_data, driver_slots, entry_point_slots
 
     source = tmp_path / "table.c"
     source.write_text("#include <math.h>\ndouble (*entry_table[4])(double);\n"
@@ -356,9 +357,20 @@ def test_a_librarys_table_of_pointers_to_another_is_found_and_a_redirected_entry
     subprocess.run(["cc", "-shared", "-fPIC", "-O0", "-o", str(library), str(source), "-lm"], check=True)
     table = ctypes.CDLL(str(library))
     assert entry_point_slots("libentrytable.so", "libm.so", "the table's pointer to") == {}  # not filled yet
-    table.fill()
     libm = ctypes.CDLL(next(m.path for m in read_maps(os.getpid()) if os.path.basename(m.path).startswith("libm.so")))
     cos, sin = (ctypes.cast(f, ctypes.c_void_p).value for f in (libm.cos, libm.sin))
+    # Memory of someone else's right after the library's last pages (on CI's machine a Python arena once,
+    # holding pointers to libm's functions) is not the library's data; the table is.
+    maps = read_maps(os.getpid())
+    last = max((m for m in maps if m.path == str(library)), key=lambda m: m.end)
+    neighbour = dataclasses.replace(last, start=last.end, end=last.end + PAGE, perms="rw-p", offset=0, path="")
+    maps = sorted([m for m in maps if m.end <= neighbour.start or m.start >= neighbour.end] + [neighbour],
+                  key=lambda m: m.start)
+    spans = _writable_data(maps, str(library))
+    table_at = ctypes.addressof(ctypes.c_void_p.in_dll(table, "entry_table"))
+    assert any(start <= table_at < end for start, end in spans)
+    assert all(end <= neighbour.start for start, end in spans), spans
+    table.fill()
     slots = entry_point_slots("libentrytable.so", "libm.so", "the table's pointer to")
     assert len(slots) == 2 and all(name.startswith("the table's pointer to ") for name in slots)
     first = ctypes.c_void_p.in_dll(table, "entry_table")

@@ -131,6 +131,16 @@ def _elf(f: Any) -> tuple[bytes, list[tuple[int, ...]]] | None:
     return head, [struct.unpack_from("<IIQQQQIIQQ", f.read(shentsize)) for _ in range(shnum)]
 
 
+def _loads(f: Any, head: bytes) -> list[tuple[int, int, int]]:
+    """(flags, vaddr, size in memory) of each loadable segment (``PT_LOAD``) of an open ELF64 file."""
+    phoff = struct.unpack_from("<Q", head, 32)[0]
+    phentsize, phnum = struct.unpack_from("<HH", head, 54)
+    f.seek(phoff)
+    programs = f.read(phentsize * phnum)
+    headers = [struct.unpack_from("<IIQQQQQ", programs, i * phentsize) for i in range(phnum)]
+    return [(flags, vaddr, memsz) for kind, flags, _offset, vaddr, _paddr, _filesz, memsz in headers if kind == 1]
+
+
 def _section(f: Any, sections: list[tuple[int, ...]], index: int) -> bytes:
     _, _, _, _, offset, length, *_ = sections[index]
     f.seek(offset)
@@ -154,12 +164,7 @@ def _got_slots(path: str, size: int, mtime_ns: int) -> tuple[int, tuple[tuple[in
         machine = struct.unpack_from("<H", head, 18)[0]
         if machine not in _GOT_RELOCATIONS:
             return 0, ()
-        phoff = struct.unpack_from("<Q", head, 32)[0]
-        phentsize, phnum = struct.unpack_from("<HH", head, 54)
-        f.seek(phoff)
-        programs = f.read(phentsize * phnum)
-        loads = [struct.unpack_from("<Q", programs, i * phentsize + 16)[0] for i in range(phnum)
-                 if struct.unpack_from("<I", programs, i * phentsize)[0] == 1]
+        loads = [vaddr for _flags, vaddr, _size in _loads(f, head)]
         first_load = (min(loads) & ~0xFFF) if loads else 0
         wanted = _GOT_RELOCATIONS[machine]
         slots: list[tuple[int, str]] = []
@@ -500,14 +505,32 @@ def _words(spans: list[tuple[int, int]], wanted: Callable[[int], bool]) -> dict[
 
 
 def _writable_data(maps: list[Mapping], library: str) -> list[tuple[int, int]]:
-    """A library's writable data: its file's writable mappings and the zero-filled pages right after."""
+    """A library's writable data: where its writable mappings (and the zero-filled pages after them) lie
+    within its file's writable loadable segments. The segments bound the zero-filled part: an unrelated
+    anonymous mapping the kernel placed right after a small library is not its data (a Python arena
+    holding pointers to libm's functions once made an empty table look filled)."""
+    start = next((m.start for m in maps if m.path == library and m.offset == 0), None)
+    first_load, segments = _per_file(_writable_segments, library, (0, ()))
+    if start is None or not segments:
+        return [(m.start, m.end) for m in maps if m.path == library and "w" in m.perms]
     spans = []
-    for m, after in zip(maps, maps[1:] + [None]):
-        if m.path == library and "w" in m.perms:
-            spans.append((m.start, m.end))
-            if after is not None and not after.path and "w" in after.perms and after.start == m.end:
-                spans.append((after.start, after.end))
+    for low, high in ((start - first_load + vaddr, start - first_load + vaddr + size) for vaddr, size in segments):
+        for m in maps:
+            if "w" in m.perms and m.path in (library, "") and m.start < high and low < m.end:
+                spans.append((max(m.start, low), min(m.end, high)))
     return spans
+
+
+@functools.lru_cache(maxsize=256)
+def _writable_segments(path: str, size: int, mtime_ns: int) -> tuple[int, tuple[tuple[int, int], ...]]:
+    """(vaddr of the first loadable segment, page-aligned; ((vaddr, size in memory), ...) of each writable
+    loadable segment) of an ELF64 little-endian file; (0, ()) for anything else."""
+    with open(path, "rb") as f:
+        elf = _elf(f)
+        loads = _loads(f, elf[0]) if elf is not None else []
+    if not loads:
+        return 0, ()
+    return min(v for _, v, _ in loads) & ~0xFFF, tuple((v, size) for flags, v, size in loads if flags & 2)
 
 
 def _object_slots(maps: list[Mapping], obj: int, name: str) -> dict[str, int]:
