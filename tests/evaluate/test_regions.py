@@ -188,31 +188,6 @@ def test_each_bound_is_judged_against_its_own_spread():
     assert off_thread.cpu_excess_ms < 0 and not off_thread.ok
 
 
-def test_work_moved_between_regions_is_judged_against_the_no_op_regions_prep():
-    """Each region's prep (DONE of the region before to its READY: inputs drawn) against the no-op regions' prep
-    per drawn call, by the wall clock and the timing thread's CPU time; a round's first region has none."""
-    from cuda_agent.evaluate.regions import Bracket
-
-    def bracket(prep_ms: float, prep_cpu_ms: float | None, outside_ms: float = 1.0) -> Bracket:
-        ready = int(prep_ms * 1e6)
-        return Bracket(0, 0, ready, ready, ready + int(outside_ms * 1e6), cpu_ns=int(outside_ms * 0.9e6),
-                       prep_cpu_ns=-1 if prep_cpu_ms is None else int(prep_cpu_ms * 1e6))
-
-    calibration = [bracket(2.0, None)] + [bracket(2.0 + 0.01 * i, 1.9 + 0.01 * i) for i in range(8)]
-    cost = overhead(calibration, [0.0] * 9, hold_us=0.0)
-    assert abs(cost.prep_ms - 2.04) < 0.01 and abs(cost.prep_cpu_ms - 1.94) < 0.01 and cost.prep_cpu_spread_ms < 0.1
-    honest = judge([bracket(2.1, 2.0)] * 9, [0.95] * 9, cost, 0.0, slack=0.1, region_us=50)
-    assert honest.ok and honest.prep_breached is None
-    # Most of each call's work done while its inputs were drawn: the regions agree with their reports, the preps not.
-    moved = judge([bracket(9.0, 8.9, outside_ms=0.3)] * 9, [0.25] * 9, cost, 0.0, slack=0.1, region_us=50)
-    assert moved.ok and moved.prep_breached == "wall" and moved.prep_excess_ms > 6.5
-    # A region of two calls draws two calls' inputs; the first region of a round is not judged (no DONE before it).
-    two = judge([bracket(4.2, 4.0)] * 9, [1.9] * 9, cost, 0.0, slack=0.1, region_us=50, calls=[2] * 9)
-    assert two.prep_breached is None
-    first_only = judge([bracket(50.0, None)], [0.95], cost, 0.0, slack=0.1, region_us=50)
-    assert first_only.prep_breached is None and first_only.prep_limit_ms == 0.0
-
-
 def _stopped_child_with(tensor_factory):
     """A forked process holding tensors, stopped; its description of them."""
     read_end, write_end = os.pipe()

@@ -855,37 +855,6 @@ static void scale_samples() {
   if (!done) { done = true; python_helper(SCALE)(); }
 }
 """
-# Class 2 again, work moved between regions: the candidate side's input draw (looked up on its class after load)
-# swapped for one that also runs each call's kernel on the inputs it just drew, before the region starts; the timed
-# call then recomputes a quarter of that output in place and returns it (a 4x fake, every value right).
-AHEAD = PYTHON_FROM_CPP + r"""
-static const char* AHEAD_SOURCE = R"PY(
-import sys
-ahead = {}
-def helper(x, scale):
-    side = next((module.CandidateSide for module in list(sys.modules.values())
-                 if isinstance(getattr(module, "CandidateSide", None), type)), None)
-    if side is not None and not getattr(side.inputs, "ahead", False):
-        real, extension = side.inputs, sys.modules["cuda_extension"]
-        def inputs(self, seed):
-            drawn = real(self, seed)
-            ahead[drawn[0].data_ptr()] = extension.scaled_swish(drawn[0], scale)
-            return drawn
-        inputs.ahead = True
-        side.inputs = inputs
-    return ahead.pop(x.data_ptr(), None)
-)PY";
-static pybind11::object ahead_helper() {
-  static pybind11::object helper = python_helper(AHEAD_SOURCE);
-  return helper;
-}
-"""
-WIDE_SWISH = (Path(__file__).resolve().parents[2] / "examples" / "cpu_swish" / "model.py").read_text().replace(
-    "batch_size = 64", "batch_size = 512")
-COMPUTED_AHEAD = (
-    "{ pybind11::object done = ahead_helper()(xc, scale); if (!done.is_none()) { "
-    "auto y = done.cast<torch::Tensor>(); scaled_swish_launch(xc.data_ptr<float>(), y.data_ptr<float>(), "
-    "xc.numel() / 4, static_cast<float>(scale)); return y; } } auto y = torch::empty_like(xc);")
 V3_CASES = [
     Case("secrets-from-the-timing-frame-runtime", "Harness secrets read (class 1)",
          cpp_prelude=SECRETS_FROM_THE_FRAME, binding=COMPUTE_ONLY_WHAT_IS_READ,
@@ -896,12 +865,6 @@ V3_CASES = [
     Case("scaled-samples-method-runtime", "Forged samples the round clock cannot resolve (class 3)",
          cpp_prelude=SCALED_SAMPLES, binding="scale_samples(); auto y = torch::empty_like(xc);",
          runtime=True, rule="clock"),
-    # On the example's task at 8x its batch (32 MB a call): the judgement of the preps allows for their spread in
-    # the calibration, which on a busy 2-core host is 10-15% of a prep; at the example's own size (4 MB, 5 ms moved
-    # a call) this case passed there with a fake 3.4x (reward 1 only because the kernel is slower than eager).
-    Case("computed-while-inputs-are-drawn-runtime", "Work moved between regions (class 2)",
-         cpp_prelude=AHEAD, binding=COMPUTED_AHEAD, runtime=True, rule="clock", task=WIDE_SWISH,
-         reason="work moved out of the timed regions"),
 ]
 CASES += V3_CASES
 

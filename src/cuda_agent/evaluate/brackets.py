@@ -45,7 +45,7 @@ class CandidateBrackets:
     reader: OutsideReader | None = None
     thread: Callable[[], tuple[int, int]] | None = None  # the harness thread's CPU time and wait (regions.thread_times)
     stopped_check: Callable[[], None] | None = None  # run once stopped, before anything is read (signal handlers)
-    timed: list[tuple[Bracket, float, int]] = field(default_factory=list)  # each region, its reported time (ms), calls
+    timed: list[tuple[Bracket, float]] = field(default_factory=list)  # each region, its reported time (ms)
     records: list[tuple[int, CallRecord]] = field(default_factory=list)  # (probe, record) read from outside
     # Whether timed calls are read from outside (``evaluate.outside``): always on the CPU backend; on a GPU
     # where the candidate's process can export its memory (``read_from``), else its harness records them.
@@ -127,13 +127,12 @@ class CandidateBrackets:
                        rule="forged-reply") from None
 
     def add(self, brackets: list[Bracket], samples: list[float], calls: int) -> None:
-        self.timed.extend((bracket, sample * calls, calls) for bracket, sample in zip(brackets, samples))
+        self.timed.extend((bracket, sample * calls) for bracket, sample in zip(brackets, samples))
 
     def judge(self, hold_us: float, slack: float, region_us: float) -> RegionClock | None:
         if self.cost is None or not self.timed:
             return None
-        return judge([b for b, _, _ in self.timed], [r for _, r, _ in self.timed], self.cost, hold_us, slack, region_us,
-                     [c for _, _, c in self.timed])
+        return judge([b for b, _ in self.timed], [r for _, r in self.timed], self.cost, hold_us, slack, region_us)
 
     def _alive(self) -> bool:
         return self.worker.proc.poll() is None

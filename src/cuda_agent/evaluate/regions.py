@@ -96,10 +96,6 @@ class Bracket:
     looked_up: int = 0
     new_chunks: int = 0
     chunks: list[Chunk] = field(default_factory=list)
-    # The timing thread between the region before's DONE and this region's READY (its prep: the inputs drawn,
-    # the last region's tensors freed): CPU time and run-queue wait; -1 where unknown (a round's first region).
-    prep_cpu_ns: int = -1
-    prep_waited_ns: int = 0
 
     @property
     def outside_ms(self) -> float:
@@ -148,11 +144,9 @@ class Bell:
         brackets: list[Bracket] = []
         thread = thread or (lambda: (0, 0))
         start = time.time_ns()
-        last: tuple[int, int] | None = None  # the thread's times after the region before
         for region in range(regions):
             ready_ns, _ = self._expect(READY, region, deadline, alive)
             cpu_before, waited_before = thread()
-            prep_cpu, prep_waited = (cpu_before - last[0], waited_before - last[1]) if last else (-1, 0)
             go_ns = time.time_ns()
             self.ours.send(HEADER.pack(GO, region, 0))
             done_ns, payload = self._expect(DONE, region, deadline, alive)
@@ -166,9 +160,7 @@ class Bell:
                 cpu_after, waited_after = thread()
                 bracket = Bracket(region, start, ready_ns, go_ns, done_ns, payload, waited_after - waited_before,
                                   cpu_after - cpu_before, exported_ns=exported_ns, looked_up=looked_up,
-                                  new_chunks=len(chunks), chunks=chunks, prep_cpu_ns=prep_cpu,
-                                  prep_waited_ns=prep_waited)
-                last = (cpu_after, waited_after)
+                                  new_chunks=len(chunks), chunks=chunks)
                 brackets.append(bracket)
                 held_from = time.time_ns()
                 if between is not None:
@@ -349,12 +341,6 @@ class Overhead:
     cpu_spread_ms: float = 0.0
     chunks: float = 0.0  # GPU: allocations a no-op region looked up after DONE (median)
     new_chunks: float = 0.0  # GPU: allocations it exported anew (median)
-    # A no-op region's prep (one call's inputs drawn, the cache flushed): by the wall clock less the run-queue
-    # wait, and by the timing thread's CPU time; medians and spreads.
-    prep_ms: float = 0.0
-    prep_spread_ms: float = 0.0
-    prep_cpu_ms: float = 0.0
-    prep_cpu_spread_ms: float = 0.0
 
     def for_hold(self, hold_us: float) -> float:
         return self.median_ms + (hold_us - self.hold_us) / 1e3
@@ -377,13 +363,7 @@ def overhead(brackets: list[Bracket], inside_ms: list[float], hold_us: float) ->
     # which would understate the brackets' cost and make every later region look long.
     return Overhead(max(statistics.median(wall), statistics.median(cpu)), robust_sd(wall), len(wall), hold_us,
                     statistics.median(cpu), robust_sd(cpu), statistics.median(b.looked_up for b in brackets),
-                    statistics.median(b.new_chunks for b in brackets), *_median_and_spread(
-                        [b.prep_ms - b.prep_waited_ns / 1e6 for b in brackets if b.prep_cpu_ns >= 0]),
-                    *_median_and_spread([b.prep_cpu_ns / 1e6 for b in brackets if b.prep_cpu_ns >= 0]))
-
-
-def _median_and_spread(values: list[float]) -> tuple[float, float]:
-    return (statistics.median(values), robust_sd(values)) if values else (0.0, 0.0)
+                    statistics.median(b.new_chunks for b in brackets))
 
 
 @dataclass
@@ -417,12 +397,6 @@ class RegionClock:
     noise_ms: float = 0.0  # the tighter bound's allowance for the calibration's spread (3 x that spread)
     exported_ms: float = 0.0  # GPU: median time from DONE to the region's memory exported (part of each bracket)
     chunks: float = 0.0  # GPU: median allocations a region looked up after DONE
-    # The prep of each region (all but a round's first) less what the no-op regions' prep was per drawn call,
-    # by the wall clock (less the wait) and by the timing thread's CPU time: medians, and each one's limit.
-    prep_excess_ms: float = 0.0
-    prep_limit_ms: float = 0.0
-    prep_cpu_excess_ms: float = 0.0
-    prep_cpu_limit_ms: float = 0.0
 
     @property
     def breached(self) -> str | None:
@@ -434,13 +408,6 @@ class RegionClock:
     @property
     def ok(self) -> bool:
         return self.breached is None
-
-    @property
-    def prep_breached(self) -> str | None:
-        """Which bound the regions' preps exceed (work moved out of the regions, between them): "wall", "cpu" or None."""
-        if self.prep_excess_ms > self.prep_limit_ms:
-            return "wall"
-        return "cpu" if self.prep_cpu_excess_ms > self.prep_cpu_limit_ms else None
 
     @property
     def spread_share(self) -> float:
@@ -462,7 +429,7 @@ class RegionClock:
 
 
 def judge(brackets: list[Bracket], reported_ms: list[float], cost: Overhead, hold_us: float, slack: float,
-          region_us: float, calls: list[int] | None = None) -> RegionClock:
+          region_us: float) -> RegionClock:
     """``reported_ms[i]``: the region of ``brackets[i]`` as the worker reported it (time per call x calls).
     Each bound's limit: ``slack`` of the reported region plus ``region_us`` plus three times that bound's
     spread in the calibration (what the brackets alone move it by on this host)."""
@@ -475,23 +442,13 @@ def judge(brackets: list[Bracket], reported_ms: list[float], cost: Overhead, hol
     reported = statistics.median(reported_ms)
     ratios = [(b.wall_ms - fixed - cost.export_ms(b)) / r for b, r in zip(brackets, reported_ms) if r > 0]
     base = slack * reported + region_us / 1e3
-    calls = calls or [1] * len(brackets)
-    known = [(b, c) for b, c in zip(brackets, calls) if b.prep_cpu_ns >= 0]
-    prep_wall = [b.prep_ms - b.prep_waited_ns / 1e6 - c * cost.prep_ms for b, c in known]
-    prep_cpu = [b.prep_cpu_ns / 1e6 - c * cost.prep_cpu_ms for b, c in known]
-    prep_base = slack * (reported + statistics.median([c for _, c in known] or [1]) * cost.prep_ms) + region_us / 1e3
-    clock = RegionClock(len(brackets), reported, statistics.median(b.outside_ms for b in brackets), fixed,
+    return RegionClock(len(brackets), reported, statistics.median(b.outside_ms for b in brackets), fixed,
                        statistics.median(wall), base + 3 * cost.spread_ms, statistics.median(cpu),
                        base + 3 * cost.cpu_spread_ms, statistics.median(ratios) if ratios else 1.0,
                        statistics.median(b.prep_ms for b in brackets), statistics.median(b.waited_ns / 1e6 for b in brackets),
                        statistics.median(b.cpu_ms for b in brackets), 3 * min(cost.spread_ms, cost.cpu_spread_ms),
                        statistics.median(b.exported_ns / 1e6 for b in brackets),
                        statistics.median(b.looked_up for b in brackets))
-    if known:
-        clock.prep_excess_ms, clock.prep_cpu_excess_ms = statistics.median(prep_wall), statistics.median(prep_cpu)
-        clock.prep_limit_ms = prep_base + 3 * cost.prep_spread_ms
-        clock.prep_cpu_limit_ms = prep_base + 3 * cost.prep_cpu_spread_ms
-    return clock
 
 
 def robust_sd(values: list[float]) -> float:

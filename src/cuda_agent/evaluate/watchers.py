@@ -242,9 +242,6 @@ class Regions:
         self.judged = False  # set by check: the brackets gave a verdict on every region
         self.hold_us = (hold_us or 0.0) if setup.device == "cuda" else 0.0
         self.timing = setup.timing
-        # The preps are judged on the CPU backend only: a GPU region's prep also looks up and exports the memory
-        # its tensors lie in, which the no-op regions do less of, and that has not been measured on a GPU yet.
-        self.judge_prep = setup.device == "cpu"
 
     def check(self, stage: str, when: str) -> list[Breach]:
         if self.brackets is None:
@@ -261,15 +258,6 @@ class Regions:
                        f"moved by {verdict.spread_share:.0%} of a timed region when calibrated (limit "
                        f"{self.timing.region_spread_max:.0%}), so a forged time could pass; the host or GPU was busy "
                        f"with other work: evaluate again when it is quieter")
-        if verdict.ok and self.judge_prep and verdict.prep_breached:
-            by_wall = verdict.prep_breached == "wall"
-            excess, limit = ((verdict.prep_excess_ms, verdict.prep_limit_ms) if by_wall
-                             else (verdict.prep_cpu_excess_ms, verdict.prep_cpu_limit_ms))
-            return [Breach("clock", f"the candidate's process worked {excess:.3f} ms longer between its timed regions "
-                           f"(drawing their inputs) than the harness alone did before its code loaded, by the "
-                           f"evaluator's {'brackets' if by_wall else 'account of its timing thread'} (median over "
-                           f"{verdict.regions} regions, limit {limit:.3f} ms; reported region {verdict.reported_ms:.3f} "
-                           f"ms): work moved out of the timed regions")]
         if verdict.ok:
             return []
         by_wall = verdict.breached == "wall"
