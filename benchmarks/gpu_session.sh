@@ -9,7 +9,7 @@
 #   bash benchmarks/gpu_session.sh integrity_reads # a defence's cost: the in-round integrity read, or with
 #                                            # DEFENCE=rerun the timed call run again (SPEED_EXAMPLES, VS_REPEATS)
 #   bash benchmarks/gpu_session.sh issue31   # trust v3: timing/integrity tests and the GPU reads from outside, the v3
-#                                            # red team, brackets on 8 solutions
+#                                            # red team, brackets on 8 solutions (AGREEMENT_ONLY=none: not those)
 #   bash benchmarks/gpu_session.sh agreement # the region brackets' agreement for every honest solution
 #   bash benchmarks/gpu_session.sh vmm       # issue 31's probe: GPU output memory read from another sandbox
 #   bash benchmarks/gpu_session.sh legit     # the legitimate solutions only (false positives), then the
@@ -22,8 +22,12 @@
 #   bash benchmarks/gpu_session.sh guard     # guard overhead
 #   bash benchmarks/gpu_session.sh overhead  # eval_speed of this tree and of a carried .data/prev/src (the
 #                                            # previous commit: git archive REV src | tar -x -C .data/prev),
-#                                            # alternating, in one call (SPEED_EXAMPLES, VS_REPEATS)
+#                                            # alternating, in one call (SPEED_EXAMPLES, VS_REPEATS,
+#                                            # OVERHEAD_RUNS: e.g. "1-prev 2-this" for one run of each)
 #   bash benchmarks/gpu_session.sh stability # end-of-region variants: rewards and spread over repeats
+#   bash benchmarks/gpu_session.sh profile   # eval_speed under cProfile, this tree and a carried .data/prev/src
+#   bash benchmarks/gpu_session.sh excess    # each evaluation's brackets against their limit, this tree and carried
+#                                            # ones in turn (EXCESS_TREES="alt this": .data/alt/src, then src)
 #   bash benchmarks/gpu_session.sh compile_noise # torch.compile's baseline: within a process, over time, fresh
 #                                            # compilations (benchmarks/compile_noise_probe.py)
 #   bash benchmarks/gpu_session.sh drift     # candidate timing over successive evaluations, with the clocks
@@ -168,6 +172,7 @@ issue31)
     python3 -m pytest -m gpu -q -s -p no:cacheprovider --timeout 300 -rf tests/redteam/test_redteam_gpu.py \
         -k "${REDTEAM_K:-method-swapped or scaled-samples or secrets-from or event-timer or deferred-half or phase-detection or forge-reply}" \
         2>&1 | tee "$OUT/gpu_redteam.log" | grep -E "^(FAILED|ERROR|XPASS)|passed|failed|xfail"
+    [ "${AGREEMENT_ONLY:-}" = none ] && exit 0  # the tests and the red team only
     python3 benchmarks/clock_agreement.py --device cuda --kernelbench .data/kernelbench/kernelbench.jsonl \
         --only ${AGREEMENT_ONLY:-cuda_gelu cuda_row_softmax cuda_bias_scale_tanh level1_19 level1_21 level1_47 level2_40 level2_76} \
         --out "$OUT/clock_agreement.jsonl" 2>&1 | tee "$OUT/clock_agreement.log" | grep -v "^USDT"
@@ -270,12 +275,36 @@ edit_to_reward)
     ;;
 overhead)
     [ -d .data/prev/src ] || { echo "carry .data/prev/src (the tree to compare with)" >&2; exit 2; }
-    for run in 1-prev 2-this 3-prev 4-this; do
+    for run in ${OVERHEAD_RUNS:-1-prev 2-this 3-prev 4-this}; do
         tree=${run#*-} path=$PWD/src; [ "$tree" = prev ] && path=$PWD/.data/prev/src
         rm -rf "$CUDA_AGENT_CACHE"
         PYTHONPATH=$path python3 benchmarks/eval_speed.py --device cuda --examples ${SPEED_EXAMPLES:-cuda_gelu} \
             --repeats ${VS_REPEATS:-3} --remeasured 0 --out "$OUT/overhead_$run.json" 2>&1 \
             | tee -a "$OUT/overhead.log" | tail -4
+    done
+    ;;
+profile)
+    # Where a warm re-evaluation's seconds go: eval_speed under cProfile (the evaluator's thread), this tree and
+    # a carried .data/prev/src, then each profile's heaviest entries by cumulative time.
+    for tree in this prev; do
+        path=$PWD/src; [ "$tree" = prev ] && path=$PWD/.data/prev/src
+        [ -d "$path" ] || continue
+        rm -rf "$CUDA_AGENT_CACHE"
+        PYTHONPATH=$path python3 -m cProfile -o "$OUT/profile_$tree.prof" benchmarks/eval_speed.py --device cuda \
+            --examples ${SPEED_EXAMPLES:-cuda_gelu} --repeats ${VS_REPEATS:-3} --remeasured 0 \
+            --out "$OUT/profile_$tree.json" 2>&1 | tail -3
+        python3 -c "import pstats,sys; pstats.Stats(sys.argv[1]).sort_stats('cumulative').print_stats(90)" \
+            "$OUT/profile_$tree.prof" > "$OUT/profile_$tree.txt" 2>&1
+    done
+    ;;
+excess)
+    # Each evaluation's region brackets against their limit (benchmarks/probes/region_excess_probe.py), for this
+    # tree and carried ones (EXCESS_TREES: "this" or the name of a carried .data/NAME/src), in turn.
+    for tree in ${EXCESS_TREES:-this}; do
+        path=$PWD/src; [ "$tree" = this ] || path=$PWD/.data/$tree/src
+        PYTHONPATH=$path python3 benchmarks/probes/region_excess_probe.py --examples ${SPEED_EXAMPLES:-cuda_gelu} \
+            --evaluations ${EXCESS_EVALUATIONS:-6} --label "$tree" --out "$OUT/region_excess.jsonl" 2>&1 \
+            | grep -v "^USDT\|UserWarning\|_warn_once" | tee -a "$OUT/region_excess.log"
     done
     ;;
 compile_noise)

@@ -935,11 +935,13 @@ def test_hacking_candidate_is_rejected_for_the_right_reason(case, evaluator, sol
 
 
 def test_the_precision_exploit_passes_the_paper_preset(evaluator, solution, examples, tmp_path):
-    """The paper's fixed 1e-2 tolerance lets zeros through for small outputs; the default does not."""
+    """The paper's fixed 1e-2 tolerance lets zeros through for small outputs; the default does not. Verified
+    only: a question of the checks, and an untimed evaluation cannot be refused by a busy host's timing (CI
+    saw the brackets' calibration refuse this tiny call's timing as `error`)."""
     case = next(c for c in CASES if c.name == "zeros-for-tiny-outputs")
     judge = Evaluator("cpu", policy=Policy.preset("paper"), cache_dir=evaluator.cache_dir, timeouts=evaluator.timeouts,
                       memory_limit=evaluator.memory_limit, sandbox=evaluator.sandbox, references=evaluator.references)
-    result = judge.evaluate(make_task(case, examples, tmp_path), make_candidate(case, solution, tmp_path / "c"))
+    result = judge.verify(make_task(case, examples, tmp_path), make_candidate(case, solution, tmp_path / "c"))
     assert result.status == "correct", result.summary()
 
 

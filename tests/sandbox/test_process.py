@@ -105,6 +105,45 @@ def test_pause_stops_the_worker_and_its_children_until_resumed(tmp_path):
         assert all(process_state(pid) not in ("T", "t") for pid in family)
 
 
+def test_every_way_of_finding_a_process_tree_finds_the_same_processes(tmp_path, monkeypatch):
+    """The cheap walks (each thread's children list; the members of a job cgroup) find what a scan of every
+    process on the host finds: a child in a session of its own, a child started by a thread that is not the
+    main one."""
+    import os
+    import subprocess
+
+    from cuda_agent.sandbox import process
+
+    code = ("import os, subprocess, sys, threading, time\n"
+            "sleep = [sys.executable, '-c', 'import os, time; os.setsid(); time.sleep(60)']\n"
+            "subprocess.Popen(sleep)\n"
+            "threading.Thread(target=lambda: subprocess.Popen(sleep), daemon=True).start()\n"
+            "time.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.monotonic() + 10
+        while len(process.descendants(proc.pid)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        walked = process.descendants(proc.pid)
+        monkeypatch.setattr(process, "_CHILDREN_LISTS", False)
+        scanned = process.descendants(proc.pid)
+        assert len(scanned) == 3 and walked[0] == scanned[0] == proc.pid
+        assert sorted(walked) == sorted(scanned)
+        # A cgroup's members, read from a directory laid out as cgroup v2 lays it out (here a plain one).
+        job = tmp_path / "job"
+        (job / "below").mkdir(parents=True)
+        (job / "cgroup.procs").write_text(f"{scanned[2]}\n{proc.pid}\n")
+        (job / "below" / "cgroup.procs").write_text(f"{scanned[1]}\n")
+        grouped = process.descendants(proc.pid, job)
+        assert grouped[0] == proc.pid and sorted(grouped) == sorted(scanned)
+        # A cgroup that does not hold the process (or cannot be read) is not believed: the tree is walked.
+        assert sorted(process.descendants(proc.pid, tmp_path / "missing")) == sorted(scanned)
+    finally:
+        for pid in process.descendants(proc.pid)[::-1]:
+            os.kill(pid, 9)
+        proc.wait()
+
+
 def test_signal_handlers_are_read_from_outside(tmp_path):
     """A handler installed by code in the worker shows in the kernel's record of its process, whichever
     call installed it (Python's signal module here; sigaction or sigset from C alike)."""

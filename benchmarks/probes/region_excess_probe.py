@@ -1,0 +1,50 @@
+"""Each evaluation's region brackets against its limit, evaluation after evaluation (issue 31's honest
+examples): one long-lived evaluator per example, ``--evaluations`` in a row, the first one cold.
+
+    python benchmarks/probes/region_excess_probe.py --examples cuda_gelu --evaluations 6 --out rows.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from cuda_agent import Evaluator, load_candidate, load_task
+from cuda_agent.evaluate import long_lived
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--examples", nargs="+", default=["cuda_gelu"])
+    parser.add_argument("--evaluations", type=int, default=6)
+    parser.add_argument("--label", default="")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    for name in args.examples:
+        task = load_task(ROOT / "examples" / name / "model.py")
+        candidate = load_candidate(ROOT / "examples" / name / "solution")
+        with Evaluator(args.device, **long_lived(args.device)) as evaluator:
+            for number in range(args.evaluations):
+                started = time.monotonic()
+                result = evaluator.evaluate(task, candidate)
+                regions = (result.timing or {}).get("regions") or {}
+                row = {"label": args.label, "example": name, "evaluation": number, "status": result.status,
+                       "reward": result.reward, "rule": result.rule, "seconds": round(time.monotonic() - started, 2),
+                       "durations": result.durations, "regions": {k: v for k, v in regions.items() if k != "overhead"},
+                       "overhead": regions.get("overhead"), "reason": (result.reason or "")[:300]}
+                with args.out.open("a") as f:
+                    f.write(json.dumps(row) + "\n")
+                print(f"{args.label} {name} #{number}: {result.status} reward {result.reward} {row['seconds']} s; "
+                      f"excess {regions.get('excess_ms')} limit {regions.get('limit_ms')} agreement "
+                      f"{regions.get('agreement')} overhead {regions.get('overhead_ms')} "
+                      f"profile {result.durations.get('profile')} s", flush=True)
+                time.sleep(1.0)
+
+
+if __name__ == "__main__":
+    main()
