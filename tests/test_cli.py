@@ -178,12 +178,10 @@ def test_optimize_fails_fast_when_the_model_server_is_down(tmp_path, capsys, exa
 
 
 @pytest.mark.slow
-def test_optimize_exits_non_zero_when_every_episode_ends_on_a_backend_error(tmp_path, capsys, examples, cache_dir,
-                                                                           monkeypatch):
+def test_optimize_exits_non_zero_when_every_episode_ends_on_a_backend_error(tmp_path, capsys, examples):
     pytest.importorskip("openai")
     from tests.openai_server import OpenAIServer
 
-    monkeypatch.setenv("CUDA_AGENT_CACHE", str(cache_dir))
     with OpenAIServer(lambda request: (400, {"error": {"message": "model 'm' does not exist"}})) as server:
         code = main(["optimize", str(examples / "cpu_swish" / "model.py"), "--model", "m", "--device", "cpu",
                      "--base-url", server.url, "--out", str(tmp_path / "out"), "--quiet"])

@@ -139,8 +139,7 @@ def test_workspace_layout_and_skill(tmp_path, examples):
 
 
 @pytest.mark.slow
-def test_optimize_command_writes_solution_report_and_trajectory(tmp_path, examples, cache_dir, monkeypatch, capsys):
-    monkeypatch.setenv("CUDA_AGENT_CACHE", str(cache_dir))
+def test_optimize_command_writes_solution_report_and_trajectory(tmp_path, examples, capsys):
     out = tmp_path / "out"
     with OpenAIServer(by_turn(solution_steps(examples))) as server:
         code = main(["optimize", str(examples / "cpu_swish" / "model.py"), "--model", "scripted",
@@ -162,8 +161,7 @@ def test_optimize_command_writes_solution_report_and_trajectory(tmp_path, exampl
 
 
 @pytest.mark.slow
-def test_optimize_exits_non_zero_when_no_episode_is_correct(tmp_path, examples, cache_dir, monkeypatch, capsys):
-    monkeypatch.setenv("CUDA_AGENT_CACHE", str(cache_dir))
+def test_optimize_exits_non_zero_when_no_episode_is_correct(tmp_path, examples, capsys):
     out = tmp_path / "out"
     with OpenAIServer(by_turn(["I give up."])) as server:  # ends at once, the workspace as it was given
         code = main(["optimize", str(examples / "cpu_swish" / "model.py"), "--model", "scripted",
