@@ -303,6 +303,7 @@ excess)
     for tree in ${EXCESS_TREES:-this}; do
         path=$PWD/src; [ "$tree" = this ] || path=$PWD/.data/$tree/src
         PYTHONPATH=$path python3 benchmarks/probes/region_excess_probe.py --examples ${SPEED_EXAMPLES:-cuda_gelu} \
+            --kernelbench .data/kernelbench/kernelbench.jsonl \
             --evaluations ${EXCESS_EVALUATIONS:-6} --label "$tree" --out "$OUT/region_excess.jsonl" 2>&1 \
             | grep -v "^USDT\|UserWarning\|_warn_once" | tee -a "$OUT/region_excess.log"
     done

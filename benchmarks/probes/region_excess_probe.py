@@ -8,26 +8,35 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
-from cuda_agent import Evaluator, load_candidate, load_task
+from cuda_agent import Evaluator, load_candidate
 from cuda_agent.evaluate import long_lived
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from clock_agreement import honest_solutions  # noqa: E402
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--examples", nargs="+", default=["cuda_gelu"])
+    parser.add_argument("--examples", nargs="+", default=["cuda_gelu"], help="solution names (clock_agreement's)")
+    parser.add_argument("--kernelbench", type=Path, default=None, help="kernelbench.jsonl (KernelBench solutions)")
     parser.add_argument("--evaluations", type=int, default=6)
     parser.add_argument("--label", default="")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
+    found = {name: (task, folder) for name, task, folder in honest_solutions(args.device, args.kernelbench)}
+    missing = [name for name in args.examples if name not in found]
+    if missing:
+        raise SystemExit(f"no honest solution named {', '.join(missing)} (known: {', '.join(sorted(found))}; "
+                         "KernelBench ones need --kernelbench)")
     for name in args.examples:
-        task = load_task(ROOT / "examples" / name / "model.py")
-        candidate = load_candidate(ROOT / "examples" / name / "solution")
+        task, folder = found[name]
+        candidate = load_candidate(folder)
         with Evaluator(args.device, **long_lived(args.device)) as evaluator:
             for number in range(args.evaluations):
                 started = time.monotonic()
