@@ -136,6 +136,12 @@ def test_every_way_of_finding_a_process_tree_finds_the_same_processes(tmp_path, 
         (job / "below" / "cgroup.procs").write_text(f"{scanned[1]}\n")
         grouped = process.descendants(proc.pid, job)
         assert grouped[0] == proc.pid and sorted(grouped) == sorted(scanned)
+        # A member of the cgroup that is no longer below the tree (its parent gone) is found there.
+        (job / "below" / "cgroup.procs").write_text(f"{scanned[1]}\n{os.getpid()}\n")
+        assert sorted(process.descendants(proc.pid, job)) == sorted(scanned + [os.getpid()])
+        monkeypatch.setattr(process, "_CHILDREN_LISTS", True)
+        assert sorted(process.descendants(proc.pid, job)) == sorted(scanned + [os.getpid()])
+        (job / "below" / "cgroup.procs").write_text(f"{scanned[1]}\n")
         # A cgroup that does not hold the process (or cannot be read) is not believed: the tree is walked.
         assert sorted(process.descendants(proc.pid, tmp_path / "missing")) == sorted(scanned)
     finally:
