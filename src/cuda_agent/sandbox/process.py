@@ -15,7 +15,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 DEFAULT_OUTPUT_LIMIT = 2 * 1024 * 1024
 TAIL_BYTES = 16 * 1024
@@ -187,19 +187,7 @@ def descendants(pid: int, cgroup: Path | None = None) -> list[int]:
     if members is not None and pid not in members:
         members = None  # not this tree's cgroup: not believed
     if _CHILDREN_LISTS:
-        found, todo = [], [pid]
-        while todo:
-            current = todo.pop()
-            found.append(current)
-            try:
-                tids = os.listdir(f"/proc/{current}/task")
-            except OSError:
-                continue
-            for tid in tids:
-                try:
-                    todo.extend(int(c) for c in _read_small(f"/proc/{current}/task/{tid}/children").split())
-                except (OSError, ValueError):
-                    continue
+        found = _walk(pid, _listed_children)
         # Both where both are cheap: a process that left the cgroup is still below its parent, and one whose
         # parent died (re-parented outside the tree) is still in the cgroup.
         seen = set(found)
@@ -216,12 +204,32 @@ def descendants(pid: int, cgroup: Path | None = None) -> list[int]:
             continue
         parent = int(stat.rsplit(b")", 1)[1].split()[1])
         children.setdefault(parent, []).append(int(entry.name))
+    return _walk(pid, lambda process: children.get(process, []))
+
+
+def _walk(pid: int, children_of: Callable[[int], list[int]]) -> list[int]:
+    """``pid`` and everything below it, by ``children_of``."""
     found, todo = [], [pid]
     while todo:
         current = todo.pop()
         found.append(current)
-        todo.extend(children.get(current, []))
+        todo.extend(children_of(current))
     return found
+
+
+def _listed_children(pid: int) -> list[int]:
+    """``pid``'s children by its threads' ``children`` lists (each thread lists those it started)."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    listed: list[int] = []
+    for tid in tids:
+        try:
+            listed.extend(int(c) for c in _read_small(f"/proc/{pid}/task/{tid}/children").split())
+        except (OSError, ValueError):
+            continue
+    return listed
 
 
 def _read_small(path: str) -> bytes:
