@@ -27,7 +27,8 @@
 #   bash benchmarks/gpu_session.sh stability # end-of-region variants: rewards and spread over repeats
 #   bash benchmarks/gpu_session.sh profile   # eval_speed under cProfile, this tree and a carried .data/prev/src
 #   bash benchmarks/gpu_session.sh excess    # each evaluation's brackets against their limit, this tree and carried
-#                                            # ones in turn (EXCESS_TREES="alt this": .data/alt/src, then src)
+#                                            # ones in turn (EXCESS_TREES="alt this": .data/alt/src, then src;
+#                                            # "this+pause": every worker stop delayed 35 ms, as it took before)
 #   bash benchmarks/gpu_session.sh compile_noise # torch.compile's baseline: within a process, over time, fresh
 #                                            # compilations (benchmarks/compile_noise_probe.py)
 #   bash benchmarks/gpu_session.sh drift     # candidate timing over successive evaluations, with the clocks
@@ -300,11 +301,13 @@ profile)
 excess)
     # Each evaluation's region brackets against their limit (benchmarks/probes/region_excess_probe.py), for this
     # tree and carried ones (EXCESS_TREES: "this" or the name of a carried .data/NAME/src), in turn.
-    for tree in ${EXCESS_TREES:-this}; do
+    # "this+pause" / "this+resume": this tree with every worker stop (or resume) delayed (the probe's --delay).
+    for label in ${EXCESS_TREES:-this}; do
+        tree=${label%%+*}; delay=(); [ "$tree" = "$label" ] || delay=(--delay "${label#*+}")
         path=$PWD/src; [ "$tree" = this ] || path=$PWD/.data/$tree/src
         PYTHONPATH=$path python3 benchmarks/probes/region_excess_probe.py --examples ${SPEED_EXAMPLES:-cuda_gelu} \
-            --kernelbench .data/kernelbench/kernelbench.jsonl \
-            --evaluations ${EXCESS_EVALUATIONS:-6} --label "$tree" --out "$OUT/region_excess.jsonl" 2>&1 \
+            --kernelbench .data/kernelbench/kernelbench.jsonl "${delay[@]}" \
+            --evaluations ${EXCESS_EVALUATIONS:-6} --label "$label" --out "$OUT/region_excess.jsonl" 2>&1 \
             | grep -v "^USDT\|UserWarning\|_warn_once" | tee -a "$OUT/region_excess.log"
     done
     ;;

@@ -2,6 +2,7 @@
 examples): one long-lived evaluator per example, ``--evaluations`` in a row, the first one cold.
 
     python benchmarks/probes/region_excess_probe.py --examples cuda_gelu --evaluations 6 --out rows.jsonl
+    python benchmarks/probes/region_excess_probe.py --examples level1_12 --kernelbench K --delay pause --out rows.jsonl
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 
 from cuda_agent import Evaluator, load_candidate
 from cuda_agent.evaluate import long_lived
+from cuda_agent.sandbox.process import WorkerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -28,7 +30,12 @@ def main() -> None:
     parser.add_argument("--evaluations", type=int, default=6)
     parser.add_argument("--label", default="")
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--delay", default=None, choices=("pause", "resume"),
+                        help="an experiment: wait --delay-ms before every stop (pause) or every resume of a worker")
+    parser.add_argument("--delay-ms", type=float, default=35.0)
     args = parser.parse_args()
+    if args.delay:
+        _delay(args.delay, args.delay_ms / 1e3)
     found = {name: (task, folder) for name, task, folder in honest_solutions(args.device, args.kernelbench)}
     missing = [name for name in args.examples if name not in found]
     if missing:
@@ -53,6 +60,18 @@ def main() -> None:
                       f"{regions.get('agreement')} overhead {regions.get('overhead_ms')} "
                       f"profile {result.durations.get('profile')} s", flush=True)
                 time.sleep(1.0)
+
+
+def _delay(method: str, seconds: float) -> None:
+    """Every worker's ``pause`` or ``resume`` waits first: what the time between a region's DONE and the stop
+    (36 ms before the process tree was listed from the children lists), or between the read and the resume,
+    does to the next region."""
+    original = getattr(WorkerProcess, method)
+
+    def delayed(self, *args, **kwargs):
+        time.sleep(seconds)
+        return original(self, *args, **kwargs)
+    setattr(WorkerProcess, method, delayed)
 
 
 if __name__ == "__main__":

@@ -300,3 +300,59 @@ def test_the_round_clock_judges_only_gross_excess_where_the_brackets_judged_ever
     assert found == [] and not result.timing["clock"]["decisive"] and not result.timing["clock"]["ok"]
     assert "brackets" in result.notes[0]
     assert rules(gross, judged=True)[0] == ["clock"] and rules(gross, judged=False)[0] == ["clock"]
+
+
+def test_the_calibrations_no_op_regions_are_stopped_and_read_between_as_the_rounds_are():
+    """What the brackets are found to cost must include what follows every timed region (the stop, the read
+    from outside): calibrated without it, an honest 0.08 ms GPU call sat near its limit and failed as `clock`."""
+    from cuda_agent.evaluate.brackets import CALIBRATION_REGIONS, CandidateBrackets
+
+    bell = Bell()
+    config = TimingConfig(flush_l2=False)
+
+    def worker() -> None:
+        marker = torch.arange(64, dtype=torch.float32)
+        count = iter(range(CALIBRATION_REGIONS))
+        region: list[int] = []
+
+        def prepare():
+            region.append(next(count))
+            return lambda: marker
+
+        def after_end() -> bytes:
+            described = [describe(index, marker, [marker]) for index in region]
+            region.clear()
+            return encode_calls(described)
+        time_round(prepare, "cpu", config, trials=CALIBRATION_REGIONS, calls=1, after_end=after_end,
+                   bell=Ringer(bell.theirs))
+
+    pid = _fork(worker)
+
+    class Worker:  # the sandbox's WorkerProcess, as far as the brackets use it
+        stops = resumes = 0
+
+        class proc:
+            poll = staticmethod(lambda: None)
+
+        def pause(self, timeout_s: float = 2.0) -> bool:
+            os.kill(pid, signal.SIGSTOP)
+            self.stops += 1
+            return True
+
+        def resume(self) -> None:
+            os.kill(pid, signal.SIGCONT)
+            self.resumes += 1
+
+    stopped = Worker()
+    brackets = CandidateBrackets(bell, "cpu", stopped, outside=True, reader=OutsideReader(pid))
+    calibration = brackets.serve_calibration(30)
+    assert _exit_status(pid) == 0
+    assert calibration is not None and len(calibration) == CALIBRATION_REGIONS
+    assert stopped.stops == stopped.resumes == CALIBRATION_REGIONS
+    # One call a region read from outside while stopped: the marker's values at the secret positions.
+    assert [record.index for _, record in brackets.records] == list(range(CALIBRATION_REGIONS))
+    assert all(record.outputs[0].values and all(v == int(v) for v in record.outputs[0].values)
+               for _, record in brackets.records)
+    brackets.calibrate(calibration, [0.001] * CALIBRATION_REGIONS, 0.0)
+    assert brackets.records == []  # the no-op regions' records are not the candidate's
+    brackets.close()
