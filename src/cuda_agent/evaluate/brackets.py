@@ -92,14 +92,17 @@ class CandidateBrackets:
 
     def serve_calibration(self, timeout_s: float) -> list[Bracket] | None:
         """The no-op regions' brackets; None where the worker failed first (its load reply says why).
-        Between them the process is stopped and each region's call read from outside as in the rounds: a
-        region that follows a stop and a read starts on a GPU left idle meanwhile (its clock lowered, the
-        hold's cycle count longer) and after another process's GPU read. Calibrated without them, an honest
+        On a GPU the process is stopped between them and each region's call read from outside, as in the
+        rounds: a region that follows a stop and a read starts on a GPU left idle meanwhile (its clock lowered,
+        the hold's cycle count longer) and after another process's GPU read. Calibrated without them, an honest
         0.08 ms call (level1_12, 2-3 a region) sat a median 0.047 ms (up to 0.21) over its brackets' cost and
-        failed as ``clock`` in 4 of 28 evaluations on the H100; with them, 0.014 ms (up to 0.056), 0 of 10."""
+        failed as ``clock`` in 4 of 28 evaluations on the H100; with them, 0.014 ms (up to 0.056), 0 of 10. On
+        the CPU backend (no hold, no GPU) honest regions sat below their cost either way, and the stops cost a
+        warm evaluation 0.45 s on a 2-core host and widened its limits by a quarter: not done there."""
+        probe = secrets.randbits(62) if self.device == "cuda" else None
         try:
-            return self.bell.serve(CALIBRATION_REGIONS, timeout_s, self._alive,
-                                   self._reader_for(0, 1, secrets.randbits(62)), self.thread)
+            return self.bell.serve(CALIBRATION_REGIONS, timeout_s, self._alive, self._reader_for(0, 1, probe),
+                                   self.thread)
         except BellFailed:
             return None
         except Stop as stop:  # no candidate code has run yet: the harness's failure, not the candidate's
