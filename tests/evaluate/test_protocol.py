@@ -39,6 +39,9 @@ EXAMPLES = [
         inputs=[p.LeafSample(shape=[2, 3], dtype="float32", values=[2.0])]))], **TOL),
     p.SampleRequest(dir="out", manifest={"kind": "tensor"}, probe=6),
     p.ReadGpuRequest(sizes=[2 << 20], reads=[[0, 4096, 4]], apart_s=0.001),
+    p.DrawRequest(seeds=[3, 4], leaves=[[["float32", [2, 3], [3, 1]]], [["float32", [2, 3], [3, 1]]]], send=True),
+    p.WriteGpuRequest(sizes=[2 << 20], offsets=[0], seeds=[5], leaves=[[["float32", [2, 3], [3, 1], 4096]]],
+                      flush_bytes=1 << 20),
     p.ScreenCheckRequest(path="program.py", name="p", seeds=[1, 2, 3], stochastic_ops=["torch.dropout"], **TOL),
     p.ScreenTimeRequest(compiled=True, tf32="torch"),
     p.ScreenCompileRequest(),
@@ -51,7 +54,7 @@ def test_every_request_kind_has_an_example():
     assert all(cls.op == op for op, cls in p.REQUESTS.items())
     assert set(p.REQUESTS) == {"ready", "load", "weights", "attach", "run", "calibrate", "time", "timed", "output", "expect",
                                "release", "compare", "degenerate", "compile", "records", "sample",
-                               "read_gpu"}
+                               "read_gpu", "draw", "write_gpu"}
     assert set(p.SCREEN_REQUESTS) == {"check", "time", "compile"}
 
 

@@ -3,6 +3,8 @@ allowance (the tolerance widens to the baselines' own error under their flags)."
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from cuda_agent.evaluate.transfer import write_outputs
@@ -116,3 +118,46 @@ def test_a_task_bigger_than_the_memory_limit_is_refused_before_anything_is_alloc
     (tmp_path / "task.py").write_text(FLAG_SENSITIVE_TASK)
     assert ReferenceSide().handle("load", request | {"tf32": "on"})["parameters"] == 0
     pin_precision("off")
+
+
+def test_inputs_are_drawn_for_the_evaluator_in_the_layout_the_candidate_described(reference):
+    """The values a candidate's timed call is given come from the reference's draw of the evaluator's seed
+    (outside.InputWriter): packed into a memfd handed over on the descriptor channel, each tensor's span as the
+    candidate described its own; a description that is not what the task draws is said in the reply."""
+    import mmap
+    import socket
+
+    from cuda_agent.sandbox.process import receive_fd
+
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    reference.fd_socket = theirs
+    layout = [["float32", [256, 256], [256, 1]]]
+    reply = reference.handle("draw", {"seeds": [5, 6], "leaves": [layout, layout], "send": True})
+    assert reply["grown"] and not reply.get("error")
+    fd = receive_fd(ours, 5)
+    with mmap.mmap(fd, reply["bytes"], mmap.MAP_SHARED, mmap.PROT_READ) as memory:
+        for seed, [[offset, nbytes]] in zip([5, 6], reply["spans"]):
+            assert nbytes == 256 * 256 * 4
+            drawn = torch.frombuffer(bytearray(memory[offset:offset + nbytes]), dtype=torch.float32).view(256, 256)
+            assert torch.equal(drawn, reference.inputs(seed)[0])
+    os.close(fd)
+    again = reference.handle("draw", {"seeds": [7], "leaves": [layout]})
+    assert not again["grown"]  # the memory the evaluator maps already holds it
+    for wrong in ([["float32", [256, 128], [128, 1]]], [["float64", [256, 256], [256, 1]]], [], layout * 2):
+        refused = reference.handle("draw", {"seeds": [5], "leaves": [wrong]})
+        assert refused["error"] and refused["spans"] == []
+    ours.close()
+    theirs.close()
+
+
+def test_the_reference_says_whether_its_task_draws_differ_in_values_alone(tmp_path):
+    shaped = FLAG_SENSITIVE_TASK.replace("torch.randn(256, 256)", "torch.randn(int(torch.randint(1, 10**6, ())), 4)")
+    answers = []
+    for name, code in (("fixed", FLAG_SENSITIVE_TASK), ("shaped", shaped)):
+        (tmp_path / f"{name}.py").write_text(code)
+        side = ReferenceSide()
+        reply = side.handle("load", {"task_file": str(tmp_path / f"{name}.py"), "task_name": name,
+                                     "task_source": f"{name}.py", "device": "cpu", "tf32": "off", "init_seed": 1,
+                                     "state_dict_path": str(tmp_path / f"{name}.pt")})
+        answers.append(reply.get("fixed_inputs"))
+    assert answers == [True, False]

@@ -363,3 +363,154 @@ def test_the_calibrations_no_op_regions_are_stopped_and_read_between_as_the_roun
     brackets.calibrate(calibration, [0.001] * CALIBRATION_REGIONS, 0.0)
     assert brackets.records == []  # the no-op regions' records are not the candidate's
     brackets.close()
+
+
+def _drawer(values_of):
+    """A stand-in for the reference's draw (``reference_process.input_drawer``): every tensor of call ``c`` filled
+    with ``values_of(seed)``, packed into a memfd as the reference packs them."""
+    import mmap
+
+    from cuda_agent.evaluate.outside import ITEMSIZE, span_bytes
+    from cuda_agent.evaluate.shared import aligned
+
+    asked = []
+
+    def draw(seeds, leaves, send):
+        asked.append(list(seeds))
+        spans, blobs, total = [], [], 0
+        for seed, call in zip(seeds, leaves):
+            spans.append([])
+            for dtype, shape, strides in call:
+                nbytes = span_bytes(shape, strides, ITEMSIZE[dtype])
+                blobs.append((total, torch.full((nbytes // 4,), values_of(seed), dtype=torch.float32)))
+                spans[-1].append([total, nbytes])
+                total += aligned(nbytes)
+        fd = os.memfd_create("drawn")
+        os.ftruncate(fd, max(total, 1))
+        with mmap.mmap(fd, max(total, 1)) as memory:
+            for offset, blob in blobs:
+                memory[offset:offset + blob.numel() * 4] = blob.numpy().tobytes()
+        return spans, max(total, 1), fd
+    return draw, asked
+
+
+def test_a_regions_inputs_are_written_from_outside_while_it_is_stopped_before_go():
+    """The prep hole: a region's inputs drawn in the worker from seeds it was told let its code compute their
+    outputs before READY. Now the values it is timed on are written from outside after READY, while it is stopped,
+    from seeds it never sees; the calls see those values, not their own draw's."""
+    from cuda_agent.evaluate.brackets import CandidateBrackets
+    from cuda_agent.evaluate.outside import InputWriter
+    from cuda_agent.evaluate.timing import trial_seed
+
+    bell = Bell()
+    seen_read, seen_write = os.pipe()
+    config = TimingConfig(flush_l2=False)
+    trials, calls = 3, 2
+
+    def worker() -> None:
+        count = iter(range(trials * calls))
+        region: list[tuple[int, torch.Tensor]] = []
+        seen: list[float] = []
+
+        def prepare():
+            index = next(count)
+            x = torch.full((4096,), -1.0)  # its own draw: what the candidate could compute ahead
+            region.append((index, x))
+            return lambda: seen.append(float(x.sum()) / x.numel())
+
+        ringer = Ringer(bell.theirs)
+
+        def announce(number: int) -> None:
+            ringer.ready(number, encode_calls([describe(index, None, [x]) for index, x in region]))
+
+        def after_end() -> bytes:
+            region.clear()
+            return b""
+        time_round(prepare, "cpu", config, trials=trials, calls=calls, after_end=after_end, bell=ringer,
+                   announce=announce)
+        os.write(seen_write, repr(seen).encode())
+
+    pid = _fork(worker)
+    os.close(seen_write)
+    events = []
+
+    class Worker:  # the sandbox's WorkerProcess, as far as the brackets use it
+        class proc:
+            poll = staticmethod(lambda: None)
+
+        def pause(self, timeout_s: float = 2.0) -> bool:
+            os.kill(pid, signal.SIGSTOP)
+            events.append("stop")
+            return True
+
+        def resume(self) -> None:
+            os.kill(pid, signal.SIGCONT)
+            events.append("resume")
+
+    draw, asked = _drawer(lambda seed: float(seed % 997))
+    brackets = CandidateBrackets(bell, "cpu", Worker())
+    brackets.writer = InputWriter(pid, draw, 0)
+    brackets.round(0, trials, calls, 30)
+    assert _exit_status(pid) == 0
+    seen = eval(os.read(seen_read, 1 << 16).decode())  # noqa: S307 - the child's own repr of floats
+    expected = [float(trial_seed(brackets.inputs_base, i) % 997) for i in range(trials * calls)]
+    assert seen == expected
+    assert asked == [[trial_seed(brackets.inputs_base, i) for i in range(r * calls, (r + 1) * calls)]
+                     for r in range(trials)]
+    assert events == ["stop", "resume"] * trials
+    brackets.close()
+
+
+def test_inputs_are_written_only_into_memory_the_process_could_write_itself():
+    """A write through /proc/PID/mem goes through a read-only page as well: a description pointing at one (the
+    harness's code, say) is refused, not written."""
+    import mmap
+
+    from cuda_agent.evaluate.outside import InputWriter
+
+    draw, _ = _drawer(lambda seed: 7.0)
+    writer = InputWriter(os.getpid(), draw, 1024)
+    x = torch.zeros(256)
+    written = writer.write([describe(0, None, [x])], [11])
+    assert written == x.numel() * 4 and bool((x == 7.0).all())
+    frozen = mmap.mmap(-1, 4096, prot=mmap.PROT_READ)
+    with pytest.warns(UserWarning, match="not writable"):  # torch's word for the same thing
+        address = torch.frombuffer(frozen, dtype=torch.uint8).data_ptr()
+    with pytest.raises(OutsideError, match="not memory the process can write itself"):
+        writer.write([{"i": 0, "o": [], "in": [[address, "float32", [256], [1]]]}], [11])
+    assert bytes(frozen[:16]) == bytes(16)
+    with pytest.raises(OutsideError, match="malformed|unreadable"):
+        writer.write([{"i": 0, "o": [], "in": [[address, "float32", [256], [1, 2]]]}], [11])
+    writer.close()
+
+
+def test_a_gpu_regions_inputs_are_written_by_the_reference_in_the_allocations_exported_at_ready():
+    """On a GPU the reference writes the values (``vmm.Importer.write``): the writer hands it the allocations the
+    described inputs lie in, as offsets from the lowest (a tensor may span several that follow one another), and
+    each tensor's place among them; an input in memory not exported, or across a gap, is refused."""
+    from cuda_agent.evaluate.outside import GpuInputWriter, GpuMemory
+    from cuda_agent.evaluate.regions import Chunk
+
+    memory = GpuMemory(lambda *args: ([], []))
+    mib = 1 << 20
+    base = 0x7F0000000000
+    fds = [os.open("/dev/null", os.O_RDONLY) for _ in range(4)]
+    # Three allocations back to back, one more after a gap of 2 MiB.
+    memory.take([Chunk(base, 2 * mib, fds[0]), Chunk(base + 2 * mib, 2 * mib, fds[1]),
+                 Chunk(base + 4 * mib, 2 * mib, fds[2]), Chunk(base + 8 * mib, 2 * mib, fds[3])])
+    sent = []
+    writer = GpuInputWriter(memory, lambda *args: sent.append(args))
+    across = [base + mib, "float32", [mib // 2], [1]]  # 2 MiB from the middle of the first: into the second
+    alone = [base + 8 * mib, "float16", [4, 8], [8, 1]]
+    assert writer.write([{"i": 4, "o": [], "in": [across]}, {"i": 5, "o": [], "in": [alone]}], [41, 42]) == 2 * mib + 64
+    (handed, sizes, offsets, seeds, leaves), = sent
+    assert handed == [fds[0], fds[1], fds[3]] and sizes == [2 * mib] * 3 and offsets == [0, 2 * mib, 8 * mib]
+    assert seeds == [41, 42]
+    assert leaves == [[["float32", [mib // 2], [1], mib]], [["float16", [4, 8], [8, 1], 8 * mib]]]
+    over_the_gap = [base + 5 * mib, "float32", [mib // 2], [1]]
+    with pytest.raises(OutsideError, match="not in the GPU memory"):
+        writer.write([{"i": 6, "o": [], "in": [over_the_gap]}], [43])
+    with pytest.raises(OutsideError, match="not in the GPU memory"):
+        writer.write([{"i": 6, "o": [], "in": [[base - 64, "float32", [4], [1]]]}], [43])
+    assert len(sent) == 1
+    memory.close()

@@ -15,11 +15,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from cuda_agent.evaluate.channel import Stop
-from cuda_agent.evaluate.outside import GpuMemory, OutsideError, OutsideReader, ProcessMemory, RemoteRead
+from cuda_agent.evaluate.outside import (Draw, GpuInputWriter, GpuMemory, InputWriter, OutsideError, OutsideReader,
+                                         ProcessMemory, RemoteRead, RemoteWrite)
 from cuda_agent.evaluate.protocol import CallRecord
 from cuda_agent.evaluate.records import RECORDED_PER_REGION
+from cuda_agent.evaluate.timing import trial_seed
 from cuda_agent.evaluate.regions import (
-    Bell, BellError, BellFailed, BellUnreadable, Bracket, Overhead, RegionClock, decode_calls, judge, overhead,
+    Bell, BellError, BellFailed, BellUnreadable, Bracket, Chunk, Overhead, RegionClock, decode_calls, judge, overhead,
     thread_times,
 )
 
@@ -50,6 +52,10 @@ class CandidateBrackets:
     # Whether timed calls are read from outside (``evaluate.outside``): always on the CPU backend; on a GPU
     # where the candidate's process can export its memory (``read_from``), else its harness records them.
     outside: bool = False
+    # Where each region's input values are written from outside before GO (``write_inputs``), drawn from
+    # ``trial_seed(inputs_base, call)``: a secret of the evaluator's, for the checks of those calls.
+    writer: InputWriter | GpuInputWriter | None = None
+    inputs_base: int = field(default_factory=lambda: secrets.randbits(62))
 
     @classmethod
     def open(cls, worker: Any, device: str) -> "CandidateBrackets":
@@ -80,15 +86,40 @@ class CandidateBrackets:
         except OSError as exc:
             raise Stop("error", "load", f"the candidate's memory cannot be read from outside: {exc}") from None
 
+    def write_inputs(self, pid: int | None, draw: Draw | None = None, remote: RemoteWrite | None = None,
+                     flush_bytes: int = 0) -> None:
+        """Write every timed region's input values from outside, drawn by the reference process from seeds the
+        candidate's process never sees: on the CPU backend through its memory (``draw``, ``outside.InputWriter``),
+        on a GPU where its memory is read from outside by the reference itself (``remote``, ``GpuInputWriter``)."""
+        if self.device == "cuda":
+            if isinstance(self.reader, GpuMemory) and remote is not None:
+                self.writer = GpuInputWriter(self.reader, remote)
+            return
+        if pid is None or draw is None:
+            raise Stop("error", "load", "the candidate's harness process was not found: its inputs cannot be written "
+                       "from outside")
+        try:
+            self.writer = InputWriter(pid, draw, flush_bytes)
+        except OSError as exc:
+            raise Stop("error", "load", f"the candidate's memory cannot be written from outside: {exc}") from None
+
     def close(self) -> None:
         self.bell.close()
         if self.reader is not None:
             self.reader.close()
+        if self.writer is not None:
+            self.writer.close()
 
     # -- before the candidate's code -------------------------------------------------------
     def calibration_fields(self, hold_us: float, timing: dict[str, Any]) -> dict[str, Any]:
         return {"bell_regions": CALIBRATION_REGIONS, "bell_hold_us": hold_us, "bell_seed": secrets.randbits(62),
-                "timing": timing}
+                "bell_written": self._announces_inputs, "timing": timing}
+
+    @property
+    def _announces_inputs(self) -> bool:
+        """Whether the no-op regions describe their inputs at READY (on a GPU with the allocations they lie in):
+        wherever the rounds' inputs may be written, which is known only once the reference has loaded."""
+        return self.device == "cpu" or isinstance(self.reader, GpuMemory)
 
     def serve_calibration(self, timeout_s: float) -> list[Bracket] | None:
         """The no-op regions' brackets; None where the worker failed first (its load reply says why).
@@ -98,11 +129,14 @@ class CandidateBrackets:
         0.08 ms call (level1_12, 2-3 a region) sat a median 0.047 ms (up to 0.21) over its brackets' cost and
         failed as ``clock`` in 4 of 28 evaluations on the H100; with them, 0.014 ms (up to 0.056), 0 of 10. On
         the CPU backend (no hold, no GPU) honest regions sat below their cost either way, and the stops cost a
-        warm evaluation 0.45 s on a 2-core host and widened its limits by a quarter: not done there."""
+        warm evaluation 0.45 s on a 2-core host and widened its limits by a quarter: not done there. Where the
+        rounds' inputs are written from outside, these regions' are too: the stop before GO and the let-go
+        within the bracket are part of every region's cost."""
         probe = secrets.randbits(62) if self.device == "cuda" else None
+        self.bell.ready_chunked = self.device == "cuda" and self._announces_inputs
         try:
             return self.bell.serve(CALIBRATION_REGIONS, timeout_s, self._alive, self._reader_for(0, 1, probe),
-                                   self.thread)
+                                   self.thread, self._writer_for(0, 1, secrets.randbits(62)))
         except BellFailed:
             return None
         except Stop as stop:  # no candidate code has run yet: the harness's failure, not the candidate's
@@ -123,8 +157,10 @@ class CandidateBrackets:
     def round(self, first: int, trials: int, calls: int, timeout_s: float) -> list[Bracket] | None:
         """Bracket one round the worker was just asked for; None where it failed (its reply says why)."""
         probe = secrets.randbits(62)
+        self.bell.ready_chunked = self.device == "cuda" and self.writer is not None
         try:
-            return self.bell.serve(trials, timeout_s, self._alive, self._reader_for(first, calls, probe), self.thread)
+            return self.bell.serve(trials, timeout_s, self._alive, self._reader_for(first, calls, probe), self.thread,
+                                   self._writer_for(first, calls, self.inputs_base))
         except BellFailed:
             return None
         except BellUnreadable as exc:
@@ -147,6 +183,53 @@ class CandidateBrackets:
     def _alive(self) -> bool:
         return self.worker.proc.poll() is None
 
+    def _calls_of(self, region: int, first: int, calls: int, payload: bytes) -> list[Any]:
+        """A region's calls as the worker described them, which must be the calls asked for."""
+        described = decode_calls(payload)
+        wanted = list(range(first + region * calls, first + (region + 1) * calls))
+        if [c.get("i") if isinstance(c, dict) else None for c in described] != wanted:
+            raise Stop("failed", "profile", f"timed region {region} described other calls than were asked for",
+                       rule="forged-reply")
+        return described
+
+    def _stop(self) -> None:
+        if not self.worker.pause(timeout_s=10.0):  # a busy host delivers SIGSTOP late; a refusal is not that
+            raise Stop("failed", "profile", "the candidate's processes did not stop around a timed region",
+                       rule="forged-reply")
+
+    def _writer_for(self, first: int, calls: int,
+                    base: int) -> Callable[[int, bytes, list[Chunk]], Callable[[], None] | None] | None:
+        """After each READY: the allocations the inputs lie in taken (GPU), the process stopped, the region's inputs
+        (as described) given the values of ``trial_seed(base, call)``'s draws; it is let go once the bracket has
+        opened."""
+        writer = self.writer
+        if writer is None and not self.bell.ready_chunked:
+            return None
+
+        def before(region: int, payload: bytes, chunks: list[Chunk]) -> Callable[[], None] | None:
+            if isinstance(self.reader, GpuMemory):
+                try:
+                    self.reader.take(chunks)
+                except OutsideError as exc:
+                    raise _unreadable(exc) from None
+            if writer is None:
+                return None
+            described = self._calls_of(region, first, calls, payload)
+            self._stop()
+            try:
+                if self.stopped_check is not None:
+                    self.stopped_check()
+                writer.write(described, [trial_seed(base, c["i"]) for c in described])
+            except OutsideError as exc:
+                self.worker.resume()
+                raise Stop("failed", "profile", f"a timed call's inputs cannot be written from outside the "
+                           f"candidate's process: {exc}", rule="forged-reply") from None
+            except BaseException:
+                self.worker.resume()
+                raise
+            return self.worker.resume
+        return before
+
     def _reader_for(self, first: int, calls: int, probe: int | None) -> Callable[[Bracket], None] | None:
         """After each region: its calls as described, checked against the calls asked for; then the process
         stopped and ``RECORDED_PER_REGION`` of them, drawn now, read from outside."""
@@ -156,17 +239,10 @@ class CandidateBrackets:
                     self.reader.take(bracket.chunks)
                 except OutsideError as exc:
                     raise _unreadable(exc) from None
-            described = decode_calls(bracket.payload) if self.outside else []
-            if self.outside:
-                wanted = list(range(first + bracket.region * calls, first + (bracket.region + 1) * calls))
-                if [c.get("i") if isinstance(c, dict) else None for c in described] != wanted:
-                    raise Stop("failed", "profile", f"timed region {bracket.region} described other calls than "
-                               f"were asked for", rule="forged-reply")
+            described = self._calls_of(bracket.region, first, calls, bracket.payload) if self.outside else []
             if probe is None or self.reader is None:
                 return
-            if not self.worker.pause(timeout_s=10.0):  # a busy host delivers SIGSTOP late; a refusal is not that
-                raise Stop("failed", "profile", "the candidate's processes did not stop after a timed region",
-                           rule="forged-reply")
+            self._stop()
             try:
                 if self.stopped_check is not None:
                     self.stopped_check()

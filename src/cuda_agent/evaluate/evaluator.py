@@ -40,6 +40,7 @@ from cuda_agent.evaluate.degenerate import DegenerateReport
 from cuda_agent.evaluate.device_lock import DeviceLock, shared_use
 from cuda_agent.evaluate.environment import describe_environment
 from cuda_agent.evaluate.policy import Policy, TimingConfig
+from cuda_agent.evaluate.timing import flush_bytes
 from cuda_agent.evaluate.processes import (
     SPARE_CANDIDATES, Workers, close_all, copy_modules, spares_stopped, start_workers, take_workers,
 )
@@ -308,7 +309,9 @@ class Evaluator:
         clock = time.monotonic()
         plan = Plan(**result.timing["plans"]["candidate"])
         last = rounds.count("candidate") * plan.trials * plan.calls - 1
-        output_bytes = check_timed_outputs(run, base, log, last)
+        # The seeds the timed inputs' values came from: the evaluator's own where it wrote them from outside.
+        writer = run.brackets is not None and run.brackets.writer is not None
+        output_bytes = check_timed_outputs(run, run.brackets.inputs_base if writer else base, log, last)
         stop_on("verify", "while its timed outputs were read", signals)
         # Before the clock: a timer patched below Python fails here by what was patched.
         stop_on("profile", "during the timing rounds", integrity)
@@ -355,6 +358,8 @@ class Evaluator:
             ref.await_loaded(setup, reference)
         calibration = None
         if brackets is not None:
+            self._write_inputs(run, brackets, integrity.pid)
+        if brackets is not None:
             # Measured like the timing: nothing else on the device meanwhile, the spares still starting
             # (started as the previous evaluation ended) stopped: a warm evaluation 1 s after the last one
             # was refused on the H100 as their start-up spread its no-op regions by 77% of a region.
@@ -378,6 +383,25 @@ class Evaluator:
         ref.share_output_memory(setup, reference, candidate, result)
         result.durations["load"] = round(time.monotonic() - clock, 3)
         return signals, threads, integrity
+
+    @staticmethod
+    def _write_inputs(run: Evaluation, brackets: CandidateBrackets, pid: int | None) -> None:
+        """Timed inputs' values come from outside the candidate's process (``outside.InputWriter``, on a GPU
+        ``GpuInputWriter``), where the task's draws differ in their values alone (the reference says so as it
+        loads) and, on a GPU, where its memory is read from outside."""
+        setup, reference = run.setup, run.reference
+        if setup.device == "cuda" and not brackets.outside:
+            return  # a note already says its memory is not read from outside: nor is it written
+        if reference.loaded is None or not reference.loaded.fixed_inputs:
+            run.result.notes.append("timed inputs drawn in the candidate's process from seeds it is told (the task's "
+                                    "draws differ in more than their values): work moved before a region is bounded "
+                                    "by the round's clock only")
+            return
+        if setup.device == "cuda":
+            brackets.write_inputs(None, remote=ref.gpu_writer(setup, reference, flush_bytes("cuda", setup.timing)))
+            return
+        pid = pid if pid is not None else run.candidate.worker.harness_pid()
+        brackets.write_inputs(pid, ref.input_drawer(setup, reference), flush_bytes=flush_bytes("cpu", setup.timing))
 
     @staticmethod
     def _refuse(violations: list[Violation], result: EvalResult, prefix: str = "") -> None:

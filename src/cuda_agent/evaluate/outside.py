@@ -13,7 +13,9 @@ computing them; the process is stopped, so nothing is computed while it is read.
 from __future__ import annotations
 
 import bisect
+import ctypes
 import math
+import mmap
 import os
 import struct
 from typing import Any, Callable
@@ -95,8 +97,8 @@ def _plan(call: Any, probe: int) -> tuple[int, dict[str, list[tuple[list[int], s
     return call["i"], leaves
 
 
-def _plan_leaf(leaf_index: int, leaf: Any, probe: int, role: str,
-               count: int) -> tuple[list[int], str, int, str | None, list[int]]:
+def _layout(leaf: Any, role: str, leaf_index: int) -> tuple[int, str, list[int], list[int]]:
+    """A described tensor's pointer, dtype, shape and strides, checked for sense."""
     try:
         pointer, dtype, shape, strides = leaf
         shape = [int(n) for n in shape]
@@ -106,12 +108,24 @@ def _plan_leaf(leaf_index: int, leaf: Any, probe: int, role: str,
     if dtype not in FORMATS or not isinstance(pointer, int) or len(shape) != len(strides) or len(shape) > MAX_DIMS \
             or any(n < 0 for n in shape) or any(s < 0 for s in strides):
         raise OutsideError(f"{role} {leaf_index}: an unreadable description ({dtype}, {len(shape)} dims)")
-    numel = math.prod(shape)
-    if numel > MAX_NUMEL:
-        raise OutsideError(f"{role} {leaf_index}: {numel} elements")
+    if math.prod(shape) > MAX_NUMEL:
+        raise OutsideError(f"{role} {leaf_index}: {math.prod(shape)} elements")
+    return pointer, dtype, shape, strides
+
+
+def span_bytes(shape: list[int], strides: list[int], itemsize: int) -> int:
+    """The bytes from a tensor's first element to the end of its last, as its strides lay them out."""
+    if any(n == 0 for n in shape):
+        return 0
+    return (1 + sum((n - 1) * s for n, s in zip(shape, strides))) * itemsize
+
+
+def _plan_leaf(leaf_index: int, leaf: Any, probe: int, role: str,
+               count: int) -> tuple[list[int], str, int, str | None, list[int]]:
+    pointer, dtype, shape, strides = _layout(leaf, role, leaf_index)
     size, form = FORMATS[dtype]
     addresses = []
-    for flat in positions(probe, role, leaf_index, numel, count):
+    for flat in positions(probe, role, leaf_index, math.prod(shape), count):
         offset = 0
         for extent, stride in zip(reversed(shape), reversed(strides)):
             flat, at = divmod(flat, extent)
@@ -214,3 +228,140 @@ class GpuMemory(OutsideReader):
                                "apart while the candidate's processes were stopped (GPU work still writing its "
                                "outputs after its region ended)")
         return data
+
+
+# (seeds, per call per input tensor [dtype, shape, strides], whether the shared memory's descriptor is wanted) ->
+# (per call per tensor [offset, bytes] in that memory, its size, its descriptor where one was sent)
+Draw = Callable[[list[int], list[list[list[Any]]], bool], tuple[list[list[list[int]]], int, int | None]]
+WRITE_CHUNK = 1 << 30  # a write through /proc/PID/mem moves at most ~2 GiB at once
+
+
+class InputWriter:
+    """The values of a timed region's inputs, written into the candidate's process from outside while it is
+    stopped, after it said READY and before GO (CPU backend). The worker draws each call's inputs itself from
+    a seed it was told, which gives them their memory and layout; the values it will be timed on are drawn
+    by the reference process (``draw``) from seeds only the evaluator knows, so no output can be computed
+    before its region starts: a region's inputs are unknown to the candidate's process until it is let go.
+    Then the evaluator's own flush, as the worker's before READY: what was written here is not left in a
+    cache the baselines' inputs are flushed from."""
+
+    def __init__(self, pid: int, draw: Draw, flush_bytes: int) -> None:
+        self.pid, self.draw = pid, draw
+        self.fd = os.open(f"/proc/{pid}/mem", os.O_RDWR)
+        self.drawn: mmap.mmap | None = None
+        self.flush = (ctypes.c_char * flush_bytes)() if flush_bytes else None
+
+    def close(self) -> None:
+        if self.drawn is not None:
+            self.drawn.close()
+            self.drawn = None
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def write(self, calls: list[Any], seeds: list[int]) -> int:
+        """Each call's described input tensors (``describe``'s "in") given the values of ``seeds``' draws;
+        the bytes written."""
+        targets = []
+        for call in calls:
+            described = call.get("in") if isinstance(call, dict) else None
+            if not isinstance(described, list) or len(described) > 64:
+                raise OutsideError("a call's inputs are not described")
+            targets.append([_layout(leaf, "input", n) for n, leaf in enumerate(described)])
+        spans, size, fd = self.draw(seeds, [[[d, s, t] for _, d, s, t in call] for call in targets],
+                                    self.drawn is None)
+        if fd is not None:
+            try:
+                if self.drawn is not None:
+                    self.drawn.close()
+                self.drawn = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
+            finally:
+                os.close(fd)
+        if self.drawn is None or len(spans) != len(targets):
+            raise OutsideError("the reference drew other calls than were asked for")
+        writable = _writable(self.pid)
+        starts = [start for start, _ in writable]
+        view = memoryview(self.drawn)
+        written = 0
+        try:
+            for call, call_spans in zip(targets, spans):
+                if len(call_spans) != len(call):
+                    raise OutsideError("the reference drew other inputs than were described")
+                for (pointer, dtype, shape, strides), (offset, nbytes) in zip(call, call_spans):
+                    if nbytes != span_bytes(shape, strides, ITEMSIZE[dtype]) or offset + nbytes > size:
+                        raise OutsideError("the reference's inputs do not fit their description")
+                    at = bisect.bisect_right(starts, pointer) - 1
+                    if nbytes and (at < 0 or pointer + nbytes > writable[at][1]):
+                        raise OutsideError(f"input memory at {pointer:#x} ({nbytes} bytes) is not memory the "
+                                           "process can write itself")
+                    for part in range(0, nbytes, WRITE_CHUNK):
+                        length = min(WRITE_CHUNK, nbytes - part)
+                        if os.pwrite(self.fd, view[offset + part:offset + part + length], pointer + part) != length:
+                            raise OutsideError(f"input memory at {pointer + part:#x}: a short write")
+                    written += nbytes
+        except OSError as exc:
+            raise OutsideError(f"input memory cannot be written from outside ({exc.strerror})") from None
+        finally:
+            view.release()
+        if self.flush is not None:
+            ctypes.memset(self.flush, 0, len(self.flush))
+        return written
+
+
+def _writable(pid: int) -> list[tuple[int, int]]:
+    """The process's private writable mappings, sorted: the only memory an input is written into (a write
+    through /proc/PID/mem would go through a read-only page too)."""
+    ranges = []
+    with open(f"/proc/{pid}/maps") as maps:
+        for line in maps:
+            span, perms = line.split(maxsplit=2)[:2]
+            if perms[1] == "w" and perms[3] == "p":
+                start, end = span.split("-")
+                ranges.append((int(start, 16), int(end, 16)))
+    return sorted(ranges)
+
+
+# (fds, sizes, offsets, seeds, per call per input tensor [dtype, shape, strides, at]) -> None, or OutsideError
+RemoteWrite = Callable[[list[int], list[int], list[int], list[int], list[list[list[Any]]]], None]
+
+
+class GpuInputWriter:
+    """``InputWriter`` on a GPU: the region's input values are drawn and written by the reference process
+    (``remote``), through the allocations the worker exported as it said READY (``memory``'s, ``GpuMemory.take``),
+    mapped read-write there while the candidate's processes are stopped; then the L2 is flushed and the device
+    synchronised before GO."""
+
+    def __init__(self, memory: GpuMemory, remote: RemoteWrite) -> None:
+        self.memory, self.remote = memory, remote
+
+    def close(self) -> None:
+        pass  # the descriptors are ``memory``'s
+
+    def write(self, calls: list[Any], seeds: list[int]) -> int:
+        chunks = self.memory.chunks
+        bases = [c.base for c in chunks]
+        targets, needed, written = [], set(), 0
+        for call in calls:
+            described = call.get("in") if isinstance(call, dict) else None
+            if not isinstance(described, list) or len(described) > 64:
+                raise OutsideError("a call's inputs are not described")
+            targets.append([_layout(leaf, "input", n) for n, leaf in enumerate(described)])
+            for pointer, dtype, shape, strides in targets[-1]:
+                end = pointer + span_bytes(shape, strides, ITEMSIZE[dtype])
+                written += end - pointer
+                at = bisect.bisect_right(bases, pointer) - 1
+                reached = pointer
+                while end > reached and 0 <= at < len(chunks) and chunks[at].base <= reached < chunks[at].base + chunks[at].size:
+                    needed.add(at)
+                    reached = chunks[at].base + chunks[at].size
+                    at += 1
+                if end > reached:
+                    raise OutsideError(f"input memory at {pointer:#x} ({end - pointer} bytes) is not in the GPU memory "
+                                       "the candidate's process exported as the region was about to start")
+        if not needed:
+            return 0
+        order = sorted(needed)
+        low = chunks[order[0]].base
+        self.remote([chunks[c].fd for c in order], [chunks[c].size for c in order], [chunks[c].base - low for c in order],
+                    seeds, [[[d, s, t, p - low] for p, d, s, t in call] for call in targets])
+        return written

@@ -196,6 +196,7 @@ class LoadRequest(_Request):
     bell_regions: int = 0
     bell_hold_us: float = 0.0
     bell_seed: int = 0
+    bell_written: bool = False  # those regions' inputs written from outside as the rounds' are (TimeRequest.written)
     timing: dict[str, Any] | None = None
 
 
@@ -249,6 +250,9 @@ class TimeRequest(_Request):
     bell: bool = False  # each region bracketed by the evaluator (evaluate.regions)
     outside: bool = False  # its calls described in DONE and read from outside (evaluate.outside); on a GPU the
     # candidate exports their memory after DONE (evaluate.vmm)
+    # Its inputs described in READY and their values written from outside while it is stopped, drawn from seeds
+    # it never learns (evaluate.outside.InputWriter): what it drew from ``seed`` only gives them their memory.
+    written: bool = False
 
 
 @dataclass(frozen=True)
@@ -350,10 +354,35 @@ class ReadGpuRequest(_Request):
     apart_s: float
 
 
+@dataclass(frozen=True)
+class DrawRequest(_Request):
+    """Reference: the inputs of timed calls drawn from ``seeds`` (secrets the candidate's process never sees),
+    each tensor laid out as the candidate described its own (``leaves``: per call, per tensor ``[dtype, shape,
+    strides]``), packed into memory it shares with the evaluator (``evaluate.outside.InputWriter``)."""
+    op: ClassVar[str] = "draw"
+    seeds: list[int]
+    leaves: list[list[list[Any]]]
+    send: bool = False  # the shared memory's descriptor wanted (the evaluator's first draw of an evaluation)
+
+
+@dataclass(frozen=True)
+class WriteGpuRequest(_Request):
+    """Reference: as ``DrawRequest``, the drawn inputs written into the candidate's GPU memory: ``len(sizes)``
+    allocations it exported (their descriptors sent on the descriptor channel just before), mapped read-write at
+    ``offsets`` in one range; each tensor ``[dtype, shape, strides, at]``, ``at`` its first element's offset in
+    that range. Then the L2 flushed (``flush_bytes`` zeroed) and the device synchronised."""
+    op: ClassVar[str] = "write_gpu"
+    sizes: list[int]
+    offsets: list[int]
+    seeds: list[int]
+    leaves: list[list[list[Any]]]
+    flush_bytes: int = 0
+
+
 REQUESTS: dict[str, type[_Request]] = {cls.op: cls for cls in (
     ReadyRequest, LoadRequest, WeightsRequest, AttachRequest, RunRequest, CalibrateRequest, TimeRequest, TimedRequest,
     OutputRequest, ExpectRequest, ReleaseRequest, CompareRequest, DegenerateRequest, CompileRequest,
-    RecordsRequest, SampleRequest, ReadGpuRequest)}
+    RecordsRequest, SampleRequest, ReadGpuRequest, DrawRequest, WriteGpuRequest)}
 
 
 # -- requests of the synth screener ----------------------------------------------------------------
@@ -424,6 +453,7 @@ class LoadReply(_Reply):
     gpu: str | None = None
     share: ShareInfo | None = None
     bell_ms: list[float] | None = None  # candidate: the no-op regions as the pristine harness timed them
+    fixed_inputs: bool | None = None  # reference: its draws differ in tensor values alone (DrawRequest, WriteGpuRequest)
 
 
 @dataclass(frozen=True)
@@ -513,6 +543,19 @@ class ReadGpuReply(_Reply):
     data: list[str]  # each read's bytes (hex), as first read
     changed: list[int]  # the reads whose bytes differed the second time
     error: str | None = None  # the memory could not be imported, mapped or read (the candidate's doing)
+
+
+@dataclass(frozen=True)
+class DrawReply(_Reply):
+    spans: list[list[list[int]]]  # per call, per tensor: [offset, bytes] of its memory's span in the shared memory
+    bytes: int = 0  # the shared memory's size; a new one's descriptor was sent before this reply (``grown``)
+    grown: bool = False
+    error: str | None = None  # the candidate described other inputs than the task draws (its doing)
+
+
+@dataclass(frozen=True)
+class WriteGpuReply(_Reply):
+    error: str | None = None  # the memory could not be imported, mapped or written, or other inputs were described
 
 
 @dataclass(frozen=True)

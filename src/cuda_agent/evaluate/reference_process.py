@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import secrets
 import time
 from typing import Any, Iterator
@@ -17,10 +18,10 @@ from cuda_agent.evaluate.context import Setup
 from cuda_agent.evaluate.decide import BASELINES, Rounds
 from cuda_agent.evaluate.degenerate import DegenerateReport
 from cuda_agent.evaluate.environment import describe_environment
-from cuda_agent.evaluate.outside import OutsideError, RemoteRead
+from cuda_agent.evaluate.outside import Draw, OutsideError, RemoteRead, RemoteWrite
 from cuda_agent.evaluate.processes import new_job, spawn
 from cuda_agent.evaluate.protocol import (
-    ReadGpuReply, ReadGpuRequest,
+    ReadGpuReply, ReadGpuRequest, DrawReply, DrawRequest, WriteGpuReply, WriteGpuRequest,
     AttachReply, AttachRequest, CompileReply, CompileRequest, DegenerateReply, DegenerateRequest, LoadReply,
     LoadRequest, ReleaseReply, ReleaseRequest,
 )
@@ -247,3 +248,40 @@ def gpu_reader(setup: Setup, reference: LiveReference) -> RemoteRead:
             raise OutsideError(reply.error)
         return [bytes.fromhex(d) for d in reply.data], reply.changed
     return read
+
+
+def input_drawer(setup: Setup, reference: LiveReference) -> Draw:
+    """Timed calls' inputs drawn by the reference process from the evaluator's secret seeds, for the evaluator to
+    write into the candidate's (``outside.InputWriter``); the memory they are packed in arrives as a descriptor."""
+    def draw(seeds: list[int], leaves: list[list[list[Any]]], send: bool) -> tuple[list[list[list[int]]], int, int | None]:
+        reply = reference.channel.ask_typed("profile", DrawRequest(seeds=seeds, leaves=leaves, send=send), DrawReply,
+                                            setup.timeouts.check_s)
+        fd = None
+        if reply.grown:
+            try:
+                fd = reference.channel.worker.receive_fd(setup.timeouts.check_s)
+            except OSError as exc:
+                raise Stop("error", "profile", f"reference process: the drawn inputs' memory did not arrive: {exc}") \
+                    from None
+        if reply.error:
+            if fd is not None:
+                os.close(fd)
+            raise OutsideError(reply.error)
+        return reply.spans, reply.bytes, fd
+    return draw
+
+
+def gpu_writer(setup: Setup, reference: LiveReference, flush_bytes: int) -> RemoteWrite:
+    """Timed calls' inputs drawn by the reference process from the evaluator's secret seeds and written there
+    into the candidate's GPU memory (``evaluate.vmm``), then the L2 flushed (``flush_bytes`` zeroed)."""
+    def write(fds: list[int], sizes: list[int], offsets: list[int], seeds: list[int],
+              leaves: list[list[list[Any]]]) -> None:
+        try:
+            reference.channel.worker.send_fds(fds)
+        except OSError as exc:
+            raise Stop("error", "profile", f"reference process: cannot take the candidate's GPU memory: {exc}") from None
+        request = WriteGpuRequest(sizes=sizes, offsets=offsets, seeds=seeds, leaves=leaves, flush_bytes=flush_bytes)
+        reply = reference.channel.ask_typed("profile", request, WriteGpuReply, setup.timeouts.check_s)
+        if reply.error:
+            raise OutsideError(reply.error)
+    return write

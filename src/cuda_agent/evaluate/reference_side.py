@@ -11,19 +11,20 @@ from typing import Any
 
 from cuda_agent.evaluate.compare import compare_outputs, precision_allowance
 from cuda_agent.evaluate.policy import TimingConfig
+from cuda_agent.evaluate.outside import span_bytes
 from cuda_agent.evaluate.protocol import (CalibrateRequest, CompareRequest, CompileRequest, DegenerateRequest,
-                                          ExpectRequest, ReadGpuRequest, RecordsRequest, TimeRequest,
-                                          parse_request)
+                                          DrawRequest, ExpectRequest, ReadGpuRequest, RecordsRequest, TimeRequest,
+                                          WriteGpuRequest, parse_request)
 from cuda_agent.evaluate.records import compare_record, same_outputs, sample_output
-from cuda_agent.evaluate.shared import SharedBuffer, SharedError
+from cuda_agent.evaluate.shared import SharedBuffer, SharedError, aligned
 from cuda_agent.evaluate.timing import HostLaunch
 from cuda_agent.evaluate.transfer import TransferError, manifest_devices, packed_bytes, read_outputs
 from cuda_agent.sandbox.process import receive_fds, send_fd
 from cuda_agent.tensors import tensors_in
 from cuda_agent.tasks.task import TaskError
 
-from cuda_agent.evaluate.side import (_Side, fingerprint, pin_precision, refuse_if_too_big, seed_everything,
-                                      share_inductor_headers, synchronize)
+from cuda_agent.evaluate.side import (_Side, fingerprint, make_inputs, pin_precision, refuse_if_too_big,
+                                      seed_everything, share_inductor_headers, synchronize)
 
 
 class ReferenceSide(_Side):
@@ -33,6 +34,8 @@ class ReferenceSide(_Side):
     compiled: dict[str, Any] | None = None  # torch.compile(Model) (or its error) and its compile time
     output_specs: list[tuple[Any, Any, Any]] = []  # (shape, dtype, device) of the Model's output tensors
     importer: Any = None  # maps the candidate's exported GPU memory (evaluate.vmm.Importer), once needed
+    drawn: SharedBuffer | None = None  # timed calls' inputs for the evaluator to write into the candidate's (``draw``)
+    flush: Any = None  # zeroed after a GPU write of the candidate's inputs (``write_gpu``)
 
     def handle(self, op: str, msg: Any) -> dict[str, Any]:
         """Answer request ``op``: its dataclass (``protocol.REQUESTS``), or a dict it is parsed from."""
@@ -52,6 +55,7 @@ class ReferenceSide(_Side):
             info = {}
             if self.device == "cuda":
                 info["gpu"] = torch.cuda.get_device_name()
+            info["fixed_inputs"] = self.fixed_inputs()
             if msg.warm is not None:
                 # One expected output, computed and dropped: the first forward in a process (kernels
                 # loaded, libraries started) costs seconds, here at once with the candidate's load.
@@ -107,6 +111,10 @@ class ReferenceSide(_Side):
             return self.degenerate(msg)
         if op == "read_gpu":
             return self.read_gpu(msg)
+        if op == "draw":
+            return self.draw(msg)
+        if op == "write_gpu":
+            return self.write_gpu(msg)
         raise ValueError(f"unknown request {op!r}")
 
     def share(self) -> dict[str, Any]:
@@ -123,6 +131,108 @@ class ReferenceSide(_Side):
             return {"shared": False, "reason": f"{type(exc).__name__}: {exc}"}
         send_fd(self.fd_socket, self.shared.fd)
         return {"shared": True, "bytes": nbytes, "pinned": self.shared.pinned}
+
+    def _drawn(self, seeds: list[int], leaves: list[list[list[Any]]]) -> tuple[list[tuple[Any, int]], str | None]:
+        """Each call's inputs drawn from its seed, each tensor with its span's bytes, where every tensor is laid out
+        as described (``[dtype, shape, strides]``); else nothing and what differs (the candidate's doing)."""
+        if len(seeds) != len(leaves):
+            return [], f"{len(leaves)} calls described for {len(seeds)} drawn"
+        planned = []
+        for call, (seed, described) in enumerate(zip(seeds, leaves)):
+            drawn = list(tensors_in(self.inputs(seed)))
+            if len(drawn) != len(described):
+                return [], f"call {call}: {len(described)} input tensors described, the task draws {len(drawn)}"
+            for leaf, (tensor, wanted) in enumerate(zip(drawn, described)):
+                own = [str(tensor.dtype).removeprefix("torch."), list(tensor.shape), list(tensor.stride())]
+                if list(wanted[:3]) != own:
+                    return [], f"call {call}: input {leaf} described as {wanted[:3]}, the task draws {own}"
+                planned.append((tensor.detach(), span_bytes(own[1], own[2], tensor.element_size())))
+        return planned, None
+
+    def draw(self, msg: DrawRequest) -> dict[str, Any]:
+        """The inputs of ``msg.seeds``' calls, packed into memory shared with the evaluator, each tensor's span as
+        the candidate described its own (``outside.InputWriter``, CPU backend). A description that is not what the
+        task draws is said in the reply (the candidate's doing), not raised."""
+        import torch
+
+        if self.device != "cpu" or self.fd_socket is None:
+            raise ValueError("'draw': the CPU backend's inputs, over a descriptor channel")
+        planned, error = self._drawn(msg.seeds, msg.leaves)
+        if error:
+            return {"spans": [], "error": error}
+        spans, total, at = [], 0, iter(planned)
+        for call in msg.leaves:
+            spans.append([])
+            for _ in call:
+                spans[-1].append([total, next(at)[1]])
+                total += aligned(spans[-1][-1][1])
+        grown = self.drawn is None or self.drawn.nbytes < total
+        if grown:
+            if self.drawn is not None:
+                self.drawn.close()
+            self.drawn = SharedBuffer.create(max(total, 1), "cpu")
+        if grown or msg.send:
+            send_fd(self.fd_socket, self.drawn.fd)
+        for (tensor, nbytes), offset in zip(planned, (s[0] for call in spans for s in call)):
+            if nbytes:
+                flat = torch.as_strided(tensor, (nbytes // tensor.element_size(),), (1,), tensor.storage_offset())
+                self.drawn.host[offset:offset + nbytes].copy_(flat.view(torch.uint8))
+        return {"spans": spans, "bytes": self.drawn.nbytes, "grown": grown or msg.send}
+
+    def write_gpu(self, msg: WriteGpuRequest) -> dict[str, Any]:
+        """The inputs of ``msg.seeds``' calls written into the candidate's GPU memory from here (``evaluate.vmm``),
+        then the L2 flushed: what was written is not left in a cache the baselines' inputs are flushed from."""
+        import torch
+
+        from cuda_agent.evaluate.vmm import Importer, VmmError
+
+        if self.fd_socket is None:
+            raise ValueError("'write_gpu': no descriptor channel")
+        fds = receive_fds(self.fd_socket, len(msg.sizes), 30)
+        try:
+            planned, error = self._drawn(msg.seeds, msg.leaves)
+            if error:
+                return {"error": error}
+            ats = [leaf[3] if len(leaf) == 4 and isinstance(leaf[3], int) else -1 for call in msg.leaves for leaf in call]
+            if self.importer is None:
+                self.importer = Importer(torch.cuda.current_device())
+            self.importer.write(fds, msg.sizes, msg.offsets,
+                                [(tensor.data_ptr(), at, nbytes) for (tensor, nbytes), at in zip(planned, ats) if nbytes])
+            if msg.flush_bytes:
+                if self.flush is None or self.flush.numel() != msg.flush_bytes:
+                    self.flush = torch.empty(msg.flush_bytes, dtype=torch.int8, device=self.device)
+                self.flush.zero_()
+            torch.cuda.synchronize()
+        except VmmError as exc:
+            return {"error": str(exc)}
+        finally:
+            for fd in fds:
+                os.close(fd)
+        return {}
+
+    def fixed_inputs(self) -> bool:
+        """Whether the task's draws differ in their tensors' values alone (dtype, shape, strides and every other
+        input the same from seed to seed): only then can a draw from another seed be written over the candidate's.
+        Drawn on the meta device (no memory, no values: a shape that depends on a drawn value fails there), else
+        on the CPU backend for real; a GPU task that cannot be drawn on the meta device is taken as not fixed (its
+        real draws can be GBs)."""
+        import torch
+
+        def layout(value: Any) -> Any:
+            if isinstance(value, torch.Tensor):
+                return [str(value.dtype), list(value.shape), list(value.stride())]
+            if isinstance(value, (list, tuple)):
+                return [layout(v) for v in value]
+            if isinstance(value, dict):
+                return {k: layout(v) for k, v in value.items()}
+            return repr(value)
+        try:
+            return layout(make_inputs(self.task_module, 1, "meta", self.source)) == \
+                layout(make_inputs(self.task_module, 2, "meta", self.source))
+        except Exception:  # noqa: BLE001 - a draw the meta device cannot make: drawn for real, or not fixed
+            if self.device != "cpu":
+                return False
+        return layout(self.inputs(1)) == layout(self.inputs(2))
 
     def read_gpu(self, msg: ReadGpuRequest) -> dict[str, Any]:
         """The candidate's GPU memory read here, where its code cannot reach (``evaluate.vmm``): what fails

@@ -87,7 +87,8 @@ class Bracket:
     waited_ns: int = 0
     cpu_ns: int = 0
     # The evaluator's own work after the region while the worker waited for CONT (on the CPU backend:
-    # stopping it and reading its outputs from outside): part of the round's wall, none of it the worker's.
+    # stopping it and reading its outputs from outside), and before GO (writing its inputs): part of the
+    # round's wall, none of it the worker's.
     held_ns: int = 0
     # On a GPU: from DONE to the last of the region's exported allocations; how many allocations the worker
     # looked up after DONE (those it had not looked up before the region), and how many it exported anew
@@ -120,6 +121,7 @@ class Bell:
 
     def __init__(self, chunked: bool = False) -> None:
         self.chunked = chunked  # each DONE is followed by the region's allocations (FDS datagrams)
+        self.ready_chunked = False  # and each READY by those its inputs lie in (their values written before GO)
         self.ours, self.theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.ours.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
         self.ours.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, MAX_DATAGRAM * 2)
@@ -136,18 +138,32 @@ class Bell:
 
     def serve(self, regions: int, timeout_s: float, alive: Callable[[], bool],
               between: Callable[[Bracket], None] | None = None,
-              thread: Callable[[], tuple[int, int]] | None = None) -> list[Bracket]:
+              thread: Callable[[], tuple[int, int]] | None = None,
+              before: Callable[[int, bytes, list[Chunk]], Callable[[], None] | None] | None = None) -> list[Bracket]:
         """Bracket ``regions`` regions of the round the worker was just asked for (``drain`` before asking).
         ``between(bracket)`` runs after each DONE and before CONT, while the worker waits (or is stopped
-        by it). ``thread()``: the worker's timing thread's CPU time and run-queue wait so far, in ns."""
+        by it). ``thread()``: the worker's timing thread's CPU time and run-queue wait so far, in ns.
+        ``before(region, payload, chunks)`` runs after each READY (its payload: the region's inputs described; with
+        ``ready_chunked``, the allocations they lie in that the worker had not sent before, for it to take) and may
+        stop the worker; what it returns lets it go on, right after the bracket opens: anything the worker does
+        once let go is within the bracket."""
         deadline = time.monotonic() + timeout_s
         brackets: list[Bracket] = []
         thread = thread or (lambda: (0, 0))
         start = time.time_ns()
         for region in range(regions):
-            ready_ns, _ = self._expect(READY, region, deadline, alive)
+            ready_ns, described = self._expect(READY, region, deadline, alive)
+            written_from = time.time_ns()
+            inputs = self._chunks(region, deadline, alive)[0] if self.ready_chunked else []
+            try:
+                let_go = before(region, described, inputs) if before is not None else None
+            finally:
+                for chunk in inputs:  # those ``before`` did not take
+                    os.close(chunk.fd)
             cpu_before, waited_before = thread()
             go_ns = time.time_ns()
+            if let_go is not None:
+                let_go()
             self.ours.send(HEADER.pack(GO, region, 0))
             done_ns, payload = self._expect(DONE, region, deadline, alive)
             chunks, exported_ns, looked_up = [], 0, 0
@@ -169,7 +185,7 @@ class Bell:
                 for chunk in chunks:
                     os.close(chunk.fd)
                 chunks.clear()
-            bracket.held_ns = time.time_ns() - held_from
+            bracket.held_ns = time.time_ns() - held_from + (go_ns - written_from if let_go is not None else 0)
             start = time.time_ns()
             self.ours.send(HEADER.pack(CONT, region, 0))
         return brackets
@@ -285,8 +301,8 @@ class Ringer:
         self._dumps = json.dumps
         self._ints = array.array
 
-    def ready(self, region: int) -> None:
-        self._send(self._pack(READY, region, 0))
+    def ready(self, region: int, payload: bytes = b"") -> None:
+        self._send(self._pack(READY, region, 0) + payload)
 
     def wait(self, what: bytes, region: int) -> None:
         """Blocking, not spinning: the evaluator reads the kernel's account of this thread (``thread_times``)

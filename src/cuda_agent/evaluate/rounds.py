@@ -177,7 +177,8 @@ def _candidate_side(setup: Setup, candidate: CandidateRounds, log: CandidateLog,
         probe = secrets.randbits(62)
         request = TimeRequest(seed=candidate.base, first=first, trials=trials, calls=calls,
                               probe=None if outside else probe, timing=setup.timing.to_dict(), hold_us=log.hold_us,
-                              bell=brackets is not None, outside=outside)
+                              bell=brackets is not None, outside=outside,
+                              written=brackets is not None and brackets.writer is not None)
         # The read lands within the round: within most of the last round's length (the calls'
         # estimate for the first), so that it is seldom left unmade at the round's end.
         within_s = 0.9 * (log.walls_ms[-1] if log.walls_ms else trials * calls * estimate_ms) / 1e3

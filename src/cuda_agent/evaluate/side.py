@@ -137,7 +137,8 @@ class _Side:
     def time_calls(self, fn: Any, msg: TimeRequest, on_record: Any = None, host: HostLaunch | None = None,
                    fence: bool = True) -> tuple[list[float], list[dict[str, Any]]]:
         """One round: ``msg.trials`` regions of ``msg.calls`` calls of ``fn``, call ``first + i``
-        on the inputs of ``trial_seed(seed, first + i)``. Right after each region ends, up to
+        on the inputs of ``trial_seed(seed, first + i)`` (with ``msg.written`` their memory only: the evaluator
+        writes the values it is timed on, after READY). Right after each region ends, up to
         ``RECORDED_PER_REGION`` of its calls, chosen then, are recorded (``evaluate.records``);
         ``on_record(index, inputs, output)`` sees each. Returns the samples and the records."""
         import torch
@@ -195,6 +196,18 @@ class _Side:
             region.clear()
             return payload
 
+        def announce(number: int) -> None:
+            # Where the region's inputs lie, for the evaluator to write their values into before GO; on a GPU
+            # with the allocations they lie in that were exported while they were drawn.
+            ringer.ready(number, encode_calls([describe(index, None, inputs) for index, inputs, _ in region]))
+            if exporting:
+                try:
+                    chunks, fds = exporter.take_pending()
+                except VmmError as exc:
+                    ringer.chunks_failed(number, str(exc))
+                    return
+                ringer.chunks(number, chunks, fds, 0)
+
         def after_done(number: int) -> None:
             try:
                 chunks, fds, looked_up = exporter.finish(spans)
@@ -206,7 +219,8 @@ class _Side:
         # A round that raises says FAIL on the brackets where it is handled (CandidateSide.handle).
         with torch.no_grad():
             samples = time_round(prepare, self.device, TimingConfig.from_dict(msg.timing), msg.trials, msg.calls,
-                                 after_end, host, fence, ringer, after_done if exporting else None)
+                                 after_end, host, fence, ringer, after_done if exporting else None,
+                                 announce if msg.written and ringer is not None else None)
         synchronize(self.device)
         if recorder is None:
             return samples, []
@@ -224,7 +238,7 @@ class _Side:
         # theirs too: the records' gathers are inside every bracket, and so in what the brackets are found to cost.
         request = TimeRequest(seed=msg.bell_seed, first=0, trials=msg.bell_regions, calls=1,
                               timing=msg.timing or TimingConfig().to_dict(), hold_us=msg.bell_hold_us, bell=True,
-                              outside=outside, probe=None if outside else msg.bell_seed)
+                              outside=outside, probe=None if outside else msg.bell_seed, written=msg.bell_written)
         return self.time_calls(lambda *args: marker, request, host=self.launch("bell", fixed_us=msg.bell_hold_us))[0]
 
 

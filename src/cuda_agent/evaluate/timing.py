@@ -215,7 +215,8 @@ def calibrate(fn: Callable[[], Any], device: str, config: TimingConfig,
 def time_round(prepare: Callable[[], Callable[[], Any]], device: str, config: TimingConfig, trials: int,
                calls: int = 1, after_end: Callable[[], bytes | None] | None = None,
                host: HostLaunch | None = None, fence: bool = True, bell: Any = None,
-               after_done: Callable[[int], None] | None = None) -> list[float]:
+               after_done: Callable[[int], None] | None = None,
+               announce: Callable[[int], None] | None = None) -> list[float]:
     """One round of ``trials`` timed regions; each region runs ``calls`` calls back to back and
     gives one sample, its time per call in ms. ``prepare()`` runs outside the timed region (before
     the L2 flush) and returns the next call, inputs drawn: every call gets fresh inputs, and a
@@ -227,19 +228,21 @@ def time_round(prepare: Callable[[], Callable[[], Any]], device: str, config: Ti
     is late is timed to the fence; the trusted baselines' regions are always timed to their end.
     ``bell`` (``regions.Ringer``): each region is opened and closed through the evaluator's brackets
     (READY once drawn, GO, DONE once over with what ``after_end`` returned, CONT); ``after_done(region)``
-    runs between DONE and CONT, outside the bracket (on a GPU: the region's memory exported)."""
-    import torch
+    runs between DONE and CONT, outside the bracket (on a GPU: the region's memory exported). ``announce(region)``
+    says READY instead of ``bell.ready``: with the region's inputs described (and on a GPU their memory), for
+    the evaluator to write their values before GO."""
 
     config = config.resolved(device)
     after_end = after_end or (lambda: None)
     host = host or HostLaunch()
     host.begin_round()
+    announce = announce or (bell.ready if bell is not None else None)
     if config.method == "profiler":
         samples = []
         for region in range(trials):
             ready = [prepare() for _ in range(calls)]
             if bell is not None:
-                bell.ready(region)
+                announce(region)
                 bell.wait(GO, region)
             samples.append(_profiled_region(ready) / calls)
             payload = after_end()
@@ -253,7 +256,8 @@ def time_round(prepare: Callable[[], Callable[[], Any]], device: str, config: Ti
     flush = _flush_buffer(device, config)
     samples: list[float] = []
     if cuda:
-        samples = _time_regions_cuda(prepare, config, trials, calls, flush, after_end, host, fence, bell, after_done)
+        samples = _time_regions_cuda(prepare, config, trials, calls, flush, after_end, host, fence, bell, after_done,
+                                     announce)
     else:
         clock = time.perf_counter_ns
         for region in range(trials):
@@ -261,7 +265,7 @@ def time_round(prepare: Callable[[], Callable[[], Any]], device: str, config: Ti
             if flush is not None:
                 flush.zero_()
             if bell is not None:
-                bell.ready(region)
+                announce(region)
                 bell.wait(GO, region)
             begin = clock()
             _call_each(ready)
@@ -285,7 +289,8 @@ def _call_each(calls: list[Callable[[], Any]]) -> None:
 
 def _time_regions_cuda(prepare: Callable[[], Callable[[], Any]], config: TimingConfig, trials: int, calls: int,
                        flush: Any, after_end: Callable[[], bytes | None], host: HostLaunch, check_fence: bool,
-                       bell: Any = None, after_done: Callable[[int], None] | None = None) -> list[float]:
+                       bell: Any = None, after_done: Callable[[int], None] | None = None,
+                       announce: Callable[[int], None] | None = None) -> list[float]:
     import torch
 
     stream_end = config.end_fence == "stream"
@@ -307,7 +312,7 @@ def _time_regions_cuda(prepare: Callable[[], Callable[[], Any]], config: TimingC
         hold_us = host.hold_for(calls, config)
         torch.cuda.synchronize()
         if bell is not None:
-            bell.ready(region)
+            announce(region)
             bell.wait(GO, region)
         if hold_us:
             torch.cuda._sleep(int(hold_us * cycles_per_us))
@@ -404,13 +409,18 @@ def _synchronizer(device: str) -> Callable[[], None]:
     return torch.cuda.synchronize if device == "cuda" else (lambda: None)
 
 
+def flush_bytes(device: str, config: TimingConfig) -> int:
+    """The bytes zeroed before each region to evict the caches (0: none)."""
+    if not config.flush_l2:
+        return 0
+    return config.flush_bytes if device == "cuda" else min(config.flush_bytes, 64 * 1024 * 1024)
+
+
 def _flush_buffer(device: str, config: TimingConfig):
     import torch
 
-    if not config.flush_l2:
-        return None
-    size = config.flush_bytes if device == "cuda" else min(config.flush_bytes, 64 * 1024 * 1024)
-    return torch.empty(size, dtype=torch.int8, device=device)
+    size = flush_bytes(device, config)
+    return torch.empty(size, dtype=torch.int8, device=device) if size else None
 
 
 def _measure_profiler(fn: Callable[[], Any], config: TimingConfig, setup: Callable[[], None]) -> TimingStats:

@@ -23,6 +23,7 @@ from typing import Any
 POSIX_FD = 1  # CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
 LOCATION_DEVICE = 1  # CU_MEM_LOCATION_TYPE_DEVICE
 PROT_READ = 1  # CU_MEM_ACCESS_FLAGS_PROT_READ: the reader cannot write the candidate's memory
+PROT_READWRITE = 3  # only to write a region's inputs (``Importer.write``)
 MAX_CHUNKS = 8192  # allocations one region may export (a 6 GiB input and output span about 600)
 
 u64 = ctypes.c_uint64
@@ -111,6 +112,14 @@ class Exporter:
             self.checked.clear()
             self.checked_bases.clear()
         return pending[0] + chunks, pending[1] + fds, looked_up
+
+    def take_pending(self) -> tuple[list[tuple[int, int]], list[int]]:
+        """What ``check`` exported before the region, handed over now (at READY, where the evaluator writes the
+        region's inputs before GO); ``finish`` then sends only what is new after the region."""
+        if self.failed is not None:
+            raise VmmError(self.failed)
+        pending, self.pending = self.pending, ([], [])
+        return pending
 
     def export(self, spans: list[tuple[int, int]]) -> tuple[list[tuple[int, int]], list[int], int]:
         """``check`` and ``finish`` at once."""
@@ -204,12 +213,67 @@ class Importer:
             "cuMemMap": [u64, ctypes.c_size_t, ctypes.c_size_t, u64, u64],
             "cuMemSetAccess": [u64, ctypes.c_size_t, ctypes.POINTER(_Access), ctypes.c_size_t],
             "cuMemcpyDtoH_v2": [ctypes.c_void_p, u64, ctypes.c_size_t],
+            "cuMemcpyDtoD_v2": [u64, u64, ctypes.c_size_t],
             "cuMemUnmap": [u64, ctypes.c_size_t],
             "cuMemAddressFree": [u64, ctypes.c_size_t],
             "cuMemRelease": [u64],
+            "cuCtxSynchronize": [],
         })
         self.f = f
         self.access = _Access(_Location(LOCATION_DEVICE, device), PROT_READ)
+        self.write_access = _Access(_Location(LOCATION_DEVICE, device), PROT_READWRITE)
+
+    def write(self, fds: list[int], sizes: list[int], offsets: list[int],
+              copies: list[tuple[int, int, int]]) -> None:
+        """Map the allocations behind ``fds`` (of ``sizes`` bytes) read-write in one address range, each at its
+        ``offsets`` entry (as they lie in the candidate's: a tensor may span several), and copy each ``(source,
+        at, nbytes)``: ``nbytes`` from this process's device address ``source`` to ``at`` in that range. The
+        copies are done when this returns; the mappings are gone."""
+        if len(fds) != len(sizes) or len(sizes) != len(offsets):
+            raise VmmError(f"{len(fds)} descriptors for {len(sizes)} allocations at {len(offsets)} offsets")
+        covered = sorted(zip(offsets, sizes))
+        for (low, size), (high, _) in zip(covered, covered[1:] + [(None, 0)]):
+            if low < 0 or size <= 0 or (high is not None and low + size > high):
+                raise VmmError("allocations that overlap where they are to be mapped")
+        starts = [low for low, _ in covered]
+        for _, at, nbytes in copies:  # each within allocations that follow one another without a gap
+            where = bisect.bisect_right(starts, at) - 1
+            end = at
+            if where >= 0 and covered[where][0] + covered[where][1] > at:
+                end = covered[where][0] + covered[where][1]
+                where += 1
+                while end < at + nbytes and where < len(covered) and covered[where][0] == end:
+                    end += covered[where][1]
+                    where += 1
+            if nbytes <= 0 or end < at + nbytes:
+                raise VmmError(f"a write of {nbytes} bytes at {at} lies outside the allocations handed over")
+        f = self.f
+        extent = max(low + size for low, size in covered) if covered else 0
+        reserved = u64()
+        mapped: list[tuple[int, int, int, bool]] = []  # (address, size, handle, mapped)
+        try:
+            if extent:
+                _check(f["cuMemAddressReserve"](ctypes.byref(reserved), extent, 0, u64(0), u64(0)), "address reserve")
+            for fd, size, offset in zip(fds, sizes, offsets):
+                handle = u64()
+                _check(f["cuMemImportFromShareableHandle"](ctypes.byref(handle), ctypes.c_void_p(fd), POSIX_FD),
+                       "import of an exported allocation")
+                entry = [reserved.value + offset, size, handle.value, False]
+                mapped.append(entry)  # type: ignore[arg-type]
+                _check(f["cuMemMap"](u64(entry[0]), size, 0, handle, u64(0)),
+                       f"map of an exported allocation of {size} bytes (is that its size?)")
+                entry[3] = True
+                _check(f["cuMemSetAccess"](u64(entry[0]), size, ctypes.byref(self.write_access), 1), "write access")
+            for source, at, nbytes in copies:
+                _check(f["cuMemcpyDtoD_v2"](u64(reserved.value + at), u64(source), nbytes), "write")
+            _check(f["cuCtxSynchronize"](), "synchronise")
+        finally:
+            for address, size, handle, is_mapped in mapped:
+                if is_mapped:
+                    f["cuMemUnmap"](u64(address), size)
+                f["cuMemRelease"](u64(handle))
+            if reserved.value:
+                f["cuMemAddressFree"](reserved, extent)
 
     def read(self, fds: list[int], sizes: list[int], reads: list[tuple[int, int, int]],
              apart_s: float) -> tuple[list[bytes], list[int]]:
