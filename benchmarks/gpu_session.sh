@@ -302,12 +302,13 @@ excess)
     # Each evaluation's region brackets against their limit (benchmarks/probes/region_excess_probe.py), for this
     # tree and carried ones (EXCESS_TREES: "this" or the name of a carried .data/NAME/src), in turn.
     # "this+pause" / "this+resume": this tree with every worker stop (or resume) delayed (the probe's --delay).
+    # EXCESS_ARGS go to the probe (e.g. "--outside-inputs all").
     for label in ${EXCESS_TREES:-this}; do
         tree=${label%%+*}; delay=(); [ "$tree" = "$label" ] || delay=(--delay "${label#*+}")
         path=$PWD/src; [ "$tree" = this ] || path=$PWD/.data/$tree/src
         PYTHONPATH=$path python3 benchmarks/probes/region_excess_probe.py --examples ${SPEED_EXAMPLES:-cuda_gelu} \
             --kernelbench .data/kernelbench/kernelbench.jsonl "${delay[@]}" \
-            --evaluations ${EXCESS_EVALUATIONS:-6} --label "$label" --out "$OUT/region_excess.jsonl" 2>&1 \
+            --evaluations ${EXCESS_EVALUATIONS:-6} --label "$label" --out "$OUT/region_excess.jsonl" ${EXCESS_ARGS:-} 2>&1 \
             | grep -v "^USDT\|UserWarning\|_warn_once" | tee -a "$OUT/region_excess.log"
     done
     ;;

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from cuda_agent import Evaluator, load_candidate
+from cuda_agent import Evaluator, Policy, load_candidate
 from cuda_agent.evaluate import long_lived
 from cuda_agent.sandbox.process import WorkerProcess
 
@@ -33,6 +33,8 @@ def main() -> None:
     parser.add_argument("--delay", default=None, choices=("pause", "resume"),
                         help="an experiment: wait --delay-ms before every stop (pause) or every resume of a worker")
     parser.add_argument("--delay-ms", type=float, default=35.0)
+    parser.add_argument("--outside-inputs", default=None, choices=("cpu", "all", "off"),
+                        help="Policy.outside_inputs (where timed inputs' values are written from outside)")
     args = parser.parse_args()
     if args.delay:
         _delay(args.delay, args.delay_ms / 1e3)
@@ -44,7 +46,8 @@ def main() -> None:
     for name in args.examples:
         task, folder = found[name]
         candidate = load_candidate(folder)
-        with Evaluator(args.device, **long_lived(args.device)) as evaluator:
+        policy = Policy() if args.outside_inputs is None else Policy().with_(outside_inputs=args.outside_inputs)
+        with Evaluator(args.device, policy=policy, **long_lived(args.device)) as evaluator:
             for number in range(args.evaluations):
                 started = time.monotonic()
                 result = evaluator.evaluate(task, candidate)
@@ -57,7 +60,7 @@ def main() -> None:
                     f.write(json.dumps(row) + "\n")
                 print(f"{args.label} {name} #{number}: {result.status} reward {result.reward} {row['seconds']} s; "
                       f"excess {regions.get('excess_ms')} limit {regions.get('limit_ms')} agreement "
-                      f"{regions.get('agreement')} overhead {regions.get('overhead_ms')} "
+                      f"{regions.get('agreement')} overhead {regions.get('overhead_ms')} let-go {regions.get('let_go_ms')} "
                       f"profile {result.durations.get('profile')} s", flush=True)
                 time.sleep(1.0)
 

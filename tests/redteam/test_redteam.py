@@ -856,8 +856,9 @@ static void scale_samples() {
 }
 """
 # Work moved before the region (docs/SECURITY.md, trust v3: between regions): the harness's input draw (a method
-# of its class) swapped for one that computes each call's output as soon as its inputs are drawn, before READY;
-# the timed call returns it and computes nothing. Against inputs drawn from a seed the process was told, this
+# of its class) swapped for one that computes each timed call's output as soon as its inputs are drawn, before
+# READY; the timed call returns it and computes nothing (the checked calls compute: on a GPU a forward that ran
+# none of the extension's kernels fails as `decoy`). Against inputs drawn from a seed the process was told, this
 # got reward 2-3 (a 3.4-5.5x fake); their values are now written from outside once the region is about to start.
 AHEAD_OF_THE_REGION = r"""
 static const char* AHEAD = R"PY(
@@ -871,8 +872,9 @@ def helper():
         real = side.inputs
         def inputs(self, seed):
             drawn = real(self, seed)
-            x = drawn[0]
-            ready[x.data_ptr()] = OUTPUT
+            if sys._getframe(1).f_code.co_name == "prepare":  # a timed call's draw: the checked ones compute
+                x = drawn[0]
+                ready[x.data_ptr()] = OUTPUT
             return drawn
         inputs.ahead = True
         side.inputs = inputs

@@ -55,17 +55,18 @@ class CandidateBrackets:
     # Where each region's input values are written from outside before GO (``write_inputs``), drawn from
     # ``trial_seed(inputs_base, call)``: a secret of the evaluator's, for the checks of those calls.
     writer: InputWriter | GpuInputWriter | None = None
+    may_write: bool = True  # the policy's word (``Policy.writes_inputs``)
     inputs_base: int = field(default_factory=lambda: secrets.randbits(62))
 
     @classmethod
-    def open(cls, worker: Any, device: str) -> "CandidateBrackets":
+    def open(cls, worker: Any, device: str, may_write: bool = True) -> "CandidateBrackets":
         bell = Bell()
         try:
             bell.hand_over(worker.send_fd)
         except OSError as exc:
             bell.close()
             raise Stop("error", "load", f"candidate process: cannot take the region brackets: {exc}") from None
-        return cls(bell, device, worker, outside=device == "cpu")
+        return cls(bell, device, worker, outside=device == "cpu", may_write=may_write)
 
     def read_from(self, pid: int | None, gpu_export: str | None = None, remote: RemoteRead | None = None) -> None:
         """Watch the harness process's timing thread, and open its memory (CPU backend) or take the reader
@@ -119,7 +120,7 @@ class CandidateBrackets:
     def _announces_inputs(self) -> bool:
         """Whether the no-op regions describe their inputs at READY (on a GPU with the allocations they lie in):
         wherever the rounds' inputs may be written, which is known only once the reference has loaded."""
-        return self.device == "cpu" or isinstance(self.reader, GpuMemory)
+        return self.may_write and (self.device == "cpu" or isinstance(self.reader, GpuMemory))
 
     def serve_calibration(self, timeout_s: float) -> list[Bracket] | None:
         """The no-op regions' brackets; None where the worker failed first (its load reply says why).

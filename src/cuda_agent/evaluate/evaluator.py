@@ -258,7 +258,8 @@ class Evaluator:
             (job / "task.py").write_text(task.code)
             (job / "model_new.py").write_text(candidate.model_new)
             if setup.timing.brackets:
-                brackets = CandidateBrackets.open(workers.candidate, setup.device)
+                brackets = CandidateBrackets.open(workers.candidate, setup.device,
+                                                  setup.policy.writes_inputs(setup.device))
             run = Evaluation(setup, task, result, job, reference, Channel(workers.candidate, "candidate"), fresh,
                              brackets)
             self._run(run, built, copy_modules(built, job), timed)
@@ -392,6 +393,11 @@ class Evaluator:
         setup, reference = run.setup, run.reference
         if setup.device == "cuda" and not brackets.outside:
             return  # a note already says its memory is not read from outside: nor is it written
+        if not brackets.may_write:
+            run.result.notes.append(f"timed inputs drawn in the candidate's process from seeds it is told (policy "
+                                    f"outside_inputs={setup.policy.outside_inputs!r}): work moved before a region is "
+                                    "bounded by the round's clock only")
+            return
         if reference.loaded is None or not reference.loaded.fixed_inputs:
             run.result.notes.append("timed inputs drawn in the candidate's process from seeds it is told (the task's "
                                     "draws differ in more than their values): work moved before a region is bounded "

@@ -58,6 +58,12 @@ class Policy:
     # candidate's results vary at all): rule ``unwatched-compute``, against code that computes otherwise
     # when nothing watches (docs/SECURITY.md).
     rerun_check: bool = True
+    # Where timed inputs' values are drawn from the evaluator's own seeds and written from outside the candidate's
+    # process once it said READY (``outside.InputWriter``; a draw it can predict lets it compute outputs before the
+    # region): "cpu" (the CPU backend), "all" (a GPU too) or "off". Not on a GPU by default: there the reference's
+    # write before each region doubled the brackets' fixed cost on the H100 (0.3 -> 0.6 ms) and widened its spread
+    # until 2 of 4 honest evaluations of a 0.17 ms region were refused (benchmarks/RESULTS.md, 2026-11-27).
+    outside_inputs: str = "cpu"
 
     def __post_init__(self) -> None:
         if self.checks < 1:
@@ -70,8 +76,14 @@ class Policy:
             raise ValueError("Policy.max_speedup must be above 1 (or None for no ceiling).")
         if self.precision_slack < 0:
             raise ValueError("Policy.precision_slack must be 0 (off) or positive.")
+        if self.outside_inputs not in ("cpu", "all", "off"):
+            raise ValueError(f"unknown outside_inputs {self.outside_inputs!r}; use 'cpu', 'all' or 'off'.")
         if not 0.0 <= self.min_coverage <= 1.0:
             raise ValueError("Policy.min_coverage is a share of GPU time: between 0 and 1.")
+
+    def writes_inputs(self, device: str) -> bool:
+        """Whether timed inputs' values come from outside the candidate's process on ``device``."""
+        return self.outside_inputs == "all" or (self.outside_inputs == "cpu" and device == "cpu")
 
     @classmethod
     def preset(cls, name: str, **changes: Any) -> "Policy":

@@ -97,6 +97,9 @@ class Bracket:
     looked_up: int = 0
     new_chunks: int = 0
     chunks: list[Chunk] = field(default_factory=list)
+    # Where its inputs were written from outside: from letting the stopped worker go to GO (its timing thread
+    # asleep again: 0.06-0.1 ms), time its code could use outside the bracket.
+    let_go_ns: int = 0
 
     @property
     def outside_ms(self) -> float:
@@ -145,8 +148,7 @@ class Bell:
         by it). ``thread()``: the worker's timing thread's CPU time and run-queue wait so far, in ns.
         ``before(region, payload, chunks)`` runs after each READY (its payload: the region's inputs described; with
         ``ready_chunked``, the allocations they lie in that the worker had not sent before, for it to take) and may
-        stop the worker; what it returns lets it go on, right after the bracket opens: anything the worker does
-        once let go is within the bracket."""
+        stop the worker; what it returns lets it go on, and the bracket opens then (``Bracket.let_go_ns``)."""
         deadline = time.monotonic() + timeout_s
         brackets: list[Bracket] = []
         thread = thread or (lambda: (0, 0))
@@ -160,10 +162,19 @@ class Bell:
             finally:
                 for chunk in inputs:  # those ``before`` did not take
                     os.close(chunk.fd)
-            cpu_before, waited_before = thread()
-            go_ns = time.time_ns()
+            # A stopped process let go wakes every thread it has. Let go with GO, those wake-ups ran into the
+            # regions and spread the no-op regions' wall time on a 2-core host (the brackets' limit 0.69-4.9 ms
+            # against 0.39-0.42 ms let go first, cpu_swish; on the H100 2 of 4 honest 0.17 ms regions refused for
+            # that spread). So it is let go first and GO waits until its timing thread is asleep again
+            # (``thread()``). That wait is the candidate's time outside the bracket (``Bracket.let_go_ns``, 0.06-0.1
+            # ms a region); counted in the bracket it varied so from one evaluation to the next (0.1 -> 0.9 ms on
+            # the 2-core host) that an honest one failed as ``clock``.
+            let_go_ns = 0
             if let_go is not None:
                 let_go()
+                let_go_ns = time.time_ns()
+            cpu_before, waited_before = thread()
+            go_ns = time.time_ns()
             self.ours.send(HEADER.pack(GO, region, 0))
             done_ns, payload = self._expect(DONE, region, deadline, alive)
             chunks, exported_ns, looked_up = [], 0, 0
@@ -176,7 +187,8 @@ class Bell:
                 cpu_after, waited_after = thread()
                 bracket = Bracket(region, start, ready_ns, go_ns, done_ns, payload, waited_after - waited_before,
                                   cpu_after - cpu_before, exported_ns=exported_ns, looked_up=looked_up,
-                                  new_chunks=len(chunks), chunks=chunks)
+                                  new_chunks=len(chunks), chunks=chunks,
+                                  let_go_ns=go_ns - let_go_ns if let_go_ns else 0)
                 brackets.append(bracket)
                 held_from = time.time_ns()
                 if between is not None:
@@ -185,7 +197,7 @@ class Bell:
                 for chunk in chunks:
                     os.close(chunk.fd)
                 chunks.clear()
-            bracket.held_ns = time.time_ns() - held_from + (go_ns - written_from if let_go is not None else 0)
+            bracket.held_ns = time.time_ns() - held_from + (let_go_ns - written_from if let_go_ns else 0)
             start = time.time_ns()
             self.ours.send(HEADER.pack(CONT, region, 0))
         return brackets
@@ -413,6 +425,7 @@ class RegionClock:
     noise_ms: float = 0.0  # the tighter bound's allowance for the calibration's spread (3 x that spread)
     exported_ms: float = 0.0  # GPU: median time from DONE to the region's memory exported (part of each bracket)
     chunks: float = 0.0  # GPU: median allocations a region looked up after DONE
+    let_go_ms: float = 0.0  # inputs written from outside: median time from letting the worker go to GO (unbracketed)
 
     @property
     def breached(self) -> str | None:
@@ -464,7 +477,8 @@ def judge(brackets: list[Bracket], reported_ms: list[float], cost: Overhead, hol
                        statistics.median(b.prep_ms for b in brackets), statistics.median(b.waited_ns / 1e6 for b in brackets),
                        statistics.median(b.cpu_ms for b in brackets), 3 * min(cost.spread_ms, cost.cpu_spread_ms),
                        statistics.median(b.exported_ns / 1e6 for b in brackets),
-                       statistics.median(b.looked_up for b in brackets))
+                       statistics.median(b.looked_up for b in brackets),
+                       let_go_ms=statistics.median(b.let_go_ns / 1e6 for b in brackets))
 
 
 def robust_sd(values: list[float]) -> float:
