@@ -360,7 +360,6 @@ class Evaluator:
         calibration = None
         if brackets is not None:
             self._write_inputs(run, brackets, integrity.pid)
-        if brackets is not None:
             # Measured like the timing: nothing else on the device meanwhile, the spares still starting
             # (started as the previous evaluation ended) stopped: a warm evaluation 1 s after the last one
             # was refused on the H100 as their start-up spread its no-op regions by 77% of a region.
