@@ -131,8 +131,8 @@ class CandidateBrackets:
         failed as ``clock`` in 4 of 28 evaluations on the H100; with them, 0.014 ms (up to 0.056), 0 of 10. On
         the CPU backend (no hold, no GPU) honest regions sat below their cost either way, and the stops cost a
         warm evaluation 0.45 s on a 2-core host and widened its limits by a quarter: not done there. Where the
-        rounds' inputs are written from outside, these regions' are too: the stop before GO and the let-go
-        within the bracket are part of every region's cost."""
+        rounds' inputs are written from outside, these regions' are too: what the stop and the let-go before GO
+        leave in a region is part of every region's cost."""
         probe = secrets.randbits(62) if self.device == "cuda" else None
         self.bell.ready_chunked = self.device == "cuda" and self._announces_inputs
         try:
@@ -201,8 +201,8 @@ class CandidateBrackets:
     def _writer_for(self, first: int, calls: int,
                     base: int) -> Callable[[int, bytes, list[Chunk]], Callable[[], None] | None] | None:
         """After each READY: the allocations the inputs lie in taken (GPU), the process stopped, the region's inputs
-        (as described) given the values of ``trial_seed(base, call)``'s draws; it is let go once the bracket has
-        opened."""
+        (as described) given the values of ``trial_seed(base, call)``'s draws; what it returns lets the process go
+        on, just before the bracket opens (``Bell.serve``)."""
         writer = self.writer
         if writer is None and not self.bell.ready_chunked:
             return None

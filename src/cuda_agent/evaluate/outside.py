@@ -262,12 +262,7 @@ class InputWriter:
     def write(self, calls: list[Any], seeds: list[int]) -> int:
         """Each call's described input tensors (``describe``'s "in") given the values of ``seeds``' draws;
         the bytes written."""
-        targets = []
-        for call in calls:
-            described = call.get("in") if isinstance(call, dict) else None
-            if not isinstance(described, list) or len(described) > 64:
-                raise OutsideError("a call's inputs are not described")
-            targets.append([_layout(leaf, "input", n) for n, leaf in enumerate(described)])
+        targets = _described_inputs(calls)
         spans, size, fd = self.draw(seeds, [[[d, s, t] for _, d, s, t in call] for call in targets],
                                     self.drawn is None)
         if fd is not None:
@@ -308,6 +303,17 @@ class InputWriter:
         return written
 
 
+def _described_inputs(calls: list[Any]) -> list[list[tuple[int, str, list[int], list[int]]]]:
+    """Each call's input tensors as READY described them (``describe``'s "in"), each checked by ``_layout``."""
+    targets = []
+    for call in calls:
+        described = call.get("in") if isinstance(call, dict) else None
+        if not isinstance(described, list) or len(described) > 64:
+            raise OutsideError("a call's inputs are not described")
+        targets.append([_layout(leaf, "input", n) for n, leaf in enumerate(described)])
+    return targets
+
+
 def _writable(pid: int) -> list[tuple[int, int]]:
     """The process's private writable mappings, sorted: the only memory an input is written into (a write
     through /proc/PID/mem would go through a read-only page too)."""
@@ -340,13 +346,11 @@ class GpuInputWriter:
     def write(self, calls: list[Any], seeds: list[int]) -> int:
         chunks = self.memory.chunks
         bases = [c.base for c in chunks]
-        targets, needed, written = [], set(), 0
-        for call in calls:
-            described = call.get("in") if isinstance(call, dict) else None
-            if not isinstance(described, list) or len(described) > 64:
-                raise OutsideError("a call's inputs are not described")
-            targets.append([_layout(leaf, "input", n) for n, leaf in enumerate(described)])
-            for pointer, dtype, shape, strides in targets[-1]:
+        targets = _described_inputs(calls)
+        needed: set[int] = set()
+        written = 0
+        for call in targets:
+            for pointer, dtype, shape, strides in call:
                 end = pointer + span_bytes(shape, strides, ITEMSIZE[dtype])
                 written += end - pointer
                 at = bisect.bisect_right(bases, pointer) - 1

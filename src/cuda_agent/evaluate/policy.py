@@ -60,9 +60,9 @@ class Policy:
     rerun_check: bool = True
     # Where timed inputs' values are drawn from the evaluator's own seeds and written from outside the candidate's
     # process once it said READY (``outside.InputWriter``; a draw it can predict lets it compute outputs before the
-    # region): "cpu" (the CPU backend), "all" (a GPU too) or "off". Not on a GPU by default: there the reference's
-    # write before each region doubled the brackets' fixed cost on the H100 (0.3 -> 0.6 ms) and widened its spread
-    # until 2 of 4 honest evaluations of a 0.17 ms region were refused (benchmarks/RESULTS.md, 2026-11-27).
+    # region): "cpu" (the CPU backend), "all" (a GPU too) or "off". Not on a GPU by default: there every region waits
+    # for the reference's draw, write and L2 flush, and a warm evaluation of level1_12 (many 0.17 ms regions) took
+    # 3.6-8 s against 1.6-2.0 s on the H100 (benchmarks/RESULTS.md, 2026-11-27).
     outside_inputs: str = "cpu"
 
     def __post_init__(self) -> None:

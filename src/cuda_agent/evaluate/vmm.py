@@ -20,6 +20,8 @@ import os
 import time
 from typing import Any
 
+from cuda_agent.evaluate.outside import span_bytes
+
 POSIX_FD = 1  # CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
 LOCATION_DEVICE = 1  # CU_MEM_LOCATION_TYPE_DEVICE
 PROT_READ = 1  # CU_MEM_ACCESS_FLAGS_PROT_READ: the reader cannot write the candidate's memory
@@ -197,8 +199,7 @@ def spans(described: list[dict[str, Any]], itemsize: dict[str, int]) -> list[tup
     for call in described:
         for pointer, dtype, shape, strides in [*call["o"], *call["in"]]:
             if dtype in itemsize and all(n > 0 for n in shape):  # else the evaluator names what it cannot read
-                extent = 1 + sum((n - 1) * s for n, s in zip(shape, strides))
-                out.append((pointer, pointer + extent * itemsize[dtype]))
+                out.append((pointer, pointer + span_bytes(shape, strides, itemsize[dtype])))
     return out
 
 
