@@ -29,7 +29,7 @@ from pathlib import Path
 
 from common import cv, examples, timed
 
-from cuda_agent import Evaluator
+from cuda_agent import Evaluator, Policy
 
 
 def main() -> None:
@@ -40,12 +40,15 @@ def main() -> None:
     parser.add_argument("--remeasured", type=int, default=5, help="evaluations with the baselines re-measured")
     parser.add_argument("--gap", type=float, default=5.0, help="seconds between evaluations in (4)")
     parser.add_argument("--out", type=Path, default=None, help="write the JSON results here")
+    parser.add_argument("--outside-inputs", default=None, choices=("cpu", "all", "off"),
+                        help="Policy.outside_inputs (default: the policy's own; leave out for trees without it)")
     args = parser.parse_args()
+    policy = {} if args.outside_inputs is None else {"policy": Policy().with_(outside_inputs=args.outside_inputs)}
 
     rows = []
     for name, task, candidate in examples(args.device, args.examples):
         cache = Path(tempfile.mkdtemp(prefix="cuda-agent-bench-"))
-        with Evaluator(args.device, cache_dir=cache, prestart=True) as evaluator:
+        with Evaluator(args.device, cache_dir=cache, prestart=True, **policy) as evaluator:
             cold, first = timed(evaluator, task, candidate)
             shutil.rmtree(cache / "baselines", ignore_errors=True)
             cached_build, _ = timed(evaluator, task, candidate)

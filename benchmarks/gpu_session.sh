@@ -23,7 +23,8 @@
 #   bash benchmarks/gpu_session.sh overhead  # eval_speed of this tree and of a carried .data/prev/src (the
 #                                            # previous commit: git archive REV src | tar -x -C .data/prev),
 #                                            # alternating, in one call (SPEED_EXAMPLES, VS_REPEATS,
-#                                            # OVERHEAD_RUNS: e.g. "1-prev 2-this" for one run of each)
+#                                            # OVERHEAD_RUNS: e.g. "1-prev 2-this" for one run of each;
+#                                            # "3-this+all": this tree with outside_inputs="all")
 #   bash benchmarks/gpu_session.sh stability # end-of-region variants: rewards and spread over repeats
 #   bash benchmarks/gpu_session.sh profile   # eval_speed under cProfile, this tree and a carried .data/prev/src
 #   bash benchmarks/gpu_session.sh excess    # each evaluation's brackets against their limit, this tree and carried
@@ -276,11 +277,13 @@ edit_to_reward)
     ;;
 overhead)
     [ -d .data/prev/src ] || { echo "carry .data/prev/src (the tree to compare with)" >&2; exit 2; }
+    # A run "N-this+all": this tree under Policy(outside_inputs="all") (eval_speed's --outside-inputs).
     for run in ${OVERHEAD_RUNS:-1-prev 2-this 3-prev 4-this}; do
-        tree=${run#*-} path=$PWD/src; [ "$tree" = prev ] && path=$PWD/.data/prev/src
+        label=${run#*-} tree=${label%%+*} path=$PWD/src; [ "$tree" = prev ] && path=$PWD/.data/prev/src
+        policy=(); [ "$tree" = "$label" ] || policy=(--outside-inputs "${label#*+}")
         rm -rf "$CUDA_AGENT_CACHE"
         PYTHONPATH=$path python3 benchmarks/eval_speed.py --device cuda --examples ${SPEED_EXAMPLES:-cuda_gelu} \
-            --repeats ${VS_REPEATS:-3} --remeasured 0 --out "$OUT/overhead_$run.json" 2>&1 \
+            --repeats ${VS_REPEATS:-3} --remeasured 0 "${policy[@]}" --out "$OUT/overhead_$run.json" 2>&1 \
             | tee -a "$OUT/overhead.log" | tail -4
     done
     ;;

@@ -108,7 +108,8 @@ def test_descriptors_travel_in_as_many_messages_as_they_need():
 
 
 class _Allocations:
-    """The candidate's memory as exported allocations (memfds), and the reference's reads of them."""
+    """The candidate's memory as exported allocations (memfds), and a stand-in for the reference: it holds what it
+    was handed, by name, from request to request (``vmm.Importer.hold``), and reads it."""
 
     def __init__(self, tensor: torch.Tensor, pieces: int, base: int = 0x7F00_0000_0000):
         data = tensor.contiguous().view(torch.uint8).numpy().tobytes()
@@ -118,12 +119,23 @@ class _Allocations:
         for i in range(pieces):
             from cuda_agent.evaluate.regions import Chunk
             self.chunks.append(Chunk(base + i * size, size, _memfd(data[i * size:(i + 1) * size].ljust(size, b"\0"))))
-        self.asked: list[int] = []
+        self.asked: list[int] = []  # descriptors sent with each request
+        self.dropped: list[int] = []
+        self.holding: dict[int, int] = {}  # name -> its descriptor here
         self.late = False
+        self.refuse = False
 
-    def read(self, fds, sizes, reads, apart_s):
+    def read(self, held, fds, sizes, reads, apart_s):
         self.asked.append(len(fds))
-        first = [os.pread(fds[c], n, o) for c, o, n in reads]
+        for name in held.drop:
+            self.dropped.append(name)
+            os.close(self.holding.pop(name))
+        for position, fd in zip(held.new, fds):
+            self.holding[held.ids[position]] = os.dup(fd)
+        if self.refuse:
+            raise OutsideError("import of an exported allocation: CUresult 1")
+        mapped = [self.holding[name] for name in held.ids]  # a name never handed over: KeyError, the test fails
+        first = [os.pread(mapped[c], n, o) for c, o, n in reads]
         return first, [0] if self.late else []
 
 
@@ -132,33 +144,44 @@ def test_values_of_gpu_memory_are_read_at_the_secret_positions_across_allocation
     memory = _Allocations(output, pieces=4)
     call = describe(3, output, [])
     call["o"][0][0] = memory.base  # where the tensor lies in the candidate's address space
-    reader = GpuMemory(memory.read)
+    reader = GpuMemory(memory)
     reader.take(list(reversed(memory.chunks)))  # the reader owns their descriptors from now on
     record = reader.records([call], probe=99)[0]
     wanted = [float(output[p]) for p in positions(99, "output", 0, output.numel(), OUTPUT_VALUES)]
     assert record.index == 3 and record.outputs[0].values == wanted
-    assert memory.asked == [len({p * 4 // memory.chunks[0].size for p in positions(99, "output", 0, 4096, OUTPUT_VALUES)})]
+    touched = len({p * 4 // memory.chunks[0].size for p in positions(99, "output", 0, 4096, OUTPUT_VALUES)})
+    assert memory.asked == [touched]
 
     memory.late = True  # the second read saw other bytes: work still writing after the region
     with pytest.raises(OutsideError, match="changed between two reads"):
         reader.records([call], probe=99)
+    assert memory.asked[-1] == 0  # the reference holds them from the first read: no descriptor sent again
     memory.late = False
     elsewhere = dict(call, o=[[memory.base + 10 * memory.chunks[0].size, "float32", [16], [1]]])
     with pytest.raises(OutsideError, match="not in the GPU memory the candidate's process exported"):
         reader.records([elsewhere], probe=99)
 
-    # An allocation exported again at the same address (another one took its place) replaces the one held.
+    # An allocation exported again at the same address (another one took its place) replaces the one held, here
+    # and in the reference, which is told to drop the old one as the new one is handed over.
     from cuda_agent.evaluate.regions import Chunk
 
-    old_fd = reader.held[memory.base].fd
+    old_fd, old_name = reader.held[memory.base].fd, reader.ids[memory.base]
     zeros = _memfd(bytes(memory.chunks[0].size))
     reader.take([Chunk(memory.base, memory.chunks[0].size, zeros)])
     with pytest.raises(OSError):
         os.fstat(old_fd)
     again = reader.records([call], probe=99)[0].outputs[0].values
+    assert memory.dropped == [old_name] and memory.asked[-1] == 1
     first_chunk = memory.chunks[0].size // 4
     assert [v for p, v in zip(positions(99, "output", 0, 4096, OUTPUT_VALUES), again) if p < first_chunk] == \
         [0.0] * sum(p < first_chunk for p in positions(99, "output", 0, 4096, OUTPUT_VALUES))
+
+    # After a request that failed, the reference may hold some and not others: every descriptor is sent again.
+    memory.refuse = True
+    with pytest.raises(OutsideError, match="CUresult"):
+        reader.records([call], probe=99)
+    memory.refuse = False
+    assert reader.records([call], probe=99)[0].outputs[0].values == again and memory.asked[-1] == touched
     reader.close()
     assert not reader.held
 
@@ -282,3 +305,77 @@ def test_allocations_are_looked_up_before_the_region_and_exported_once_until_ano
     exporter.check([(0x10, 0x20)])
     with pytest.raises(Exception, match="not memory of torch's allocator"):
         exporter.finish([(0x10, 0x20)])
+
+
+class _Mapper:
+    """The driver's VMM calls as the reference's importer makes them (a test double of libcuda): every mapping
+    lives at its own reserved address, 1 GiB apart."""
+
+    def __init__(self):
+        self.calls: list[tuple] = []
+        self.next_address = 1 << 40
+        self.handles = 0
+
+    def table(self) -> dict:
+        def imported(handle_ref, fd, kind):
+            self.handles += 1
+            handle_ref._obj.value = 1000 + self.handles
+            self.calls.append(("import", fd.value))
+            return 0
+
+        def reserve(address_ref, size, align, fixed, flags):
+            address_ref._obj.value = self.next_address
+            self.next_address += 1 << 30
+            return 0
+
+        def record(name):
+            def call(*args):
+                self.calls.append((name, *[getattr(a, "value", a) for a in args]))
+                return 0
+            return call
+        return {"cuMemImportFromShareableHandle": imported, "cuMemAddressReserve": reserve,
+                "cuMemMap": record("map"), "cuMemSetAccess": lambda *args: 0, "cuMemcpyDtoD_v2": record("copy"),
+                "cuMemcpyDtoH_v2": record("read"), "cuMemUnmap": record("unmap"), "cuMemAddressFree": lambda *a: 0,
+                "cuMemRelease": record("release"), "cuCtxSynchronize": lambda: 0}
+
+    def of(self, name: str) -> list[tuple]:
+        return [c for c in self.calls if c[0] == name]
+
+
+def test_the_reference_keeps_what_it_was_handed_mapped_and_writes_across_allocations_that_follow_one_another():
+    from cuda_agent.evaluate import vmm
+
+    driver = _Mapper()
+    importer = vmm.Importer.__new__(vmm.Importer)
+    importer.f, importer.held = driver.table(), {}
+    importer.access = vmm._Access(vmm._Location(vmm.LOCATION_DEVICE, 0), vmm.PROT_READWRITE)
+    mib = 1 << 20
+    mapped = importer.hold([1, 2, 3], [2 * mib] * 3, [0, 1, 2], [10, 11, 12], [])
+    assert [c[1] for c in driver.of("import")] == [10, 11, 12] and len(driver.of("map")) == 3
+    # The next request: held already, nothing imported or mapped again.
+    assert importer.hold([2, 1], [2 * mib] * 2, [], [], []) == [mapped[1], mapped[0]]
+    assert len(driver.of("import")) == 3 and not driver.of("unmap")
+
+    # A tensor from the middle of allocation 1 into allocation 2 (they follow one another in the candidate's
+    # address space): two copies, each to where that allocation is mapped here.
+    importer.write(mapped[:2], [0, 2 * mib], [(0x5000, mib, 2 * mib)])
+    assert driver.of("copy") == [("copy", mapped[0][0] + mib, 0x5000, mib), ("copy", mapped[1][0], 0x5000 + mib, mib)]
+    # Across a gap, or past the last: refused before anything is copied.
+    for offsets, at in (([0, 4 * mib], mib), ([0, 2 * mib], 3 * mib)):
+        with pytest.raises(vmm.VmmError, match="outside the allocations handed over"):
+            importer.write(mapped[:2], offsets, [(0x5000, 0, 64), (0x6000, at, 2 * mib)])
+    with pytest.raises(vmm.VmmError, match="overlap"):
+        importer.write(mapped[:2], [0, mib], [(0x5000, 0, 64)])
+    assert len(driver.of("copy")) == 2
+
+    # Another allocation took one's place: dropped as asked; a name never handed over is refused; one handed over
+    # again is mapped again (the evaluator is not sure it is held after a failure).
+    importer.hold([1], [2 * mib], [], [], [3])
+    assert [c[1] for c in driver.of("unmap")] == [mapped[2][0]] and set(importer.held) == {1, 2}
+    with pytest.raises(vmm.VmmError, match="allocation 9 of .* is not held here"):
+        importer.hold([1, 9], [2 * mib] * 2, [], [], [])
+    again = importer.hold([1], [2 * mib], [0], [13], [])
+    assert again[0] != mapped[0] and len(driver.of("unmap")) == 2 and driver.of("import")[-1][1] == 13
+    with pytest.raises(vmm.VmmError, match="descriptors"):
+        importer.hold([1], [2 * mib], [0], [], [])
+    assert importer.forget() == 2 and not importer.held and len(driver.of("release")) == 4

@@ -161,3 +161,19 @@ def test_the_reference_says_whether_its_task_draws_differ_in_values_alone(tmp_pa
                                      "state_dict_path": str(tmp_path / f"{name}.pt")})
         answers.append(reply.get("fixed_inputs"))
     assert answers == [True, False]
+
+
+def test_the_candidates_gpu_memory_held_for_an_evaluation_is_released_when_it_ends_not_before(reference):
+    """``release`` comes twice in an evaluation on a GPU: before timing (holding little memory) and at its end;
+    only the last one lets go of the candidate's allocations the reference keeps mapped (``vmm.Importer``)."""
+    class Held:
+        forgotten = 0
+
+        def forget(self):
+            self.forgotten += 1
+            return 3
+    reference.importer = Held()
+    reference.handle("release", {})
+    assert reference.importer.forgotten == 0
+    reference.handle("release", {"ended": True})
+    assert reference.importer.forgotten == 1

@@ -491,20 +491,26 @@ def test_a_gpu_regions_inputs_are_written_by_the_reference_in_the_allocations_ex
     from cuda_agent.evaluate.outside import GpuInputWriter, GpuMemory
     from cuda_agent.evaluate.regions import Chunk
 
-    memory = GpuMemory(lambda *args: ([], []))
+    class Reference:  # the reference's side of GpuRemote, as it is asked
+        def write(self, *args):
+            sent.append(args)
+
+    sent = []
+    memory = GpuMemory(Reference())
     mib = 1 << 20
     base = 0x7F0000000000
     fds = [os.open("/dev/null", os.O_RDONLY) for _ in range(4)]
     # Three allocations back to back, one more after a gap of 2 MiB.
     memory.take([Chunk(base, 2 * mib, fds[0]), Chunk(base + 2 * mib, 2 * mib, fds[1]),
                  Chunk(base + 4 * mib, 2 * mib, fds[2]), Chunk(base + 8 * mib, 2 * mib, fds[3])])
-    sent = []
-    writer = GpuInputWriter(memory, lambda *args: sent.append(args))
+    writer = GpuInputWriter(memory)
     across = [base + mib, "float32", [mib // 2], [1]]  # 2 MiB from the middle of the first: into the second
     alone = [base + 8 * mib, "float16", [4, 8], [8, 1]]
     assert writer.write([{"i": 4, "o": [], "in": [across]}, {"i": 5, "o": [], "in": [alone]}], [41, 42]) == 2 * mib + 64
-    (handed, sizes, offsets, seeds, leaves), = sent
+    (held, handed, sizes, offsets, seeds, leaves), = sent
     assert handed == [fds[0], fds[1], fds[3]] and sizes == [2 * mib] * 3 and offsets == [0, 2 * mib, 8 * mib]
+    assert held.ids == [memory.ids[base], memory.ids[base + 2 * mib], memory.ids[base + 8 * mib]]
+    assert held.new == [0, 1, 2] and held.drop == []
     assert seeds == [41, 42]
     assert leaves == [[["float32", [mib // 2], [1], mib]], [["float16", [4, 8], [8, 1], 8 * mib]]]
     over_the_gap = [base + 5 * mib, "float32", [mib // 2], [1]]
@@ -513,4 +519,8 @@ def test_a_gpu_regions_inputs_are_written_by_the_reference_in_the_allocations_ex
     with pytest.raises(OutsideError, match="not in the GPU memory"):
         writer.write([{"i": 6, "o": [], "in": [[base - 64, "float32", [4], [1]]]}], [43])
     assert len(sent) == 1
+    # The next region's: the reference holds those three already; only the one not handed over yet is sent.
+    writer.write([{"i": 7, "o": [], "in": [across, [base + 4 * mib, "float32", [8], [1]]]}], [44])
+    held, handed = sent[-1][:2]
+    assert held.ids == [memory.ids[base + i * mib] for i in (0, 2, 4)] and held.new == [2] and handed == [fds[2]]
     memory.close()

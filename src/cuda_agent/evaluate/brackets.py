@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from cuda_agent.evaluate.channel import Stop
 from cuda_agent.evaluate.outside import (Draw, GpuInputWriter, GpuMemory, InputWriter, OutsideError, OutsideReader,
-                                         ProcessMemory, RemoteRead, RemoteWrite)
+                                         GpuRemote, ProcessMemory)
 from cuda_agent.evaluate.protocol import CallRecord
 from cuda_agent.evaluate.records import RECORDED_PER_REGION
 from cuda_agent.evaluate.timing import trial_seed
@@ -68,7 +68,7 @@ class CandidateBrackets:
             raise Stop("error", "load", f"candidate process: cannot take the region brackets: {exc}") from None
         return cls(bell, device, worker, outside=device == "cpu", may_write=may_write)
 
-    def read_from(self, pid: int | None, gpu_export: str | None = None, remote: RemoteRead | None = None) -> None:
+    def read_from(self, pid: int | None, gpu_export: str | None = None, remote: GpuRemote | None = None) -> None:
         """Watch the harness process's timing thread, and open its memory (CPU backend) or take the reader
         of what it exports (``remote``, on a GPU where ``gpu_export`` is "on"), while it is still the harness's
         alone."""
@@ -87,14 +87,13 @@ class CandidateBrackets:
         except OSError as exc:
             raise Stop("error", "load", f"the candidate's memory cannot be read from outside: {exc}") from None
 
-    def write_inputs(self, pid: int | None, draw: Draw | None = None, remote: RemoteWrite | None = None,
-                     flush_bytes: int = 0) -> None:
+    def write_inputs(self, pid: int | None, draw: Draw | None = None, flush_bytes: int = 0) -> None:
         """Write every timed region's input values from outside, drawn by the reference process from seeds the
         candidate's process never sees: on the CPU backend through its memory (``draw``, ``outside.InputWriter``),
-        on a GPU where its memory is read from outside by the reference itself (``remote``, ``GpuInputWriter``)."""
+        on a GPU where its memory is read from outside, by the reference that reads it (``GpuInputWriter``)."""
         if self.device == "cuda":
-            if isinstance(self.reader, GpuMemory) and remote is not None:
-                self.writer = GpuInputWriter(self.reader, remote)
+            if isinstance(self.reader, GpuMemory):
+                self.writer = GpuInputWriter(self.reader)
             return
         if pid is None or draw is None:
             raise Stop("error", "load", "the candidate's harness process was not found: its inputs cannot be written "

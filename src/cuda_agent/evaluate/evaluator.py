@@ -344,7 +344,9 @@ class Evaluator:
         calibrating: dict[str, Any] = {}
         if brackets is not None:
             brackets.read_from(integrity.pid if integrity.pid is not None else candidate.worker.harness_pid(),
-                               ready.gpu_export, ref.gpu_reader(setup, reference) if setup.device == "cuda" else None)
+                               ready.gpu_export,
+                               ref.ReferenceGpu(setup, reference, flush_bytes("cuda", setup.timing))
+                               if setup.device == "cuda" else None)
             if setup.device == "cuda" and not brackets.outside:
                 result.notes.append(f"timed outputs recorded in the candidate's process, not read from outside it: "
                                     f"{ready.gpu_export}")
@@ -403,7 +405,7 @@ class Evaluator:
                                     "by the round's clock only")
             return
         if setup.device == "cuda":
-            brackets.write_inputs(None, remote=ref.gpu_writer(setup, reference, flush_bytes("cuda", setup.timing)))
+            brackets.write_inputs(None)
             return
         pid = pid if pid is not None else run.candidate.worker.harness_pid()
         brackets.write_inputs(pid, ref.input_drawer(setup, reference), flush_bytes=flush_bytes("cpu", setup.timing))

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import bisect
 import ctypes
+import itertools
 import math
 import mmap
 import os
 import struct
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
-from cuda_agent.evaluate.protocol import CallRecord, LeafSample
+from cuda_agent.evaluate.protocol import CallRecord, GpuHeld, LeafSample
 from cuda_agent.evaluate.records import INPUT_VALUES, OUTPUT_VALUES, positions
 from cuda_agent.tensors import tensors_in
 
@@ -169,22 +170,40 @@ class ProcessMemory(OutsideReader):
         return out
 
 
-# (fds, sizes, reads, apart_s) -> (the bytes of each read, the reads that changed between two reads)
-RemoteRead = Callable[[list[int], list[int], list[tuple[int, int, int]], float], tuple[list[bytes], list[int]]]
+class GpuRemote(Protocol):
+    """The reference process's reads and writes of the candidate's GPU memory (``reference_process.ReferenceGpu``):
+    ``held`` names the allocations used, ``fds`` are the descriptors of those the reference does not hold yet."""
+
+    def read(self, held: GpuHeld, fds: list[int], sizes: list[int], reads: list[tuple[int, int, int]],
+             apart_s: float) -> tuple[list[bytes], list[int]]:
+        """The bytes of each read ``(allocation, offset, bytes)``, and the reads that changed between two reads."""
+
+    def write(self, held: GpuHeld, fds: list[int], sizes: list[int], offsets: list[int], seeds: list[int],
+              leaves: list[list[list[Any]]]) -> None:
+        """The inputs of ``seeds``' calls drawn and written, each tensor ``[dtype, shape, strides, at]``; else
+        ``OutsideError``."""
+
+
 APART_S = 0.001  # between the two reads of GPU memory: a write still landing shows as a change
 MAX_HELD = 16384  # allocations held for one evaluation (20 MiB each: the largest card's memory twice over)
+_IDS = itertools.count(1)  # the allocations' names in the reference's requests: never one name for two
 
 
 class GpuMemory(OutsideReader):
     """GPU tensors: read by a process the candidate cannot reach (``remote``, the reference process) in the
     allocations the worker exported after its regions (``take``: ``regions.Chunk``s). An allocation is
     exported once and its descriptor kept here for the evaluation (torch's allocator reuses its memory from
-    region to region); one exported again at the same address replaces the one held."""
+    region to region); one exported again at the same address replaces the one held. The reference keeps
+    what it was handed mapped for the evaluation: each descriptor is sent once, another allocation at the
+    same address makes it drop the one it held."""
 
-    def __init__(self, remote: RemoteRead) -> None:
+    def __init__(self, remote: GpuRemote) -> None:
         self.remote = remote
         self.held: dict[int, Any] = {}  # base -> Chunk
         self.chunks: list[Any] = []  # held, sorted by address
+        self.ids: dict[int, int] = {}  # base -> the held allocation's name
+        self.given: set[int] = set()  # names of those the reference holds
+        self.gone: list[int] = []  # names it holds of allocations another took the place of
 
     def take(self, chunks: list[Any]) -> None:
         """Own these allocations' descriptors from now on (the caller's list is emptied)."""
@@ -192,7 +211,12 @@ class GpuMemory(OutsideReader):
             replaced = self.held.pop(chunk.base, None)
             if replaced is not None:
                 os.close(replaced.fd)
+                name = self.ids.pop(chunk.base)
+                if name in self.given:
+                    self.given.discard(name)
+                    self.gone.append(name)
             self.held[chunk.base] = chunk
+            self.ids[chunk.base] = next(_IDS)
         chunks.clear()
         self.chunks = sorted(self.held.values(), key=lambda c: c.base)
         if len(self.held) > MAX_HELD:
@@ -204,6 +228,21 @@ class GpuMemory(OutsideReader):
             os.close(chunk.fd)
         self.held.clear()
         self.chunks = []
+
+    def handed(self, order: list[int], ask: Callable[[GpuHeld, list[int], list[int]], Any]) -> Any:
+        """``ask(held, fds, sizes)`` of the reference for the allocations ``order`` (indices into ``chunks``), with
+        the descriptors of those it does not hold yet; after a failure all are sent again (it may hold some)."""
+        names = [self.ids[self.chunks[c].base] for c in order]
+        new = [p for p, name in enumerate(names) if name not in self.given]
+        held = GpuHeld(ids=names, new=new, drop=list(self.gone))
+        try:
+            answer = ask(held, [self.chunks[order[p]].fd for p in new], [self.chunks[c].size for c in order])
+        except BaseException:
+            self.given.clear()
+            raise
+        self.given.update(names)
+        self.gone.clear()
+        return answer
 
     def _read(self, wanted: list[tuple[int, int]]) -> list[bytes]:
         bases = [c.base for c in self.chunks]
@@ -219,8 +258,7 @@ class GpuMemory(OutsideReader):
         order = sorted(used, key=used.__getitem__)
         if not reads:
             return []
-        data, changed = self.remote([self.chunks[c].fd for c in order], [self.chunks[c].size for c in order],
-                                    reads, APART_S)
+        data, changed = self.handed(order, lambda held, fds, sizes: self.remote.read(held, fds, sizes, reads, APART_S))
         if len(data) != len(reads) or any(len(d) != r[2] for d, r in zip(data, reads)):
             raise OutsideError("the reader returned other bytes than were asked for")
         if changed:
@@ -327,18 +365,14 @@ def _writable(pid: int) -> list[tuple[int, int]]:
     return sorted(ranges)
 
 
-# (fds, sizes, offsets, seeds, per call per input tensor [dtype, shape, strides, at]) -> None, or OutsideError
-RemoteWrite = Callable[[list[int], list[int], list[int], list[int], list[list[list[Any]]]], None]
-
-
 class GpuInputWriter:
     """``InputWriter`` on a GPU: the region's input values are drawn and written by the reference process
-    (``remote``), through the allocations the worker exported as it said READY (``memory``'s, ``GpuMemory.take``),
-    mapped read-write there while the candidate's processes are stopped; then the L2 is flushed and the device
-    synchronised before GO."""
+    (``memory.remote``), through the allocations the worker exported as it said READY (``memory``'s,
+    ``GpuMemory.take``), mapped read-write there, while the candidate's processes are stopped; then the L2 is
+    flushed and the device synchronised before GO."""
 
-    def __init__(self, memory: GpuMemory, remote: RemoteWrite) -> None:
-        self.memory, self.remote = memory, remote
+    def __init__(self, memory: GpuMemory) -> None:
+        self.memory = memory
 
     def close(self) -> None:
         pass  # the descriptors are ``memory``'s
@@ -366,6 +400,7 @@ class GpuInputWriter:
             return 0
         order = sorted(needed)
         low = chunks[order[0]].base
-        self.remote([chunks[c].fd for c in order], [chunks[c].size for c in order], [chunks[c].base - low for c in order],
-                    seeds, [[[d, s, t, p - low] for p, d, s, t in call] for call in targets])
+        leaves = [[[d, s, t, p - low] for p, d, s, t in call] for call in targets]
+        self.memory.handed(order, lambda held, fds, sizes: self.memory.remote.write(
+            held, fds, sizes, [chunks[c].base - low for c in order], seeds, leaves))
         return written

@@ -316,6 +316,7 @@ class OutputRequest(_Request):
 @dataclass(frozen=True)
 class ReleaseRequest(_Request):
     op: ClassVar[str] = "release"
+    ended: bool = False  # the evaluation is over: the candidate's GPU allocations held for it released too
 
 
 @dataclass(frozen=True)
@@ -344,11 +345,22 @@ class CompileRequest(_Request):
 
 
 @dataclass(frozen=True)
+class GpuHeld(_Fields):
+    """The candidate's exported allocations a GPU request uses, as the reference holds them mapped from one request
+    to the next until the evaluation ends (``vmm.Importer``, released by ``ReleaseRequest(ended=True)``): ``ids`` in the request's
+    order, ``new`` the positions in ``ids`` whose descriptors were sent on the descriptor channel just before (not
+    held yet), ``drop`` held ones to release first (another allocation took their place)."""
+    ids: list[int]
+    new: list[int]
+    drop: list[int] = dataclasses.field(default_factory=list)
+
+
+@dataclass(frozen=True)
 class ReadGpuRequest(_Request):
-    """Reference: read the candidate's GPU memory from outside it (``evaluate.vmm``): ``len(sizes)``
-    allocations, their descriptors sent on the descriptor channel just before, each ``sizes[i]`` bytes;
-    each read ``[allocation, offset, bytes]``, all read twice ``apart_s`` apart."""
+    """Reference: read the candidate's GPU memory from outside it (``evaluate.vmm``): the ``held`` allocations,
+    each ``sizes[i]`` bytes; each read ``[allocation, offset, bytes]``, all read twice ``apart_s`` apart."""
     op: ClassVar[str] = "read_gpu"
+    held: GpuHeld
     sizes: list[int]
     reads: list[list[int]]
     apart_s: float
@@ -367,11 +379,12 @@ class DrawRequest(_Request):
 
 @dataclass(frozen=True)
 class WriteGpuRequest(_Request):
-    """Reference: as ``DrawRequest``, the drawn inputs written into the candidate's GPU memory: ``len(sizes)``
-    allocations it exported (their descriptors sent on the descriptor channel just before), mapped read-write at
-    ``offsets`` in one range; each tensor ``[dtype, shape, strides, at]``, ``at`` its first element's offset in
-    that range. Then the L2 flushed (``flush_bytes`` zeroed) and the device synchronised."""
+    """Reference: as ``DrawRequest``, the drawn inputs written into the candidate's GPU memory: the ``held``
+    allocations, lying at ``offsets`` from the lowest as in the candidate's address space (a tensor may span
+    several that follow one another); each tensor ``[dtype, shape, strides, at]``, ``at`` its first element's
+    offset from that lowest. Then the L2 flushed (``flush_bytes`` zeroed) and the device synchronised."""
     op: ClassVar[str] = "write_gpu"
+    held: GpuHeld
     sizes: list[int]
     offsets: list[int]
     seeds: list[int]

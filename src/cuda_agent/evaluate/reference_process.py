@@ -18,10 +18,10 @@ from cuda_agent.evaluate.context import Setup
 from cuda_agent.evaluate.decide import BASELINES, Rounds
 from cuda_agent.evaluate.degenerate import DegenerateReport
 from cuda_agent.evaluate.environment import describe_environment
-from cuda_agent.evaluate.outside import Draw, OutsideError, RemoteRead, RemoteWrite
+from cuda_agent.evaluate.outside import Draw, OutsideError
 from cuda_agent.evaluate.processes import new_job, spawn
 from cuda_agent.evaluate.protocol import (
-    ReadGpuReply, ReadGpuRequest, DrawReply, DrawRequest, WriteGpuReply, WriteGpuRequest,
+    GpuHeld, ReadGpuReply, ReadGpuRequest, DrawReply, DrawRequest, WriteGpuReply, WriteGpuRequest,
     AttachReply, AttachRequest, CompileReply, CompileRequest, DegenerateReply, DegenerateRequest, LoadReply,
     LoadRequest, ReleaseReply, ReleaseRequest,
 )
@@ -79,7 +79,7 @@ def idle(setup: Setup, pool: ReferencePool, reference: LiveReference) -> bool:
     if pool.capacity <= 0 or reference.loaded is None or not reference.channel.drain(setup.timeouts.check_s):
         return False
     try:
-        reference.reserved = int(reference.channel.ask_typed("idle", ReleaseRequest(), ReleaseReply, 60).reserved)
+        reference.reserved = int(reference.channel.ask_typed("idle", ReleaseRequest(ended=True), ReleaseReply, 60).reserved)
     except Stop:
         return False
     return True
@@ -233,21 +233,37 @@ def share_output_memory(setup: Setup, reference: LiveReference, candidate: Chann
         result.notes.append(f"outputs handed over through files: {attached.reason}")
 
 
-def gpu_reader(setup: Setup, reference: LiveReference) -> RemoteRead:
-    """Reads of the candidate's GPU memory by the reference process (``evaluate.vmm``): the descriptors of
-    the allocations relayed over its descriptor channel, the reads asked for by request."""
-    def read(fds: list[int], sizes: list[int], reads: list[tuple[int, int, int]],
-             apart_s: float) -> tuple[list[bytes], list[int]]:
+class ReferenceGpu:
+    """The reference process's reads and writes of the candidate's GPU memory (``evaluate.vmm``, ``outside.GpuRemote``):
+    the descriptors of allocations it does not hold yet relayed over its descriptor channel, then the request.
+    Writes draw the inputs from the evaluator's secret seeds and flush ``flush_bytes`` of L2 after."""
+
+    def __init__(self, setup: Setup, reference: LiveReference, flush_bytes: int = 0) -> None:
+        self.setup, self.reference, self.flush_bytes = setup, reference, flush_bytes
+
+    def _send(self, fds: list[int]) -> None:
         try:
-            reference.channel.worker.send_fds(fds)
+            self.reference.channel.worker.send_fds(fds)
         except OSError as exc:
             raise Stop("error", "profile", f"reference process: cannot take the candidate's GPU memory: {exc}") from None
-        request = ReadGpuRequest(sizes=sizes, reads=[list(r) for r in reads], apart_s=apart_s)
-        reply = reference.channel.ask_typed("profile", request, ReadGpuReply, setup.timeouts.check_s)
+
+    def read(self, held: GpuHeld, fds: list[int], sizes: list[int], reads: list[tuple[int, int, int]],
+             apart_s: float) -> tuple[list[bytes], list[int]]:
+        self._send(fds)
+        request = ReadGpuRequest(held=held, sizes=sizes, reads=[list(r) for r in reads], apart_s=apart_s)
+        reply = self.reference.channel.ask_typed("profile", request, ReadGpuReply, self.setup.timeouts.check_s)
         if reply.error:
             raise OutsideError(reply.error)
         return [bytes.fromhex(d) for d in reply.data], reply.changed
-    return read
+
+    def write(self, held: GpuHeld, fds: list[int], sizes: list[int], offsets: list[int], seeds: list[int],
+              leaves: list[list[list[Any]]]) -> None:
+        self._send(fds)
+        request = WriteGpuRequest(held=held, sizes=sizes, offsets=offsets, seeds=seeds, leaves=leaves,
+                                  flush_bytes=self.flush_bytes)
+        reply = self.reference.channel.ask_typed("profile", request, WriteGpuReply, self.setup.timeouts.check_s)
+        if reply.error:
+            raise OutsideError(reply.error)
 
 
 def input_drawer(setup: Setup, reference: LiveReference) -> Draw:
@@ -271,17 +287,3 @@ def input_drawer(setup: Setup, reference: LiveReference) -> Draw:
     return draw
 
 
-def gpu_writer(setup: Setup, reference: LiveReference, flush_bytes: int) -> RemoteWrite:
-    """Timed calls' inputs drawn by the reference process from the evaluator's secret seeds and written there
-    into the candidate's GPU memory (``evaluate.vmm``), then the L2 flushed (``flush_bytes`` zeroed)."""
-    def write(fds: list[int], sizes: list[int], offsets: list[int], seeds: list[int],
-              leaves: list[list[list[Any]]]) -> None:
-        try:
-            reference.channel.worker.send_fds(fds)
-        except OSError as exc:
-            raise Stop("error", "profile", f"reference process: cannot take the candidate's GPU memory: {exc}") from None
-        request = WriteGpuRequest(sizes=sizes, offsets=offsets, seeds=seeds, leaves=leaves, flush_bytes=flush_bytes)
-        reply = reference.channel.ask_typed("profile", request, WriteGpuReply, setup.timeouts.check_s)
-        if reply.error:
-            raise OutsideError(reply.error)
-    return write

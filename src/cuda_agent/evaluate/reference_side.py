@@ -13,8 +13,8 @@ from cuda_agent.evaluate.compare import compare_outputs, precision_allowance
 from cuda_agent.evaluate.policy import TimingConfig
 from cuda_agent.evaluate.outside import span_bytes
 from cuda_agent.evaluate.protocol import (CalibrateRequest, CompareRequest, CompileRequest, DegenerateRequest,
-                                          DrawRequest, ExpectRequest, ReadGpuRequest, RecordsRequest, TimeRequest,
-                                          WriteGpuRequest, parse_request)
+                                          DrawRequest, ExpectRequest, GpuHeld, ReadGpuRequest,
+                                          RecordsRequest, TimeRequest, WriteGpuRequest, parse_request)
 from cuda_agent.evaluate.records import compare_record, same_outputs, sample_output
 from cuda_agent.evaluate.shared import SharedBuffer, SharedError, aligned
 from cuda_agent.evaluate.timing import HostLaunch
@@ -33,7 +33,7 @@ class ReferenceSide(_Side):
     allowance = 1.0  # factor on the tolerance for the expected output held now
     compiled: dict[str, Any] | None = None  # torch.compile(Model) (or its error) and its compile time
     output_specs: list[tuple[Any, Any, Any]] = []  # (shape, dtype, device) of the Model's output tensors
-    importer: Any = None  # maps the candidate's exported GPU memory (evaluate.vmm.Importer), once needed
+    importer: Any = None  # holds the candidate's exported GPU memory mapped (evaluate.vmm.Importer), once needed
     drawn: SharedBuffer | None = None  # timed calls' inputs for the evaluator to write into the candidate's (``draw``)
     flush: Any = None  # zeroed after a GPU write of the candidate's inputs (``write_gpu``)
 
@@ -89,6 +89,8 @@ class ReferenceSide(_Side):
         if op == "release":
             # Stay alive for the checks of timed outputs, holding as little as possible.
             self.expected = self.kept = None
+            if msg.ended and self.importer is not None:
+                self.importer.forget()  # the evaluation's allocations: the candidate's memory, not to outlive it
             if self.device == "cuda":
                 torch.cuda.empty_cache()
                 return {"reserved": torch.cuda.memory_reserved()}
@@ -184,19 +186,18 @@ class ReferenceSide(_Side):
         then the L2 flushed: what was written is not left in a cache the baselines' inputs are flushed from."""
         import torch
 
-        from cuda_agent.evaluate.vmm import Importer, VmmError
+        from cuda_agent.evaluate.vmm import VmmError
 
         if self.fd_socket is None:
             raise ValueError("'write_gpu': no descriptor channel")
-        fds = receive_fds(self.fd_socket, len(msg.sizes), 30)
+        fds = receive_fds(self.fd_socket, len(msg.held.new), 30)
         try:
             planned, error = self._drawn(msg.seeds, msg.leaves)
             if error:
                 return {"error": error}
             ats = [leaf[3] if len(leaf) == 4 and isinstance(leaf[3], int) else -1 for call in msg.leaves for leaf in call]
-            if self.importer is None:
-                self.importer = Importer(torch.cuda.current_device())
-            self.importer.write(fds, msg.sizes, msg.offsets,
+            mapped = self._held(msg.held, msg.sizes, fds)
+            self.importer.write(mapped, msg.offsets,
                                 [(tensor.data_ptr(), at, nbytes) for (tensor, nbytes), at in zip(planned, ats) if nbytes])
             if msg.flush_bytes:
                 if self.flush is None or self.flush.numel() != msg.flush_bytes:
@@ -209,6 +210,16 @@ class ReferenceSide(_Side):
             for fd in fds:
                 os.close(fd)
         return {}
+
+    def _held(self, held: GpuHeld, sizes: list[int], fds: list[int]) -> list[tuple[int, int]]:
+        """The candidate's allocations a request uses, mapped here (kept from request to request: ``vmm.Importer``)."""
+        import torch
+
+        from cuda_agent.evaluate.vmm import Importer
+
+        if self.importer is None:
+            self.importer = Importer(torch.cuda.current_device())
+        return self.importer.hold(held.ids, sizes, held.new, fds, held.drop)
 
     def fixed_inputs(self) -> bool:
         """Whether the task's draws differ in their tensors' values alone (dtype, shape, strides and every other
@@ -237,18 +248,15 @@ class ReferenceSide(_Side):
     def read_gpu(self, msg: ReadGpuRequest) -> dict[str, Any]:
         """The candidate's GPU memory read here, where its code cannot reach (``evaluate.vmm``): what fails
         because of what it exported is said in the reply (the candidate's failure), not raised."""
-        import torch
-
-        from cuda_agent.evaluate.vmm import Importer, VmmError
+        from cuda_agent.evaluate.vmm import VmmError
 
         if self.fd_socket is None:
             raise ValueError("'read_gpu': no descriptor channel")
-        fds = receive_fds(self.fd_socket, len(msg.sizes), 30)
+        fds = receive_fds(self.fd_socket, len(msg.held.new), 30)
         try:
-            if self.importer is None:
-                self.importer = Importer(torch.cuda.current_device())
             reads = [(int(c), int(o), int(n)) for c, o, n in msg.reads]
-            data, changed = self.importer.read(fds, msg.sizes, reads, msg.apart_s)
+            mapped = self._held(msg.held, msg.sizes, fds)
+            data, changed = self.importer.read(mapped, reads, msg.apart_s)
         except VmmError as exc:
             return {"data": [], "changed": [], "error": str(exc)}
         finally:

@@ -204,8 +204,10 @@ def spans(described: list[dict[str, Any]], itemsize: dict[str, int]) -> list[tup
 
 
 class Importer:
-    """The reader's side (a process the candidate cannot reach, on the same GPU): maps exported
-    allocations read-only and reads bytes at offsets into them."""
+    """The reader's side (a process the candidate cannot reach, on the same GPU): maps exported allocations and
+    reads bytes at offsets into them, or writes into them. An allocation stays mapped from one request to the next
+    until it is dropped (``hold``, ``forget``): importing, mapping and unmapping a region's allocations cost tens of
+    ms a region, while torch's allocator hands the same ones out again from region to region."""
 
     def __init__(self, device: int) -> None:
         f = _bind({
@@ -221,98 +223,109 @@ class Importer:
             "cuCtxSynchronize": [],
         })
         self.f = f
-        self.access = _Access(_Location(LOCATION_DEVICE, device), PROT_READ)
-        self.write_access = _Access(_Location(LOCATION_DEVICE, device), PROT_READWRITE)
+        # Read-write for reads too: an allocation read after one region holds the next one's inputs.
+        self.access = _Access(_Location(LOCATION_DEVICE, device), PROT_READWRITE)
+        self.held: dict[int, tuple[int, int, int]] = {}  # id -> (address here, size, handle)
 
-    def write(self, fds: list[int], sizes: list[int], offsets: list[int],
-              copies: list[tuple[int, int, int]]) -> None:
-        """Map the allocations behind ``fds`` (of ``sizes`` bytes) read-write in one address range, each at its
-        ``offsets`` entry (as they lie in the candidate's: a tensor may span several), and copy each ``(source,
-        at, nbytes)``: ``nbytes`` from this process's device address ``source`` to ``at`` in that range. The
-        copies are done when this returns; the mappings are gone."""
-        if len(fds) != len(sizes) or len(sizes) != len(offsets):
-            raise VmmError(f"{len(fds)} descriptors for {len(sizes)} allocations at {len(offsets)} offsets")
-        covered = sorted(zip(offsets, sizes))
-        for (low, size), (high, _) in zip(covered, covered[1:] + [(None, 0)]):
+    def hold(self, ids: list[int], sizes: list[int], new: list[int], fds: list[int],
+             drop: list[int]) -> list[tuple[int, int]]:
+        """The allocations ``ids`` mapped here, as ``(address, size)`` each: ``drop``'s released first, those at
+        the positions ``new`` imported from ``fds`` (the caller closes them), the rest held since an earlier
+        request (until ``forget``)."""
+        if len(ids) != len(sizes) or len(new) != len(fds) or any(not 0 <= p < len(ids) for p in new):
+            raise VmmError(f"{len(ids)} allocations of {len(sizes)} sizes, {len(fds)} descriptors for {len(new)} new")
+        for gone in drop:
+            self._release(gone)
+        for position, fd in zip(new, fds):
+            self._release(ids[position])  # the evaluator sends one again where it is not sure this one is held
+            self.held[ids[position]] = self._map(fd, sizes[position])
+        out = []
+        for allocation, size in zip(ids, sizes):
+            entry = self.held.get(allocation)
+            if entry is None or entry[1] != size:
+                raise VmmError(f"allocation {allocation} of {size} bytes is not held here")
+            out.append((entry[0], size))
+        return out
+
+    def forget(self) -> int:
+        """Release every allocation held; how many there were."""
+        count = len(self.held)
+        for allocation in list(self.held):
+            self._release(allocation)
+        return count
+
+    def _map(self, fd: int, size: int) -> tuple[int, int, int]:
+        f = self.f
+        handle, address = u64(), u64()
+        mapped = False
+        _check(f["cuMemImportFromShareableHandle"](ctypes.byref(handle), ctypes.c_void_p(fd), POSIX_FD),
+               "import of an exported allocation")
+        try:
+            _check(f["cuMemAddressReserve"](ctypes.byref(address), size, 0, u64(0), u64(0)), "address reserve")
+            _check(f["cuMemMap"](address, size, 0, handle, u64(0)),
+                   f"map of an exported allocation of {size} bytes (is that its size?)")
+            mapped = True
+            _check(f["cuMemSetAccess"](address, size, ctypes.byref(self.access), 1), "access")
+        except VmmError:
+            self._unmap(address.value, size, handle.value, mapped)
+            raise
+        return address.value, size, handle.value
+
+    def _release(self, allocation: int) -> None:
+        entry = self.held.pop(allocation, None)
+        if entry is not None:
+            self._unmap(entry[0], entry[1], entry[2], True)
+
+    def _unmap(self, address: int, size: int, handle: int, mapped: bool) -> None:
+        f = self.f
+        if mapped:
+            f["cuMemUnmap"](u64(address), size)
+        if address:
+            f["cuMemAddressFree"](u64(address), size)
+        f["cuMemRelease"](u64(handle))
+
+    def write(self, mapped: list[tuple[int, int]], offsets: list[int], copies: list[tuple[int, int, int]]) -> None:
+        """Copy each ``(source, at, nbytes)``: ``nbytes`` from this process's device address ``source`` to ``at``
+        in the candidate's allocations ``mapped`` (``hold``'s), which lie at ``offsets`` from the lowest as they do
+        in its address space: a copy may run on from one allocation into the next where they follow one another.
+        The copies are done when this returns."""
+        if len(mapped) != len(offsets):
+            raise VmmError(f"{len(mapped)} allocations at {len(offsets)} offsets")
+        covered = sorted((low, size, address) for low, (address, size) in zip(offsets, mapped))
+        for (low, size, _), (high, _, _) in zip(covered, covered[1:] + [(None, 0, 0)]):
             if low < 0 or size <= 0 or (high is not None and low + size > high):
                 raise VmmError("allocations that overlap where they are to be mapped")
-        starts = [low for low, _ in covered]
-        for _, at, nbytes in copies:  # each within allocations that follow one another without a gap
-            where = bisect.bisect_right(starts, at) - 1
-            end = at
-            if where >= 0 and covered[where][0] + covered[where][1] > at:
-                end = covered[where][0] + covered[where][1]
-                where += 1
-                while end < at + nbytes and where < len(covered) and covered[where][0] == end:
-                    end += covered[where][1]
-                    where += 1
-            if nbytes <= 0 or end < at + nbytes:
+        starts = [low for low, _, _ in covered]
+        pieces = []  # (to, from, bytes): each copy cut where one allocation ends, all checked before any is made
+        for source, at, nbytes in copies:
+            done = 0
+            while done < nbytes:
+                where = bisect.bisect_right(starts, at + done) - 1
+                if where < 0 or covered[where][0] + covered[where][1] <= at + done:
+                    break
+                low, size, address = covered[where]
+                piece = min(nbytes - done, low + size - (at + done))
+                pieces.append((address + at + done - low, source + done, piece))
+                done += piece
+            if nbytes <= 0 or done < nbytes:
                 raise VmmError(f"a write of {nbytes} bytes at {at} lies outside the allocations handed over")
-        f = self.f
-        extent = max(low + size for low, size in covered) if covered else 0
-        reserved = u64()
-        mapped: list[tuple[int, int, int, bool]] = []  # (address, size, handle, mapped)
-        try:
-            if extent:
-                _check(f["cuMemAddressReserve"](ctypes.byref(reserved), extent, 0, u64(0), u64(0)), "address reserve")
-            for fd, size, offset in zip(fds, sizes, offsets):
-                handle = u64()
-                _check(f["cuMemImportFromShareableHandle"](ctypes.byref(handle), ctypes.c_void_p(fd), POSIX_FD),
-                       "import of an exported allocation")
-                entry = [reserved.value + offset, size, handle.value, False]
-                mapped.append(entry)  # type: ignore[arg-type]
-                _check(f["cuMemMap"](u64(entry[0]), size, 0, handle, u64(0)),
-                       f"map of an exported allocation of {size} bytes (is that its size?)")
-                entry[3] = True
-                _check(f["cuMemSetAccess"](u64(entry[0]), size, ctypes.byref(self.write_access), 1), "write access")
-            for source, at, nbytes in copies:
-                _check(f["cuMemcpyDtoD_v2"](u64(reserved.value + at), u64(source), nbytes), "write")
-            _check(f["cuCtxSynchronize"](), "synchronise")
-        finally:
-            for address, size, handle, is_mapped in mapped:
-                if is_mapped:
-                    f["cuMemUnmap"](u64(address), size)
-                f["cuMemRelease"](u64(handle))
-            if reserved.value:
-                f["cuMemAddressFree"](reserved, extent)
+        for to, source, nbytes in pieces:
+            _check(self.f["cuMemcpyDtoD_v2"](u64(to), u64(source), nbytes), "write")
+        _check(self.f["cuCtxSynchronize"](), "synchronise")
 
-    def read(self, fds: list[int], sizes: list[int], reads: list[tuple[int, int, int]],
+    def read(self, mapped: list[tuple[int, int]], reads: list[tuple[int, int, int]],
              apart_s: float) -> tuple[list[bytes], list[int]]:
-        """Each read ``(chunk, offset, nbytes)`` of the allocations behind ``fds`` (of ``sizes`` bytes),
-        read twice ``apart_s`` apart: the first read's bytes, and the reads whose bytes changed between."""
-        if len(fds) != len(sizes):
-            raise VmmError(f"{len(fds)} descriptors for {len(sizes)} allocations")
+        """Each read ``(allocation, offset, nbytes)`` of the allocations ``mapped`` (``hold``'s), read twice
+        ``apart_s`` apart: the first read's bytes, and the reads whose bytes changed between."""
         for chunk, offset, nbytes in reads:
-            if not (0 <= chunk < len(sizes)) or offset < 0 or nbytes <= 0 or offset + nbytes > sizes[chunk]:
+            if not (0 <= chunk < len(mapped)) or offset < 0 or nbytes <= 0 or offset + nbytes > mapped[chunk][1]:
                 raise VmmError(f"a read of {nbytes} bytes at {offset} lies outside allocation {chunk}")
-        f = self.f
-        mapped: list[tuple[int, int, int, bool]] = []  # (address, size, handle, mapped)
-        try:
-            for fd, size in zip(fds, sizes):
-                handle, address = u64(), u64()
-                _check(f["cuMemImportFromShareableHandle"](ctypes.byref(handle), ctypes.c_void_p(fd), POSIX_FD),
-                       "import of an exported allocation")
-                entry = [0, size, handle.value, False]
-                mapped.append(entry)  # type: ignore[arg-type]
-                _check(f["cuMemAddressReserve"](ctypes.byref(address), size, 0, u64(0), u64(0)), "address reserve")
-                entry[0] = address.value
-                _check(f["cuMemMap"](address, size, 0, handle, u64(0)),
-                       f"map of an exported allocation of {size} bytes (is that its size?)")
-                entry[3] = True
-                _check(f["cuMemSetAccess"](address, size, ctypes.byref(self.access), 1), "read access")
-            first = self._read_all(mapped, reads)
-            time.sleep(apart_s)
-            second = self._read_all(mapped, reads)
-        finally:
-            for address, size, handle, is_mapped in mapped:
-                if is_mapped:
-                    f["cuMemUnmap"](u64(address), size)
-                if address:
-                    f["cuMemAddressFree"](u64(address), size)
-                f["cuMemRelease"](u64(handle))
+        first = self._read_all(mapped, reads)
+        time.sleep(apart_s)
+        second = self._read_all(mapped, reads)
         return first, [i for i, (a, b) in enumerate(zip(first, second)) if a != b]
 
-    def _read_all(self, mapped: list[Any], reads: list[tuple[int, int, int]]) -> list[bytes]:
+    def _read_all(self, mapped: list[tuple[int, int]], reads: list[tuple[int, int, int]]) -> list[bytes]:
         out = []
         for chunk, offset, nbytes in reads:
             buffer = ctypes.create_string_buffer(nbytes)
