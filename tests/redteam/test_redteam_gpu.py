@@ -268,11 +268,10 @@ CASES = [
          status="incorrect", rule="timed-output"),
     # Between regions: each timed call's output computed as its input is drawn (the harness's draw method
     # swapped), returned by the timed call without a kernel. With the values timed written from outside after
-    # READY (not the GPU's default: Policy.outside_inputs) they are not the values it computed for.
+    # READY (Policy.outside_inputs, "all" by default) they are not the values it computed for.
     Case("outputs-computed-ahead-of-the-region-runtime", "Work moved before the region (between regions)",
          forward=GOOD, cpp_prelude=computed_ahead("torch.nn.functional.gelu(x)"),
-         binding=return_computed_ahead("x", GELU_ALLOC), runtime=True, status="incorrect", rule="timed-output",
-         policy={"outside_inputs": "all"}),
+         binding=return_computed_ahead("x", GELU_ALLOC), runtime=True, status="incorrect", rule="timed-output"),
 ]
 
 

@@ -59,11 +59,11 @@ class Policy:
     # when nothing watches (docs/SECURITY.md).
     rerun_check: bool = True
     # Where timed inputs' values are drawn from the evaluator's own seeds and written from outside the candidate's
-    # process once it said READY (``outside.InputWriter``; a draw it can predict lets it compute outputs before the
-    # region): "cpu" (the CPU backend), "all" (a GPU too) or "off". Not on a GPU by default: there every region waits
-    # for the reference's draw, write and L2 flush, and a warm evaluation of level1_12 (many 0.17 ms regions) took
-    # 3.6-8 s against 1.6-2.0 s on the H100 (benchmarks/RESULTS.md, 2026-11-27).
-    outside_inputs: str = "cpu"
+    # process once it said READY (``outside.InputWriter``, ``GpuInputWriter``; a draw it can predict lets it compute
+    # outputs before the region): "all" (both backends), "cpu" (the CPU backend only) or "off". On a GPU each region
+    # then waits for the reference's draw, write and L2 flush: a warm evaluation of cuda_gelu 2.84 -> 3.01 s on the
+    # H100 (benchmarks/RESULTS.md, 2026-11-27, with the reference keeping the allocations mapped).
+    outside_inputs: str = "all"
 
     def __post_init__(self) -> None:
         if self.checks < 1:
