@@ -52,7 +52,8 @@ def child(task_file: str, modules: dict[str, str], model_new: str, rounds: int, 
     import torch
 
     from cuda_agent.evaluate.policy import TimingConfig
-    from cuda_agent.evaluate.timing import measure, profile_call, trial_seed
+    from cuda_agent.evaluate.profiling import profile_call
+    from cuda_agent.evaluate.timing import measure, trial_seed
     from cuda_agent.evaluate.worker import install_inline_shim, load_extension, load_model_new, make_inputs
     from cuda_agent.tasks.task import Task, exec_task_module
 

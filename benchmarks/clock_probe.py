@@ -28,7 +28,7 @@ def in_process(example: str, trials: int, repeats: int) -> dict:
 
     from cuda_agent.evaluate.policy import TimingConfig
     from cuda_agent.evaluate.protocol import TimeRequest
-    from cuda_agent.evaluate.timing import profile_call
+    from cuda_agent.evaluate.profiling import profile_call
     from cuda_agent.evaluate.worker import _Side
     from cuda_agent.tasks import load_task
     from cuda_agent.tasks.task import exec_task_module

@@ -46,7 +46,7 @@ def main() -> None:
 
     import torch
 
-    from cuda_agent.evaluate.timing import profile_call
+    from cuda_agent.evaluate.profiling import profile_call
     from cuda_agent.evaluate.worker import warm_up_runtime
 
     device = args.device

@@ -14,9 +14,8 @@ import torch
 
 from cuda_agent.evaluate.outside import GpuMemory, OutsideError, describe
 from cuda_agent.evaluate.records import OUTPUT_VALUES, positions
-from cuda_agent.evaluate.regions import (
-    CONT, GO, Bell, BellError, BellUnreadable, Ringer, decode_calls, encode_calls, judge, overhead,
-)
+from cuda_agent.evaluate.region_clock import judge, overhead
+from cuda_agent.evaluate.regions import CONT, GO, Bell, BellError, BellUnreadable, Ringer, decode_calls, encode_calls
 from cuda_agent.evaluate.vmm import spans
 from cuda_agent.sandbox.process import receive_fds, send_fds
 
@@ -193,7 +192,8 @@ def test_spans_cover_every_described_tensor_and_a_region_exporting_more_is_allow
                                              (x.data_ptr(), x.data_ptr() + (63 * 32 + 3 + 1) * 4)]
     assert decode_calls(encode_calls([call])) == [call]
 
-    from cuda_agent.evaluate.regions import EXPORT_MS_PER_CHUNK, Bracket
+    from cuda_agent.evaluate.region_clock import EXPORT_MS_PER_CHUNK
+    from cuda_agent.evaluate.regions import Bracket
 
     def bracket(outside_ms: float, spanned: int, new: int) -> Bracket:
         return Bracket(0, 0, 0, 1_000_000, 1_000_000 + int(outside_ms * 1e6), looked_up=spanned, new_chunks=new)

@@ -13,9 +13,8 @@ import torch
 from cuda_agent.evaluate.outside import OutsideError, ProcessMemory as OutsideReader, describe
 from cuda_agent.evaluate.policy import TimingConfig
 from cuda_agent.evaluate.records import OUTPUT_VALUES, positions
-from cuda_agent.evaluate.regions import (
-    CONT, GO, HEADER, Bell, BellError, BellFailed, Overhead, Ringer, decode_calls, encode_calls, judge, overhead,
-)
+from cuda_agent.evaluate.region_clock import Overhead, judge, overhead
+from cuda_agent.evaluate.regions import CONT, GO, HEADER, Bell, BellError, BellFailed, Ringer, decode_calls, encode_calls
 from cuda_agent.evaluate.timing import time_round
 
 

@@ -20,9 +20,9 @@ from cuda_agent.evaluate.outside import (Draw, GpuInputWriter, GpuMemory, InputW
 from cuda_agent.evaluate.protocol import CallRecord
 from cuda_agent.evaluate.records import RECORDED_PER_REGION
 from cuda_agent.evaluate.timing import trial_seed
+from cuda_agent.evaluate.region_clock import Overhead, RegionClock, judge, overhead
 from cuda_agent.evaluate.regions import (
-    Bell, BellError, BellFailed, BellUnreadable, Bracket, Chunk, Overhead, RegionClock, decode_calls, judge, overhead,
-    thread_times,
+    Bell, BellError, BellFailed, BellUnreadable, Bracket, Chunk, decode_calls, thread_times,
 )
 
 CALIBRATION_REGIONS = 11  # no-op regions timed before the candidate's code loads

@@ -16,7 +16,7 @@ from cuda_agent.evaluate.call_guard import CallGuard
 from cuda_agent.evaluate.protocol import LoadRequest, TimeRequest, parse_request
 from cuda_agent.evaluate.regions import Ringer
 from cuda_agent.evaluate.shared import SharedBuffer, SharedError
-from cuda_agent.evaluate.timing import profile_call
+from cuda_agent.evaluate.profiling import profile_call
 from cuda_agent.evaluate.transfer import TransferError, write_outputs
 from cuda_agent.sandbox.process import receive_fd
 from cuda_agent.guard.integrity import (

@@ -20,7 +20,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
-from cuda_agent.evaluate.regions import robust_sd
+from cuda_agent.evaluate.region_clock import robust_sd
 from cuda_agent.evaluate.policy import Policy, TimingConfig
 from cuda_agent.evaluate.reward import milestone
 from cuda_agent.evaluate.timing import TimingStats

@@ -8,11 +8,7 @@ after them) and says DONE, then waits for CONT. DONE is stamped by the kernel wh
 when the region ended, by a clock no code in the worker can reach. Between DONE and CONT the
 evaluator may stop the worker and read what the region left from outside (``evaluate.outside``).
 
-The outside time of a region is its calls plus a fixed overhead (the wake-ups, the hold, the
-synchronise, the DONE itself), which the worker measures with a no-op call through the same
-brackets before any candidate code is loaded (``Overhead``). A region whose time as the worker
-reports it falls short of the outside time less that overhead by more than the policy allows is
-a forged time (``judge``): the outside clock wins.
+What the brackets say about the worker's reported times is ``evaluate.region_clock``'s to judge.
 """
 
 from __future__ import annotations
@@ -21,10 +17,9 @@ import array
 import json
 import os
 import socket
-import statistics
 import struct
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from cuda_agent.evaluate.vmm import MAX_CHUNKS
@@ -36,13 +31,6 @@ READY, GO, DONE, CONT, FAIL = b"RDY_", b"GO__", b"DONE", b"CONT", b"FAIL"
 # FDS_PER_DATAGRAM a datagram; its value is 1 on the last, -1 where they could not be exported.
 FDS = b"FDS_"
 FDS_PER_DATAGRAM = 200  # the kernel carries at most 253 descriptors a message
-# The worker's time from DONE to its last FDS is part of the region (the candidate's code could run then), less
-# what looking up (a driver call or three) and exporting (a descriptor made) more allocations than the no-op
-# regions did costs. Both are rare after a round's first region: the worker looks its allocations up before
-# each region, while it draws the inputs. Generous against the measured costs (docs/SECURITY.md), so that a
-# task with 6 GiB tensors (hundreds of 20 MiB allocations) is not failed by its first region.
-CHECK_MS_PER_CHUNK = 0.01
-EXPORT_MS_PER_CHUNK = 0.15
 MAX_DATAGRAM = 1 << 20  # DONE carries the region's output descriptors (evaluate.outside)
 STAMP = struct.Struct("qq")
 
@@ -351,144 +339,6 @@ class Ringer:
             self._send(self._pack(FAIL, region, 0))
         except OSError:
             pass
-
-
-@dataclass(frozen=True)
-class Overhead:
-    """What the brackets add to a region beyond its calls, measured with a no-op call before any
-    candidate code loaded: by the wall clock (less the run-queue wait) and by the timing thread's CPU
-    time, medians, and each one's spread (robust standard deviation) over regions. The two spreads are
-    kept apart: a host busy in bursts (the reference process loading beside the no-op regions) spreads
-    the wall clock by milliseconds and the thread's CPU time hardly at all."""
-
-    median_ms: float
-    spread_ms: float
-    regions: int
-    hold_us: float  # the hold the calibration regions had (a region with another hold differs by that)
-    cpu_ms: float = 0.0
-    cpu_spread_ms: float = 0.0
-    chunks: float = 0.0  # GPU: allocations a no-op region looked up after DONE (median)
-    new_chunks: float = 0.0  # GPU: allocations it exported anew (median)
-
-    def for_hold(self, hold_us: float) -> float:
-        return self.median_ms + (hold_us - self.hold_us) / 1e3
-
-    def export_ms(self, bracket: Bracket) -> float:
-        """What looking up and exporting more allocations after DONE than the no-op regions did adds to a region."""
-        return (CHECK_MS_PER_CHUNK * max(0.0, bracket.looked_up - self.chunks)
-                + EXPORT_MS_PER_CHUNK * max(0.0, bracket.new_chunks - self.new_chunks))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {k: round(v, 5) if isinstance(v, float) else v for k, v in asdict(self).items()}
-
-
-def overhead(brackets: list[Bracket], inside_ms: list[float], hold_us: float) -> Overhead:
-    """From the no-op regions' brackets and the times the (still pristine) harness reported for them."""
-    wall = [b.wall_ms - inside for b, inside in zip(brackets, inside_ms)]
-    cpu = [b.cpu_ms - inside for b, inside in zip(brackets, inside_ms)]
-    # The harness's own time is at least its CPU time. On a busy host (a 2-core machine while the reference
-    # loads beside these regions) the run-queue wait is over-counted (a wait begun before GO counts whole),
-    # which would understate the brackets' cost and make every later region look long.
-    return Overhead(max(statistics.median(wall), statistics.median(cpu)), robust_sd(wall), len(wall), hold_us,
-                    statistics.median(cpu), robust_sd(cpu), statistics.median(b.looked_up for b in brackets),
-                    statistics.median(b.new_chunks for b in brackets))
-
-
-@dataclass
-class RegionClock:
-    """The candidate's regions as its process reported them, against the evaluator's brackets.
-
-    Per region, two lower bounds on the region's real length, each less the calibrated overhead: the
-    bracket less the time the timing thread waited for a CPU (a busy host lengthens a bracket, not a
-    region), and the CPU time the timing thread used within it (a thread runs at most as long as the
-    wall clock; on a busy host this bound holds where the first loosens). Each bound is judged on its own,
-    against its own limit (the calibration's spread of that bound): ``excess`` is the wall bound less the
-    reported region, ``cpu_excess`` the CPU bound less it; honest regions sit at or below zero. A region
-    whose work runs off the timing thread leaves the CPU bound loose and the wall bound to decide; a host
-    busy in bursts while the brackets were calibrated leaves the wall bound loose and the CPU bound to
-    decide. The judgement is on medians, so that a stall in a few regions is no forgery while a forgery
-    in most regions is one. ``agreement``: the median of (bracket less wait and overhead) / reported,
-    1.0 when the clocks agree."""
-
-    regions: int = 0
-    reported_ms: float = 0.0  # median reported region
-    outside_ms: float = 0.0  # median bracket
-    overhead_ms: float = 0.0
-    excess_ms: float = 0.0  # median excess of the wall bound
-    limit_ms: float = 0.0
-    cpu_excess_ms: float = 0.0  # median excess of the CPU bound
-    cpu_limit_ms: float = 0.0
-    agreement: float = 1.0
-    prep_ms: float = 0.0  # median prep (inputs drawn between regions)
-    waited_ms: float = 0.0  # median run-queue wait of the timing thread within a bracket
-    cpu_ms: float = 0.0  # median CPU time of the timing thread within a bracket
-    noise_ms: float = 0.0  # the tighter bound's allowance for the calibration's spread (3 x that spread)
-    exported_ms: float = 0.0  # GPU: median time from DONE to the region's memory exported (part of each bracket)
-    chunks: float = 0.0  # GPU: median allocations a region looked up after DONE
-    let_go_ms: float = 0.0  # inputs written from outside: median time from letting the worker go to GO (unbracketed)
-
-    @property
-    def breached(self) -> str | None:
-        """Which bound the reported regions fall short of: "wall" (checked first), "cpu", or None."""
-        if self.excess_ms > self.limit_ms:
-            return "wall"
-        return "cpu" if self.cpu_excess_ms > self.cpu_limit_ms else None
-
-    @property
-    def ok(self) -> bool:
-        return self.breached is None
-
-    @property
-    def spread_share(self) -> float:
-        """The tighter bound's allowance for the calibration's own spread (3 x spread), as a share of the
-        median reported region: how much of a region the brackets cannot resolve on this host now."""
-        return self.noise_ms / self.reported_ms if self.reported_ms > 0 else 0.0
-
-    @property
-    def margin(self) -> float:
-        """The shortest reported region the tighter bound still lets pass, as a share of the reported one
-        less than 1: what a forgery can take off a region undetected."""
-        if self.reported_ms <= 0:
-            return 0.0
-        return min(self.limit_ms - self.excess_ms, self.cpu_limit_ms - self.cpu_excess_ms) / self.reported_ms
-
-    def to_dict(self) -> dict[str, Any]:
-        short = {k: (round(v, 5) if isinstance(v, float) else v) for k, v in asdict(self).items()}
-        return short | {"ok": self.ok, "margin": round(self.margin, 5), "spread_share": round(self.spread_share, 5)}
-
-
-def judge(brackets: list[Bracket], reported_ms: list[float], cost: Overhead, hold_us: float, slack: float,
-          region_us: float) -> RegionClock:
-    """``reported_ms[i]``: the region of ``brackets[i]`` as the worker reported it (time per call x calls).
-    Each bound's limit: ``slack`` of the reported region plus ``region_us`` plus three times that bound's
-    spread in the calibration (what the brackets alone move it by on this host)."""
-    fixed = cost.for_hold(hold_us)
-    wall = [b.wall_ms - fixed - cost.export_ms(b) - r for b, r in zip(brackets, reported_ms)]
-    # A longer hold than the calibration's may be spent spinning on the timing thread; a shorter one is not
-    # taken off (it may have been spent asleep).
-    cpu_fixed = cost.cpu_ms + max(0.0, hold_us - cost.hold_us) / 1e3
-    cpu = [b.cpu_ms - cpu_fixed - cost.export_ms(b) - r for b, r in zip(brackets, reported_ms)]
-    reported = statistics.median(reported_ms)
-    ratios = [(b.wall_ms - fixed - cost.export_ms(b)) / r for b, r in zip(brackets, reported_ms) if r > 0]
-    base = slack * reported + region_us / 1e3
-    return RegionClock(len(brackets), reported, statistics.median(b.outside_ms for b in brackets), fixed,
-                       statistics.median(wall), base + 3 * cost.spread_ms, statistics.median(cpu),
-                       base + 3 * cost.cpu_spread_ms, statistics.median(ratios) if ratios else 1.0,
-                       statistics.median(b.prep_ms for b in brackets), statistics.median(b.waited_ns / 1e6 for b in brackets),
-                       statistics.median(b.cpu_ms for b in brackets), 3 * min(cost.spread_ms, cost.cpu_spread_ms),
-                       statistics.median(b.exported_ns / 1e6 for b in brackets),
-                       statistics.median(b.looked_up for b in brackets),
-                       let_go_ms=statistics.median(b.let_go_ns / 1e6 for b in brackets))
-
-
-def robust_sd(values: list[float]) -> float:
-    """1.4826 x the median absolute deviation; for two values, their distance over sqrt(2)."""
-    if len(values) < 2:
-        return 0.0
-    if len(values) == 2:
-        return abs(values[0] - values[1]) / 2 ** 0.5
-    middle = statistics.median(values)
-    return 1.4826 * statistics.median(abs(v - middle) for v in values)
 
 
 def encode_calls(calls: list[dict[str, Any]]) -> bytes:

@@ -229,7 +229,7 @@ class _Side:
 
     def bell_calibration(self, msg: LoadRequest) -> list[float]:
         """No-op regions through the brackets, on the task's own input draws, before any candidate code:
-        what the brackets add to a region in this process (``regions.Overhead``)."""
+        what the brackets add to a region in this process (``region_clock.Overhead``)."""
         import torch
 
         marker = torch.zeros(1, device=self.device)

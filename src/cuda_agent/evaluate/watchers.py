@@ -234,7 +234,7 @@ class Clock:
 
 
 class Regions:
-    """The regions the candidate's process reported against the evaluator's brackets (``regions.judge``):
+    """The regions the candidate's process reported against the evaluator's brackets (``region_clock.judge``):
     where the two disagree the brackets win, and a reported time shorter than they allow is forged."""
 
     def __init__(self, brackets: Any, hold_us: float | None, setup: Any, result: EvalResult):

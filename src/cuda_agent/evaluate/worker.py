@@ -26,7 +26,7 @@ from cuda_agent.evaluate.side import (
 )
 from cuda_agent.evaluate.compare import compare_outputs
 from cuda_agent.evaluate.protocol import REQUESTS, parse_request
-from cuda_agent.evaluate.timing import profile_call
+from cuda_agent.evaluate.profiling import profile_call
 from cuda_agent.guard.runtime import RuleBroken
 from cuda_agent.sandbox.nocode import LOCK_CODE_ENV, forbid_new_code
 from cuda_agent.tasks.task import TaskError

@@ -88,7 +88,7 @@ def composite_only(name: str) -> bool:
 def unlisted_aten(ops: Iterable[tuple[str, Any]], allowed: frozenset[str],
                   composite: Callable[[str], bool] = composite_only) -> dict[str, int]:
     """ATen operators that computed, with counts, in a profiled call's operator tree (``(name,
-    children)`` nodes, outermost first, as ``evaluate.timing.profile_call`` records them).
+    children)`` nodes, outermost first, as ``evaluate.profiling.profile_call`` records them).
 
     The profiler records each operator where the dispatcher is entered, so composites appear
     above what they run. An allowed operator's subtree is its own business (``zeros_like`` fills);
@@ -340,7 +340,7 @@ class CallGuard:
         return output
 
     def check_profiled_ops(self, ops: Iterable[tuple[str, Any]]) -> None:
-        """The profiled call's operator tree (``evaluate.timing.CallProfile.ops``) against the allowlist."""
+        """The profiled call's operator tree (``evaluate.profiling.CallProfile.ops``) against the allowlist."""
         self._refuse_compute(unlisted_aten(ops, self.allowed), " (seen by the profiler)")
 
     @staticmethod
