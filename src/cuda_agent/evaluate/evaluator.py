@@ -394,15 +394,14 @@ class Evaluator:
         setup, reference = run.setup, run.reference
         if setup.device == "cuda" and not brackets.outside:
             return  # a note already says its memory is not read from outside: nor is it written
+        kept = None  # why the candidate's own draws are timed, if they are
         if not brackets.may_write:
-            run.result.notes.append(f"timed inputs drawn in the candidate's process from seeds it is told (policy "
-                                    f"outside_inputs={setup.policy.outside_inputs!r}): work moved before a region is "
-                                    "bounded by the round's clock only")
-            return
-        if reference.loaded is None or not reference.loaded.fixed_inputs:
-            run.result.notes.append("timed inputs drawn in the candidate's process from seeds it is told (the task's "
-                                    "draws differ in more than their values): work moved before a region is bounded "
-                                    "by the round's clock only")
+            kept = f"policy outside_inputs={setup.policy.outside_inputs!r}"
+        elif reference.loaded is None or not reference.loaded.fixed_inputs:
+            kept = "the task's draws differ in more than their values"
+        if kept is not None:
+            run.result.notes.append(f"timed inputs drawn in the candidate's process from seeds it is told ({kept}): "
+                                    "work moved before a region is bounded by the round's clock only")
             return
         if setup.device == "cuda":
             brackets.write_inputs(None)

@@ -24,8 +24,7 @@ from cuda_agent.evaluate.outside import span_bytes
 
 POSIX_FD = 1  # CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
 LOCATION_DEVICE = 1  # CU_MEM_LOCATION_TYPE_DEVICE
-PROT_READ = 1  # CU_MEM_ACCESS_FLAGS_PROT_READ: the reader cannot write the candidate's memory
-PROT_READWRITE = 3  # only to write a region's inputs (``Importer.write``)
+PROT_READWRITE = 3  # the reference's mappings: read after a region, written before the next (``Importer``)
 MAX_CHUNKS = 8192  # allocations one region may export (a 6 GiB input and output span about 600)
 
 u64 = ctypes.c_uint64
