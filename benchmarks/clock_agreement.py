@@ -74,6 +74,7 @@ def main() -> None:
                 "candidate_ms": (result.times.get("candidate") or {}).get("median_ms"),
                 "speedup_eager": result.speedup_eager, "regions": regions,
                 "forgeable": regions.get("margin") if reported else None,
+                "quiet_us": result.timing.get("quiet_us"),  # the longest quiet probe (evaluate.quiet)
                 "device": result.environment.get("gpu") or platform.processor(),
                 "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             }
@@ -83,7 +84,8 @@ def main() -> None:
             print(f"{name:28s} {result.status:9s} reward {result.reward}  call {row['candidate_ms'] or 0:.4f} ms  "
                   f"region {reported:.3f} ms  agreement {regions.get('agreement', 0):.3f}  excess "
                   f"{regions.get('excess_ms', 0):+.4f} / limit {regions.get('limit_ms', 0):.4f} ms  forgeable "
-                  f"{row['forgeable']}  waited {regions.get('waited_ms', 0):.3f}", flush=True)
+                  f"{row['forgeable']}  waited {regions.get('waited_ms', 0):.3f}  quiet probe {row['quiet_us']} us",
+                  flush=True)
     judged = [r for r in rows if r["regions"]]
     if judged:
         agreement = [r["regions"]["agreement"] for r in judged]

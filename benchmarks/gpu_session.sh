@@ -8,9 +8,11 @@
 #   bash benchmarks/gpu_session.sh redteam   # the GPU red-team cases
 #   bash benchmarks/gpu_session.sh integrity_reads # a defence's cost: the in-round integrity read, or with
 #                                            # DEFENCE=rerun the timed call run again (SPEED_EXAMPLES, VS_REPEATS)
-#   bash benchmarks/gpu_session.sh issue31   # trust v3: timing/integrity tests and the GPU reads from outside, the v3
-#                                            # red team, brackets on 8 solutions (AGREEMENT_ONLY=none: not those)
+#   bash benchmarks/gpu_session.sh issue31   # trust v3: timing/integrity tests, the GPU reads from outside and the
+#                                            # quiet probe, the v3 red team, brackets on 8 solutions (AGREEMENT_ONLY=none:
+#                                            # not those)
 #   bash benchmarks/gpu_session.sh agreement # the region brackets' agreement for every honest solution
+#   bash benchmarks/gpu_session.sh quiet     # issue 31's probe: another context's GPU work seen from outside
 #   bash benchmarks/gpu_session.sh vmm       # issue 31's probe: GPU output memory read from another sandbox
 #   bash benchmarks/gpu_session.sh legit     # the legitimate solutions only (false positives), then the
 #                                            # evaluation's GPU memory per process (benchmarks/eval_memory.py)
@@ -170,9 +172,10 @@ issue31)
     # Trust v3 on the GPU: the timing and integrity tests, the red team's v3 cases and the timing-path cases,
     # the legitimate solutions (false positives, rewards), then the brackets' agreement on them.
     python3 -m pytest -m gpu -q -s -p no:cacheprovider tests/gpu/test_gpu_timing.py tests/gpu/test_gpu_integrity.py \
-        tests/evaluate/test_outside_gpu.py 2>&1 | tee "$OUT/timing_tests.log" | grep -E "^(FAILED|ERROR)|passed|failed"
+        tests/evaluate/test_outside_gpu.py tests/gpu/test_gpu_quiet.py 2>&1 | tee "$OUT/timing_tests.log" \
+        | grep -E "^(FAILED|ERROR)|passed|failed"
     python3 -m pytest -m gpu -q -s -p no:cacheprovider --timeout 300 -rf tests/redteam/test_redteam_gpu.py \
-        -k "${REDTEAM_K:-method-swapped or scaled-samples or secrets-from or event-timer or deferred-half or phase-detection or forge-reply}" \
+        -k "${REDTEAM_K:-method-swapped or scaled-samples or secrets-from or event-timer or deferred-half or phase-detection or forge-reply or computed-ahead or lingering}" \
         2>&1 | tee "$OUT/gpu_redteam.log" | grep -E "^(FAILED|ERROR|XPASS)|passed|failed|xfail"
     [ "${AGREEMENT_ONLY:-}" = none ] && exit 0  # the tests and the red team only
     python3 benchmarks/clock_agreement.py --device cuda --kernelbench .data/kernelbench/kernelbench.jsonl \
@@ -187,6 +190,10 @@ agreement)
         | grep -E "^(FAILED|ERROR|XPASS)|passed|failed|xfail"
     python3 benchmarks/clock_agreement.py --device cuda --kernelbench .data/kernelbench/kernelbench.jsonl \
         --out "$OUT/clock_agreement.jsonl" "$@" 2>&1 | tee "$OUT/clock_agreement.log" | grep -v "^USDT"
+    ;;
+quiet)
+    # Issue 31: can a process tell from outside that another process's context runs GPU work (time-slicing)?
+    python3 benchmarks/probes/gpu_quiet_probe.py ${QUIET_MODES:-} 2>&1 | tee "$OUT/gpu_quiet_probe.log"
     ;;
 vmm)
     # Issue 31: can another sandboxed process read a candidate's GPU output (VMM descriptors, legacy IPC)?

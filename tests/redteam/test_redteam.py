@@ -90,6 +90,7 @@ class Case:
     status: str = "failed"
     rule: str | None = None
     reason: str | None = None  # a substring of the reason, where the rule alone is not specific
+    kernel_append: str = ""  # device code appended to the solution's kernel file (kernels/*.cu)
 
 # Twenty real passes of the example's kernel a call, for the cases whose clock reports half the time.
 TWENTY_PASSES = ("auto y = torch::empty_like(xc); for (int r = 0; r < 19; ++r) scaled_swish_launch(xc.data_ptr<float>(), "
@@ -944,6 +945,9 @@ def make_candidate(case: Case, solution: Path, root: Path, *, scaled: bool = Tru
             first = text.index("static ")
             text = text[:first] + case.cpp_prelude + "\n" + text[first:]
         path.write_text(text)
+    if case.kernel_append:
+        kernel = sorted(root.glob("kernels/*.cu"))[0]
+        kernel.write_text(kernel.read_text() + "\n" + case.kernel_append)
     indent = "        "
     init = "".join(f"{indent}{line}\n" for line in case.init.splitlines())
     (root / "model_new.py").write_text(

@@ -23,6 +23,38 @@ GELU_ALLOC = "auto y = torch::empty_like(x);"
 GOOD = "return cuda_extension.gelu(x)"
 L2_REFUSED = "the persisting L2 limit was refused"
 
+# A one-thread kernel that sleeps until ``ns`` have passed, launched once into a second context (created through
+# the runtime's driver entry points: no driver library linked) and left running there.
+LINGERING_CONTEXT = r"""
+#include <cuda.h>
+__global__ void linger_kernel(unsigned long long ns) {
+  unsigned long long start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    __nanosleep(100000);
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < ns);
+}
+extern "C" void linger_launch(unsigned long long ns) {
+  static bool started = false;
+  if (started) return;
+  started = true;
+  typedef CUresult (*create_t)(CUcontext*, unsigned int, CUdevice);
+  typedef CUresult (*pop_t)(CUcontext*);
+  void* create = nullptr;
+  void* pop = nullptr;
+  cudaDriverEntryPointQueryResult found;
+  cudaGetDriverEntryPointByVersion("cuCtxCreate", &create, 3020, cudaEnableDefault, &found);
+  cudaGetDriverEntryPointByVersion("cuCtxPopCurrent", &pop, 4000, cudaEnableDefault, &found);
+  int device = 0;
+  cudaGetDevice(&device);
+  CUcontext context = nullptr, previous = nullptr;
+  if (create == nullptr || pop == nullptr ||
+      reinterpret_cast<create_t>(create)(&context, 0, device) != CUDA_SUCCESS) return;
+  linger_kernel<<<1, 1>>>(ns);
+  reinterpret_cast<pop_t>(pop)(&previous);
+}
+"""
 # The C method behind torch.cuda.Event.elapsed_time, swapped through its method descriptor: every
 # time the harness reads comes back at 0.55x; the object it checks is the same.
 QUICK_EVENTS = r"""
@@ -266,6 +298,14 @@ CASES = [
     Case("secrets-from-the-timing-frame-runtime", "Harness secrets read (class 1)", forward=GOOD,
          cpp_prelude=SECRETS_FROM_THE_FRAME, binding=GPU_COMPUTE_ONLY_WHAT_IS_READ, runtime=True,
          status="incorrect", rule="timed-output"),
+    # The GPU quiet outside the candidate's regions: a kernel left running in a second context of its own (the
+    # harness's synchronise waits for the primary context's streams only), through the baselines' regions and
+    # across READY, where it could start on the written inputs before GO. The driver starts a thread for the new
+    # context, seen from outside (H100, 2026-11-27: `cuda-EvtHandlr`); the reference's quiet probe before each
+    # baseline region and GO is the second line (``evaluate.quiet``, tests/gpu/test_gpu_quiet.py).
+    Case("lingering-context-runtime", "GPU work left running outside the regions", forward=GOOD,
+         kernel_append=LINGERING_CONTEXT, cpp_prelude='extern "C" void linger_launch(unsigned long long ns);',
+         binding="linger_launch(600000000000ULL); " + GELU_ALLOC, runtime=True, rule="thread"),
     # Between regions: each timed call's output computed as its input is drawn (the harness's draw method
     # swapped), returned by the timed call without a kernel. With the values timed written from outside after
     # READY (Policy.outside_inputs, "all" by default) they are not the values it computed for.

@@ -15,6 +15,7 @@ from cuda_agent.evaluate.brackets import CandidateBrackets
 from cuda_agent.evaluate.channel import Channel
 from cuda_agent.evaluate.policy import Policy, TimingConfig
 from cuda_agent.evaluate.protocol import ExpectRequest
+from cuda_agent.evaluate.quiet import GpuQuiet
 from cuda_agent.evaluate.references import LiveReference
 from cuda_agent.evaluate.result import EvalResult
 from cuda_agent.sandbox import Sandbox
@@ -119,3 +120,4 @@ class Evaluation:
     candidate: Channel
     fresh: bool  # the reference process was started for this evaluation (not kept from an earlier one)
     brackets: CandidateBrackets | None = None  # the candidate's region brackets (TimingConfig.brackets)
+    gpu_quiet: GpuQuiet | None = None  # judges the reference's quiet probes (a GPU's evaluations)

@@ -45,6 +45,7 @@ from cuda_agent.evaluate.processes import (
     SPARE_CANDIDATES, Workers, close_all, copy_modules, spares_stopped, start_workers, take_workers,
 )
 from cuda_agent.evaluate.protocol import LoadReply, LoadRequest, ReadyReply, ReadyRequest, ReleaseRequest, WeightsRequest
+from cuda_agent.evaluate.quiet import GpuQuiet
 from cuda_agent.evaluate.references import REFERENCE_MEMORY, ReferencePool, kept_references
 from cuda_agent.evaluate.result import EvalResult
 from cuda_agent.evaluate.rounds import CandidateRounds, time_rounds
@@ -304,8 +305,11 @@ class Evaluator:
         clock = time.monotonic()
         base = secrets.randbits(62)
         rounds, log = time_rounds(setup, run.reference.channel, baseline, result, spares_stopped(self._spare),
-                                  CandidateRounds(run.candidate, base, signals, integrity, run.brackets))
+                                  CandidateRounds(run.candidate, base, signals, integrity, run.brackets,
+                                                  run.gpu_quiet))
         result.durations["profile"] = round(time.monotonic() - clock, 3)
+        if run.gpu_quiet is not None and run.gpu_quiet.most_us is not None:
+            result.timing["quiet_us"] = run.gpu_quiet.most_us  # the longest quiet probe: its margin to QUIET_US
 
         clock = time.monotonic()
         plan = Plan(**result.timing["plans"]["candidate"])
@@ -342,10 +346,12 @@ class Evaluator:
         if ready.code_lock != "on":
             result.notes.append(f"code pages not locked in the candidate's process: {ready.code_lock}")
         calibrating: dict[str, Any] = {}
+        if setup.device == "cuda":
+            run.gpu_quiet = GpuQuiet(reference.channel, setup.timeouts.check_s)
         if brackets is not None:
             brackets.read_from(integrity.pid if integrity.pid is not None else candidate.worker.harness_pid(),
                                ready.gpu_export,
-                               ref.ReferenceGpu(setup, reference, flush_bytes("cuda", setup.timing))
+                               ref.ReferenceGpu(setup, reference, flush_bytes("cuda", setup.timing), run.gpu_quiet)
                                if setup.device == "cuda" else None)
             if setup.device == "cuda" and not brackets.outside:
                 result.notes.append(f"timed outputs recorded in the candidate's process, not read from outside it: "
@@ -379,6 +385,8 @@ class Evaluator:
         except OSError:
             shutil.copy2(reference.state_dict, weights)
         loaded = candidate.receive_typed("load", LoadReply, setup.timeouts.load_s)
+        if run.gpu_quiet is not None:
+            run.gpu_quiet.candidate = candidate.worker  # its code has run: work found on the GPU may be its
         if brackets is not None:
             brackets.calibrate(calibration, loaded.bell_ms, bracket_hold(setup))
         candidate.ask("load", WeightsRequest(state_dict_path=str(weights)), setup.timeouts.load_s)

@@ -180,6 +180,13 @@ class ReleaseRequest(_Request):
 
 
 @dataclass(frozen=True)
+class QuietRequest(_Request):
+    """Reference: probe the GPU until no other context has work (``evaluate.quiet``), for up to ``within_s``."""
+    op: ClassVar[str] = "quiet"
+    within_s: float
+
+
+@dataclass(frozen=True)
 class CompareRequest(_Request):
     op: ClassVar[str] = "compare"
     dir: str
@@ -255,7 +262,7 @@ class WriteGpuRequest(_Request):
 REQUESTS: dict[str, type[_Request]] = {cls.op: cls for cls in (
     ReadyRequest, LoadRequest, WeightsRequest, AttachRequest, RunRequest, CalibrateRequest, TimeRequest, TimedRequest,
     OutputRequest, ExpectRequest, ReleaseRequest, CompareRequest, DegenerateRequest, CompileRequest,
-    RecordsRequest, SampleRequest, ReadGpuRequest, DrawRequest, WriteGpuRequest)}
+    RecordsRequest, SampleRequest, ReadGpuRequest, DrawRequest, WriteGpuRequest, QuietRequest)}
 
 
 # -- requests of the synth screener ----------------------------------------------------------------
@@ -367,6 +374,7 @@ class TimeReply(_Reply):
     samples: list[float]
     records: list[CallRecord] = dataclasses.field(default_factory=list)  # candidate: its calls' records
     host: HostReport | None = None
+    busy_us: float | None = None  # reference, a baseline's round on a GPU: its regions' longest quiet probe
 
 
 @dataclass(frozen=True)
@@ -429,6 +437,12 @@ class DrawReply(_Reply):
 @dataclass(frozen=True)
 class WriteGpuReply(_Reply):
     error: str | None = None  # the memory could not be imported, mapped or written, or other inputs were described
+    busy_us: float | None = None  # the quiet probe's wait after the writes (``evaluate.quiet``)
+
+
+@dataclass(frozen=True)
+class QuietReply(_Reply):
+    after_ms: float | None  # how long the GPU took to be quiet; None: it was not within the request's time
 
 
 @dataclass(frozen=True)

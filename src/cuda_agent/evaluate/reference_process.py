@@ -25,6 +25,7 @@ from cuda_agent.evaluate.protocol import (
     AttachReply, AttachRequest, CompileReply, CompileRequest, DegenerateReply, DegenerateRequest, LoadReply,
     LoadRequest, ReleaseReply, ReleaseRequest,
 )
+from cuda_agent.evaluate.quiet import GpuQuiet
 from cuda_agent.evaluate.references import LiveReference, ReferencePool
 from cuda_agent.evaluate.result import EvalResult
 from cuda_agent.evaluate.rounds import time_rounds
@@ -238,8 +239,9 @@ class ReferenceGpu:
     the descriptors of allocations it does not hold yet relayed over its descriptor channel, then the request.
     Writes draw the inputs from the evaluator's secret seeds and flush ``flush_bytes`` of L2 after."""
 
-    def __init__(self, setup: Setup, reference: LiveReference, flush_bytes: int = 0) -> None:
-        self.setup, self.reference, self.flush_bytes = setup, reference, flush_bytes
+    def __init__(self, setup: Setup, reference: LiveReference, flush_bytes: int = 0,
+                 quiet: GpuQuiet | None = None) -> None:
+        self.setup, self.reference, self.flush_bytes, self.quiet = setup, reference, flush_bytes, quiet
 
     def _send(self, fds: list[int]) -> None:
         try:
@@ -264,6 +266,8 @@ class ReferenceGpu:
         reply = self.reference.channel.ask_typed("profile", request, WriteGpuReply, self.setup.timeouts.check_s)
         if reply.error:
             raise OutsideError(reply.error)
+        if self.quiet is not None:
+            self.quiet.judge(reply.busy_us, "once a region's inputs were written, before its GO")
 
 
 def input_drawer(setup: Setup, reference: LiveReference) -> Draw:

@@ -15,6 +15,7 @@ from cuda_agent.evaluate.outside import span_bytes
 from cuda_agent.evaluate.protocol import (CalibrateRequest, CompareRequest, CompileRequest, DegenerateRequest,
                                           DrawRequest, ExpectRequest, GpuHeld, ReadGpuRequest,
                                           RecordsRequest, TimeRequest, WriteGpuRequest, parse_request)
+from cuda_agent.evaluate.quiet import probe_us, quiet_within
 from cuda_agent.evaluate.records import compare_record, same_outputs, sample_output
 from cuda_agent.evaluate.shared import SharedBuffer, SharedError, aligned
 from cuda_agent.evaluate.timing import HostLaunch
@@ -73,10 +74,17 @@ class ReferenceSide(_Side):
             host = self._launch(msg)
             # torch's own calls leave nothing running past the end event: no fence to judge them by. The
             # empty round stands for the candidate's harness time, fence measurements included.
-            samples = self.time_calls(self._baseline(msg.side), msg, host=host, fence=msg.side == "empty")[0]
+            # Before each baseline region the GPU must be quiet: no context of the candidate's left with work
+            # (``evaluate.quiet``); the empty round stands for the candidate's harness and is not probed.
+            waits: list[float] = []
+            probe = (lambda: waits.append(probe_us())) if self.device == "cuda" and msg.side != "empty" else None
+            samples = self.time_calls(self._baseline(msg.side), msg, host=host, fence=msg.side == "empty",
+                                      before_region=probe)[0]
             if msg.side == "empty" and self.device == "cuda":
                 torch.cuda.empty_cache()  # its outputs were never the Model's: hold no memory for them
-            return {"samples": samples, "host": host.report()}
+            return {"samples": samples, "host": host.report()} | ({"busy_us": max(waits)} if waits else {})
+        if op == "quiet":
+            return {"after_ms": quiet_within(msg.within_s)}
         if op == "records":
             return {"verdicts": self.check_records(msg)}
         if op == "expect":
@@ -183,7 +191,8 @@ class ReferenceSide(_Side):
 
     def write_gpu(self, msg: WriteGpuRequest) -> dict[str, Any]:
         """The inputs of ``msg.seeds``' calls written into the candidate's GPU memory from here (``evaluate.vmm``),
-        then the L2 flushed: what was written is not left in a cache the baselines' inputs are flushed from."""
+        then the L2 flushed: what was written is not left in a cache the baselines' inputs are flushed from; then
+        the GPU probed for other contexts' work (``evaluate.quiet``): none may start on the values before GO."""
         import torch
 
         from cuda_agent.evaluate.vmm import VmmError
@@ -203,13 +212,13 @@ class ReferenceSide(_Side):
                 if self.flush is None or self.flush.numel() != msg.flush_bytes:
                     self.flush = torch.empty(msg.flush_bytes, dtype=torch.int8, device=self.device)
                 self.flush.zero_()
-            torch.cuda.synchronize()
+            busy_us = probe_us()  # after the writes and the flush, before GO: quiet (``evaluate.quiet``)
         except VmmError as exc:
             return {"error": str(exc)}
         finally:
             for fd in fds:
                 os.close(fd)
-        return {}
+        return {"busy_us": busy_us}
 
     def _held(self, held: GpuHeld, sizes: list[int], fds: list[int]) -> list[tuple[int, int]]:
         """The candidate's allocations a request uses, mapped here (kept from request to request: ``vmm.Importer``)."""

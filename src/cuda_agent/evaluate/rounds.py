@@ -20,6 +20,7 @@ from cuda_agent.evaluate.decide import Plan, Rounds, run_rounds, speedups, rewar
 from cuda_agent.evaluate.protocol import CalibrateReply, CalibrateRequest, CallRecord, TimeReply, TimeRequest
 from cuda_agent.evaluate.records import RECORDED_PER_REGION
 from cuda_agent.evaluate.pressure import Pressure
+from cuda_agent.evaluate.quiet import GpuQuiet
 from cuda_agent.evaluate.result import EvalResult
 from cuda_agent.evaluate.timing import host_hold
 from cuda_agent.evaluate.watchers import BorrowedThreads, Integrity, NewThreads, Signals, stop_on
@@ -52,6 +53,7 @@ class CandidateRounds:
     signals: Signals
     integrity: Integrity
     brackets: CandidateBrackets | None = None  # each region bracketed by the evaluator (evaluate.regions)
+    gpu_quiet: GpuQuiet | None = None  # judges the reference's quiet probes before the baselines' regions
 
 
 def time_rounds(setup: Setup, reference: Channel, baseline: dict[str, Any], result: EvalResult,
@@ -67,6 +69,9 @@ def time_rounds(setup: Setup, reference: Channel, baseline: dict[str, Any], resu
     plans: dict[str, Plan] = {}
     hosts: dict[str, dict[str, float]] = {}
     log: CandidateLog | None = None
+    # Work found on the GPU before a baseline's region is another process's unless the candidate's code ran.
+    gpu_quiet = candidate.gpu_quiet if candidate is not None and candidate.gpu_quiet is not None else (
+        GpuQuiet(reference, setup.timeouts.check_s))
     with setup.timing_lock, quiet:
         if baseline.get("sides") and baseline.get("cache"):
             result.notes.extend(f"baselines timed on a busy GPU and not cached: {busy}"
@@ -89,7 +94,7 @@ def time_rounds(setup: Setup, reference: Channel, baseline: dict[str, Any], resu
             calibrated = reference.ask_typed("baseline", request, CalibrateReply, setup.timeouts.profile_s)
             plans[side] = Plan.for_call(calibrated.estimate_ms, config)
             host_us[side] = calibrated.host_us
-            sides[side] = _baseline_side(setup, reference, side, secrets.randbits(62), hosts)
+            sides[side] = _baseline_side(setup, reference, side, secrets.randbits(62), hosts, gpu_quiet)
         if log is not None:
             log.hold_us = candidate_hold(setup, reference, log.plan, host_us.get("eager"))
             _time_empty(setup, reference, log)
@@ -235,12 +240,13 @@ def _candidate_side(setup: Setup, candidate: CandidateRounds, log: CandidateLog,
     return time_candidate
 
 
-def _baseline_side(setup: Setup, reference: Channel, side: str, seed: int,
-                   hosts: dict[str, dict[str, float]]) -> Callable[[int, int, int], list[float]]:
+def _baseline_side(setup: Setup, reference: Channel, side: str, seed: int, hosts: dict[str, dict[str, float]],
+                   gpu_quiet: GpuQuiet) -> Callable[[int, int, int], list[float]]:
     def time_baseline(first: int, trials: int, calls: int) -> list[float]:
         request = TimeRequest(side=side, seed=seed, first=first, trials=trials, calls=calls,
                               timing=setup.timing.to_dict())
         reply = reference.ask_typed("baseline", request, TimeReply, setup.timeouts.baseline_s)
+        gpu_quiet.judge(reply.busy_us, f"before a region of {side}'s")
         _tally_host(hosts, side, reply, trials)
         return reply.samples
     return time_baseline

@@ -135,12 +135,13 @@ class _Side:
             return calibrate(lambda: fn(*drawn[0]), self.device, TimingConfig.from_dict(msg.timing), setup, host)
 
     def time_calls(self, fn: Any, msg: TimeRequest, on_record: Any = None, host: HostLaunch | None = None,
-                   fence: bool = True) -> tuple[list[float], list[dict[str, Any]]]:
+                   fence: bool = True, before_region: Any = None) -> tuple[list[float], list[dict[str, Any]]]:
         """One round: ``msg.trials`` regions of ``msg.calls`` calls of ``fn``, call ``first + i``
         on the inputs of ``trial_seed(seed, first + i)`` (with ``msg.written`` their memory only: the evaluator
         writes the values it is timed on, after READY). Right after each region ends, up to
         ``RECORDED_PER_REGION`` of its calls, chosen then, are recorded (``evaluate.records``);
-        ``on_record(index, inputs, output)`` sees each. Returns the samples and the records."""
+        ``on_record(index, inputs, output)`` sees each; ``before_region()`` runs before each region opens
+        (``timing.time_round``). Returns the samples and the records."""
         import torch
 
         last = msg.first + msg.trials * msg.calls - 1
@@ -220,7 +221,7 @@ class _Side:
         with torch.no_grad():
             samples = time_round(prepare, self.device, TimingConfig.from_dict(msg.timing), msg.trials, msg.calls,
                                  after_end, host, fence, ringer, after_done if exporting else None,
-                                 announce if msg.written and ringer is not None else None)
+                                 announce if msg.written and ringer is not None else None, before_region)
         synchronize(self.device)
         if recorder is None:
             return samples, []

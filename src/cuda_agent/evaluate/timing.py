@@ -216,7 +216,8 @@ def time_round(prepare: Callable[[], Callable[[], Any]], device: str, config: Ti
                calls: int = 1, after_end: Callable[[], bytes | None] | None = None,
                host: HostLaunch | None = None, fence: bool = True, bell: Any = None,
                after_done: Callable[[int], None] | None = None,
-               announce: Callable[[int], None] | None = None) -> list[float]:
+               announce: Callable[[int], None] | None = None,
+               before_region: Callable[[], None] | None = None) -> list[float]:
     """One round of ``trials`` timed regions; each region runs ``calls`` calls back to back and
     gives one sample, its time per call in ms. ``prepare()`` runs outside the timed region (before
     the L2 flush) and returns the next call, inputs drawn: every call gets fresh inputs, and a
@@ -230,7 +231,8 @@ def time_round(prepare: Callable[[], Callable[[], Any]], device: str, config: Ti
     (READY once drawn, GO, DONE once over with what ``after_end`` returned, CONT); ``after_done(region)``
     runs between DONE and CONT, outside the bracket (on a GPU: the region's memory exported). ``announce(region)``
     says READY instead of ``bell.ready``: with the region's inputs described (and on a GPU their memory), for
-    the evaluator to write their values before GO."""
+    the evaluator to write their values before GO. ``before_region()`` runs just before each region is opened, its
+    inputs drawn and the L2 flushed (on a GPU, synchronised): the reference's quiet probe (``evaluate.quiet``)."""
 
     config = config.resolved(device)
     after_end = after_end or (lambda: None)
@@ -257,13 +259,15 @@ def time_round(prepare: Callable[[], Callable[[], Any]], device: str, config: Ti
     samples: list[float] = []
     if cuda:
         samples = _time_regions_cuda(prepare, config, trials, calls, flush, after_end, host, fence, bell, after_done,
-                                     announce)
+                                     announce, before_region)
     else:
         clock = time.perf_counter_ns
         for region in range(trials):
             ready = [prepare() for _ in range(calls)]
             if flush is not None:
                 flush.zero_()
+            if before_region is not None:
+                before_region()
             if bell is not None:
                 announce(region)
                 bell.wait(GO, region)
@@ -290,7 +294,8 @@ def _call_each(calls: list[Callable[[], Any]]) -> None:
 def _time_regions_cuda(prepare: Callable[[], Callable[[], Any]], config: TimingConfig, trials: int, calls: int,
                        flush: Any, after_end: Callable[[], bytes | None], host: HostLaunch, check_fence: bool,
                        bell: Any = None, after_done: Callable[[int], None] | None = None,
-                       announce: Callable[[int], None] | None = None) -> list[float]:
+                       announce: Callable[[int], None] | None = None,
+                       before_region: Callable[[], None] | None = None) -> list[float]:
     import torch
 
     stream_end = config.end_fence == "stream"
@@ -311,6 +316,8 @@ def _time_regions_cuda(prepare: Callable[[], Callable[[], Any]], config: TimingC
             flush.zero_()
         hold_us = host.hold_for(calls, config)
         torch.cuda.synchronize()
+        if before_region is not None:
+            before_region()
         if bell is not None:
             announce(region)
             bell.wait(GO, region)

@@ -1,0 +1,100 @@
+"""The GPU quiet before a baseline's region and before the candidate's GO, seen from outside its process.
+
+The candidate's processes are stopped outside its own regions, but the GPU goes on running what they left
+queued, in any context: a kernel in a second context of its own (the harness's synchronise waits for the
+primary one only) would slow the baselines or start on a region's inputs as soon as they are written. Without
+MPS the GPU never runs two contexts' kernels at once; it time-slices between them (about 2 ms a slice on the
+H100), so a one-element kernel launched by the reference process waits while another context has work:
+``probe_us`` measures that wait. On the H100 (benchmarks/probes/gpu_quiet_probe.py, 2026-11-27) it was 16-23 us
+with the other context idle (median of 40; at most 0.45 ms, the host's doing), and 2.1-2.4 ms (median; the least
+of 40 0.36 ms) while the other context ran a one-block spin kernel, short kernels back to back, or held a stream
+waiting on memory nobody wrote, the same with its process stopped. So the median of a few probes says whether
+another context has work (the least does not: it was 0.29 ms of 5 beside a spin kernel once), and a candidate's
+work is told from another process's by ending the candidate: its contexts go with its processes (quiet 5-21 ms
+after SIGKILL), another process's do not.
+
+The reference probes (``probe_us``) before each baseline region and after it writes a region's inputs
+(``TimeReply.busy_us``, ``WriteGpuReply.busy_us``); the evaluator judges the probes (``GpuQuiet``)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+from cuda_agent.evaluate.channel import Channel, Stop
+from cuda_agent.evaluate.protocol import QuietReply, QuietRequest
+
+# The median probe above this: another context had work. Idle 16-23 us in the probe; the first probe 0.18-0.27 ms
+# before a baseline's region or GO in honest evaluations on the H100 (the candidate's context idle and stopped, and
+# quiet at once when it ended: the switch from the context that ran last), so 0.2 ms on the first probe alone failed
+# 5 of 9 honest evaluations; busy, 2.1-2.4 ms.
+QUIET_US = 1000.0
+PROBES = 5  # the median of these is judged: one may follow a switch away from the context that ran last (the
+# honest 0.22-0.27 ms, the others then 16-23 us), and one in a busy GPU's may land as a slice ends (0.29-0.36 ms)
+PROBE_CAP_S = 0.05  # one probe is not waited for longer: a context that holds the GPU for good is busy
+AFTER_END_S = 2.0  # how long the GPU may take to be quiet once the candidate's processes are ended
+
+
+def probe_us(probes: int = PROBES, cap_s: float = PROBE_CAP_S) -> float:
+    """The median wait, in us, of ``probes`` one-element kernels launched here one after another (in the calling
+    process's current context, after everything it queued has finished), launch to completion: polled, not
+    synchronised, so that a GPU held for good does not hang the caller."""
+    import torch
+
+    torch.cuda.synchronize()
+    one = torch.empty(1, device="cuda")
+    waits = []
+    for _ in range(probes):
+        done = torch.cuda.Event()
+        begin = time.perf_counter_ns()
+        one.add_(1)
+        done.record()
+        while not done.query() and time.perf_counter_ns() - begin < cap_s * 1e9:
+            pass
+        waits.append((time.perf_counter_ns() - begin) / 1e3)
+    torch.cuda.synchronize()  # a capped probe's kernel is still queued: nothing of it is left in what follows
+    return round(statistics.median(waits), 1)
+
+
+def quiet_within(within_s: float) -> float | None:
+    """Probe until the GPU is quiet: ms it took, or None if it was not within ``within_s``."""
+    begin = time.perf_counter()
+    while True:
+        if probe_us() <= QUIET_US:
+            return round((time.perf_counter() - begin) * 1e3, 1)
+        if time.perf_counter() - begin > within_s:
+            return None
+        time.sleep(0.001)
+
+
+class GpuQuiet:
+    """Judges the reference's probes for one evaluation. ``candidate``: the worker of the candidate's processes
+    once its code has loaded (before that, and for baselines measured alone, work found on the GPU is another
+    process's). Busy where the candidate's code has run: its processes are ended (they are stopped; the
+    evaluation fails either way) and the GPU probed again: quiet within ``AFTER_END_S``, the work was the
+    candidate's (``gpu-busy``); still busy, it was another process's, and the evaluation is refused (``error``)."""
+
+    def __init__(self, reference: Channel, timeout_s: float) -> None:
+        self.reference, self.timeout_s = reference, timeout_s
+        self.candidate: Any = None
+        self.most_us: float | None = None  # the longest probe judged: the margin below ``QUIET_US`` (reported)
+
+    def judge(self, busy_us: float | None, when: str) -> None:
+        if busy_us is None:
+            return
+        self.most_us = max(self.most_us or 0.0, busy_us)
+        if busy_us <= QUIET_US:
+            return
+        found = (f"the GPU had other work {when}: a one-element kernel of the reference process waited "
+                 f"{busy_us / 1e3:.2f} ms to run (quiet: under {QUIET_US / 1e3:.2f} ms)")
+        if self.candidate is not None:
+            self.candidate.kill()  # its GPU contexts end with its processes, and what runs in them
+            after = self.reference.ask_typed("profile", QuietRequest(within_s=AFTER_END_S), QuietReply,
+                                             self.timeout_s).after_ms
+            if after is not None:
+                raise Stop("failed", "profile", f"{found}, and was quiet {after:.0f} ms after the candidate's "
+                           "processes were ended: work the candidate left queued on the GPU (in a context of its "
+                           "own) ran outside its timed regions", rule="gpu-busy")
+        raise Stop("error", "profile", f"{found}, work of another process than the candidate's: evaluate again when "
+                   "the GPU runs nothing else")
