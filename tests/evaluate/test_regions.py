@@ -14,7 +14,8 @@ from cuda_agent.evaluate.outside import OutsideError, ProcessMemory as OutsideRe
 from cuda_agent.evaluate.policy import TimingConfig
 from cuda_agent.evaluate.records import OUTPUT_VALUES, positions
 from cuda_agent.evaluate.region_clock import Overhead, judge, overhead
-from cuda_agent.evaluate.regions import CONT, GO, HEADER, Bell, BellError, BellFailed, Ringer, decode_calls, encode_calls
+from cuda_agent.evaluate.regions import (CONT, GO, HEADER, Bell, BellError, BellFailed, Ringer, decode_calls, encode_calls,
+                                         thread_times)
 from cuda_agent.evaluate.timing import time_round
 
 
@@ -523,3 +524,70 @@ def test_a_gpu_regions_inputs_are_written_by_the_reference_in_the_allocations_ex
     held, handed = sent[-1][:2]
     assert held.ids == [memory.ids[base + i * mib] for i in (0, 2, 4)] and held.new == [2] and handed == [fds[2]]
     memory.close()
+
+
+@pytest.mark.parametrize("from_let_go", [True, False])
+def test_work_after_the_let_go_counts_in_the_regions_cpu_time_on_the_cpu_backend(from_let_go):
+    """Between the let-go (inputs written, the worker resumed) and GO the worker's code could compute on the written
+    values outside the bracket. On the CPU backend the timing thread's CPU time is counted from the let-go, read
+    while the worker is still stopped: 3 ms of CPU spent there on the written values show in the region's CPU time."""
+    from cuda_agent.evaluate.brackets import CandidateBrackets
+    from cuda_agent.evaluate.outside import InputWriter
+
+    bell = Bell()
+    config = TimingConfig(flush_l2=False)
+    trials, calls = 3, 1
+
+    def worker() -> None:
+        count = iter(range(trials * calls))
+        region: list[tuple[int, torch.Tensor]] = []
+
+        def prepare():
+            index = next(count)
+            x = torch.full((4096,), -1.0)
+            region.append((index, x))
+            return lambda: float(x.sum())
+
+        ringer = Ringer(bell.theirs)
+
+        def announce(number: int) -> None:
+            ringer.ready(number, encode_calls([describe(index, None, [x]) for index, x in region]))
+            while float(region[-1][1][0]) == -1.0:  # until the evaluator has written the values
+                pass
+            spent = time.thread_time() + 0.003
+            while time.thread_time() < spent:  # 3 ms of CPU on them, before GO
+                pass
+
+        def after_end() -> bytes:
+            region.clear()
+            return b""
+        time_round(prepare, "cpu", config, trials=trials, calls=calls, after_end=after_end, bell=ringer,
+                   announce=announce)
+
+    pid = _fork(worker)
+
+    class Worker:
+        class proc:
+            poll = staticmethod(lambda: None)
+
+        def pause(self, timeout_s: float = 2.0) -> bool:
+            os.kill(pid, signal.SIGSTOP)
+            while open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] not in ("T", "t"):
+                time.sleep(0.0005)
+            return True
+
+        def resume(self) -> None:
+            os.kill(pid, signal.SIGCONT)
+
+    draw, _ = _drawer(lambda seed: float(seed % 997))
+    brackets = CandidateBrackets(bell, "cpu", Worker(), thread=thread_times(pid))
+    bell.cpu_from_let_go = from_let_go
+    brackets.writer = InputWriter(pid, draw, 0)
+    found = brackets.round(0, trials, calls, 30)
+    assert _exit_status(pid) == 0
+    if from_let_go:
+        assert all(b.cpu_ns >= 2.9e6 for b in found), [b.cpu_ns for b in found]
+        assert all(b.let_go_cpu_ns > 0 for b in found)
+    else:
+        assert all(b.let_go_cpu_ns == 0 for b in found)
+    brackets.close()

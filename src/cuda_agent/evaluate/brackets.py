@@ -61,6 +61,7 @@ class CandidateBrackets:
     @classmethod
     def open(cls, worker: Any, device: str, may_write: bool = True) -> "CandidateBrackets":
         bell = Bell()
+        bell.cpu_from_let_go = device == "cpu"
         try:
             bell.hand_over(worker.send_fd)
         except OSError as exc:

@@ -98,6 +98,7 @@ class RegionClock:
     exported_ms: float = 0.0  # GPU: median time from DONE to the region's memory exported (part of each bracket)
     chunks: float = 0.0  # GPU: median allocations a region looked up after DONE
     let_go_ms: float = 0.0  # inputs written from outside: median time from letting the worker go to GO (unbracketed)
+    let_go_cpu_ms: float = 0.0  # and the timing thread's median CPU time meanwhile (in the CPU bound on the CPU backend)
 
     @property
     def breached(self) -> str | None:
@@ -150,7 +151,8 @@ def judge(brackets: list[Bracket], reported_ms: list[float], cost: Overhead, hol
                        statistics.median(b.cpu_ms for b in brackets), 3 * min(cost.spread_ms, cost.cpu_spread_ms),
                        statistics.median(b.exported_ns / 1e6 for b in brackets),
                        statistics.median(b.looked_up for b in brackets),
-                       let_go_ms=statistics.median(b.let_go_ns / 1e6 for b in brackets))
+                       let_go_ms=statistics.median(b.let_go_ns / 1e6 for b in brackets),
+                       let_go_cpu_ms=statistics.median(b.let_go_cpu_ns / 1e6 for b in brackets))
 
 
 def robust_sd(values: list[float]) -> float:

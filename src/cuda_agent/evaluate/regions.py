@@ -86,8 +86,10 @@ class Bracket:
     new_chunks: int = 0
     chunks: list[Chunk] = field(default_factory=list)
     # Where its inputs were written from outside: from letting the stopped worker go to GO (its timing thread
-    # asleep again: 0.06-0.1 ms), time its code could use outside the bracket.
+    # asleep again: 0.06-0.1 ms), time its code could use outside the bracket; and the timing thread's CPU time
+    # meanwhile, counted in ``cpu_ns`` too where the bell counts from the let-go (``Bell.cpu_from_let_go``).
     let_go_ns: int = 0
+    let_go_cpu_ns: int = 0
 
     @property
     def outside_ms(self) -> float:
@@ -113,6 +115,10 @@ class Bell:
     def __init__(self, chunked: bool = False) -> None:
         self.chunked = chunked  # each DONE is followed by the region's allocations (FDS datagrams)
         self.ready_chunked = False  # and each READY by those its inputs lie in (their values written before GO)
+        # The timing thread's CPU time counted from the let-go (read while the worker is still stopped), not from
+        # GO: what its code does with the written inputs before GO is part of the region's CPU bound. The CPU
+        # backend's: there the let-go is where a region's work could be done unbracketed (up to ``SETTLE_S``).
+        self.cpu_from_let_go = False
         self.ours, self.theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.ours.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
         self.ours.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, MAX_DATAGRAM * 2)
@@ -158,7 +164,10 @@ class Bell:
             # ms a region); counted in the bracket it varied so from one evaluation to the next (0.1 -> 0.9 ms on
             # the 2-core host) that an honest one failed as ``clock``.
             let_go_ns = 0
+            let_go_cpu = None
             if let_go is not None:
+                if self.cpu_from_let_go:
+                    let_go_cpu = thread()[0]  # stopped: the kernel's account of it is up to date
                 let_go()
                 let_go_ns = time.time_ns()
             cpu_before, waited_before = thread()
@@ -173,10 +182,12 @@ class Bell:
                 exported_ns = max(0, last_ns - done_ns)
             try:
                 cpu_after, waited_after = thread()
+                cpu_from = cpu_before if let_go_cpu is None else let_go_cpu
                 bracket = Bracket(region, start, ready_ns, go_ns, done_ns, payload, waited_after - waited_before,
-                                  cpu_after - cpu_before, exported_ns=exported_ns, looked_up=looked_up,
+                                  cpu_after - cpu_from, exported_ns=exported_ns, looked_up=looked_up,
                                   new_chunks=len(chunks), chunks=chunks,
-                                  let_go_ns=go_ns - let_go_ns if let_go_ns else 0)
+                                  let_go_ns=go_ns - let_go_ns if let_go_ns else 0,
+                                  let_go_cpu_ns=cpu_before - let_go_cpu if let_go_cpu is not None else 0)
                 brackets.append(bracket)
                 held_from = time.time_ns()
                 if between is not None:
