@@ -533,6 +533,7 @@ def test_work_after_the_let_go_counts_in_the_regions_cpu_time_on_the_cpu_backend
     while the worker is still stopped: 3 ms of CPU spent there on the written values show in the region's CPU time."""
     from cuda_agent.evaluate.brackets import CandidateBrackets
     from cuda_agent.evaluate.outside import InputWriter
+    from cuda_agent.sandbox.process import process_state
 
     bell = Bell()
     config = TimingConfig(flush_l2=False)
@@ -572,7 +573,7 @@ def test_work_after_the_let_go_counts_in_the_regions_cpu_time_on_the_cpu_backend
 
         def pause(self, timeout_s: float = 2.0) -> bool:
             os.kill(pid, signal.SIGSTOP)
-            while open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] not in ("T", "t"):
+            while process_state(pid) not in ("T", "t"):  # stopped: its CPU time read at the let-go is exact
                 time.sleep(0.0005)
             return True
 
