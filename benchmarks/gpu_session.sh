@@ -28,6 +28,8 @@
 #                                            # OVERHEAD_RUNS: e.g. "1-prev 2-this" for one run of each;
 #                                            # "3-this+all": this tree with outside_inputs="all")
 #   bash benchmarks/gpu_session.sh stability # end-of-region variants: rewards and spread over repeats
+#   bash benchmarks/gpu_session.sh region_cost # a warm evaluation's steps by wall clock (SPEED_EXAMPLES, EVALUATIONS,
+#                                            # PAUSE_POLLS: the stop's poll in ms, in turn)
 #   bash benchmarks/gpu_session.sh profile   # eval_speed under cProfile, this tree and a carried .data/prev/src
 #   bash benchmarks/gpu_session.sh excess    # each evaluation's brackets against their limit, this tree and carried
 #                                            # ones in turn (EXCESS_TREES="alt this": .data/alt/src, then src;
@@ -293,6 +295,13 @@ overhead)
             --repeats ${VS_REPEATS:-3} --remeasured 0 "${policy[@]}" --out "$OUT/overhead_$run.json" 2>&1 \
             | tee -a "$OUT/overhead.log" | tail -4
     done
+    ;;
+region_cost)
+    # Where a warm re-evaluation's seconds go, by wall clock around each step (benchmarks/probes/region_cost_probe.py),
+    # the candidate's stops polled every 1 ms and every 0.1 ms in turn.
+    python3 benchmarks/probes/region_cost_probe.py --device cuda --kernelbench .data/kernelbench/kernelbench.jsonl \
+        --examples ${SPEED_EXAMPLES:-cuda_gelu} --evaluations ${EVALUATIONS:-7} --pause-poll-ms ${PAUSE_POLLS:-1 0.1} \
+        --out "$OUT/region_cost.jsonl" "$@" 2>&1 | tee "$OUT/region_cost.log" | grep -v "^USDT"
     ;;
 profile)
     # Where a warm re-evaluation's seconds go: eval_speed under cProfile (the evaluator's thread), this tree and
