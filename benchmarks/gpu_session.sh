@@ -177,7 +177,7 @@ issue31)
         tests/evaluate/test_outside_gpu.py tests/gpu/test_gpu_quiet.py 2>&1 | tee "$OUT/timing_tests.log" \
         | grep -E "^(FAILED|ERROR)|passed|failed"
     python3 -m pytest -m gpu -q -s -p no:cacheprovider --timeout 300 -rf tests/redteam/test_redteam_gpu.py \
-        -k "${REDTEAM_K:-method-swapped or scaled-samples or secrets-from or event-timer or deferred-half or phase-detection or forge-reply or computed-ahead or lingering}" \
+        -k "${REDTEAM_K:-elapsed-swapped or type_entry or scaled-samples or secrets-from or event-timer or deferred-half or phase-detection or forge-reply or computed-ahead or lingering}" \
         2>&1 | tee "$OUT/gpu_redteam.log" | grep -E "^(FAILED|ERROR|XPASS)|passed|failed|xfail"
     [ "${AGREEMENT_ONLY:-}" = none ] && exit 0  # the tests and the red team only
     python3 benchmarks/clock_agreement.py --device cuda --kernelbench .data/kernelbench/kernelbench.jsonl \
@@ -188,7 +188,7 @@ agreement)
     # The brackets against the reported regions for every honest solution (benchmarks/clock_agreement.py), then
     # the red team's trust v3 cases.
     python3 -m pytest -m gpu -q -s -p no:cacheprovider --timeout 300 -rf tests/redteam/test_redteam_gpu.py \
-        -k "method-swapped or scaled-samples or secrets-from" 2>&1 | tee "$OUT/gpu_redteam_v3.log" \
+        -k "elapsed-swapped or type_entry or scaled-samples or secrets-from" 2>&1 | tee "$OUT/gpu_redteam_v3.log" \
         | grep -E "^(FAILED|ERROR|XPASS)|passed|failed|xfail"
     python3 benchmarks/clock_agreement.py --device cuda --kernelbench .data/kernelbench/kernelbench.jsonl \
         --out "$OUT/clock_agreement.jsonl" "$@" 2>&1 | tee "$OUT/clock_agreement.log" | grep -v "^USDT"

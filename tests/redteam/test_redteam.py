@@ -807,26 +807,20 @@ COMPUTE_ONLY_WHAT_IS_READ = (
     "scaled_swish_launch(xc.data_ptr<float>(), y.data_ptr<float>(), quarter, s); "
     "for (int64_t p : todo.cast<std::vector<int64_t>>()) scaled_swish_launch(xc.data_ptr<float>() + p, "
     "y.data_ptr<float>() + p, 1, s); return y; } }")
-# Class 2, the harness's Python objects: the timing module's name `time` swapped for one whose clock runs at
-# a quarter of its speed from the first call on (a 4x fake); each call is one honest pass. (At half speed on a
-# host so busy that the timing thread waits for a CPU as long as it runs, the halved wall is no shorter than
-# the thread's CPU time: docs/SECURITY.md, trust v3.)
+# Class 2, the harness's Python objects: the clock the timing loop calls (bound before load, ``evaluate.bound``)
+# swapped in the harness's namespace for one that runs at a quarter of its speed from the first call on (a 4x
+# fake); each call is one honest pass. Swapping ``time``'s own name, or the timing module's ``time`` as this case
+# did before the loop bound its clocks, changes nothing it measures (tests/evaluate/test_bound.py). (At half
+# speed on a host so busy that the timing thread waits for a CPU as long as it runs, the halved wall is no
+# shorter than the thread's CPU time: docs/SECURITY.md, trust v3.)
 QUARTER_SPEED_TIME = PYTHON_FROM_CPP + r"""
 static const char* HALF = R"PY(
-import sys, time
-class QuarterSpeed:
-    origin = None
-    def __getattr__(self, name):
-        return getattr(time, name)
-    def perf_counter_ns(self):
-        now = time.perf_counter_ns()
-        if QuarterSpeed.origin is None:
-            QuarterSpeed.origin = now
-        return QuarterSpeed.origin + (now - QuarterSpeed.origin) // 4
+import sys
 def helper():
-    for name in ("cuda_agent.evaluate.timing", "cuda_agent.evaluate.worker"):
-        if name in sys.modules and hasattr(sys.modules[name], "time"):
-            sys.modules[name].time = QuarterSpeed()
+    bound = sys.modules["cuda_agent.evaluate.bound"]
+    real = bound.perf_counter_ns
+    origin = real()
+    bound.perf_counter_ns = lambda: origin + (real() - origin) // 4
 )PY";
 static void swap_time() {
   static bool done = false;
@@ -950,7 +944,7 @@ V3_CASES = [
          runtime=True, status="incorrect", rule="timed-output"),
     Case("timing-module-name-swapped-runtime", "Harness objects written (class 2)",
          cpp_prelude=QUARTER_SPEED_TIME, binding="swap_time(); auto y = torch::empty_like(xc);",
-         runtime=True, rule="clock"),
+         runtime=True, rule="monkeypatch", reason="cuda_agent.evaluate.bound.perf_counter_ns was replaced"),
     Case("scaled-samples-method-runtime", "Forged samples the round clock cannot resolve (class 3)",
          cpp_prelude=SCALED_SAMPLES, binding="scale_samples(); auto y = torch::empty_like(xc);",
          runtime=True, rule="clock"),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable
 
-from cuda_agent.evaluate import timing, transfer
+from cuda_agent.evaluate import bound, timing, transfer
 from cuda_agent.guard import runtime
 
 
@@ -22,7 +22,18 @@ def trusted_functions() -> dict[str, Callable[[], Any]]:
         "cuda_agent.evaluate.timing.time_round": lambda: timing.time_round,
         "cuda_agent.evaluate.timing.TimingStats.from_samples": lambda: timing.TimingStats.__dict__["from_samples"],
         "cuda_agent.evaluate.transfer.write_outputs": lambda: transfer.write_outputs,
+        # What the timing loop calls as bound before load (``evaluate.bound``), the bound objects themselves.
+        "cuda_agent.evaluate.bound.perf_counter_ns": lambda: bound.perf_counter_ns,
+        "cuda_agent.evaluate.bound.perf_counter": lambda: bound.perf_counter,
+        "cuda_agent.evaluate.bound.bind_cuda": lambda: bound.bind_cuda,
+        "cuda_agent.evaluate.bound.CUDA": lambda: bound.CUDA,
+        "cuda_agent.evaluate.bound.CudaCalls.record": lambda: bound.CudaCalls.__dict__["record"],
+        **{f"cuda_agent.evaluate.bound.CUDA.{name}": _bound_cuda(name) for name in bound.CUDA_CALLS},
     }
+
+
+def _bound_cuda(name: str) -> Callable[[], Any]:
+    return lambda: getattr(bound.CUDA, name, None)
 
 
 class CallGuard(runtime.CallGuard):

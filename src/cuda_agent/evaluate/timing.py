@@ -19,11 +19,11 @@ from __future__ import annotations
 import functools
 import math
 import statistics
-import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
+from cuda_agent.evaluate import bound
 from cuda_agent.evaluate.policy import TimingConfig
 from cuda_agent.evaluate.regions import CONT, GO
 from cuda_agent.guard.device_state import reset_persisting_l2
@@ -191,25 +191,26 @@ def calibrate(fn: Callable[[], Any], device: str, config: TimingConfig,
     initialise lazily)."""
     setup = setup or (lambda: None)
     sync = _synchronizer(device)
-    warm_start = time.perf_counter()
+    perf_counter, clock = bound.perf_counter, bound.perf_counter_ns
+    warm_start = perf_counter()
     enqueues: list[float] = []
     tails: list[float] = []  # from the end of each enqueue to the call's end: what the GPU had left
-    while len(enqueues) < config.warmup or (time.perf_counter() - warm_start) * 1e3 < config.warmup_ms:
+    while len(enqueues) < config.warmup or (perf_counter() - warm_start) * 1e3 < config.warmup_ms:
         setup()
         sync()  # the input draw's device work is not the call's
-        begin = time.perf_counter_ns()
+        begin = clock()
         fn()
-        enqueued = time.perf_counter_ns()
+        enqueued = clock()
         sync()
         enqueues.append((enqueued - begin) / 1e3)
-        tails.append((time.perf_counter_ns() - enqueued) / 1e3)
+        tails.append((clock() - enqueued) / 1e3)
         if len(enqueues) >= 1000:
             break
     if host is not None:
         later = len(enqueues) // 2
         host.recent.extend(enqueues[later:])
         host.learn_bound(statistics.median(enqueues[later:]), statistics.median(tails[later:]))
-    return max((time.perf_counter() - warm_start) * 1e3 / len(enqueues), 1e-3)
+    return max((perf_counter() - warm_start) * 1e3 / len(enqueues), 1e-3)
 
 
 def time_round(prepare: Callable[[], Callable[[], Any]], device: str, config: TimingConfig, trials: int,
@@ -261,7 +262,7 @@ def time_round(prepare: Callable[[], Callable[[], Any]], device: str, config: Ti
         samples = _time_regions_cuda(prepare, config, trials, calls, flush, after_end, host, fence, bell, after_done,
                                      announce, before_region)
     else:
-        clock = time.perf_counter_ns
+        clock = bound.perf_counter_ns
         for region in range(trials):
             ready = [prepare() for _ in range(calls)]
             if flush is not None:
@@ -296,14 +297,13 @@ def _time_regions_cuda(prepare: Callable[[], Callable[[], Any]], config: TimingC
                        bell: Any = None, after_done: Callable[[int], None] | None = None,
                        announce: Callable[[int], None] | None = None,
                        before_region: Callable[[], None] | None = None) -> list[float]:
-    import torch
-
+    cuda, clock = bound.bind_cuda(), bound.perf_counter_ns
     stream_end = config.end_fence == "stream"
     cycles_per_us = _sm_clock_ghz() * 1e3
     # An empty region gives the fence's own lateness (the host's wake-up after the synchronise);
     # a region whose fence is later than that was followed by work the end event did not wait for.
     allowance_ms = _empty_fence_ms(int(config.hold_us * cycles_per_us)) * 2 + 0.005 if stream_end and check_fence else 0.0
-    events = [[torch.cuda.Event(enable_timing=True) for _ in range(3)] for _ in range(trials)]
+    events = [[cuda.event(enable_timing=True) for _ in range(3)] for _ in range(trials)]
     # The host's time queueing each region's reads (``after_end``): when it outlasts what is left of the
     # hold, the GPU reaches the end event first and idles until the reads arrive, and the fence is that
     # much later with nothing left running. Not allowed for, a launch-bound call (microseconds a
@@ -315,30 +315,30 @@ def _time_regions_cuda(prepare: Callable[[], Callable[[], Any]], config: TimingC
         if flush is not None:
             flush.zero_()
         hold_us = host.hold_for(calls, config)
-        torch.cuda.synchronize()
+        cuda.synchronize()
         if before_region is not None:
             before_region()
         if bell is not None:
             announce(region)
             bell.wait(GO, region)
         if hold_us:
-            torch.cuda._sleep(int(hold_us * cycles_per_us))
-        begin = time.perf_counter_ns()
-        start.record()
+            cuda.sleep(int(hold_us * cycles_per_us))
+        begin = clock()
+        cuda.record(start)
         ready[0]()
-        first = time.perf_counter_ns()
+        first = clock()
         _call_each(ready[1:])
-        host.region((time.perf_counter_ns() - begin) / 1e3, calls, hold_us, (first - begin) / 1e3)
+        host.region((clock() - begin) / 1e3, calls, hold_us, (first - begin) / 1e3)
         if stream_end:
-            end.record()
-            reads = time.perf_counter_ns()
+            cuda.record(end)
+            reads = clock()
             payload = after_end()  # queued behind the end event: what the outputs hold when the region ended
-            reads_ms.append((time.perf_counter_ns() - reads) / 1e6)
-            torch.cuda.synchronize()
-            fence.record()
+            reads_ms.append((clock() - reads) / 1e6)
+            cuda.synchronize()
+            cuda.record(fence)
         else:
-            torch.cuda.synchronize()
-            fence.record()
+            cuda.synchronize()
+            cuda.record(fence)
             payload = after_end()
         if bell is not None:
             bell.done(region, payload or b"")
@@ -346,16 +346,16 @@ def _time_regions_cuda(prepare: Callable[[], Callable[[], Any]], config: TimingC
                 after_done(region)
             bell.wait(CONT, region)
         ready.clear()  # this region's inputs and outputs go before the next region draws its own
-    torch.cuda.synchronize()
+    cuda.synchronize()
     samples = []
     for (start, end, fence), reads in zip(events, reads_ms or [0.0] * trials):
-        to_fence = start.elapsed_time(fence)
+        to_fence = cuda.elapsed(start, fence)
         if stream_end:
             # Measured from the end event, not from the harness's reads after it: work left running on
             # another stream delays those reads too (it holds the SMs), and would hide behind them.
             # The reads are queued as the host gets to them, so an output still being written when the
             # first one runs is recorded unfinished: the fence catches work that outlasts them all.
-            to_end = start.elapsed_time(end)
+            to_end = cuda.elapsed(start, end)
             fenced = check_fence and to_fence - to_end > allowance_ms + reads
             host.fenced += fenced
             samples.append(to_fence if fenced else to_end)
@@ -370,22 +370,23 @@ def _empty_fence_ms(hold_cycles: int, regions: int = 5, reads: int = 8) -> float
     ``after_end``): what a region's fence may lag its end by with no work left running."""
     import torch
 
+    cuda = bound.bind_cuda()
     source = torch.empty(1 << 20, device="cuda")
     index = torch.randint(0, 1 << 20, (16,), device="cuda")
     late = 0.0
     for _ in range(regions):
-        start, end, fence = (torch.cuda.Event(enable_timing=True) for _ in range(3))
-        torch.cuda.synchronize()
+        start, end, fence = (cuda.event(enable_timing=True) for _ in range(3))
+        cuda.synchronize()
         if hold_cycles:
-            torch.cuda._sleep(hold_cycles)
-        start.record()
-        end.record()
+            cuda.sleep(hold_cycles)
+        cuda.record(start)
+        cuda.record(end)
         for _ in range(reads):
             source[index]
-        torch.cuda.synchronize()
-        fence.record()
-        fence.synchronize()
-        late = max(late, end.elapsed_time(fence))
+        cuda.synchronize()
+        cuda.record(fence)
+        cuda.wait(fence)
+        late = max(late, cuda.elapsed(end, fence))
     return late
 
 
@@ -411,9 +412,7 @@ def _profiled_region(ready: list[Callable[[], Any]]) -> float:
 
 
 def _synchronizer(device: str) -> Callable[[], None]:
-    import torch
-
-    return torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    return bound.bind_cuda().synchronize if device == "cuda" else (lambda: None)
 
 
 def flush_bytes(device: str, config: TimingConfig) -> int:

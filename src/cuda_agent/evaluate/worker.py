@@ -19,6 +19,7 @@ import time
 import traceback
 from typing import Any
 
+from cuda_agent.evaluate.bound import bind_cuda
 from cuda_agent.evaluate.candidate_side import CandidateSide, install_inline_shim, load_extension, load_model_new
 from cuda_agent.evaluate.reference_side import ReferenceSide
 from cuda_agent.evaluate.side import (
@@ -49,13 +50,15 @@ def warm_up_runtime(device: str, profiler: bool = False) -> None:
     if device == "cuda":
         # The timing path once, so that whatever the runtime resolves on first use of it is in place
         # before the runtime's pointers to the driver are read (``integrity.driver_slots``).
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        end.record()
-        end.synchronize()
-        start.elapsed_time(end)
+        # The calls bound here are the ones the timing loop makes, whatever is swapped later (``evaluate.bound``).
+        cuda = bind_cuda()
+        start, end = cuda.event(enable_timing=True), cuda.event(enable_timing=True)
+        cuda.record(start)
+        cuda.record(end)
+        cuda.wait(end)
+        cuda.elapsed(start, end)
         start.query()
-        torch.cuda.synchronize()
+        cuda.synchronize()
     if profiler:
         profile_call(lambda: torch.randn(1 << 10, device=device).sum(), device)
 
