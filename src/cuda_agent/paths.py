@@ -25,7 +25,10 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"  # the repository's 
 def worker_env(home: Path, inductor_cache: Path | None = None) -> dict[str, str]:
     """The environment of a sandboxed worker process running this package. The sandbox leaves only
     ``home`` (and ``inductor_cache``, when given) writable, so every cache goes there."""
-    env = dict(os.environ)
+    # Never an MPS client: its contexts would run beside other processes' instead of taking turns with them, and the
+    # GPU quiet probe (``evaluate.quiet``) and the timing's device to itself rest on taking turns. The sandbox's
+    # private /tmp hides MPS's default pipe directory; one named in the environment is dropped here.
+    env = {name: value for name, value in os.environ.items() if not name.startswith("CUDA_MPS_")}
     env["PYTHONPATH"] = str(PACKAGE_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env["PYTHONUNBUFFERED"] = "1"
     for name in ("HOME", "TMPDIR", "TRITON_CACHE_DIR", "CUDA_CACHE_PATH", "TORCH_EXTENSIONS_DIR"):
