@@ -20,7 +20,10 @@ perf_counter = time.perf_counter
 
 class CudaCalls:
     """torch's CUDA calls of the timing loop, each taken once: the event type's methods from the C type's own
-    dictionary, device synchronisation and the hold's sleep from ``torch._C``."""
+    dictionary, device synchronisation and the hold's sleep from ``torch._C``. Its slots are what the harness
+    snapshot holds to identity (``CUDA_CALLS``): a call added here is held with the rest."""
+
+    __slots__ = ("event", "_record", "elapsed", "wait", "synchronize", "sleep", "_current_stream")
 
     def __init__(self) -> None:
         import torch
@@ -40,7 +43,7 @@ class CudaCalls:
 
 
 CUDA: CudaCalls | None = None
-CUDA_CALLS = ("event", "_record", "elapsed", "wait", "synchronize", "sleep", "_current_stream")  # held to identity
+CUDA_CALLS = CudaCalls.__slots__
 
 
 def bind_cuda() -> CudaCalls:
