@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 from test_redteam import (
-    ALLOCATOR_CLASS, CODE_REWRITE_ROUTES, DISPATCH_TLS, GOT_PATCH, LATER, PYTHON_FROM_CPP, SCALED_SAMPLES,
+    ALLOCATOR_CLASS, AT_THE_LET_GO, CODE_REWRITE_ROUTES, DISPATCH_TLS, GOT_PATCH, LATER, PYTHON_FROM_CPP, SCALED_SAMPLES,
     SECRETS_FROM_THE_FRAME, UNOBSERVED, UNWATCHED, Case, computed_ahead, make_candidate, return_computed_ahead,
 )
 
@@ -195,6 +195,14 @@ static void swap_bound_elapsed() {
   if (!done) { done = true; python_helper(BOUND_SWAP)(); }
 }
 """
+# The let-go case's output, finished before its wait for GO returns: polled on the CPU, not slept on.
+SPUN = """ready = {}
+def spun(y):
+    done = torch.cuda.Event()
+    done.record()
+    while not done.query():
+        pass
+    return y"""
 GPU_COMPUTE_ONLY_WHAT_IS_READ = (
     "auto y = torch::empty_like(x); { pybind11::object todo = secrets_helper()(x); if (!todo.is_none()) { "
     "auto stream = c10::cuda::getCurrentCUDAStream().stream(); "
@@ -303,6 +311,13 @@ CASES = [
     Case("bound-elapsed-swapped-runtime", "Harness objects written (class 2)", forward=GOOD,
          cpp_prelude=BOUND_ELAPSED_SWAP, binding="swap_bound_elapsed(); auto y = torch::empty_like(x);",
          runtime=True, rule="monkeypatch", reason="cuda_agent.evaluate.bound.CUDA.elapsed was replaced"),
+    # Work at the let-go, before GO: each written input's whole output computed there with the extension's own
+    # kernel, the thread spinning until it is done (so that GO finds the GPU idle and the region has nothing left
+    # to do). The timing thread's CPU time counts from the let-go on a GPU too (``Bell.cpu_from_let_go``).
+    Case("outputs-computed-at-the-let-go-gpu-runtime", "Work moved before the region (between regions)", forward=GOOD,
+         cpp_prelude=PYTHON_FROM_CPP + AT_THE_LET_GO.replace("ready = {}", SPUN).replace(
+             "OUTPUT", "spun(sys.modules['cuda_extension'].gelu(x))"),
+         binding=return_computed_ahead("x", GELU_ALLOC), runtime=True, rule="clock"),
     # Class 3: the candidate side's round answers with its samples at 30%.
     Case("scaled-samples-method-runtime", "Forged samples the round clock cannot resolve (class 3)", forward=GOOD,
          cpp_prelude=SCALED_SAMPLES, binding="scale_samples(); auto y = torch::empty_like(x);",

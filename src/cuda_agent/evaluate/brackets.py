@@ -61,7 +61,9 @@ class CandidateBrackets:
     @classmethod
     def open(cls, worker: Any, device: str, may_write: bool = True) -> "CandidateBrackets":
         bell = Bell()
-        bell.cpu_from_let_go = device == "cpu"
+        # Both backends: on a GPU too the candidate's code could launch its work on the written inputs at the
+        # let-go and spin until it is done before it waits for GO (red team outputs-computed-at-the-let-go).
+        bell.cpu_from_let_go = True
         try:
             bell.hand_over(worker.send_fd)
         except OSError as exc:
