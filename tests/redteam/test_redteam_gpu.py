@@ -195,14 +195,25 @@ static void swap_bound_elapsed() {
   if (!done) { done = true; python_helper(BOUND_SWAP)(); }
 }
 """
-# The let-go case's output, finished before its wait for GO returns: polled on the CPU, not slept on.
+# The let-go case's work, finished before its wait for GO returns (polled on the CPU, not slept on): the output's
+# first half computed into a whole output, whose second half the region computes (``SECOND_HALF``).
 SPUN = """ready = {}
+def first_half(x):
+    rows = x.shape[0] // 2
+    y = torch.empty_like(x)
+    y[:rows].copy_(sys.modules['cuda_extension'].gelu(x[:rows]))
+    return y
 def spun(y):
     done = torch.cuda.Event()
     done.record()
     while not done.query():
         pass
     return y"""
+SECOND_HALF = ("{ pybind11::object ahead = computed_ahead().attr(\"pop\")(reinterpret_cast<intptr_t>(x.data_ptr()), "
+               "pybind11::none()); if (!ahead.is_none()) { auto y = ahead.cast<torch::Tensor>(); "
+               "int64_t half = (x.size(0) / 2) * (x.numel() / x.size(0)); "
+               "gelu_launch(x.data_ptr<float>() + half, y.data_ptr<float>() + half, x.numel() - half, "
+               "c10::cuda::getCurrentCUDAStream().stream()); return y; } } " + GELU_ALLOC)
 GPU_COMPUTE_ONLY_WHAT_IS_READ = (
     "auto y = torch::empty_like(x); { pybind11::object todo = secrets_helper()(x); if (!todo.is_none()) { "
     "auto stream = c10::cuda::getCurrentCUDAStream().stream(); "
@@ -311,13 +322,15 @@ CASES = [
     Case("bound-elapsed-swapped-runtime", "Harness objects written (class 2)", forward=GOOD,
          cpp_prelude=BOUND_ELAPSED_SWAP, binding="swap_bound_elapsed(); auto y = torch::empty_like(x);",
          runtime=True, rule="monkeypatch", reason="cuda_agent.evaluate.bound.CUDA.elapsed was replaced"),
-    # Work at the let-go, before GO: each written input's whole output computed there with the extension's own
-    # kernel, the thread spinning until it is done (so that GO finds the GPU idle and the region has nothing left
-    # to do). The timing thread's CPU time counts from the let-go on a GPU too (``Bell.cpu_from_let_go``).
+    # Work at the let-go, before GO: the first half of each written input's output computed there with the
+    # extension's own kernel, the thread spinning until it is done (so that GO finds the GPU idle), the second half
+    # in the region: a 2x fake that stays above the speed-of-light floor (the whole output at the let-go is
+    # `implausible-speedup`). The timing thread's CPU time counts from the let-go on a GPU too
+    # (``Bell.cpu_from_let_go``).
     Case("outputs-computed-at-the-let-go-gpu-runtime", "Work moved before the region (between regions)", forward=GOOD,
          cpp_prelude=PYTHON_FROM_CPP + AT_THE_LET_GO.replace("ready = {}", SPUN).replace(
-             "OUTPUT", "spun(sys.modules['cuda_extension'].gelu(x))"),
-         binding=return_computed_ahead("x", GELU_ALLOC), runtime=True, rule="clock"),
+             "OUTPUT", "spun(first_half(x))"),
+         binding=SECOND_HALF, runtime=True, rule="clock"),
     # Class 3: the candidate side's round answers with its samples at 30%.
     Case("scaled-samples-method-runtime", "Forged samples the round clock cannot resolve (class 3)", forward=GOOD,
          cpp_prelude=SCALED_SAMPLES, binding="scale_samples(); auto y = torch::empty_like(x);",
