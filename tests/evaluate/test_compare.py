@@ -73,3 +73,38 @@ def test_integer_outputs_must_match_exactly():
     e = torch.arange(5)
     assert one(e, e.clone())["ok"]
     assert not one(e, e + 1)["ok"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("atol,rtol", [(1e-2, 1e-2), (0.0, 1e-3), (1e-5, 0.0), (0.0, 0.0)])
+def test_the_all_finite_path_gives_the_general_paths_figures(dtype, atol, rtol):
+    # The fast path is taken for nearly every check; any figure it computed otherwise would change a verdict
+    # or a report. Errors of every size, exact zeros on both sides, values equal where zero tolerance is
+    # allowed, and a difference that overflows to infinity.
+    from cuda_agent.evaluate.compare import _any_piece, _finite_piece
+
+    generator = torch.Generator().manual_seed(7)
+    for case in range(24):
+        e = torch.randn(129, 17, dtype=dtype, generator=generator)
+        a = e + torch.randn(e.shape, dtype=dtype, generator=generator) * [0, 1e-4, 1e-2, 1][case % 4]
+        if case % 3 == 0:
+            e.view(-1)[::7] = 0
+        if case % 5 == 0:
+            a.view(-1)[::11] = e.view(-1)[::11]
+        if case % 7 == 0:
+            e.view(-1)[3] = torch.finfo(dtype).max
+            a.view(-1)[3] = -torch.finfo(dtype).max
+        assert _finite_piece(e, a, atol, rtol) == _any_piece(e, a, atol, rtol)
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_the_all_finite_path_leaves_any_non_finite_value_to_the_general_one(bad):
+    from cuda_agent.evaluate.compare import _finite_piece
+
+    e = torch.randn(6, 6)
+    a = e.clone()
+    a[1, 2] = bad
+    assert _finite_piece(e, a, 1e-2, 1e-2) is None
+    assert _finite_piece(a, e, 1e-2, 1e-2) is None
+    report = one(e, a)
+    assert not report["ok"] and report["non_finite"] == 1
