@@ -235,6 +235,8 @@ def test_an_honest_gpu_candidate_is_read_from_outside_and_keeps_its_reward(examp
     regions = result.timing["regions"]
     # Its allocations are looked up before each region: after DONE, nothing (the median region).
     assert regions["ok"] and regions["chunks"] == 0, regions
+    # The last timed call, checked whole, was the reference's own copy taken after its region, not handed over.
+    assert [c.get("kept") for c in result.checks if "kept" in c] == [True], result.checks
 
 
 class _Driver:
@@ -360,6 +362,12 @@ def test_the_reference_keeps_what_it_was_handed_mapped_and_writes_across_allocat
     # address space): two copies, each to where that allocation is mapped here.
     importer.write(mapped[:2], [0, 2 * mib], [(0x5000, mib, 2 * mib)])
     assert driver.of("copy") == [("copy", mapped[0][0] + mib, 0x5000, mib), ("copy", mapped[1][0], 0x5000 + mib, mib)]
+    # A kept output copied the other way (``copy_out``): from where the allocations are mapped here to 0x7000.
+    importer.copy_out(mapped[:2], [0, 2 * mib], [(0x7000, mib, 2 * mib)])
+    assert driver.of("copy")[2:] == [("copy", 0x7000, mapped[0][0] + mib, mib), ("copy", 0x7000 + mib, mapped[1][0], mib)]
+    with pytest.raises(vmm.VmmError, match="a read of .* outside the allocations handed over"):
+        importer.copy_out(mapped[:2], [0, 2 * mib], [(0x7000, 3 * mib, 2 * mib)])
+    del driver.calls[-2:]
     # Across a gap, or past the last: refused before anything is copied.
     for offsets, at in (([0, 4 * mib], mib), ([0, 2 * mib], 3 * mib)):
         with pytest.raises(vmm.VmmError, match="outside the allocations handed over"):

@@ -526,6 +526,37 @@ def test_a_gpu_regions_inputs_are_written_by_the_reference_in_the_allocations_ex
     memory.close()
 
 
+def test_a_gpu_calls_output_is_kept_by_the_reference_from_the_allocations_it_lies_in():
+    """The round's last output (the evaluation's last timed call, checked whole) is copied by the reference out of
+    the exported allocations (``GpuMemory.keep``), never handed over by the candidate's code; an output over the
+    limit is not kept (handed over as before), one in memory not exported is refused."""
+    from cuda_agent.evaluate.outside import GpuMemory
+    from cuda_agent.evaluate.regions import Chunk
+
+    class Reference:
+        def keep(self, *args):
+            sent.append(args)
+
+    sent = []
+    memory = GpuMemory(Reference())
+    mib = 1 << 20
+    base = 0x7F0000000000
+    fds = [os.open("/dev/null", os.O_RDONLY) for _ in range(2)]
+    memory.take([Chunk(base, 2 * mib, fds[0]), Chunk(base + 2 * mib, 2 * mib, fds[1])])
+    call = {"i": 9, "o": [[base + mib, "float32", [mib // 2], [1]], [base + 3 * mib, "float16", [2, 4], [4, 1]]],
+            "in": []}
+    assert memory.keep(call, 4 * mib) == 2 * mib + 16
+    (held, handed, sizes, offsets, leaves, index), = sent
+    assert handed == fds and sizes == [2 * mib] * 2 and offsets == [0, 2 * mib] and index == 9
+    assert leaves == [["float32", [mib // 2], [1], mib], ["float16", [2, 4], [4, 1], 3 * mib]]
+    assert memory.keep(call, 2 * mib) is None and len(sent) == 1
+    with pytest.raises(OutsideError, match="not in the GPU memory"):
+        memory.keep({"i": 9, "o": [[base + 3 * mib, "float32", [mib], [1]]], "in": []}, 8 * mib)
+    with pytest.raises(OutsideError, match="malformed|unreadable"):
+        memory.keep({"i": 9, "o": [[base, "float32", [4], [1, 1]]], "in": []}, 8 * mib)
+    assert len(sent) == 1
+    memory.close()
+
 @pytest.mark.parametrize("from_let_go", [True, False])
 def test_work_after_the_let_go_counts_in_the_regions_cpu_time_on_the_cpu_backend(from_let_go):
     """Between the let-go (inputs written, the worker resumed) and GO the worker's code could compute on the written

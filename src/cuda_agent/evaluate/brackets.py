@@ -30,6 +30,9 @@ CALIBRATION_REGIONS = 11  # no-op regions timed before the candidate's code load
 # task's memory (tens of descriptors), and a freshly started process's first regions ran slower (the H100, its
 # first two evaluations: spread over 9 regions 0.09-0.23 ms against 0.01-0.03 ms later).
 WARM_UP_REGIONS = 2
+# The largest timed output the reference keeps a copy of through the rounds (GPU memory beside the candidate's):
+# a larger one is handed over by the candidate's code after the rounds, as before (docs/SECURITY.md).
+KEEP_MAX_BYTES = 2 << 30
 
 
 def bracket_hold(setup: Any) -> float:
@@ -57,6 +60,9 @@ class CandidateBrackets:
     writer: InputWriter | GpuInputWriter | None = None
     may_write: bool = True  # the policy's word (``Policy.writes_inputs``)
     inputs_base: int = field(default_factory=lambda: secrets.randbits(62))
+    # The timed call whose output the reference keeps, copied out while the process was stopped after its region
+    # (``GpuMemory.keep``): each round's last, so that the last round's is the evaluation's last timed call.
+    kept_call: int | None = None
 
     @classmethod
     def open(cls, worker: Any, device: str, may_write: bool = True) -> "CandidateBrackets":
@@ -162,8 +168,9 @@ class CandidateBrackets:
         probe = secrets.randbits(62)
         self.bell.ready_chunked = self.device == "cuda" and self.writer is not None
         try:
-            return self.bell.serve(trials, timeout_s, self._alive, self._reader_for(first, calls, probe), self.thread,
-                                   self._writer_for(first, calls, self.inputs_base))
+            return self.bell.serve(trials, timeout_s, self._alive,
+                                   self._reader_for(first, calls, probe, final=first + trials * calls - 1),
+                                   self.thread, self._writer_for(first, calls, self.inputs_base))
         except BellFailed:
             return None
         except BellUnreadable as exc:
@@ -233,9 +240,11 @@ class CandidateBrackets:
             return self.worker.resume
         return before
 
-    def _reader_for(self, first: int, calls: int, probe: int | None) -> Callable[[Bracket], None] | None:
+    def _reader_for(self, first: int, calls: int, probe: int | None,
+                    final: int | None = None) -> Callable[[Bracket], None] | None:
         """After each region: its calls as described, checked against the calls asked for; then the process
-        stopped and ``RECORDED_PER_REGION`` of them, drawn now, read from outside."""
+        stopped and ``RECORDED_PER_REGION`` of them, drawn now, read from outside; on a GPU the output of call
+        ``final`` (the round's last) kept by the reference too, where it is at most ``KEEP_MAX_BYTES``."""
         def between(bracket: Bracket) -> None:
             if isinstance(self.reader, GpuMemory):
                 try:
@@ -251,11 +260,18 @@ class CandidateBrackets:
                     self.stopped_check()
                 chosen = secrets.SystemRandom().sample(described, min(len(described), RECORDED_PER_REGION))
                 self.records.extend((probe, record) for record in self.reader.records(chosen, probe))
+                if final is not None and isinstance(self.reader, GpuMemory):
+                    self._keep(next((c for c in described if c.get("i") == final), None))
             except OutsideError as exc:
                 raise _unreadable(exc) from None
             finally:
                 self.worker.resume()
         return between
+
+    def _keep(self, call: dict[str, Any] | None) -> None:
+        self.kept_call = None
+        if call is not None and self.reader.keep(call, KEEP_MAX_BYTES) is not None:  # type: ignore[union-attr]
+            self.kept_call = call["i"]
 
 
 def _unreadable(exc: OutsideError) -> Stop:

@@ -118,14 +118,18 @@ def check_timed_outputs(run: Evaluation, base: int, log: CandidateLog, last: int
     for number, call in enumerate(timed.checked):
         setup.on_stage("verify", "the last timed output")
         out_dir = run.job / "candidate" / "timed" / f"timed-{call.index}"
+        # On a GPU the reference kept a copy of the output, taken while the process was stopped after its region;
+        # else (the CPU backend, outputs over ``KEEP_MAX_BYTES``) the candidate's code hands it over now.
+        kept = run.brackets is not None and run.brackets.kept_call == call.index
         reference.send("verify", setup.expect(trial_seed(base, call.index)))
-        candidate.send("verify", OutputRequest(index=call.index, dir=str(out_dir)))
+        if not kept:
+            candidate.send("verify", OutputRequest(index=call.index, dir=str(out_dir)))
         expected = reference.receive_typed("verify", ExpectReply, setup.timeouts.check_s)
-        handed = candidate.receive_typed("verify", OutputReply, setup.timeouts.check_s)
+        manifest = {} if kept else candidate.receive_typed("verify", OutputReply, setup.timeouts.check_s).manifest
         output_bytes = expected.output_bytes
         check = compare(setup, reference, policy.checks + len(chosen) + number, call.fingerprint,
-                        expected.fingerprint, out_dir, handed.manifest)
-        check.update(timed=True, call=call.index, allowance=expected.allowance)
+                        expected.fingerprint, out_dir, manifest, kept)
+        check.update(timed=True, call=call.index, allowance=expected.allowance, kept=kept)
         result.checks.append(check)
         if not check["ok"]:
             raise Stop("incorrect", "verify", f"timed call {call.index}: {check['reason']}", rule="timed-output")
@@ -171,14 +175,15 @@ def check_rerun(run: Evaluation, base: int, chosen: tuple[int, CallRecord]) -> N
 
 
 def compare(setup: Setup, reference: Channel, index: int, seen: Any, expected_fingerprint: Any, out_dir: Path,
-            manifest: dict[str, Any]) -> dict[str, Any]:
-    """One output, compared in the reference with its expected output; the check's entry in the result."""
+            manifest: dict[str, Any], kept: bool = False) -> dict[str, Any]:
+    """One output, compared in the reference with its expected output (``kept``: the copy it took itself);
+    the check's entry in the result."""
     if seen != expected_fingerprint:
         raise Stop("failed", "verify", "the inputs seen by the candidate differ from the reference's "
                    "(input generation was altered in the candidate process, or forward changed its inputs)",
                    rule="input-generation")
-    compared = reference.ask_typed("verify", CompareRequest(dir=str(out_dir), manifest=manifest, **setup.tolerance()),
-                                   CompareReply, setup.timeouts.check_s)
+    compared = reference.ask_typed("verify", CompareRequest(dir=str(out_dir), manifest=manifest, kept=kept,
+                                                            **setup.tolerance()), CompareReply, setup.timeouts.check_s)
     shutil.rmtree(out_dir, ignore_errors=True)  # the reference may not write there
     check: dict[str, Any] = {"index": index, "ok": True, "reason": None, "reports": compared.reports}
     failed = [r for r in compared.reports if not r["ok"]]

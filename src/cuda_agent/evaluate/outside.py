@@ -183,6 +183,11 @@ class GpuRemote(Protocol):
         """The inputs of ``seeds``' calls drawn and written, each tensor ``[dtype, shape, strides, at]``; else
         ``OutsideError``."""
 
+    def keep(self, held: GpuHeld, fds: list[int], sizes: list[int], offsets: list[int], leaves: list[list[Any]],
+             call: int) -> None:
+        """Call ``call``'s output tensors ``[dtype, shape, strides, at]`` copied into the reference's memory, kept
+        there for its whole comparison; else ``OutsideError``."""
+
 
 APART_S = 0.001  # between the two reads of GPU memory: a write still landing shows as a change
 MAX_HELD = 16384  # allocations held for one evaluation (20 MiB each: the largest card's memory twice over)
@@ -243,6 +248,42 @@ class GpuMemory(OutsideReader):
         self.given.update(names)
         self.gone.clear()
         return answer
+
+    def covering(self, tensors: list[tuple[int, str, list[int], list[int]]], role: str) -> list[int]:
+        """The held allocations (indices into ``chunks``) that described tensors lie in, each tensor's span in
+        allocations that follow one another; else ``OutsideError``."""
+        chunks, bases = self.chunks, [c.base for c in self.chunks]
+        needed: set[int] = set()
+        for pointer, dtype, shape, strides in tensors:
+            end = pointer + span_bytes(shape, strides, ITEMSIZE[dtype])
+            at = bisect.bisect_right(bases, pointer) - 1
+            reached = pointer
+            while end > reached and 0 <= at < len(chunks) and chunks[at].base <= reached < chunks[at].base + chunks[at].size:
+                needed.add(at)
+                reached = chunks[at].base + chunks[at].size
+                at += 1
+            if end > reached:
+                raise OutsideError(f"{role} memory at {pointer:#x} ({end - pointer} bytes) is not in the GPU memory "
+                                   "the candidate's process exported")
+        return sorted(needed)
+
+    def keep(self, call: Any, max_bytes: int) -> int | None:
+        """Call ``call``'s (a ``describe`` dict) output tensors copied by the reference out of the allocations they
+        lie in, while the process is stopped, for their comparison after the rounds; the bytes kept, or None where
+        they would be more than ``max_bytes`` (nothing kept)."""
+        described = call.get("o") if isinstance(call, dict) else None
+        if not isinstance(described, list) or len(described) > 64:
+            raise OutsideError("a call's output is not described")
+        tensors = [_layout(leaf, "output", n) for n, leaf in enumerate(described)]
+        size = sum(span_bytes(s, t, ITEMSIZE[d]) for _, d, s, t in tensors)
+        if size > max_bytes:
+            return None
+        order = self.covering(tensors, "output")
+        low = self.chunks[order[0]].base if order else 0
+        leaves = [[d, s, t, p - low] for p, d, s, t in tensors]
+        self.handed(order, lambda held, fds, sizes: self.remote.keep(
+            held, fds, sizes, [self.chunks[c].base - low for c in order], leaves, call["i"]))
+        return size
 
     def _read(self, wanted: list[tuple[int, int]]) -> list[bytes]:
         bases = [c.base for c in self.chunks]
@@ -379,26 +420,11 @@ class GpuInputWriter:
 
     def write(self, calls: list[Any], seeds: list[int]) -> int:
         chunks = self.memory.chunks
-        bases = [c.base for c in chunks]
         targets = _described_inputs(calls)
-        needed: set[int] = set()
-        written = 0
-        for call in targets:
-            for pointer, dtype, shape, strides in call:
-                end = pointer + span_bytes(shape, strides, ITEMSIZE[dtype])
-                written += end - pointer
-                at = bisect.bisect_right(bases, pointer) - 1
-                reached = pointer
-                while end > reached and 0 <= at < len(chunks) and chunks[at].base <= reached < chunks[at].base + chunks[at].size:
-                    needed.add(at)
-                    reached = chunks[at].base + chunks[at].size
-                    at += 1
-                if end > reached:
-                    raise OutsideError(f"input memory at {pointer:#x} ({end - pointer} bytes) is not in the GPU memory "
-                                       "the candidate's process exported as the region was about to start")
-        if not needed:
+        written = sum(span_bytes(shape, strides, ITEMSIZE[dtype]) for call in targets for _, dtype, shape, strides in call)
+        order = self.memory.covering([tensor for call in targets for tensor in call], "input")
+        if not order:
             return 0
-        order = sorted(needed)
         low = chunks[order[0]].base
         leaves = [[[d, s, t, p - low] for p, d, s, t in call] for call in targets]
         self.memory.handed(order, lambda held, fds, sizes: self.memory.remote.write(

@@ -194,6 +194,7 @@ class CompareRequest(_Request):
     atol: float
     rtol: float
     scale: bool = False
+    kept: bool = False  # the output kept by ``KeepGpuRequest`` compared, not one handed over in ``dir``
 
 
 @dataclass(frozen=True)
@@ -259,10 +260,23 @@ class WriteGpuRequest(_Request):
     flush_bytes: int = 0
 
 
+@dataclass(frozen=True)
+class KeepGpuRequest(_Request):
+    """Reference: as ``WriteGpuRequest``'s memory, timed call ``call``'s output tensors (``leaves``: ``[dtype,
+    shape, strides, at]``) copied out of the candidate's GPU memory into the reference's own, kept for a later
+    ``CompareRequest(kept=True)`` (the one kept before is dropped first)."""
+    op: ClassVar[str] = "keep_gpu"
+    held: GpuHeld
+    sizes: list[int]
+    offsets: list[int]
+    leaves: list[list[Any]]
+    call: int
+
+
 REQUESTS: dict[str, type[_Request]] = {cls.op: cls for cls in (
     ReadyRequest, LoadRequest, WeightsRequest, AttachRequest, RunRequest, CalibrateRequest, TimeRequest, TimedRequest,
     OutputRequest, ExpectRequest, ReleaseRequest, CompareRequest, DegenerateRequest, CompileRequest,
-    RecordsRequest, SampleRequest, ReadGpuRequest, DrawRequest, WriteGpuRequest, QuietRequest)}
+    RecordsRequest, SampleRequest, ReadGpuRequest, DrawRequest, WriteGpuRequest, KeepGpuRequest, QuietRequest)}
 
 
 # -- requests of the synth screener ----------------------------------------------------------------
@@ -438,6 +452,11 @@ class DrawReply(_Reply):
 class WriteGpuReply(_Reply):
     error: str | None = None  # the memory could not be imported, mapped or written, or other inputs were described
     busy_us: float | None = None  # the quiet probe's wait after the writes (``evaluate.quiet``)
+
+
+@dataclass(frozen=True)
+class KeepGpuReply(_Reply):
+    error: str | None = None  # the memory could not be imported, mapped or read (the candidate's doing)
 
 
 @dataclass(frozen=True)

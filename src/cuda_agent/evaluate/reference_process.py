@@ -21,7 +21,8 @@ from cuda_agent.evaluate.environment import describe_environment
 from cuda_agent.evaluate.outside import Draw, OutsideError
 from cuda_agent.evaluate.processes import new_job, spawn
 from cuda_agent.evaluate.protocol import (
-    GpuHeld, ReadGpuReply, ReadGpuRequest, DrawReply, DrawRequest, WriteGpuReply, WriteGpuRequest,
+    GpuHeld, KeepGpuReply, KeepGpuRequest, ReadGpuReply, ReadGpuRequest, DrawReply, DrawRequest, WriteGpuReply,
+    WriteGpuRequest,
     AttachReply, AttachRequest, CompileReply, CompileRequest, DegenerateReply, DegenerateRequest, LoadReply,
     LoadRequest, ReleaseReply, ReleaseRequest,
 )
@@ -268,6 +269,14 @@ class ReferenceGpu:
             raise OutsideError(reply.error)
         if self.quiet is not None:
             self.quiet.judge(reply.busy_us, "once a region's inputs were written, before its GO")
+
+    def keep(self, held: GpuHeld, fds: list[int], sizes: list[int], offsets: list[int], leaves: list[list[Any]],
+             call: int) -> None:
+        self._send(fds)
+        request = KeepGpuRequest(held=held, sizes=sizes, offsets=offsets, leaves=leaves, call=call)
+        reply = self.reference.channel.ask_typed("profile", request, KeepGpuReply, self.setup.timeouts.check_s)
+        if reply.error:
+            raise OutsideError(reply.error)
 
 
 def input_drawer(setup: Setup, reference: LiveReference) -> Draw:

@@ -13,7 +13,7 @@ from cuda_agent.evaluate.compare import compare_outputs, precision_allowance
 from cuda_agent.evaluate.policy import TimingConfig
 from cuda_agent.evaluate.outside import span_bytes
 from cuda_agent.evaluate.protocol import (CalibrateRequest, CompareRequest, CompileRequest, DegenerateRequest,
-                                          DrawRequest, ExpectRequest, GpuHeld, ReadGpuRequest,
+                                          DrawRequest, ExpectRequest, GpuHeld, KeepGpuRequest, ReadGpuRequest,
                                           RecordsRequest, TimeRequest, WriteGpuRequest, parse_request)
 from cuda_agent.evaluate.quiet import probe_us, quiet_within
 from cuda_agent.evaluate.records import compare_record, same_outputs, sample_output
@@ -37,6 +37,7 @@ class ReferenceSide(_Side):
     importer: Any = None  # holds the candidate's exported GPU memory mapped (evaluate.vmm.Importer), once needed
     drawn: SharedBuffer | None = None  # timed calls' inputs for the evaluator to write into the candidate's (``draw``)
     flush: Any = None  # zeroed after a GPU write of the candidate's inputs (``write_gpu``)
+    kept_output: list[Any] | None = None  # a timed call's output tensors copied out of the candidate's (``keep_gpu``)
 
     def handle(self, op: str, msg: Any) -> dict[str, Any]:
         """Answer request ``op``: its dataclass (``protocol.REQUESTS``), or a dict it is parsed from."""
@@ -97,6 +98,8 @@ class ReferenceSide(_Side):
         if op == "release":
             # Stay alive for the checks of timed outputs, holding as little as possible.
             self.expected = self.kept = None
+            if msg.ended:
+                self.kept_output = None
             if msg.ended and self.importer is not None:
                 self.importer.forget()  # the evaluation's allocations: the candidate's memory, not to outlive it
             if self.device == "cuda":
@@ -125,6 +128,8 @@ class ReferenceSide(_Side):
             return self.draw(msg)
         if op == "write_gpu":
             return self.write_gpu(msg)
+        if op == "keep_gpu":
+            return self.keep_gpu(msg)
         raise ValueError(f"unknown request {op!r}")
 
     def share(self) -> dict[str, Any]:
@@ -230,6 +235,36 @@ class ReferenceSide(_Side):
             self.importer = Importer(torch.cuda.current_device())
         return self.importer.hold(held.ids, sizes, held.new, fds, held.drop)
 
+    def keep_gpu(self, msg: KeepGpuRequest) -> dict[str, Any]:
+        """A timed call's output copied out of the candidate's GPU memory into this process's (``evaluate.vmm``),
+        while its processes are stopped, for a later ``compare`` (``kept``): never handed over by its code."""
+        import torch
+
+        from cuda_agent.evaluate.vmm import VmmError
+
+        if self.fd_socket is None:
+            raise ValueError("'keep_gpu': no descriptor channel")
+        fds = receive_fds(self.fd_socket, len(msg.held.new), 30)
+        self.kept_output = None  # the one kept before goes first
+        try:
+            mapped = self._held(msg.held, msg.sizes, fds)
+            outputs, copies = [], []
+            for dtype, shape, strides, at in msg.leaves:
+                kind = getattr(torch, str(dtype))
+                nbytes = span_bytes(shape, strides, torch.empty((), dtype=kind).element_size())
+                memory = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+                if nbytes:
+                    copies.append((memory.data_ptr(), int(at), nbytes))
+                outputs.append(memory.view(kind).as_strided(shape, strides))
+            self.importer.copy_out(mapped, msg.offsets, copies)
+        except VmmError as exc:
+            return {"error": str(exc)}
+        finally:
+            for fd in fds:
+                os.close(fd)
+        self.kept_output = outputs
+        return {}
+
     def fixed_inputs(self) -> bool:
         """Whether the task's draws differ in their tensors' values alone (dtype, shape, strides and every other
         input the same from seed to seed): only then can a draw from another seed be written over the candidate's.
@@ -310,6 +345,15 @@ class ReferenceSide(_Side):
     def compare(self, msg: CompareRequest) -> list[dict[str, Any]]:
         # The directory is the candidate's; the evaluator deletes it (this process may not write there).
         expected, self.expected = self.expected, None
+        if msg.kept:
+            kept, self.kept_output = self.kept_output, None
+            if kept is None:
+                raise ValueError("'compare': no output was kept")
+            wanted = list(tensors_in(expected))
+            if len(kept) != len(wanted):
+                return [{"path": "output", "ok": False, "reason": f"{len(kept)} output tensors, expected {len(wanted)}"}]
+            k = self.allowance
+            return compare_outputs(wanted, kept, msg.atol * k, msg.rtol * k, scale=msg.scale)
         claimed = manifest_devices(msg.manifest)
         wanted = [t.device.type for t in tensors_in(expected)]
         if claimed != wanted:

@@ -288,28 +288,15 @@ class Importer:
         in the candidate's allocations ``mapped`` (``hold``'s), which lie at ``offsets`` from the lowest as they do
         in its address space: a copy may run on from one allocation into the next where they follow one another.
         The copies are done when this returns."""
-        if len(mapped) != len(offsets):
-            raise VmmError(f"{len(mapped)} allocations at {len(offsets)} offsets")
-        covered = sorted((low, size, address) for low, (address, size) in zip(offsets, mapped))
-        for (low, size, _), (high, _, _) in zip(covered, covered[1:] + [(None, 0, 0)]):
-            if low < 0 or size <= 0 or (high is not None and low + size > high):
-                raise VmmError("allocations that overlap where they are to be mapped")
-        starts = [low for low, _, _ in covered]
-        pieces = []  # (to, from, bytes): each copy cut where one allocation ends, all checked before any is made
-        for source, at, nbytes in copies:
-            done = 0
-            while done < nbytes:
-                where = bisect.bisect_right(starts, at + done) - 1
-                if where < 0 or covered[where][0] + covered[where][1] <= at + done:
-                    break
-                low, size, address = covered[where]
-                piece = min(nbytes - done, low + size - (at + done))
-                pieces.append((address + at + done - low, source + done, piece))
-                done += piece
-            if nbytes <= 0 or done < nbytes:
-                raise VmmError(f"a write of {nbytes} bytes at {at} lies outside the allocations handed over")
-        for to, source, nbytes in pieces:
-            _check(self.f["cuMemcpyDtoD_v2"](u64(to), u64(source), nbytes), "write")
+        for there, here, nbytes in _pieces(mapped, offsets, copies, "write"):
+            _check(self.f["cuMemcpyDtoD_v2"](u64(there), u64(here), nbytes), "write")
+        _check(self.f["cuCtxSynchronize"](), "synchronise")
+
+    def copy_out(self, mapped: list[tuple[int, int]], offsets: list[int], copies: list[tuple[int, int, int]]) -> None:
+        """``write`` the other way: each ``(destination, at, nbytes)`` copied from ``at`` in the candidate's
+        allocations to this process's device address ``destination``; done when this returns."""
+        for there, here, nbytes in _pieces(mapped, offsets, copies, "read"):
+            _check(self.f["cuMemcpyDtoD_v2"](u64(here), u64(there), nbytes), "read")
         _check(self.f["cuCtxSynchronize"](), "synchronise")
 
     def read(self, mapped: list[tuple[int, int]], reads: list[tuple[int, int, int]],
@@ -331,6 +318,34 @@ class Importer:
             _check(self.f["cuMemcpyDtoH_v2"](buffer, u64(mapped[chunk][0] + offset), nbytes), "read")
             out.append(buffer.raw)
         return out
+
+
+def _pieces(mapped: list[tuple[int, int]], offsets: list[int], copies: list[tuple[int, int, int]],
+            what: str) -> list[tuple[int, int, int]]:
+    """Each copy ``(here, at, nbytes)`` between this process's ``here`` and ``at`` in the allocations ``mapped``
+    (lying at ``offsets`` from the lowest) cut where one allocation ends: ``(there, here, bytes)`` with ``there``
+    this process's mapped address; all checked before any copy is made."""
+    if len(mapped) != len(offsets):
+        raise VmmError(f"{len(mapped)} allocations at {len(offsets)} offsets")
+    covered = sorted((low, size, address) for low, (address, size) in zip(offsets, mapped))
+    for (low, size, _), (high, _, _) in zip(covered, covered[1:] + [(None, 0, 0)]):
+        if low < 0 or size <= 0 or (high is not None and low + size > high):
+            raise VmmError("allocations that overlap where they are to be mapped")
+    starts = [low for low, _, _ in covered]
+    pieces = []
+    for here, at, nbytes in copies:
+        done = 0
+        while done < nbytes:
+            where = bisect.bisect_right(starts, at + done) - 1
+            if where < 0 or covered[where][0] + covered[where][1] <= at + done:
+                break
+            low, size, address = covered[where]
+            piece = min(nbytes - done, low + size - (at + done))
+            pieces.append((address + at + done - low, here + done, piece))
+            done += piece
+        if nbytes <= 0 or done < nbytes:
+            raise VmmError(f"a {what} of {nbytes} bytes at {at} lies outside the allocations handed over")
+    return pieces
 
 
 def start_exporter() -> tuple[Exporter | None, str]:
