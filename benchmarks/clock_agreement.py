@@ -53,6 +53,9 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="time torch.compile too")
     parser.add_argument("--only", nargs="*", default=None, help="solution names to run")
     parser.add_argument("--out", type=Path, required=True, help="JSON lines, one per solution, appended as they finish")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="evaluations of each solution, one after another (after the first, warm): how often an "
+                             "honest one is refused or failed, not just whether it was once")
     args = parser.parse_args()
 
     solutions = [s for s in honest_solutions(args.device, args.kernelbench) if not args.only or s[0] in args.only]
@@ -64,12 +67,12 @@ def main() -> None:
         candidates = {name: load_candidate(path) for name, _, path in solutions}
         with ThreadPoolExecutor(8) as pool:  # the builds in parallel, the evaluations one at a time
             builds = dict(zip(candidates, pool.map(evaluator.build, candidates.values())))
-        for name, task, _ in solutions:
+        for (name, task, _), repeat in ((solution, r) for solution in solutions for r in range(args.repeats)):
             result = evaluator.evaluate(task, candidates[name], builds[name])
             regions = result.timing.get("regions") or {}
             reported = regions.get("reported_ms") or 0.0
             row = {
-                "solution": name, "task": task.name, "status": result.status, "reward": result.reward,
+                "solution": name, "repeat": repeat, "task": task.name, "status": result.status, "reward": result.reward,
                 "rule": result.rule, "reason": (result.reason or "")[:300],
                 "candidate_ms": (result.times.get("candidate") or {}).get("median_ms"),
                 "speedup_eager": result.speedup_eager, "regions": regions,
@@ -84,7 +87,9 @@ def main() -> None:
             print(f"{name:28s} {result.status:9s} reward {result.reward}  call {row['candidate_ms'] or 0:.4f} ms  "
                   f"region {reported:.3f} ms  agreement {regions.get('agreement', 0):.3f}  excess "
                   f"{regions.get('excess_ms', 0):+.4f} / limit {regions.get('limit_ms', 0):.4f} ms  forgeable "
-                  f"{row['forgeable']}  waited {regions.get('waited_ms', 0):.3f}  quiet probe {row['quiet_us']} us",
+                  f"{row['forgeable']}  spread {regions.get('spread_share', 0):.2f}  let-go cpu "
+                  f"{regions.get('let_go_cpu_ms', 0):.3f} ms  waited {regions.get('waited_ms', 0):.3f}  quiet probe "
+                  f"{row['quiet_us']} us",
                   flush=True)
     judged = [r for r in rows if r["regions"]]
     if judged:

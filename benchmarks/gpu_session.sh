@@ -9,8 +9,8 @@
 #   bash benchmarks/gpu_session.sh integrity_reads # a defence's cost: the in-round integrity read, or with
 #                                            # DEFENCE=rerun the timed call run again (SPEED_EXAMPLES, VS_REPEATS)
 #   bash benchmarks/gpu_session.sh issue31   # trust v3: timing/integrity tests, the GPU reads from outside and the
-#                                            # quiet probe, the v3 red team, brackets on 8 solutions (AGREEMENT_ONLY=none:
-#                                            # not those)
+#                                            # quiet probe, the v3 red team (REDTEAM_K), brackets on 8 solutions
+#                                            # (AGREEMENT_ONLY: names, or none; AGREEMENT_REPEATS: evaluations of each)
 #   bash benchmarks/gpu_session.sh agreement # the region brackets' agreement for every honest solution
 #   bash benchmarks/gpu_session.sh quiet     # issue 31's probe: another context's GPU work seen from outside
 #   bash benchmarks/gpu_session.sh vmm       # issue 31's probe: GPU output memory read from another sandbox
@@ -182,7 +182,8 @@ issue31)
     [ "${AGREEMENT_ONLY:-}" = none ] && exit 0  # the tests and the red team only
     python3 benchmarks/clock_agreement.py --device cuda --kernelbench .data/kernelbench/kernelbench.jsonl \
         --only ${AGREEMENT_ONLY:-cuda_gelu cuda_row_softmax cuda_bias_scale_tanh level1_19 level1_21 level1_47 level2_40 level2_76} \
-        --out "$OUT/clock_agreement.jsonl" 2>&1 | tee "$OUT/clock_agreement.log" | grep -v "^USDT"
+        --repeats ${AGREEMENT_REPEATS:-1} --out "$OUT/clock_agreement.jsonl" 2>&1 | tee "$OUT/clock_agreement.log" \
+        | grep -v "^USDT"
     ;;
 agreement)
     # The brackets against the reported regions for every honest solution (benchmarks/clock_agreement.py), then
