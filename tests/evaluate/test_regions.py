@@ -484,25 +484,36 @@ def test_inputs_are_written_only_into_memory_the_process_could_write_itself():
     writer.close()
 
 
-def test_a_gpu_regions_inputs_are_written_by_the_reference_in_the_allocations_exported_at_ready():
-    """On a GPU the reference writes the values (``vmm.Importer.write``): the writer hands it the allocations the
-    described inputs lie in, as offsets from the lowest (a tensor may span several that follow one another), and
-    each tensor's place among them; an input in memory not exported, or across a gap, is refused."""
-    from cuda_agent.evaluate.outside import GpuInputWriter, GpuMemory
+def _exported(starts_mib: list[int], sent: list) -> tuple:
+    """A ``GpuMemory`` holding 2 MiB allocations at ``starts_mib`` MiB from a base address (their descriptors of
+    /dev/null), whose reference records what it is asked in ``sent``; the memory, the base, the descriptors."""
+    from cuda_agent.evaluate.outside import GpuMemory
     from cuda_agent.evaluate.regions import Chunk
 
     class Reference:  # the reference's side of GpuRemote, as it is asked
         def write(self, *args):
             sent.append(args)
 
-    sent = []
+        def keep(self, *args):
+            sent.append(args)
+
     memory = GpuMemory(Reference())
-    mib = 1 << 20
     base = 0x7F0000000000
-    fds = [os.open("/dev/null", os.O_RDONLY) for _ in range(4)]
+    fds = [os.open("/dev/null", os.O_RDONLY) for _ in starts_mib]
+    memory.take([Chunk(base + start * (1 << 20), 2 << 20, fd) for start, fd in zip(starts_mib, fds)])
+    return memory, base, fds
+
+
+def test_a_gpu_regions_inputs_are_written_by_the_reference_in_the_allocations_exported_at_ready():
+    """On a GPU the reference writes the values (``vmm.Importer.write``): the writer hands it the allocations the
+    described inputs lie in, as offsets from the lowest (a tensor may span several that follow one another), and
+    each tensor's place among them; an input in memory not exported, or across a gap, is refused."""
+    from cuda_agent.evaluate.outside import GpuInputWriter
+
+    sent = []
+    mib = 1 << 20
     # Three allocations back to back, one more after a gap of 2 MiB.
-    memory.take([Chunk(base, 2 * mib, fds[0]), Chunk(base + 2 * mib, 2 * mib, fds[1]),
-                 Chunk(base + 4 * mib, 2 * mib, fds[2]), Chunk(base + 8 * mib, 2 * mib, fds[3])])
+    memory, base, fds = _exported([0, 2, 4, 8], sent)
     writer = GpuInputWriter(memory)
     across = [base + mib, "float32", [mib // 2], [1]]  # 2 MiB from the middle of the first: into the second
     alone = [base + 8 * mib, "float16", [4, 8], [8, 1]]
@@ -530,19 +541,9 @@ def test_a_gpu_calls_output_is_kept_by_the_reference_from_the_allocations_it_lie
     """The round's last output (the evaluation's last timed call, checked whole) is copied by the reference out of
     the exported allocations (``GpuMemory.keep``), never handed over by the candidate's code; an output over the
     limit is not kept (handed over as before), one in memory not exported is refused."""
-    from cuda_agent.evaluate.outside import GpuMemory
-    from cuda_agent.evaluate.regions import Chunk
-
-    class Reference:
-        def keep(self, *args):
-            sent.append(args)
-
     sent = []
-    memory = GpuMemory(Reference())
     mib = 1 << 20
-    base = 0x7F0000000000
-    fds = [os.open("/dev/null", os.O_RDONLY) for _ in range(2)]
-    memory.take([Chunk(base, 2 * mib, fds[0]), Chunk(base + 2 * mib, 2 * mib, fds[1])])
+    memory, base, fds = _exported([0, 2], sent)
     call = {"i": 9, "o": [[base + mib, "float32", [mib // 2], [1]], [base + 3 * mib, "float16", [2, 4], [4, 1]]],
             "in": []}
     assert memory.keep(call, 4 * mib) == 2 * mib + 16
@@ -556,6 +557,7 @@ def test_a_gpu_calls_output_is_kept_by_the_reference_from_the_allocations_it_lie
         memory.keep({"i": 9, "o": [[base, "float32", [4], [1, 1]]], "in": []}, 8 * mib)
     assert len(sent) == 1
     memory.close()
+
 
 @pytest.mark.parametrize("from_let_go", [True, False])
 def test_work_after_the_let_go_counts_in_the_regions_cpu_time_on_the_cpu_backend(from_let_go):

@@ -91,10 +91,7 @@ def _plan(call: Any, probe: int) -> tuple[int, dict[str, list[tuple[list[int], s
         raise OutsideError("a call's description is malformed")
     leaves = {}
     for role, key, count in (("output", "o", OUTPUT_VALUES), ("input", "in", INPUT_VALUES)):
-        described = call.get(key)
-        if not isinstance(described, list) or len(described) > 64:
-            raise OutsideError(f"call {call['i']}: its {role} tensors are not described")
-        leaves[role] = [_plan_leaf(leaf_index, leaf, probe, role, count) for leaf_index, leaf in enumerate(described)]
+        leaves[role] = [_plan_leaf(n, layout, probe, role, count) for n, layout in enumerate(_described(call, key, role))]
     return call["i"], leaves
 
 
@@ -121,9 +118,9 @@ def span_bytes(shape: list[int], strides: list[int], itemsize: int) -> int:
     return (1 + sum((n - 1) * s for n, s in zip(shape, strides))) * itemsize
 
 
-def _plan_leaf(leaf_index: int, leaf: Any, probe: int, role: str,
+def _plan_leaf(leaf_index: int, layout: tuple[int, str, list[int], list[int]], probe: int, role: str,
                count: int) -> tuple[list[int], str, int, str | None, list[int]]:
-    pointer, dtype, shape, strides = _layout(leaf, role, leaf_index)
+    pointer, dtype, shape, strides = layout
     size, form = FORMATS[dtype]
     addresses = []
     for flat in positions(probe, role, leaf_index, math.prod(shape), count):
@@ -249,9 +246,10 @@ class GpuMemory(OutsideReader):
         self.gone.clear()
         return answer
 
-    def covering(self, tensors: list[tuple[int, str, list[int], list[int]]], role: str) -> list[int]:
+    def covering(self, tensors: list[tuple[int, str, list[int], list[int]]], role: str) -> tuple[list[int], list[int], int]:
         """The held allocations (indices into ``chunks``) that described tensors lie in, each tensor's span in
-        allocations that follow one another; else ``OutsideError``."""
+        allocations that follow one another, their offsets from the lowest of them and its address (where the
+        reference is told the allocations and tensors lie); else ``OutsideError``."""
         chunks, bases = self.chunks, [c.base for c in self.chunks]
         needed: set[int] = set()
         for pointer, dtype, shape, strides in tensors:
@@ -265,24 +263,21 @@ class GpuMemory(OutsideReader):
             if end > reached:
                 raise OutsideError(f"{role} memory at {pointer:#x} ({end - pointer} bytes) is not in the GPU memory "
                                    "the candidate's process exported")
-        return sorted(needed)
+        order = sorted(needed)
+        low = chunks[order[0]].base if order else 0
+        return order, [chunks[c].base - low for c in order], low
 
     def keep(self, call: Any, max_bytes: int) -> int | None:
         """Call ``call``'s (a ``describe`` dict) output tensors copied by the reference out of the allocations they
         lie in, while the process is stopped, for their comparison after the rounds; the bytes kept, or None where
         they would be more than ``max_bytes`` (nothing kept)."""
-        described = call.get("o") if isinstance(call, dict) else None
-        if not isinstance(described, list) or len(described) > 64:
-            raise OutsideError("a call's output is not described")
-        tensors = [_layout(leaf, "output", n) for n, leaf in enumerate(described)]
+        tensors = _described(call, "o", "output")
         size = sum(span_bytes(s, t, ITEMSIZE[d]) for _, d, s, t in tensors)
         if size > max_bytes:
             return None
-        order = self.covering(tensors, "output")
-        low = self.chunks[order[0]].base if order else 0
+        order, offsets, low = self.covering(tensors, "output")
         leaves = [[d, s, t, p - low] for p, d, s, t in tensors]
-        self.handed(order, lambda held, fds, sizes: self.remote.keep(
-            held, fds, sizes, [self.chunks[c].base - low for c in order], leaves, call["i"]))
+        self.handed(order, lambda held, fds, sizes: self.remote.keep(held, fds, sizes, offsets, leaves, call["i"]))
         return size
 
     def _read(self, wanted: list[tuple[int, int]]) -> list[bytes]:
@@ -383,14 +378,17 @@ class InputWriter:
 
 
 def _described_inputs(calls: list[Any]) -> list[list[tuple[int, str, list[int], list[int]]]]:
-    """Each call's input tensors as READY described them (``describe``'s "in"), each checked by ``_layout``."""
-    targets = []
-    for call in calls:
-        described = call.get("in") if isinstance(call, dict) else None
-        if not isinstance(described, list) or len(described) > 64:
-            raise OutsideError("a call's inputs are not described")
-        targets.append([_layout(leaf, "input", n) for n, leaf in enumerate(described)])
-    return targets
+    """Each call's input tensors as READY described them (``describe``'s "in")."""
+    return [_described(call, "in", "input") for call in calls]
+
+
+def _described(call: Any, key: str, role: str) -> list[tuple[int, str, list[int], list[int]]]:
+    """A call's tensors of one role (``describe``'s ``key``: "o" or "in"), each checked by ``_layout``."""
+    described = call.get(key) if isinstance(call, dict) else None
+    if not isinstance(described, list) or len(described) > 64:
+        which = f"call {call['i']}" if isinstance(call, dict) and isinstance(call.get("i"), int) else "a call"
+        raise OutsideError(f"{which}: its {role} tensors are not described")
+    return [_layout(leaf, role, n) for n, leaf in enumerate(described)]
 
 
 def _writable(pid: int) -> list[tuple[int, int]]:
@@ -419,14 +417,12 @@ class GpuInputWriter:
         pass  # the descriptors are ``memory``'s
 
     def write(self, calls: list[Any], seeds: list[int]) -> int:
-        chunks = self.memory.chunks
         targets = _described_inputs(calls)
         written = sum(span_bytes(shape, strides, ITEMSIZE[dtype]) for call in targets for _, dtype, shape, strides in call)
-        order = self.memory.covering([tensor for call in targets for tensor in call], "input")
+        order, offsets, low = self.memory.covering([tensor for call in targets for tensor in call], "input")
         if not order:
             return 0
-        low = chunks[order[0]].base
         leaves = [[[d, s, t, p - low] for p, d, s, t in call] for call in targets]
         self.memory.handed(order, lambda held, fds, sizes: self.memory.remote.write(
-            held, fds, sizes, [chunks[c].base - low for c in order], seeds, leaves))
+            held, fds, sizes, offsets, seeds, leaves))
         return written

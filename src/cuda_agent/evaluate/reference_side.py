@@ -4,10 +4,11 @@ handed over, checks the records of timed calls, and times the baselines."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from cuda_agent.evaluate.compare import compare_outputs, precision_allowance
 from cuda_agent.evaluate.policy import TimingConfig
@@ -99,9 +100,9 @@ class ReferenceSide(_Side):
             # Stay alive for the checks of timed outputs, holding as little as possible.
             self.expected = self.kept = None
             if msg.ended:
-                self.kept_output = None
-            if msg.ended and self.importer is not None:
-                self.importer.forget()  # the evaluation's allocations: the candidate's memory, not to outlive it
+                self.kept_output = None  # the evaluation's, as the allocations it was copied from
+                if self.importer is not None:
+                    self.importer.forget()  # the evaluation's allocations: the candidate's memory, not to outlive it
             if self.device == "cuda":
                 torch.cuda.empty_cache()
                 return {"reserved": torch.cuda.memory_reserved()}
@@ -202,28 +203,37 @@ class ReferenceSide(_Side):
 
         from cuda_agent.evaluate.vmm import VmmError
 
-        if self.fd_socket is None:
-            raise ValueError("'write_gpu': no descriptor channel")
-        fds = receive_fds(self.fd_socket, len(msg.held.new), 30)
         try:
-            planned, error = self._drawn(msg.seeds, msg.leaves)
-            if error:
-                return {"error": error}
-            ats = [leaf[3] if len(leaf) == 4 and isinstance(leaf[3], int) else -1 for call in msg.leaves for leaf in call]
-            mapped = self._held(msg.held, msg.sizes, fds)
-            self.importer.write(mapped, msg.offsets,
-                                [(tensor.data_ptr(), at, nbytes) for (tensor, nbytes), at in zip(planned, ats) if nbytes])
-            if msg.flush_bytes:
-                if self.flush is None or self.flush.numel() != msg.flush_bytes:
-                    self.flush = torch.empty(msg.flush_bytes, dtype=torch.int8, device=self.device)
-                self.flush.zero_()
-            busy_us = probe_us()  # after the writes and the flush, before GO: quiet (``evaluate.quiet``)
+            with self._descriptors("write_gpu", msg.held) as fds:
+                planned, error = self._drawn(msg.seeds, msg.leaves)
+                if error:
+                    return {"error": error}
+                ats = [leaf[3] if len(leaf) == 4 and isinstance(leaf[3], int) else -1 for call in msg.leaves
+                       for leaf in call]
+                mapped = self._held(msg.held, msg.sizes, fds)
+                self.importer.write(mapped, msg.offsets, [(tensor.data_ptr(), at, nbytes)
+                                                          for (tensor, nbytes), at in zip(planned, ats) if nbytes])
+                if msg.flush_bytes:
+                    if self.flush is None or self.flush.numel() != msg.flush_bytes:
+                        self.flush = torch.empty(msg.flush_bytes, dtype=torch.int8, device=self.device)
+                    self.flush.zero_()
+                busy_us = probe_us()  # after the writes and the flush, before GO: quiet (``evaluate.quiet``)
         except VmmError as exc:
             return {"error": str(exc)}
+        return {"busy_us": busy_us}
+
+    @contextlib.contextmanager
+    def _descriptors(self, op: str, held: GpuHeld) -> Iterator[list[int]]:
+        """The descriptors request ``op`` hands over (of the candidate's allocations this process does not hold
+        yet), received now and closed once it is answered (``_held`` imports what it maps)."""
+        if self.fd_socket is None:
+            raise ValueError(f"'{op}': no descriptor channel")
+        fds = receive_fds(self.fd_socket, len(held.new), 30)
+        try:
+            yield fds
         finally:
             for fd in fds:
                 os.close(fd)
-        return {"busy_us": busy_us}
 
     def _held(self, held: GpuHeld, sizes: list[int], fds: list[int]) -> list[tuple[int, int]]:
         """The candidate's allocations a request uses, mapped here (kept from request to request: ``vmm.Importer``)."""
@@ -242,26 +252,21 @@ class ReferenceSide(_Side):
 
         from cuda_agent.evaluate.vmm import VmmError
 
-        if self.fd_socket is None:
-            raise ValueError("'keep_gpu': no descriptor channel")
-        fds = receive_fds(self.fd_socket, len(msg.held.new), 30)
         self.kept_output = None  # the one kept before goes first
         try:
-            mapped = self._held(msg.held, msg.sizes, fds)
-            outputs, copies = [], []
-            for dtype, shape, strides, at in msg.leaves:
-                kind = getattr(torch, str(dtype))
-                nbytes = span_bytes(shape, strides, torch.empty((), dtype=kind).element_size())
-                memory = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
-                if nbytes:
-                    copies.append((memory.data_ptr(), int(at), nbytes))
-                outputs.append(memory.view(kind).as_strided(shape, strides))
-            self.importer.copy_out(mapped, msg.offsets, copies)
+            with self._descriptors("keep_gpu", msg.held) as fds:
+                mapped = self._held(msg.held, msg.sizes, fds)
+                outputs, copies = [], []
+                for dtype, shape, strides, at in msg.leaves:
+                    kind = getattr(torch, str(dtype))
+                    nbytes = span_bytes(shape, strides, torch.empty((), dtype=kind).element_size())
+                    memory = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+                    if nbytes:
+                        copies.append((memory.data_ptr(), int(at), nbytes))
+                    outputs.append(memory.view(kind).as_strided(shape, strides))
+                self.importer.copy_out(mapped, msg.offsets, copies)
         except VmmError as exc:
             return {"error": str(exc)}
-        finally:
-            for fd in fds:
-                os.close(fd)
         self.kept_output = outputs
         return {}
 
@@ -294,18 +299,12 @@ class ReferenceSide(_Side):
         because of what it exported is said in the reply (the candidate's failure), not raised."""
         from cuda_agent.evaluate.vmm import VmmError
 
-        if self.fd_socket is None:
-            raise ValueError("'read_gpu': no descriptor channel")
-        fds = receive_fds(self.fd_socket, len(msg.held.new), 30)
         try:
-            reads = [(int(c), int(o), int(n)) for c, o, n in msg.reads]
-            mapped = self._held(msg.held, msg.sizes, fds)
-            data, changed = self.importer.read(mapped, reads, msg.apart_s)
+            with self._descriptors("read_gpu", msg.held) as fds:
+                reads = [(int(c), int(o), int(n)) for c, o, n in msg.reads]
+                data, changed = self.importer.read(self._held(msg.held, msg.sizes, fds), reads, msg.apart_s)
         except VmmError as exc:
             return {"data": [], "changed": [], "error": str(exc)}
-        finally:
-            for fd in fds:
-                os.close(fd)
         return {"data": [d.hex() for d in data], "changed": changed}
 
     def precision_allowance(self, inputs: list[Any], msg: ExpectRequest) -> float:
