@@ -177,3 +177,58 @@ def test_the_candidates_gpu_memory_held_for_an_evaluation_is_released_when_it_en
     assert reference.importer.forgotten == 0
     reference.handle("release", {"ended": True})
     assert reference.importer.forgotten == 1
+
+
+def test_gpu_requests_take_the_descriptors_handed_over_and_close_them_once_answered(reference):
+    """``read_gpu`` and ``keep_gpu`` receive the descriptors of allocations the reference does not hold yet, map
+    through its importer (a test double of ``vmm.Importer`` here), close them once answered, and answer what the
+    importer refuses as an error (the candidate's doing), not by raising."""
+    import socket
+
+    from cuda_agent.evaluate.vmm import VmmError
+    from cuda_agent.sandbox.process import send_fd
+
+    class Importer:
+        def __init__(self):
+            self.held, self.copied, self.refuse = [], [], False
+
+        def hold(self, ids, sizes, new, fds, drop):
+            self.held.append((ids, list(fds)))
+            return [(0x1000 * (i + 1), size) for i, size in enumerate(sizes)]
+
+        def read(self, mapped, reads, apart_s):
+            if self.refuse:
+                raise VmmError("a read of 4 bytes at 0 lies outside the allocations handed over")
+            return [b"\x00\x00\x80\x3f"] * len(reads), []
+
+        def copy_out(self, mapped, offsets, copies):
+            self.copied.append((mapped, offsets, [(at, nbytes) for _, at, nbytes in copies]))
+
+        def forget(self):
+            return len(self.held)
+
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    reference.fd_socket = theirs
+    reference.importer = importer = Importer()
+    held = {"ids": [7], "new": [0], "drop": []}
+    send_fd(ours, os.open("/dev/null", os.O_RDONLY))
+    reply = reference.handle("read_gpu", {"held": held, "sizes": [2 << 20], "reads": [[0, 16, 4]], "apart_s": 0.0})
+    assert reply["data"] == ["0000803f"] and reply["changed"] == [] and not reply.get("error")
+    (ids, (fd,)), = importer.held
+    with pytest.raises(OSError):
+        os.fstat(fd)  # closed once answered
+    importer.refuse = True
+    refused = reference.handle("read_gpu", {"held": {"ids": [7], "new": [], "drop": []}, "sizes": [2 << 20],
+                                            "reads": [[0, 0, 4]], "apart_s": 0.0})
+    assert refused["error"].startswith("a read of 4 bytes") and refused["data"] == []
+    send_fd(ours, os.open("/dev/null", os.O_RDONLY))
+    kept = reference.handle("keep_gpu", {"held": held, "sizes": [2 << 20], "offsets": [0], "call": 24,
+                                         "leaves": [["float32", [2, 3], [3, 1], 64]]})
+    assert kept == {} and importer.copied == [([(0x1000, 2 << 20)], [0], [(64, 24)])]
+    assert [tuple(t.shape) for t in reference.kept_output] == [(2, 3)]
+    with pytest.raises(OSError):
+        os.fstat(importer.held[-1][1][0])
+    reference.handle("release", {"ended": True})
+    assert reference.kept_output is None
+    ours.close()
+    theirs.close()
