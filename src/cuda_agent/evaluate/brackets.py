@@ -67,9 +67,13 @@ class CandidateBrackets:
     @classmethod
     def open(cls, worker: Any, device: str, may_write: bool = True) -> "CandidateBrackets":
         bell = Bell()
-        # Both backends: on a GPU too the candidate's code could launch its work on the written inputs at the
-        # let-go and spin until it is done before it waits for GO (red team outputs-computed-at-the-let-go).
-        bell.cpu_from_let_go = True
+        # The timing thread's CPU time from the let-go is in the CPU bound on the CPU backend; on a GPU it is
+        # judged apart (its own bound: ``region_clock.judge``): its wake-ups' CPU time (0.06-0.09 ms, spread up to
+        # 0.06 ms on the H100) counted in the CPU bound spread it so that honest 0.17 ms regions (level1_12) were
+        # refused as unresolvable in 3 of 5 evaluations on 2026-11-28. Either way a candidate that launches its
+        # work on the written inputs at the let-go and spins until it is done (red team
+        # outputs-computed-at-the-let-go) is seen.
+        bell.cpu_from_let_go = device == "cpu"
         try:
             bell.hand_over(worker.send_fd)
         except OSError as exc:
@@ -188,7 +192,8 @@ class CandidateBrackets:
     def judge(self, hold_us: float, slack: float, region_us: float) -> RegionClock | None:
         if self.cost is None or not self.timed:
             return None
-        return judge([b for b, _ in self.timed], [r for _, r in self.timed], self.cost, hold_us, slack, region_us)
+        return judge([b for b, _ in self.timed], [r for _, r in self.timed], self.cost, hold_us, slack, region_us,
+                     let_go_apart=not self.bell.cpu_from_let_go)
 
     def _alive(self) -> bool:
         return self.worker.proc.poll() is None

@@ -41,6 +41,8 @@ class Overhead:
     cpu_spread_ms: float = 0.0
     chunks: float = 0.0  # GPU: allocations a no-op region looked up after DONE (median)
     new_chunks: float = 0.0  # GPU: allocations it exported anew (median)
+    let_go_cpu_ms: float = 0.0  # the timing thread's CPU time from the let-go to GO (inputs written from outside)
+    let_go_cpu_spread_ms: float = 0.0
 
     def for_hold(self, hold_us: float) -> float:
         return self.median_ms + (hold_us - self.hold_us) / 1e3
@@ -61,9 +63,10 @@ def overhead(brackets: list[Bracket], inside_ms: list[float], hold_us: float) ->
     # The harness's own time is at least its CPU time. On a busy host (a 2-core machine while the reference
     # loads beside these regions) the run-queue wait is over-counted (a wait begun before GO counts whole),
     # which would understate the brackets' cost and make every later region look long.
+    let_go = [b.let_go_cpu_ns / 1e6 for b in brackets]
     return Overhead(max(statistics.median(wall), statistics.median(cpu)), robust_sd(wall), len(wall), hold_us,
                     statistics.median(cpu), robust_sd(cpu), statistics.median(b.looked_up for b in brackets),
-                    statistics.median(b.new_chunks for b in brackets))
+                    statistics.median(b.new_chunks for b in brackets), statistics.median(let_go), robust_sd(let_go))
 
 
 @dataclass
@@ -99,13 +102,20 @@ class RegionClock:
     chunks: float = 0.0  # GPU: median allocations a region looked up after DONE
     let_go_ms: float = 0.0  # inputs written from outside: median time from letting the worker go to GO (unbracketed)
     let_go_cpu_ms: float = 0.0  # and the timing thread's median CPU time meanwhile (in the CPU bound on the CPU backend)
+    # Where the let-go's CPU time is not in the CPU bound (a GPU): its median over the no-op regions', and the limit
+    # (as each bound's: slack and region_us, plus three times its spread in the calibration); 0: not judged apart.
+    let_go_excess_ms: float = 0.0
+    let_go_limit_ms: float = 0.0
 
     @property
     def breached(self) -> str | None:
-        """Which bound the reported regions fall short of: "wall" (checked first), "cpu", or None."""
+        """Which bound the reported regions fall short of: "wall" (checked first), "cpu", "let-go" (work done
+        between the let-go and GO), or None."""
         if self.excess_ms > self.limit_ms:
             return "wall"
-        return "cpu" if self.cpu_excess_ms > self.cpu_limit_ms else None
+        if self.cpu_excess_ms > self.cpu_limit_ms:
+            return "cpu"
+        return "let-go" if self.let_go_limit_ms > 0 and self.let_go_excess_ms > self.let_go_limit_ms else None
 
     @property
     def ok(self) -> bool:
@@ -131,10 +141,11 @@ class RegionClock:
 
 
 def judge(brackets: list[Bracket], reported_ms: list[float], cost: Overhead, hold_us: float, slack: float,
-          region_us: float) -> RegionClock:
+          region_us: float, let_go_apart: bool = False) -> RegionClock:
     """``reported_ms[i]``: the region of ``brackets[i]`` as the worker reported it (time per call x calls).
     Each bound's limit: ``slack`` of the reported region plus ``region_us`` plus three times that bound's
-    spread in the calibration (what the brackets alone move it by on this host)."""
+    spread in the calibration (what the brackets alone move it by on this host). ``let_go_apart``: the timing
+    thread's CPU time between the let-go and GO is not in the CPU bound and is judged on its own."""
     fixed = cost.for_hold(hold_us)
     wall = [b.wall_ms - fixed - cost.export_ms(b) - r for b, r in zip(brackets, reported_ms)]
     # A longer hold than the calibration's may be spent spinning on the timing thread; a shorter one is not
@@ -144,6 +155,7 @@ def judge(brackets: list[Bracket], reported_ms: list[float], cost: Overhead, hol
     reported = statistics.median(reported_ms)
     ratios = [(b.wall_ms - fixed - cost.export_ms(b)) / r for b, r in zip(brackets, reported_ms) if r > 0]
     base = slack * reported + region_us / 1e3
+    let_go_cpu = statistics.median(b.let_go_cpu_ns / 1e6 for b in brackets)
     return RegionClock(len(brackets), reported, statistics.median(b.outside_ms for b in brackets), fixed,
                        statistics.median(wall), base + 3 * cost.spread_ms, statistics.median(cpu),
                        base + 3 * cost.cpu_spread_ms, statistics.median(ratios) if ratios else 1.0,
@@ -152,7 +164,9 @@ def judge(brackets: list[Bracket], reported_ms: list[float], cost: Overhead, hol
                        statistics.median(b.exported_ns / 1e6 for b in brackets),
                        statistics.median(b.looked_up for b in brackets),
                        let_go_ms=statistics.median(b.let_go_ns / 1e6 for b in brackets),
-                       let_go_cpu_ms=statistics.median(b.let_go_cpu_ns / 1e6 for b in brackets))
+                       let_go_cpu_ms=let_go_cpu,
+                       let_go_excess_ms=let_go_cpu - cost.let_go_cpu_ms if let_go_apart else 0.0,
+                       let_go_limit_ms=base + 3 * cost.let_go_cpu_spread_ms if let_go_apart else 0.0)
 
 
 def robust_sd(values: list[float]) -> float:

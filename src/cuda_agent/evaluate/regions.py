@@ -87,7 +87,7 @@ class Bracket:
     chunks: list[Chunk] = field(default_factory=list)
     # Where its inputs were written from outside: from letting the stopped worker go to GO (its timing thread
     # asleep again: 0.06-0.1 ms), time its code could use outside the bracket; and the timing thread's CPU time
-    # meanwhile, counted in ``cpu_ns`` too where the bell counts from the let-go (``Bell.cpu_from_let_go``).
+    # meanwhile (in ``cpu_ns`` too where the bell counts from the let-go: ``Bell.cpu_from_let_go``).
     let_go_ns: int = 0
     let_go_cpu_ns: int = 0
 
@@ -118,6 +118,8 @@ class Bell:
         # The timing thread's CPU time counted from the let-go (read while the worker is still stopped), not from
         # GO: what its code does with the written inputs before GO is part of the region's CPU bound. The CPU
         # backend's: there the let-go is where a region's work could be done unbracketed (up to ``SETTLE_S``).
+        # Either way the let-go's own CPU time is kept (``Bracket.let_go_cpu_ns``): on a GPU it is judged on its
+        # own (``region_clock.judge``), so that its wake-ups do not spread the CPU bound of short regions.
         self.cpu_from_let_go = False
         self.ours, self.theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.ours.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
@@ -166,8 +168,7 @@ class Bell:
             let_go_ns = 0
             let_go_cpu = None
             if let_go is not None:
-                if self.cpu_from_let_go:
-                    let_go_cpu = thread()[0]  # stopped: the kernel's account of it is up to date
+                let_go_cpu = thread()[0]  # stopped: the kernel's account of it is up to date
                 let_go()
                 let_go_ns = time.time_ns()
             cpu_before, waited_before = thread()
@@ -182,7 +183,7 @@ class Bell:
                 exported_ns = max(0, last_ns - done_ns)
             try:
                 cpu_after, waited_after = thread()
-                cpu_from = cpu_before if let_go_cpu is None else let_go_cpu
+                cpu_from = let_go_cpu if let_go_cpu is not None and self.cpu_from_let_go else cpu_before
                 bracket = Bracket(region, start, ready_ns, go_ns, done_ns, payload, waited_after - waited_before,
                                   cpu_after - cpu_from, exported_ns=exported_ns, looked_up=looked_up,
                                   new_chunks=len(chunks), chunks=chunks,

@@ -260,6 +260,11 @@ class Regions:
                        f"with other work: evaluate again when it is quieter")
         if verdict.ok:
             return []
+        if verdict.breached == "let-go":
+            return [Breach("clock", f"the candidate's process spent {verdict.let_go_cpu_ms:.3f} ms of its timing "
+                           f"thread's CPU time between being let go with the written inputs and the start of each region "
+                           f"(median over {verdict.regions} regions), {verdict.let_go_excess_ms:.3f} ms more than before "
+                           f"its code loaded (limit {verdict.let_go_limit_ms:.3f} ms): work done outside the brackets")]
         by_wall = verdict.breached == "wall"
         excess, limit = (verdict.excess_ms, verdict.limit_ms) if by_wall else (verdict.cpu_excess_ms, verdict.cpu_limit_ms)
         return [Breach("clock", f"the candidate's process reported its timed regions {excess:.3f} ms shorter "
