@@ -58,6 +58,20 @@ def test_plan_groups_launch_bound_calls_and_sizes_rounds():
     assert Plan.for_call(500.0, config) == Plan(trials=4, calls=1)  # at least the minimum trials
 
 
+def test_plan_fills_regions_by_the_call_alone_and_rounds_by_the_call_with_its_draw():
+    # A 0.08 ms call whose inputs take 0.25 ms to draw: grouped by its wall time its regions were 0.25 ms
+    # (a quarter of region_ms), too short for the outside clock; by the call alone they last region_ms.
+    config = TimingConfig(region_ms=1.0, round_ms=50.0, round_trials=(4, 100), max_calls=100)
+    assert Plan.for_call(0.33, config) == Plan(trials=38, calls=4)
+    plan = Plan.for_call(0.33, config, call_ms=0.08)
+    assert plan == Plan(trials=12, calls=13) and plan.calls * 0.08 >= config.region_ms
+    assert plan.trials * plan.calls * 0.33 == pytest.approx(config.round_ms, rel=0.15)  # the round's wall kept
+    # A call time beyond the wall time, or none, is not believed: the wall time sizes both.
+    assert Plan.for_call(0.33, config, call_ms=5.0) == Plan.for_call(0.33, config, call_ms=0.0) == Plan(38, 4)
+    assert Plan.for_call(2.0, config, call_ms=1.5) == Plan(trials=25, calls=1)
+    assert Plan.for_call(0.5, config, call_ms=0.001) == Plan(trials=4, calls=100)  # at most max_calls
+
+
 def test_rounds_rotate_the_order_and_stop_once_decided():
     config = TimingConfig(rounds_min=3, rounds_max=10, budget_s=60)
     order, calls = [], {"candidate": [], "eager": []}

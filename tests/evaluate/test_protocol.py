@@ -100,6 +100,7 @@ def test_replies_are_type_checked():
         (p.TimeReply, {"samples": "fast"}, "samples"),
         (p.TimeReply, {"samples": [1.0, True]}, r"samples'\[1\]"),
         (p.CalibrateReply, {"estimate_ms": None}, "estimate_ms"),
+        (p.CalibrateReply, {"estimate_ms": 1.0, "call_ms": "short"}, "call_ms"),
         (p.TimedReply, {"checked": [{"index": "0", "fingerprint": []}]}, "index"),
         (p.RunReply, {"fingerprint": [], "manifest": []}, "manifest"),
         (p.ExpectReply, {"fingerprint": []}, "output_bytes"),

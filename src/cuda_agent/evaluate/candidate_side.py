@@ -112,9 +112,9 @@ class CandidateSide(_Side):
             reply = {"fingerprint": prints, "manifest": self._write(output, Path(msg.dir))}
             return reply | ({"kernels": kernels} if kernels is not None else {})
         if op == "calibrate":
-            estimate = self.calibrate(self.model, msg, self.launch("candidate"))
+            warmup = self.calibrate(self.model, msg, self.launch("candidate"))
             self.guard.verify_harness("during warm-up")
-            return {"estimate_ms": estimate}
+            return {"estimate_ms": warmup.estimate_ms, "call_ms": warmup.call_ms}
         if op == "time":
             try:
                 return self.time(msg)

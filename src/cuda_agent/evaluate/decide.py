@@ -145,10 +145,14 @@ class Plan:
     calls: int
 
     @classmethod
-    def for_call(cls, estimate_ms: float, config: TimingConfig) -> "Plan":
-        """From a call's warm-up wall time (input draw and a synchronise included): calls shorter than
-        ``region_ms`` are grouped, and a round lasts about ``round_ms`` per side."""
-        calls = 1 if estimate_ms >= config.region_ms else min(config.max_calls, math.ceil(config.region_ms / estimate_ms))
+    def for_call(cls, estimate_ms: float, config: TimingConfig, call_ms: float = 0.0) -> "Plan":
+        """From a call's warm-up wall time (input draw and a synchronise included) and, where known, the
+        call's own time: calls shorter than ``region_ms`` are grouped so that a region's calls last about
+        ``region_ms``, and a round lasts about ``round_ms`` per side, draws included. A side's word on its call
+        only sizes its regions: a shorter one gives it longer regions, which the outside clock resolves
+        better; a longer one shorter regions, which it may refuse to judge (``region_spread_max``)."""
+        alone = call_ms if 0 < call_ms <= estimate_ms else estimate_ms
+        calls = 1 if alone >= config.region_ms else min(config.max_calls, math.ceil(config.region_ms / alone))
         low, high = config.round_trials
         trials = max(low, min(high, round(config.round_ms / (estimate_ms * calls))))
         return cls(trials, calls)

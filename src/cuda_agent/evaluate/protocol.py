@@ -366,7 +366,8 @@ class RunReply(_Reply):
 
 @dataclass(frozen=True)
 class CalibrateReply(_Reply):
-    estimate_ms: float
+    estimate_ms: float  # wall time per call, its input draw included (sizes a round)
+    call_ms: float = 0.0  # the call alone (sizes a region); 0: not known
     host_us: float = 0.0  # the longest recent host enqueue per call (us), learned in the warm-up
 
 

@@ -71,7 +71,8 @@ class ReferenceSide(_Side):
             return self.compile(msg)
         if op == "calibrate":
             host = self._launch(msg)
-            return {"estimate_ms": self.calibrate(self._baseline(msg.side), msg, host), "host_us": host.per_call_us}
+            warmup = self.calibrate(self._baseline(msg.side), msg, host)
+            return {"estimate_ms": warmup.estimate_ms, "call_ms": warmup.call_ms, "host_us": host.per_call_us}
         if op == "time":
             host = self._launch(msg)
             # torch's own calls leave nothing running past the end event: no fence to judge them by. The

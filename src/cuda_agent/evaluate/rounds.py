@@ -82,9 +82,10 @@ def time_rounds(setup: Setup, reference: Channel, baseline: dict[str, Any], resu
             started = NewThreads(candidate.channel, borrowed.names)
             setup.on_stage("profile", "warming the candidate up")
             request = CalibrateRequest(seed=secrets.randbits(62), timing=config.to_dict())
-            estimate = candidate.channel.ask_typed("profile", request, CalibrateReply, setup.timeouts.profile_s).estimate_ms
+            warmed = candidate.channel.ask_typed("profile", request, CalibrateReply, setup.timeouts.profile_s)
             pause(candidate.channel)
-            plans["candidate"] = plan = Plan.for_call(_positive(estimate, "warm-up time"), config)
+            estimate = _positive(warmed.estimate_ms, "warm-up time")
+            plans["candidate"] = plan = Plan.for_call(estimate, config, _positive(warmed.call_ms, "call time"))
             log = CandidateLog(plan, outside=candidate.brackets is not None and candidate.brackets.outside)
             sides["candidate"] = _candidate_side(setup, candidate, log, hosts, estimate)
         host_us: dict[str, float] = {}
@@ -92,7 +93,7 @@ def time_rounds(setup: Setup, reference: Channel, baseline: dict[str, Any], resu
             setup.on_stage("baseline", f"warming {side} up")
             request = CalibrateRequest(side=side, seed=secrets.randbits(62), timing=config.to_dict())
             calibrated = reference.ask_typed("baseline", request, CalibrateReply, setup.timeouts.profile_s)
-            plans[side] = Plan.for_call(calibrated.estimate_ms, config)
+            plans[side] = Plan.for_call(calibrated.estimate_ms, config, calibrated.call_ms)
             host_us[side] = calibrated.host_us
             sides[side] = _baseline_side(setup, reference, side, secrets.randbits(62), hosts, gpu_quiet)
         if log is not None:

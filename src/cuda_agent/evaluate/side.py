@@ -17,7 +17,7 @@ from cuda_agent.evaluate.outside import ITEMSIZE, describe
 from cuda_agent.evaluate.records import RECORDED_PER_REGION, Recorder
 from cuda_agent.evaluate.regions import Ringer, encode_calls
 from cuda_agent.evaluate.shared import SharedBuffer
-from cuda_agent.evaluate.timing import HostLaunch, calibrate, time_round, trial_seed
+from cuda_agent.evaluate.timing import HostLaunch, Warmup, calibrate, time_round, trial_seed
 from cuda_agent.evaluate.vmm import VmmError, spans as vmm_spans
 from cuda_agent.tensors import tensors_in, wide_squares, wide_sum
 from cuda_agent.tasks.task import Task, TaskError, describe_inputs, exec_task_module
@@ -120,8 +120,8 @@ class _Side:
         host.adaptive, host.fixed_us, host.first_call = adaptive, fixed_us, first_call
         return host
 
-    def calibrate(self, fn: Any, msg: CalibrateRequest, host: HostLaunch | None = None) -> float:
-        """Warm ``fn`` up on fresh inputs from ``msg.seed``; its wall time per call (ms)."""
+    def calibrate(self, fn: Any, msg: CalibrateRequest, host: HostLaunch | None = None) -> Warmup:
+        """Warm ``fn`` up on fresh inputs from ``msg.seed``."""
         import torch
 
         drawn: list[Any] = [None, 0]  # the inputs of the next call, and how many calls were drawn

@@ -173,7 +173,7 @@ def measure(fn: Callable[[], Any], device: str, config: TimingConfig,
     setup = setup or (lambda: None)
     if config.method == "profiler":
         return _measure_profiler(fn, config, setup)
-    estimate_ms = calibrate(fn, device, config, setup)
+    estimate_ms = calibrate(fn, device, config, setup).estimate_ms
     trials = int(min(config.max_trials, max(config.min_trials, math.ceil(config.target_ms / estimate_ms))))
 
     def prepare() -> Callable[[], Any]:
@@ -183,12 +183,22 @@ def measure(fn: Callable[[], Any], device: str, config: TimingConfig,
     return TimingStats.from_samples(config.method, time_round(prepare, device, config, trials))
 
 
+@dataclass(frozen=True)
+class Warmup:
+    """What a warm-up says about a call: ``estimate_ms``, the wall time per call with its input draw and
+    synchronises (an upper bound: it sizes a round), and ``call_ms``, the call alone (begin to synchronised
+    end, median of the later half: how many calls fill a region). For a 0.08 ms call whose inputs take
+    0.25 ms to draw the first is four times the second, and regions sized by it were a quarter of
+    ``region_ms``: too short for the outside clock to resolve (docs/ARCHITECTURE.md, "Regions")."""
+
+    estimate_ms: float
+    call_ms: float
+
+
 def calibrate(fn: Callable[[], Any], device: str, config: TimingConfig,
-              setup: Callable[[], None] | None = None, host: HostLaunch | None = None) -> float:
-    """Warm ``fn`` up (at least ``warmup`` calls and ``warmup_ms``); return its wall time per call
-    in ms (synchronised, ``setup`` included: an upper bound used to size the trials). ``host``
-    learns the enqueue time of the later half of the calls (the first ones compile, autotune and
-    initialise lazily)."""
+              setup: Callable[[], None] | None = None, host: HostLaunch | None = None) -> Warmup:
+    """Warm ``fn`` up (at least ``warmup`` calls and ``warmup_ms``). ``host`` learns the enqueue time of
+    the later half of the calls (the first ones compile, autotune and initialise lazily)."""
     setup = setup or (lambda: None)
     sync = _synchronizer(device)
     perf_counter, clock = bound.perf_counter, bound.perf_counter_ns
@@ -206,11 +216,13 @@ def calibrate(fn: Callable[[], Any], device: str, config: TimingConfig,
         tails.append((clock() - enqueued) / 1e3)
         if len(enqueues) >= 1000:
             break
+    later = len(enqueues) // 2
     if host is not None:
-        later = len(enqueues) // 2
         host.recent.extend(enqueues[later:])
         host.learn_bound(statistics.median(enqueues[later:]), statistics.median(tails[later:]))
-    return max((perf_counter() - warm_start) * 1e3 / len(enqueues), 1e-3)
+    estimate_ms = max((perf_counter() - warm_start) * 1e3 / len(enqueues), 1e-3)
+    call_ms = statistics.median(e + t for e, t in zip(enqueues[later:], tails[later:])) / 1e3
+    return Warmup(estimate_ms, min(estimate_ms, max(call_ms, 1e-3)))
 
 
 def time_round(prepare: Callable[[], Callable[[], Any]], device: str, config: TimingConfig, trials: int,
