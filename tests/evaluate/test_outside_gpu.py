@@ -235,8 +235,12 @@ def test_an_honest_gpu_candidate_is_read_from_outside_and_keeps_its_reward(examp
     regions = result.timing["regions"]
     # Its allocations are looked up before each region: after DONE, nothing (the median region).
     assert regions["ok"] and regions["chunks"] == 0, regions
-    # The last timed call, checked whole, was the reference's own copy taken after its region, not handed over.
-    assert [c.get("kept") for c in result.checks if "kept" in c] == [True], result.checks
+    # The last timed call, checked whole, was the reference's own copy taken after its region, not handed over; so
+    # were the checks before timing but the first (handed over whole: structure, plain values, devices).
+    before = [c for c in result.checks if not c.get("timed")]
+    assert [c.get("kept", False) for c in before] == [False] + [True] * (len(before) - 1), result.checks
+    assert all(c["ok"] for c in result.checks), result.checks
+    assert [c.get("kept") for c in result.checks if c.get("timed") and "kept" in c] == [True], result.checks
 
 
 class _Driver:

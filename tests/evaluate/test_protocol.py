@@ -23,6 +23,7 @@ EXAMPLES = [
     p.WeightsRequest(state_dict_path="sd.pt"),
     p.AttachRequest(bytes=4096),
     p.RunRequest(seed=7, dir="out", profile=True),
+    p.RunRequest(seed=8, dir="out", outside=True),
     p.CalibrateRequest(seed=7, timing=TIMING),
     p.CalibrateRequest(seed=7, timing=TIMING, side="eager"),
     p.TimeRequest(seed=1, first=0, trials=3, calls=2, timing=TIMING, probe=7),
@@ -103,6 +104,7 @@ def test_replies_are_type_checked():
         (p.CalibrateReply, {"estimate_ms": 1.0, "call_ms": "short"}, "call_ms"),
         (p.TimedReply, {"checked": [{"index": "0", "fingerprint": []}]}, "index"),
         (p.RunReply, {"fingerprint": [], "manifest": []}, "manifest"),
+        (p.RunReply, {"fingerprint": [], "manifest": {}, "described": [1]}, "described"),
         (p.ExpectReply, {"fingerprint": []}, "output_bytes"),
         (p.OutputReply, {"manifest": {}, "extra": 1}, "extra"),
     ]:

@@ -576,6 +576,99 @@ def test_a_gpu_calls_output_is_kept_by_the_reference_from_the_allocations_it_lie
     memory.close()
 
 
+def test_a_checked_output_is_copied_by_the_reference_while_the_process_is_stopped():
+    """A check's output on a GPU (``RunRequest.outside``): the worker describes it and sends the allocations it lies
+    in through the brackets (``CHECK_REGION``); the evaluator takes them, stops the process, has the reference copy
+    the output out of them and lets it go on. Memory the worker could not export, an output outside what it sent,
+    or no datagram at all fail the check by name, and the process is let go on either way."""
+    from cuda_agent.evaluate.brackets import CandidateBrackets
+    from cuda_agent.evaluate.channel import Stop
+    from cuda_agent.evaluate.regions import CHECK_REGION
+
+    sent, events = [], []
+    mib = 1 << 20
+    memory, base, fds = _exported([], sent)
+
+    class Worker:  # the sandbox's WorkerProcess, as far as the brackets use it
+        class proc:
+            poll = staticmethod(lambda: None)
+
+        def pause(self, timeout_s: float = 2.0) -> bool:
+            events.append("stop")
+            return True
+
+        def resume(self) -> None:
+            events.append("resume")
+
+    bell = Bell(chunked=True)
+    brackets = CandidateBrackets(bell, "cuda", Worker(), reader=memory, outside=True)
+    assert brackets.copies_checks
+    ringer = Ringer(bell.theirs)
+    output = [base + mib, "float32", [mib // 4], [1]]
+    ringer.chunks(CHECK_REGION, [(base, 2 * mib)], [os.open("/dev/null", os.O_RDONLY)], 0)
+    brackets.keep_checked({"i": 0, "o": [output], "in": []}, 5.0)
+    (held, handed, sizes, offsets, leaves, index), = sent
+    assert len(handed) == 1 and sizes == [2 * mib] and offsets == [0] and leaves == [["float32", [mib // 4], [1], mib]]
+    assert events == ["stop", "resume"]
+    # The next check's output in the same allocation: nothing new to send, nothing handed again.
+    ringer.chunks(CHECK_REGION, [], [], 0)
+    brackets.keep_checked({"i": 0, "o": [output], "in": []}, 5.0)
+    assert sent[-1][0].new == [] and sent[-1][1] == [] and events[-2:] == ["stop", "resume"]
+    ringer.chunks(CHECK_REGION, [], [], 0)
+    with pytest.raises(Stop) as outside:
+        brackets.keep_checked({"i": 0, "o": [[base + 4 * mib, "float32", [4], [1]]], "in": []}, 5.0)
+    assert outside.value.rule == "output-memory" and "not in the GPU memory" in outside.value.reason
+    assert events[-2:] == ["stop", "resume"]
+    ringer.chunks_failed(CHECK_REGION, "cuMemRetainAllocationHandle: CUresult 1")
+    with pytest.raises(Stop) as unexported:
+        brackets.keep_checked({"i": 0, "o": [output], "in": []}, 5.0)
+    assert unexported.value.rule == "output-memory" and "CUresult 1" in unexported.value.reason
+    with pytest.raises(Stop) as silent:
+        brackets.keep_checked({"i": 0, "o": [output], "in": []}, 0.2)
+    assert silent.value.rule == "forged-reply"
+    assert len(sent) == 2
+    brackets.close()
+
+
+def test_the_worker_describes_a_checked_output_and_sends_its_allocations_through_the_brackets():
+    """The worker's side of ``RunRequest.outside``: the output described (no bytes), the allocations its tensors span
+    exported and sent numbered ``CHECK_REGION``, the output kept alive until the next request; an export that fails
+    says why on the brackets, where the evaluator reads it as the output's memory."""
+    from cuda_agent.evaluate.candidate_side import CandidateSide
+    from cuda_agent.evaluate.regions import BellUnreadable
+    from cuda_agent.evaluate.vmm import VmmError
+
+    class Exporter:
+        def __init__(self, fail: bool = False):
+            self.fail, self.spans = fail, []
+
+        def export(self, spans):
+            self.spans.append(spans)
+            if self.fail:
+                raise VmmError("cuMemExportToShareableHandle: CUresult 101")
+            return [(spans[0][0] & ~0xFFFFF, 2 << 20)], [os.open("/dev/null", os.O_RDONLY)], 1
+
+    bell = Bell(chunked=True)
+    side = CandidateSide()
+    side.ringer, side.exporter = Ringer(bell.theirs), Exporter()
+    output = (torch.arange(6.0).reshape(2, 3), torch.ones(4, dtype=torch.float16))
+    described = side._export_checked(output)
+    assert described["o"] == [[t.data_ptr(), str(t.dtype).removeprefix("torch."), list(t.shape), list(t.stride())]
+                              for t in output] and described["in"] == []
+    assert side.checked_output is output
+    start = output[0].data_ptr()
+    assert (start, start + 24) in side.exporter.spans[0]
+    chunks = bell.checked_chunks(2.0, lambda: True)
+    assert [(c.base, c.size) for c in chunks] == [(start & ~0xFFFFF, 2 << 20)]
+    for chunk in chunks:
+        os.close(chunk.fd)
+    side.exporter = Exporter(fail=True)
+    side._export_checked(output)
+    with pytest.raises(BellUnreadable, match="CUresult 101"):
+        bell.checked_chunks(2.0, lambda: True)
+    bell.close()
+
+
 @pytest.mark.parametrize("from_let_go", [True, False])
 def test_work_after_the_let_go_counts_in_the_regions_cpu_time_on_the_cpu_backend(from_let_go):
     """Between the let-go (inputs written, the worker resumed) and GO the worker's code could compute on the written

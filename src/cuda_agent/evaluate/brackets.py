@@ -166,6 +166,40 @@ class CandidateBrackets:
         self.cost = overhead(brackets[WARM_UP_REGIONS:], reported_ms[WARM_UP_REGIONS:], hold_us)
         self.records.clear()
 
+    # -- the checks before timing --------------------------------------------------------------
+    @property
+    def copies_checks(self) -> bool:
+        """Whether the checks' outputs are copied out of the candidate's GPU memory by the reference
+        (``keep_checked``) rather than handed over by its code through shared host memory."""
+        return isinstance(self.reader, GpuMemory)
+
+    def keep_checked(self, described: Any, timeout_s: float) -> None:
+        """A checked call's output (``RunReply.described``; its allocations follow on the brackets) copied by the
+        reference while the process tree is stopped, for ``CompareRequest(kept=True)``: 1 GiB through shared
+        host memory cost 45-50 ms a check on the H100, a copy between the GPU's own memory a millisecond or two."""
+        reader = self.reader
+        assert isinstance(reader, GpuMemory)
+        try:
+            reader.take(self.bell.checked_chunks(timeout_s, self._alive))
+        except BellUnreadable as exc:
+            raise Stop("failed", "verify", f"a checked output's GPU memory: {exc}", rule="output-memory") from None
+        except (BellError, BellFailed) as exc:
+            raise Stop("failed", "verify", f"the candidate's process did not hand over its checked output's "
+                       f"memory: {exc}", rule="forged-reply") from None
+        except OutsideError as exc:
+            raise Stop("failed", "verify", f"a checked output: {exc}", rule="output-memory") from None
+        self._stop()
+        try:
+            if reader.keep(described, KEEP_MAX_BYTES) is None:
+                raise Stop("failed", "verify", f"a checked output is larger than the {KEEP_MAX_BYTES >> 30} GiB "
+                           "the evaluator keeps a copy of, where the task's expected output is not",
+                           rule="wrong-output")
+        except OutsideError as exc:
+            raise Stop("failed", "verify", f"a checked output, read from outside the candidate's process: {exc}",
+                       rule="output-memory") from None
+        finally:
+            self.worker.resume()
+
     # -- the rounds --------------------------------------------------------------------------
     def round(self, first: int, trials: int, calls: int, timeout_s: float) -> list[Bracket] | None:
         """Bracket one round the worker was just asked for; None where it failed (its reply says why)."""

@@ -14,10 +14,12 @@ from typing import Any
 
 from cuda_agent.evaluate.call_guard import CallGuard
 from cuda_agent.evaluate.protocol import LoadRequest, TimeRequest, parse_request
-from cuda_agent.evaluate.regions import Ringer
+from cuda_agent.evaluate.outside import ITEMSIZE, describe
+from cuda_agent.evaluate.regions import CHECK_REGION, Ringer
 from cuda_agent.evaluate.shared import SharedBuffer, SharedError
 from cuda_agent.evaluate.profiling import profile_call
 from cuda_agent.evaluate.transfer import TransferError, write_outputs
+from cuda_agent.evaluate.vmm import VmmError, spans as vmm_spans
 from cuda_agent.sandbox.process import receive_fd
 from cuda_agent.guard.integrity import (
     allocator_slots, driver_slots, harness_native_functions, native_slots, vdso_slots,
@@ -44,12 +46,14 @@ class CandidateSide(_Side):
         self.recorded = 0
         self.code_lock = "not asked"  # "on", or why not (sandbox.nocode), reported with "ready"
         self.gpu_export = "not a GPU"  # "on", or why its GPU memory cannot be read from outside (evaluate.vmm)
+        self.checked_output: Any = None  # a checked call's output the reference copies out (RunRequest.outside)
 
     def handle(self, op: str, msg: Any) -> dict[str, Any]:
         """Answer request ``op``: its dataclass (``protocol.REQUESTS``), or a dict it is parsed from."""
         import torch
 
         msg = parse_request(op, msg)
+        self.checked_output = None  # copied out before the evaluator asks anything more
         if op == "ready":
             if msg.bell:
                 if self.fd_socket is None:
@@ -109,7 +113,10 @@ class CandidateSide(_Side):
             if fingerprint(inputs) != prints:
                 raise RuleBroken("input-mutation", "forward changed the values of its inputs")
             self.guard.verify_harness("during forward")
-            reply = {"fingerprint": prints, "manifest": self._write(output, Path(msg.dir))}
+            if msg.outside and self.exporter is not None and self.ringer is not None:
+                reply = {"fingerprint": prints, "manifest": {}, "described": self._export_checked(output)}
+            else:
+                reply = {"fingerprint": prints, "manifest": self._write(output, Path(msg.dir))}
             return reply | ({"kernels": kernels} if kernels is not None else {})
         if op == "calibrate":
             warmup = self.calibrate(self.model, msg, self.launch("candidate"))
@@ -207,6 +214,19 @@ class CandidateSide(_Side):
         except (OSError, SharedError) as exc:
             return {"attached": False, "reason": f"{type(exc).__name__}: {exc}"}
         return {"attached": True, "pinned": self.shared.pinned}
+
+    def _export_checked(self, output: Any) -> dict[str, Any]:
+        """A checked call's output described, and the allocations it lies in that were not sent before sent through
+        the brackets, for the reference to copy it out of them; it stays alive until the next request."""
+        self.checked_output = output
+        described = describe(0, output, [])
+        try:
+            chunks, fds, looked_up = self.exporter.export(vmm_spans([described], ITEMSIZE))
+        except VmmError as exc:
+            self.ringer.chunks_failed(CHECK_REGION, str(exc))
+        else:
+            self.ringer.chunks(CHECK_REGION, chunks, fds, looked_up)
+        return described
 
     def _write(self, output: Any, directory: Path) -> dict[str, Any]:
         try:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from cuda_agent.build import BuildResult
+from cuda_agent.evaluate.brackets import KEEP_MAX_BYTES
 from cuda_agent.evaluate.channel import Channel, Stop
 from cuda_agent.evaluate.context import Evaluation, Setup
 from cuda_agent.evaluate.protocol import (
@@ -49,19 +50,33 @@ def run_checks(run: Evaluation, own: frozenset[str] | None) -> Attribution | Non
     clock = time.monotonic()
     profiled = secrets.randbelow(policy.checks) if policy.checks > 0 else -1
     attribution = None
+    # On a GPU whose memory is read from outside, every check after the first is copied out of the candidate's
+    # memory by the reference (``CandidateBrackets.keep_checked``). The first is handed over whole, structure and
+    # plain values and devices with it, which a copy of the output's tensors does not show.
+    copied = run.brackets is not None and run.brackets.copies_checks
     for index in range(policy.checks):
         setup.on_stage("verify", f"check {index + 1}/{policy.checks}")
         seed = secrets.randbits(62)
         out_dir = run.job / "candidate" / f"output-{index}"
+        outside = copied and index > 0
         # Both sides compute at once; only timing needs the device to itself.
         reference.send("verify", setup.expect(seed))
-        candidate.send("verify", RunRequest(seed=seed, dir=str(out_dir), profile=index == profiled))
+        candidate.send("verify", RunRequest(seed=seed, dir=str(out_dir), profile=index == profiled, outside=outside))
         expected = reference.receive_typed("verify", ExpectReply, setup.timeouts.check_s)
         ran = candidate.receive_typed("verify", RunReply, setup.timeouts.check_s)
         if index == profiled and own is not None:
             attribution = _attribute(ran, own, result)
-        check = compare(setup, reference, index, ran.fingerprint, expected.fingerprint, out_dir, ran.manifest)
+        if index == 0 and expected.output_bytes > KEEP_MAX_BYTES:
+            copied = False
+        if outside:
+            if ran.described is None:
+                raise Stop("failed", "verify", f"check {index + 1}: the candidate's process did not describe its "
+                           "output", rule="forged-reply")
+            run.brackets.keep_checked(ran.described, setup.timeouts.check_s)  # type: ignore[union-attr]
+        check = compare(setup, reference, index, ran.fingerprint, expected.fingerprint, out_dir, ran.manifest, outside)
         check["allowance"] = expected.allowance
+        if outside:
+            check["kept"] = True
         result.checks.append(check)
         if not check["ok"]:
             result.durations["verify"] = round(time.monotonic() - clock, 3)

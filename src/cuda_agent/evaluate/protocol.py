@@ -86,6 +86,10 @@ class RunRequest(_Request):
     seed: int
     dir: str
     profile: bool = False
+    # On a GPU whose memory is read from outside: the output described (``RunReply.described``) and its
+    # allocations sent through the brackets (``regions.CHECK_REGION``) for the reference to copy it out while the
+    # process is stopped, instead of its bytes handed over in ``dir``.
+    outside: bool = False
 
 
 @dataclass(frozen=True)
@@ -360,7 +364,8 @@ class ExpectReply(_Reply):
 @dataclass(frozen=True)
 class RunReply(_Reply):
     fingerprint: list[Any]
-    manifest: dict[str, Any]
+    manifest: dict[str, Any]  # empty where the output was described instead (``RunRequest.outside``)
+    described: dict[str, Any] | None = None  # ``outside.describe`` of the output
     kernels: Any = None  # the profiled call's kernel report (parse_kernel_report checks it)
 
 

@@ -33,6 +33,8 @@ FDS = b"FDS_"
 FDS_PER_DATAGRAM = 200  # the kernel carries at most 253 descriptors a message
 MAX_DATAGRAM = 1 << 20  # DONE carries the region's output descriptors (evaluate.outside)
 STAMP = struct.Struct("qq")
+# The number the FDS datagrams of a checked call's output carry (``RunRequest.outside``): no region's.
+CHECK_REGION = 0xFFFFFFF0
 
 
 class BellError(Exception):
@@ -201,6 +203,10 @@ class Bell:
             start = time.time_ns()
             self.ours.send(HEADER.pack(CONT, region, 0))
         return brackets
+
+    def checked_chunks(self, timeout_s: float, alive: Callable[[], bool]) -> list[Chunk]:
+        """The allocations a checked call's output lies in that the worker had not sent before (``CHECK_REGION``)."""
+        return self._chunks(CHECK_REGION, time.monotonic() + timeout_s, alive)[0]
 
     def _chunks(self, region: int, deadline: float, alive: Callable[[], bool]) -> tuple[list[Chunk], int, int]:
         """The FDS datagrams after a region's DONE: the allocations its tensors span that were not sent before,
