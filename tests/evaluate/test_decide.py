@@ -70,6 +70,12 @@ def test_plan_fills_regions_by_the_call_alone_and_rounds_by_the_call_with_its_dr
     assert Plan.for_call(0.33, config, call_ms=5.0) == Plan.for_call(0.33, config, call_ms=0.0) == Plan(38, 4)
     assert Plan.for_call(2.0, config, call_ms=1.5) == Plan(trials=25, calls=1)
     assert Plan.for_call(0.5, config, call_ms=0.001) == Plan(trials=4, calls=100)  # at most max_calls
+    # A region's calls stay alive together: at most region_bytes of inputs and outputs, at least one call.
+    gib = 1 << 30
+    assert Plan.for_call(2.5, config, call_ms=0.005, call_bytes=2 * gib) == Plan(trials=20, calls=1)
+    assert Plan.for_call(0.33, config, call_ms=0.08, call_bytes=128 << 20) == Plan(trials=12, calls=13)
+    assert Plan.for_call(0.33, config, call_ms=0.08, call_bytes=256 << 20).calls == 8
+    assert Plan.for_call(9.0, config, call_ms=0.5, call_bytes=5 * gib).calls == 1
 
 
 def test_rounds_rotate_the_order_and_stop_once_decided():

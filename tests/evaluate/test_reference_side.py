@@ -66,6 +66,14 @@ def test_tolerance_widens_to_the_baselines_own_error(reference, tmp_path, slack,
     assert report["ok"] is passes, report
 
 
+def test_the_expected_call_says_its_inputs_and_outputs_bytes(reference):
+    """What a timed call keeps alive, from the reference's own draw and output: it caps a region's calls."""
+    reply = reference.handle("expect", {"seed": 5, "strict": False, "slack": 1.0, **TOLERANCE})
+    inputs = reference.inputs(5)
+    assert reply["input_bytes"] == sum(t.numel() * t.element_size() for t in inputs) > 0
+    assert reply["output_bytes"] == reference.expected.numel() * reference.expected.element_size() > 0
+
+
 def test_no_allowance_when_the_truth_uses_the_baselines_flags(reference):
     assert reference.handle("expect", {"seed": 3, "strict": False, "slack": 2.0, **TOLERANCE})["allowance"] == 1.0
 

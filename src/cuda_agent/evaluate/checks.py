@@ -68,6 +68,7 @@ def run_checks(run: Evaluation, own: frozenset[str] | None) -> Attribution | Non
             attribution = _attribute(ran, own, result)
         if index == 0 and expected.output_bytes > KEEP_MAX_BYTES:
             copied = False
+        run.call_bytes = max(run.call_bytes, expected.input_bytes + expected.output_bytes)
         if outside:
             if ran.described is None:
                 raise Stop("failed", "verify", f"check {index + 1}: the candidate's process did not describe its "

@@ -121,3 +121,4 @@ class Evaluation:
     fresh: bool  # the reference process was started for this evaluation (not kept from an earlier one)
     brackets: CandidateBrackets | None = None  # the candidate's region brackets (TimingConfig.brackets)
     gpu_quiet: GpuQuiet | None = None  # judges the reference's quiet probes (a GPU's evaluations)
+    call_bytes: int = 0  # a call's inputs and output as the reference drew and computed them (the checks)

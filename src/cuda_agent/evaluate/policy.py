@@ -166,6 +166,7 @@ class TimingConfig:
     round_trials: tuple[int, int] = (4, 100)
     region_ms: float = 1.0
     max_calls: int = 100
+    region_bytes: int = 2 << 30  # the most a region's calls keep alive together (inputs and outputs)
     confidence: float = 0.95
     budget_s: float = 15.0
     baseline_spread: float = 0.05

@@ -358,6 +358,7 @@ class LoadReply(_Reply):
 class ExpectReply(_Reply):
     fingerprint: list[Any]
     output_bytes: int
+    input_bytes: int = 0  # the call's input tensors (with its output: what a timed call keeps alive)
     allowance: float = 1.0
 
 

@@ -96,7 +96,9 @@ class ReferenceSide(_Side):
             self.allowance = self.precision_allowance(inputs, msg) if msg.strict else 1.0
             self.output_specs = [(t.shape, t.dtype, t.device) for t in tensors_in(self.expected)]
             output_bytes = sum(t.numel() * t.element_size() for t in tensors_in(self.expected))
-            return {"fingerprint": fingerprint(inputs), "output_bytes": output_bytes, "allowance": self.allowance}
+            input_bytes = sum(t.numel() * t.element_size() for t in tensors_in(inputs))
+            return {"fingerprint": fingerprint(inputs), "output_bytes": output_bytes, "input_bytes": input_bytes,
+                    "allowance": self.allowance}
         if op == "release":
             # Stay alive for the checks of timed outputs, holding as little as possible.
             self.expected = self.kept = None

@@ -54,6 +54,7 @@ class CandidateRounds:
     integrity: Integrity
     brackets: CandidateBrackets | None = None  # each region bracketed by the evaluator (evaluate.regions)
     gpu_quiet: GpuQuiet | None = None  # judges the reference's quiet probes before the baselines' regions
+    call_bytes: int = 0  # a call's inputs and output, as the reference's checks found them (caps a region's calls)
 
 
 def time_rounds(setup: Setup, reference: Channel, baseline: dict[str, Any], result: EvalResult,
@@ -85,7 +86,8 @@ def time_rounds(setup: Setup, reference: Channel, baseline: dict[str, Any], resu
             warmed = candidate.channel.ask_typed("profile", request, CalibrateReply, setup.timeouts.profile_s)
             pause(candidate.channel)
             estimate = _positive(warmed.estimate_ms, "warm-up time")
-            plans["candidate"] = plan = Plan.for_call(estimate, config, _positive(warmed.call_ms, "call time"))
+            plans["candidate"] = plan = Plan.for_call(estimate, config, _positive(warmed.call_ms, "call time"),
+                                                      candidate.call_bytes)
             log = CandidateLog(plan, outside=candidate.brackets is not None and candidate.brackets.outside)
             sides["candidate"] = _candidate_side(setup, candidate, log, hosts, estimate)
         host_us: dict[str, float] = {}
@@ -93,7 +95,8 @@ def time_rounds(setup: Setup, reference: Channel, baseline: dict[str, Any], resu
             setup.on_stage("baseline", f"warming {side} up")
             request = CalibrateRequest(side=side, seed=secrets.randbits(62), timing=config.to_dict())
             calibrated = reference.ask_typed("baseline", request, CalibrateReply, setup.timeouts.profile_s)
-            plans[side] = Plan.for_call(calibrated.estimate_ms, config, calibrated.call_ms)
+            plans[side] = Plan.for_call(calibrated.estimate_ms, config, calibrated.call_ms,
+                                        candidate.call_bytes if candidate is not None else 0)
             host_us[side] = calibrated.host_us
             sides[side] = _baseline_side(setup, reference, side, secrets.randbits(62), hosts, gpu_quiet)
         if log is not None:
