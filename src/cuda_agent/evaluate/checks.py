@@ -52,8 +52,10 @@ def run_checks(run: Evaluation, own: frozenset[str] | None) -> Attribution | Non
     attribution = None
     # On a GPU whose memory is read from outside, every check after the first is copied out of the candidate's
     # memory by the reference (``CandidateBrackets.keep_checked``). The first is handed over whole, structure and
-    # plain values and devices with it, which a copy of the output's tensors does not show.
-    copied = run.brackets is not None and run.brackets.copies_checks
+    # plain values and devices with it, which a copy of the output's tensors does not show. Only where the task's
+    # draws differ in their values alone: an output whose size changes with the seed could outgrow the copy.
+    loaded = run.reference.loaded
+    copied = run.brackets is not None and run.brackets.copies_checks and loaded is not None and loaded.fixed_inputs
     for index in range(policy.checks):
         setup.on_stage("verify", f"check {index + 1}/{policy.checks}")
         seed = secrets.randbits(62)
