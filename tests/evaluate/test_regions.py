@@ -729,10 +729,13 @@ def test_work_after_the_let_go_counts_in_the_regions_cpu_time_on_the_cpu_backend
     brackets.writer = InputWriter(pid, draw, 0)
     found = brackets.round(0, trials, calls, 30)
     assert _exit_status(pid) == 0
-    # The let-go's own CPU time is kept either way (a GPU judges it apart: ``region_clock.judge``).
-    assert all(b.let_go_cpu_ns >= 2.9e6 for b in found), [b.let_go_cpu_ns for b in found]
+    # The let-go's own CPU time is kept either way (a GPU judges it apart: ``region_clock.judge``). GO waits at most
+    # ``SETTLE_S`` for the worker to sleep: on a loaded host the 3 ms spin outlasts that, and the rest of it lands in
+    # the region, so the two together hold it all.
+    times = [(b.let_go_cpu_ns, b.cpu_ns) for b in found]
+    assert all(let_go >= 1e6 and let_go + cpu >= 2.9e6 for let_go, cpu in times), times
     if from_let_go:
-        assert all(b.cpu_ns >= 2.9e6 for b in found), [b.cpu_ns for b in found]
+        assert all(b.cpu_ns >= 2.9e6 for b in found), times
     else:
-        assert all(b.cpu_ns < 2.9e6 for b in found), [b.cpu_ns for b in found]
+        assert all(b.cpu_ns < 2.9e6 for b in found), times
     brackets.close()
