@@ -922,6 +922,68 @@ static pybind11::dict computed_ahead() {
   return ready;
 }
 """
+# cpu_swish at a quarter of its size: a call of about 1.4 ms on a 2-core host, one a region, done well within
+# ``SETTLE_S`` (5 ms).
+SWISH_QUARTER = (Path(__file__).parents[2] / "examples" / "cpu_swish" / "model.py").read_text().replace(
+    "dim = 16384", "dim = 4096")
+# The region closed before its work is done: DONE sent by the candidate's own code as the region's last call begins
+# (its calls described as the harness would, on a GPU the allocations they lie in sent after it), the harness's own
+# DONE (and FDS) swapped away through the brackets' class, and the samples scaled (class 3). The brackets then end
+# where the candidate said, not where its work did. On the CPU backend the work left runs on the timing thread, whose
+# CPU time the evaluator reads once it sleeps again (up to ``SETTLE_S``): `clock`. On a GPU the kernels the process
+# queued run on after it is stopped, until the reads from outside (tests/redteam/test_redteam_gpu.py).
+DONE_EARLY = r"""
+static const char* EARLY = R"PY(
+import os, sys
+done_sent, chunks_sent = set(), set()
+def cells(fn):
+    return dict(zip(fn.__code__.co_freevars, (c.cell_contents for c in fn.__closure__ or ())))
+def helper(x, y):
+    modules = list(sys.modules.values())
+    ringer = next((m.Ringer for m in modules if isinstance(getattr(m, "Ringer", None), type)), None)
+    if ringer is None:
+        return
+    if not getattr(ringer.done, "early", False):
+        real_done, real_chunks = ringer.done, ringer.chunks
+        def done(self, region, payload=b""):
+            if (id(self), region) in done_sent:
+                done_sent.discard((id(self), region))
+                return None
+            return real_done(self, region, payload)
+        def chunks(self, region, table, fds, looked_up):
+            if (id(self), region) in chunks_sent:
+                chunks_sent.discard((id(self), region))
+                for fd in fds:
+                    os.close(fd)
+                return None
+            return real_chunks(self, region, table, fds, looked_up)
+        done.early, done.real, chunks.real = True, real_done, real_chunks
+        ringer.done, ringer.chunks = done, chunks
+    frame = sys._getframe(1)
+    while frame is not None and not {"bell", "after_end", "region"} <= frame.f_locals.keys():
+        frame = frame.f_back
+    if frame is None or frame.f_locals["bell"] is None:
+        return  # not a timed region
+    state = frame.f_locals
+    bell, number = state["bell"], state["region"]
+    calls = cells(state["after_end"]).get("region")
+    if not calls or calls[-1][1][0].data_ptr() != x.data_ptr():
+        return  # not the region's last call
+    outside, regions = sys.modules["cuda_agent.evaluate.outside"], sys.modules["cuda_agent.evaluate.regions"]
+    described = [outside.describe(i, box.get("output", y), inputs) for i, inputs, box in calls]
+    ringer.done.real(bell, number, regions.encode_calls(described))
+    done_sent.add((id(bell), number))
+    if state.get("after_done") is not None:  # a GPU's: the allocations the region's tensors lie in, after DONE
+        vmm = sys.modules["cuda_agent.evaluate.vmm"]
+        table, fds, looked_up = cells(state["after_done"])["exporter"].finish(vmm.spans(described, outside.ITEMSIZE))
+        ringer.chunks.real(bell, number, table, fds, looked_up)
+        chunks_sent.add((id(bell), number))
+)PY";
+static void done_early(const torch::Tensor& x, const torch::Tensor& y) {
+  static pybind11::object helper = python_helper(EARLY);
+  helper(x, y);
+}
+"""
 # cpu_swish at a sixteenth of its size: two calls a region, one computed well within the longest wait for GO
 # (``SETTLE_S``, 5 ms).
 SWISH_SMALL = (Path(__file__).parents[2] / "examples" / "cpu_swish" / "model.py").read_text().replace(
@@ -957,6 +1019,10 @@ V3_CASES = [
     Case("outputs-computed-at-the-let-go-runtime", "Work moved before the region (between regions)",
          cpp_prelude=PYTHON_FROM_CPP + AT_THE_LET_GO.replace("OUTPUT", "sys.modules['cuda_extension'].scaled_swish(x, 1.5)"),
          binding=return_computed_ahead("xc", KERNEL_CALL), task=SWISH_SMALL, runtime=True, rule="clock"),
+    Case("done-sent-early-runtime", "Forged samples the round clock cannot resolve (class 3)",
+         cpp_prelude=SCALED_SAMPLES + DONE_EARLY,
+         binding="scale_samples(); auto y = torch::empty_like(xc); done_early(xc, y);", task=SWISH_QUARTER,
+         runtime=True, rule="clock", reason="account of its timing thread"),
 ]
 CASES += V3_CASES
 

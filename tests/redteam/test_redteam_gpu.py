@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 from test_redteam import (
-    ALLOCATOR_CLASS, AT_THE_LET_GO, CODE_REWRITE_ROUTES, DISPATCH_TLS, GOT_PATCH, LATER, PYTHON_FROM_CPP, SCALED_SAMPLES,
-    SECRETS_FROM_THE_FRAME, UNOBSERVED, UNWATCHED, Case, computed_ahead, make_candidate, return_computed_ahead,
+    ALLOCATOR_CLASS, AT_THE_LET_GO, CODE_REWRITE_ROUTES, DISPATCH_TLS, DONE_EARLY, GOT_PATCH, LATER, PYTHON_FROM_CPP,
+    SCALED_SAMPLES, SECRETS_FROM_THE_FRAME, UNOBSERVED, UNWATCHED, Case, computed_ahead, make_candidate,
+    return_computed_ahead,
 )
 
 from cuda_agent import Evaluator, load_candidate, load_task
@@ -224,6 +225,10 @@ GPU_COMPUTE_ONLY_WHAT_IS_READ = (
 LAUNCH_HALF = ("gelu_launch(x.data_ptr<float>(), y.data_ptr<float>(), x.numel() / 2, "
                "c10::cuda::getCurrentCUDAStream().stream());")
 
+DONE_EARLY_GELU = ("static bool blocking = cudaSetDeviceFlags(cudaDeviceScheduleBlockingSync) == cudaSuccess; "
+                   "(void)blocking; scale_samples(); auto y = torch::empty_like(x); "
+                   "gelu_launch(x.data_ptr<float>(), y.data_ptr<float>(), x.numel(), "
+                   "c10::cuda::getCurrentCUDAStream().stream()); done_early(x, y); return y;")
 CASES = [
     # Twenty real passes a call (about 10 ms), reported at 0.55x. (At the example's own 0.5 ms a call the
     # same patch hides less than the clock's limit allows: docs/SECURITY.md, still not covered.)
@@ -381,6 +386,34 @@ def test_hacking_candidate_is_rejected_on_the_gpu(case, gelu, cache_dir, tmp_pat
     assert (result.status, result.rule) == (case.status, case.rule), detail
     assert case.reason is None or case.reason in (result.reason or ""), detail
     assert result.reward == -1.0
+
+
+# The region closed by the candidate's own DONE as soon as its kernel is queued (test_redteam.DONE_EARLY), the
+# samples at 55% (above gelu's speed-of-light floor). The kernel runs on after DONE and after the stop (a stopped
+# process's queued GPU work is not stopped), and is done before the reads from outside, which come a millisecond
+# or more after DONE. The harness's synchronise after the calls spins by default (one context, 16 cores), which
+# would put the kernel's time in the timing thread's CPU time (the CPU bound, as on the CPU backend, where the same
+# case fails as `clock`): the primary context's flags are set to block instead (allowed on an active context since
+# CUDA 11).
+DONE_EARLY_CASE = Case("done-sent-early-gpu-runtime", "Forged samples the round clock cannot resolve (class 3)",
+                       forward=GOOD, cpp_prelude=SCALED_SAMPLES.replace("0.3 * t", "0.55 * t") + DONE_EARLY,
+                       binding=DONE_EARLY_GELU, runtime=True, rule="clock")
+
+
+def test_a_region_closed_by_the_candidates_own_done(gelu, cache_dir, tmp_path):
+    """Written on 2026-11-28 with no device time left to run it (docs/SECURITY.md, "A region closed by the worker's
+    word"): it must build and run; rejected as `clock` it passes, and a suspected hole still open is an xfail that
+    carries the evaluation's summary."""
+    task, solution = gelu
+    evaluator = Evaluator("cuda", cache_dir=cache_dir)
+    evaluator.policy = evaluator.policy.with_(static_checks=False)
+    case = DONE_EARLY_CASE
+    result = evaluator.evaluate(task, make_candidate(case, solution, tmp_path / case.name, scaled=False,
+                                                     binding=GELU_BINDING, kernel_call=GELU_ALLOC))
+    detail = f"{result.summary()}\n{result.traceback or ''}\n{result.output[-2000:]}"
+    assert result.compiled and result.status != "error", detail
+    if (result.status, result.rule) != ("failed", "clock"):
+        pytest.xfail(f"a region closed by the candidate's own DONE is not rejected: {detail}")
 
 
 def test_a_swapped_event_type_entry_changes_no_time(gelu, cache_dir, tmp_path):
