@@ -922,10 +922,11 @@ static pybind11::dict computed_ahead() {
   return ready;
 }
 """
-# cpu_swish at a quarter of its size: a call of about 1.4 ms on a 2-core host, one a region, done well within
-# ``SETTLE_S`` (5 ms).
-SWISH_QUARTER = (Path(__file__).parents[2] / "examples" / "cpu_swish" / "model.py").read_text().replace(
-    "dim = 16384", "dim = 4096")
+# cpu_swish at half its size: a call of about 2.5-3 ms on a 2-core host, so one a region wherever it runs (at a
+# quarter, CI timed it under ``region_ms`` and grouped two, and the DONE sent in the second left the first in the
+# bracket), and done within ``SETTLE_S`` (5 ms).
+SWISH_HALF = (Path(__file__).parents[2] / "examples" / "cpu_swish" / "model.py").read_text().replace(
+    "dim = 16384", "dim = 8192")
 # The region closed before its work is done: DONE sent by the candidate's own code as the region's last call begins
 # (its calls described as the harness would, on a GPU the allocations they lie in sent after it), the harness's own
 # DONE (and FDS) swapped away through the brackets' class, and the samples scaled (class 3). The brackets then end
@@ -1021,7 +1022,7 @@ V3_CASES = [
          binding=return_computed_ahead("xc", KERNEL_CALL), task=SWISH_SMALL, runtime=True, rule="clock"),
     Case("done-sent-early-runtime", "Forged samples the round clock cannot resolve (class 3)",
          cpp_prelude=SCALED_SAMPLES + DONE_EARLY,
-         binding="scale_samples(); auto y = torch::empty_like(xc); done_early(xc, y);", task=SWISH_QUARTER,
+         binding="scale_samples(); auto y = torch::empty_like(xc); done_early(xc, y);", task=SWISH_HALF,
          runtime=True, rule="clock", reason="account of its timing thread"),
 ]
 CASES += V3_CASES
