@@ -89,3 +89,9 @@ print(peak() - before)
 """
     grown = int(subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout)
     assert grown < 400, f"peak grew by {grown} MB"
+
+
+def test_tensor_bytes_counts_every_tensor_in_nested_values_by_its_elements():
+    value = {"a": torch.zeros(3, 4), "b": [torch.zeros(5, dtype=torch.float16), (torch.zeros(2, 8).t(), 7)]}
+    assert tensors.tensor_bytes(value) == 3 * 4 * 4 + 5 * 2 + 2 * 8 * 4
+    assert tensors.tensor_bytes([]) == tensors.tensor_bytes(1.5) == 0

@@ -32,6 +32,11 @@ def tensors_in(value: Any) -> Iterable[Any]:
             yield from tensors_in(item)
 
 
+def tensor_bytes(value: Any) -> int:
+    """The bytes of the tensors in ``value`` (``tensors_in``), each counted by its elements."""
+    return sum(t.numel() * t.element_size() for t in tensors_in(value))
+
+
 def pieces(*tensors: Any) -> Iterator[tuple[int, tuple[Any, ...]]]:
     """Aligned views of same-shaped ``tensors``, about ``PIECE`` elements each, covering them once in
     row-major order, each with the flat index of its first element. Contiguous tensors are cut

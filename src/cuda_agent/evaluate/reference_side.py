@@ -22,7 +22,7 @@ from cuda_agent.evaluate.shared import SharedBuffer, SharedError, aligned
 from cuda_agent.evaluate.timing import HostLaunch
 from cuda_agent.evaluate.transfer import TransferError, manifest_devices, packed_bytes, read_outputs
 from cuda_agent.sandbox.process import receive_fds, send_fd
-from cuda_agent.tensors import tensors_in
+from cuda_agent.tensors import tensor_bytes, tensors_in
 from cuda_agent.tasks.task import TaskError
 
 from cuda_agent.evaluate.side import (_Side, fingerprint, make_inputs, pin_precision, refuse_if_too_big,
@@ -95,10 +95,8 @@ class ReferenceSide(_Side):
             self.expected = self.forward(inputs, msg.strict)
             self.allowance = self.precision_allowance(inputs, msg) if msg.strict else 1.0
             self.output_specs = [(t.shape, t.dtype, t.device) for t in tensors_in(self.expected)]
-            output_bytes = sum(t.numel() * t.element_size() for t in tensors_in(self.expected))
-            input_bytes = sum(t.numel() * t.element_size() for t in tensors_in(inputs))
-            return {"fingerprint": fingerprint(inputs), "output_bytes": output_bytes, "input_bytes": input_bytes,
-                    "allowance": self.allowance}
+            return {"fingerprint": fingerprint(inputs), "output_bytes": tensor_bytes(self.expected),
+                    "input_bytes": tensor_bytes(inputs), "allowance": self.allowance}
         if op == "release":
             # Stay alive for the checks of timed outputs, holding as little as possible.
             self.expected = self.kept = None

@@ -19,7 +19,7 @@ from cuda_agent.evaluate.regions import Ringer, encode_calls
 from cuda_agent.evaluate.shared import SharedBuffer
 from cuda_agent.evaluate.timing import HostLaunch, Warmup, calibrate, time_round, trial_seed
 from cuda_agent.evaluate.vmm import VmmError, spans as vmm_spans
-from cuda_agent.tensors import tensors_in, wide_squares, wide_sum
+from cuda_agent.tensors import tensor_bytes, wide_squares, wide_sum
 from cuda_agent.tasks.task import Task, TaskError, describe_inputs, exec_task_module
 
 
@@ -261,8 +261,7 @@ def memory_needed(module: types.ModuleType, init_args: list[Any]) -> int | None:
                 output = model(*inputs)
     except Exception:  # noqa: BLE001 - an operator without a meta kernel: the real load decides
         return None
-    leaves = [*tensors_in(inputs), *model.parameters(), *model.buffers(), *tensors_in(output)]
-    return sum(t.numel() * t.element_size() for t in leaves)
+    return tensor_bytes([inputs, list(model.parameters()), list(model.buffers()), output])
 
 
 def refuse_if_too_big(module: types.ModuleType, init_args: list[Any], limit: int | None, source: str) -> None:
