@@ -88,7 +88,9 @@ def main() -> None:
                   f"region {reported:.3f} ms  agreement {regions.get('agreement', 0):.3f}  excess "
                   f"{regions.get('excess_ms', 0):+.4f} / limit {regions.get('limit_ms', 0):.4f} ms  forgeable "
                   f"{row['forgeable']}  spread {regions.get('spread_share', 0):.2f}  let-go cpu "
-                  f"{regions.get('let_go_cpu_ms', 0):.3f} ms  waited {regions.get('waited_ms', 0):.3f}  quiet probe "
+                  f"{regions.get('let_go_cpu_ms', 0):.3f} ms  after DONE {regions.get('after_done_ms', 0):.3f} "
+                  f"({regions.get('after_done_excess_ms', 0):+.3f} / {regions.get('after_done_limit_ms', 0):.3f}) ms, "
+                  f"blind {regions.get('blind_ms', 0):.3f} ms  waited {regions.get('waited_ms', 0):.3f}  quiet probe "
                   f"{row['quiet_us']} us",
                   flush=True)
     judged = [r for r in rows if r["regions"]]

@@ -46,6 +46,7 @@ EXAMPLES = [
     p.KeepGpuRequest(held=p.GpuHeld(ids=[7], new=[0]), sizes=[2 << 20], offsets=[0],
                      leaves=[["float32", [2, 3], [3, 1], 4096]], call=24),
     p.QuietRequest(within_s=2.0),
+    p.AfterDoneRequest(),
     p.ScreenCheckRequest(path="program.py", name="p", seeds=[1, 2, 3], stochastic_ops=["torch.dropout"], **TOL),
     p.ScreenTimeRequest(compiled=True, tf32="torch"),
     p.ScreenCompileRequest(),
@@ -58,7 +59,7 @@ def test_every_request_kind_has_an_example():
     assert all(cls.op == op for op, cls in p.REQUESTS.items())
     assert set(p.REQUESTS) == {"ready", "load", "weights", "attach", "run", "calibrate", "time", "timed", "output", "expect",
                                "release", "compare", "degenerate", "compile", "records", "sample",
-                               "read_gpu", "draw", "write_gpu", "keep_gpu", "quiet"}
+                               "read_gpu", "draw", "write_gpu", "keep_gpu", "quiet", "after_done"}
     assert set(p.SCREEN_REQUESTS) == {"check", "time", "compile"}
 
 

@@ -205,6 +205,79 @@ def test_the_let_go_is_judged_apart_where_it_is_not_in_the_cpu_bound():
     assert spun.breached == "let-go" and spun.let_go_excess_ms == pytest.approx(0.358)
     assert judge([bracket(0.43)] * 9, [0.2] * 9, cost, 0.0, slack=0.1, region_us=50).ok
 
+def test_gpu_work_left_past_done_is_judged_against_the_no_op_regions_probes():
+    """On a GPU a region's DONE is the worker's word: the reference's probe after it (the process stopped) waits for
+    what the region left queued. Judged against the no-op regions' probes: an honest region's probe waits as theirs
+    did and passes; one that said DONE with its kernel still running (red team done-sent-early-gpu, its reported
+    time scaled to the shortened bracket) fails as "after-done", though the wall bound passes it. The room a forgery
+    still has counts the blind window from the last datagram to the probe."""
+    from cuda_agent.evaluate.regions import Bracket
+
+    def bracket(outside_ms: float, after_us: float, blind_ms: float = 0.2) -> Bracket:
+        done = 1_000_000 + int(outside_ms * 1e6)
+        return Bracket(0, 0, 0, 1_000_000, done, after_done_us=after_us, probed_ns=done + int(blind_ms * 1e6))
+
+    cost = overhead([bracket(0.05, 200.0 + 5 * (i % 3)) for i in range(9)], [0.0] * 9, hold_us=0.0)
+    assert cost.after_done_ms == pytest.approx(0.205) and cost.after_done_regions == 9
+    assert cost.after_done_spread_ms < 0.01
+    honest = judge([bracket(0.55, 210.0)] * 9, [0.5] * 9, cost, 0.0, slack=0.1, region_us=50)
+    assert honest.ok and honest.after_done_limit_ms > 0 and honest.blind_ms == pytest.approx(0.2)
+    assert honest.margin > (honest.limit_ms - honest.excess_ms + honest.blind_ms) / 0.5 - 1e-9
+    early = judge([bracket(0.3, 480.0)] * 9, [0.25] * 9, cost, 0.0, slack=0.1, region_us=50)
+    assert early.excess_ms <= early.limit_ms and early.breached == "after-done"
+    assert early.after_done_excess_ms == pytest.approx(0.275)
+    # Brackets that were never probed (the CPU backend, a GPU not read from outside) are not judged by it.
+    unprobed = [Bracket(0, 0, 0, 1_000_000, 1_300_000) for _ in range(9)]
+    assert judge(unprobed, [0.25] * 9, overhead(unprobed, [0.0] * 9, 0.0), 0.0, 0.1, 50).after_done_limit_ms == 0
+
+
+def test_after_a_gpu_regions_done_the_process_is_stopped_before_the_gpu_is_probed():
+    """The probe is worth something only if nothing more can be queued while it waits, and only for work still
+    queued when it is launched: the processes the last stop found are stopped at once, the GPU probed, then the
+    tree walked for any other and the stop awaited; then its calls are read; it is let go on once, after all of it."""
+    from cuda_agent.evaluate.brackets import CandidateBrackets
+    from cuda_agent.evaluate.outside import GpuMemory
+    from cuda_agent.evaluate.regions import Bracket, Chunk
+
+    events = []
+    mib = 1 << 20
+    base = 0x7F0000000000
+
+    class Reference:  # the reference's side of GpuRemote, as it is asked
+        def after_done(self):
+            events.append("probe")
+            return 250.0, 123
+
+        def read(self, held, fds, sizes, reads, apart_s):
+            events.append("read")
+            return [bytes(size) for _, _, size in reads], []
+
+    class Worker:
+        class proc:
+            poll = staticmethod(lambda: None)
+
+        def stop_known(self) -> None:
+            events.append("stop known")
+
+        def pause(self, timeout_s: float = 2.0) -> bool:
+            events.append("stop")
+            return True
+
+        def resume(self) -> None:
+            events.append("resume")
+
+    memory = GpuMemory(Reference())
+    brackets = CandidateBrackets(Bell(chunked=True), "cuda", Worker(), reader=memory, outside=True)
+    chunk = Chunk(base, 2 * mib, os.open("/dev/null", os.O_RDONLY))
+    call = {"i": 0, "o": [[base, "float32", [64], [1]]], "in": [[base + mib, "float32", [64], [1]]]}
+    bracket = Bracket(0, 0, 0, 1, 2, payload=encode_calls([call]), chunks=[chunk])
+    brackets._reader_for(0, 1, probe=7)(bracket)
+    assert events == ["stop known", "probe", "stop", "read", "resume"]
+    assert (bracket.after_done_us, bracket.probed_ns) == (250.0, 123)
+    assert [record.index for _, record in brackets.records] == [0]
+    brackets.close()
+
+
 def _stopped_child_with(tensor_factory):
     """A forked process holding tensors, stopped; its description of them."""
     read_end, write_end = os.pipe()

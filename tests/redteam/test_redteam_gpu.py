@@ -411,6 +411,7 @@ def test_a_region_closed_by_the_candidates_own_done(gelu, cache_dir, tmp_path):
     result = evaluator.evaluate(task, make_candidate(case, solution, tmp_path / case.name, scaled=False,
                                                      binding=GELU_BINDING, kernel_call=GELU_ALLOC))
     detail = f"{result.summary()}\n{result.traceback or ''}\n{result.output[-2000:]}"
+    print(detail)  # which bound caught it, and by how much, is the point (the GPU session's log keeps it)
     assert result.compiled and result.status != "error", detail
     if (result.status, result.rule) != ("failed", "clock"):
         pytest.xfail(f"a region closed by the candidate's own DONE is not rejected: {detail}")

@@ -81,28 +81,66 @@ def test_worker_crash_and_timeout(tmp_path):
         assert w.proc.poll() is not None
 
 
-def test_pause_stops_the_worker_and_its_children_until_resumed(tmp_path):
-    """While the baselines are timed, nothing of the candidate's may run: not its process, not a
-    child in a session of its own."""
+def _worker_with_a_child(tmp_path) -> WorkerProcess:
+    """An echo worker that has started a child in a session of its own."""
     import os
-
-    from cuda_agent.sandbox.process import descendants, process_state
 
     code = ("import os, subprocess, sys, time\n"
             "subprocess.Popen([sys.executable, '-c', 'import os, time; os.setsid(); time.sleep(60)'])\n"
             + ECHO)
-    with WorkerProcess(argv=[sys.executable, "-c", code], cwd=tmp_path, env=dict(os.environ)) as worker:
-        assert worker.request({"op": "echo", "value": 1}, 10)["echo"] == 1
-        deadline = time.monotonic() + 10
-        while len(descendants(worker.proc.pid)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        family = descendants(worker.proc.pid)
+    return WorkerProcess(argv=[sys.executable, "-c", code], cwd=tmp_path, env=dict(os.environ))
+
+
+def _family(worker: WorkerProcess) -> list[int]:
+    from cuda_agent.sandbox.process import descendants
+
+    assert worker.request({"op": "echo", "value": 1}, 10)["echo"] == 1
+    deadline = time.monotonic() + 10
+    while len(descendants(worker.proc.pid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return descendants(worker.proc.pid)
+
+
+def test_pause_stops_the_worker_and_its_children_until_resumed(tmp_path):
+    """While the baselines are timed, nothing of the candidate's may run: not its process, not a
+    child in a session of its own."""
+    from cuda_agent.sandbox.process import process_state
+
+    with _worker_with_a_child(tmp_path) as worker:
+        family = _family(worker)
         assert len(family) >= 2
         assert worker.pause()
         assert all(process_state(pid) in ("T", "t") for pid in family)
         worker.resume()
         assert worker.request({"op": "echo", "value": 2}, 10)["echo"] == 2
         assert all(process_state(pid) not in ("T", "t") for pid in family)
+
+
+def test_the_processes_a_pause_found_are_stopped_at_once_next_time_and_let_go_with_the_rest(tmp_path):
+    """After a GPU region the processes the last pause found are stopped without walking the tree
+    (``stop_known``, through pidfds); the pause after it stops them all and waits, and resume lets every one go,
+    also where no pause followed (the probe between them failed)."""
+    from cuda_agent.sandbox.process import process_state
+
+    with _worker_with_a_child(tmp_path) as worker:
+        family = _family(worker)
+        worker.stop_known()  # nothing found yet: nothing stopped
+        time.sleep(0.05)
+        assert all(process_state(pid) not in ("T", "t") for pid in family)
+        assert worker.pause()
+        worker.resume()
+        assert worker.request({"op": "echo", "value": 2}, 10)["echo"] == 2
+        for then_pause in (True, False):
+            worker.stop_known()
+            deadline = time.monotonic() + 5
+            while not all(process_state(pid) in ("T", "t") for pid in family) and time.monotonic() < deadline:
+                time.sleep(0.001)
+            assert all(process_state(pid) in ("T", "t") for pid in family)
+            if then_pause:
+                assert worker.pause()
+            worker.resume()
+            assert worker.request({"op": "echo", "value": 3}, 10)["echo"] == 3
+            assert all(process_state(pid) not in ("T", "t") for pid in family)
 
 
 def test_every_way_of_finding_a_process_tree_finds_the_same_processes(tmp_path, monkeypatch):

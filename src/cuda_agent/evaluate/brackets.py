@@ -11,6 +11,7 @@ regions the candidate's process reported against the brackets.
 from __future__ import annotations
 
 import secrets
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -281,30 +282,46 @@ class CandidateBrackets:
 
     def _reader_for(self, first: int, calls: int, probe: int | None,
                     final: int | None = None) -> Callable[[Bracket], None] | None:
-        """After each region: its calls as described, checked against the calls asked for; then the process
-        stopped and ``RECORDED_PER_REGION`` of them, drawn now, read from outside; on a GPU the output of call
-        ``final`` (the round's last) kept by the reference too, where it is at most ``KEEP_MAX_BYTES``."""
+        """After each region: on a GPU read from outside, the process stopped at once and the GPU probed by the
+        reference (``Bracket.after_done_us``, judged by ``region_clock.judge``); the region's calls as described,
+        checked against the calls asked for; then the process stopped and ``RECORDED_PER_REGION`` of them, drawn now,
+        read from outside; on a GPU the output of call ``final`` (the round's last) kept by the reference too, where
+        it is at most ``KEEP_MAX_BYTES``."""
         def between(bracket: Bracket) -> None:
-            if isinstance(self.reader, GpuMemory):
-                try:
-                    self.reader.take(bracket.chunks)
-                except OutsideError as exc:
-                    raise _unreadable(exc) from None
-            described = self._calls_of(bracket.region, first, calls, bracket.payload) if self.outside else []
-            if probe is None or self.reader is None:
-                return
-            self._stop()
+            gpu = isinstance(self.reader, GpuMemory)
+            stopped = False
             try:
+                if gpu and probe is not None:
+                    # DONE is the worker's word: a region can say it with its kernels still queued, and they run on
+                    # after the stop (red team done-sent-early-gpu). Stopped first, so that nothing more is queued,
+                    # then probed: the probe waits for what is left (the GPU time-slices between contexts). Work that
+                    # ends before the probe is launched is not seen: the processes the last stop found are stopped
+                    # at once, the probe launched, and only then the tree walked for others and the stop awaited
+                    # (walk and wait first, the probe came 1.6-1.8 ms after DONE on the H200).
+                    stopped = True
+                    self.worker.stop_known()
+                    bracket.asked_ns = time.time_ns()
+                    bracket.after_done_us, bracket.probed_ns = self.reader.after_done()  # type: ignore[union-attr]
+                    self._stop()
+                if gpu:
+                    self.reader.take(bracket.chunks)  # type: ignore[union-attr]
+                described = self._calls_of(bracket.region, first, calls, bracket.payload) if self.outside else []
+                if probe is None or self.reader is None:
+                    return
+                if not stopped:
+                    self._stop()
+                    stopped = True
                 if self.stopped_check is not None:
                     self.stopped_check()
                 chosen = secrets.SystemRandom().sample(described, min(len(described), RECORDED_PER_REGION))
                 self.records.extend((probe, record) for record in self.reader.records(chosen, probe))
-                if final is not None and isinstance(self.reader, GpuMemory):
+                if final is not None and gpu:
                     self._keep(next((c for c in described if c.get("i") == final), None))
             except OutsideError as exc:
                 raise _unreadable(exc) from None
             finally:
-                self.worker.resume()
+                if stopped:
+                    self.worker.resume()
         return between
 
     def _keep(self, call: dict[str, Any] | None) -> None:

@@ -191,6 +191,12 @@ class QuietRequest(_Request):
 
 
 @dataclass(frozen=True)
+class AfterDoneRequest(_Request):
+    """Reference: one quiet probe at once, a candidate's region having said DONE (``quiet.after_done``)."""
+    op: ClassVar[str] = "after_done"
+
+
+@dataclass(frozen=True)
 class CompareRequest(_Request):
     op: ClassVar[str] = "compare"
     dir: str
@@ -280,7 +286,8 @@ class KeepGpuRequest(_Request):
 REQUESTS: dict[str, type[_Request]] = {cls.op: cls for cls in (
     ReadyRequest, LoadRequest, WeightsRequest, AttachRequest, RunRequest, CalibrateRequest, TimeRequest, TimedRequest,
     OutputRequest, ExpectRequest, ReleaseRequest, CompareRequest, DegenerateRequest, CompileRequest,
-    RecordsRequest, SampleRequest, ReadGpuRequest, DrawRequest, WriteGpuRequest, KeepGpuRequest, QuietRequest)}
+    RecordsRequest, SampleRequest, ReadGpuRequest, DrawRequest, WriteGpuRequest, KeepGpuRequest, QuietRequest,
+    AfterDoneRequest)}
 
 
 # -- requests of the synth screener ----------------------------------------------------------------
@@ -469,6 +476,12 @@ class KeepGpuReply(_Reply):
 @dataclass(frozen=True)
 class QuietReply(_Reply):
     after_ms: float | None  # how long the GPU took to be quiet; None: it was not within the request's time
+
+
+@dataclass(frozen=True)
+class AfterDoneReply(_Reply):
+    wait_us: float  # the probe's wait: GPU work left queued by the region (up to a time slice), plus a switch
+    launched_ns: int  # when it was launched (``time.time_ns``)
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,8 @@ from cuda_agent.evaluate.environment import describe_environment
 from cuda_agent.evaluate.outside import Draw, OutsideError
 from cuda_agent.evaluate.processes import new_job, spawn
 from cuda_agent.evaluate.protocol import (
-    GpuHeld, KeepGpuReply, KeepGpuRequest, ReadGpuReply, ReadGpuRequest, DrawReply, DrawRequest, WriteGpuReply,
-    WriteGpuRequest,
+    AfterDoneReply, AfterDoneRequest, GpuHeld, KeepGpuReply, KeepGpuRequest, ReadGpuReply, ReadGpuRequest, DrawReply,
+    DrawRequest, WriteGpuReply, WriteGpuRequest,
     AttachReply, AttachRequest, CompileReply, CompileRequest, DegenerateReply, DegenerateRequest, LoadReply,
     LoadRequest, ReleaseReply, ReleaseRequest,
 )
@@ -269,6 +269,11 @@ class ReferenceGpu:
             raise OutsideError(reply.error)
         if self.quiet is not None:
             self.quiet.judge(reply.busy_us, "once a region's inputs were written, before its GO")
+
+    def after_done(self) -> tuple[float, int]:
+        reply = self.reference.channel.ask_typed("profile", AfterDoneRequest(), AfterDoneReply,
+                                                 self.setup.timeouts.check_s)
+        return reply.wait_us, reply.launched_ns
 
     def keep(self, held: GpuHeld, fds: list[int], sizes: list[int], offsets: list[int], leaves: list[list[Any]],
              call: int) -> None:

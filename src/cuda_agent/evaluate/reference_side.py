@@ -16,7 +16,7 @@ from cuda_agent.evaluate.outside import span_bytes
 from cuda_agent.evaluate.protocol import (CalibrateRequest, CompareRequest, CompileRequest, DegenerateRequest,
                                           DrawRequest, ExpectRequest, GpuHeld, KeepGpuRequest, ReadGpuRequest,
                                           RecordsRequest, TimeRequest, WriteGpuRequest, parse_request)
-from cuda_agent.evaluate.quiet import probe_us, quiet_within
+from cuda_agent.evaluate.quiet import after_done, probe_us, quiet_within
 from cuda_agent.evaluate.records import compare_record, same_outputs, sample_output
 from cuda_agent.evaluate.shared import SharedBuffer, SharedError, aligned
 from cuda_agent.evaluate.timing import HostLaunch
@@ -88,6 +88,9 @@ class ReferenceSide(_Side):
             return {"samples": samples, "host": host.report()} | ({"busy_us": max(waits)} if waits else {})
         if op == "quiet":
             return {"after_ms": quiet_within(msg.within_s)}
+        if op == "after_done":
+            wait_us, launched_ns = after_done()
+            return {"wait_us": wait_us, "launched_ns": launched_ns}
         if op == "records":
             return {"verdicts": self.check_records(msg)}
         if op == "expect":

@@ -43,6 +43,11 @@ class Overhead:
     new_chunks: float = 0.0  # GPU: allocations it exported anew (median)
     let_go_cpu_ms: float = 0.0  # the timing thread's CPU time from the let-go to GO (inputs written from outside)
     let_go_cpu_spread_ms: float = 0.0
+    # GPU read from outside: the reference's probe after DONE (``Bracket.after_done_us``), its median and spread in
+    # ms; 0 regions: not probed.
+    after_done_ms: float = 0.0
+    after_done_spread_ms: float = 0.0
+    after_done_regions: int = 0
 
     def for_hold(self, hold_us: float) -> float:
         return self.median_ms + (hold_us - self.hold_us) / 1e3
@@ -64,9 +69,11 @@ def overhead(brackets: list[Bracket], inside_ms: list[float], hold_us: float) ->
     # loads beside these regions) the run-queue wait is over-counted (a wait begun before GO counts whole),
     # which would understate the brackets' cost and make every later region look long.
     let_go = [b.let_go_cpu_ns / 1e6 for b in brackets]
+    after = [b.after_done_us / 1e3 for b in brackets if b.probed_ns]
     return Overhead(max(statistics.median(wall), statistics.median(cpu)), robust_sd(wall), len(wall), hold_us,
                     statistics.median(cpu), robust_sd(cpu), statistics.median(b.looked_up for b in brackets),
-                    statistics.median(b.new_chunks for b in brackets), statistics.median(let_go), robust_sd(let_go))
+                    statistics.median(b.new_chunks for b in brackets), statistics.median(let_go), robust_sd(let_go),
+                    statistics.median(after) if after else 0.0, robust_sd(after), len(after))
 
 
 @dataclass
@@ -106,13 +113,23 @@ class RegionClock:
     # (as each bound's: slack and region_us, plus three times its spread in the calibration); 0: not judged apart.
     let_go_excess_ms: float = 0.0
     let_go_limit_ms: float = 0.0
+    # GPU read from outside: the reference's probe once the worker was stopped after DONE waited for what the region
+    # left on the GPU (median; its excess over the no-op regions' and the limit, as each bound's; 0: not judged),
+    # and the median time from the region's last datagram to the probe, where work could end unseen.
+    after_done_ms: float = 0.0
+    after_done_excess_ms: float = 0.0
+    after_done_limit_ms: float = 0.0
+    blind_ms: float = 0.0
+    asked_ms: float = 0.0  # of it, the median time before the evaluator asked the reference for the probe
 
     @property
     def breached(self) -> str | None:
-        """Which bound the reported regions fall short of: "wall" (checked first), "cpu", "let-go" (work done
-        between the let-go and GO), or None."""
+        """Which bound the reported regions fall short of: "wall" (checked first), "after-done" (GPU work left
+        running past the region's DONE), "cpu", "let-go" (work done between the let-go and GO), or None."""
         if self.excess_ms > self.limit_ms:
             return "wall"
+        if self.after_done_limit_ms > 0 and self.after_done_excess_ms > self.after_done_limit_ms:
+            return "after-done"
         if self.cpu_excess_ms > self.cpu_limit_ms:
             return "cpu"
         return "let-go" if self.let_go_limit_ms > 0 and self.let_go_excess_ms > self.let_go_limit_ms else None
@@ -130,10 +147,16 @@ class RegionClock:
     @property
     def margin(self) -> float:
         """The shortest reported region the tighter bound still lets pass, as a share of the reported one
-        less than 1: what a forgery can take off a region undetected."""
+        less than 1: what a forgery can take off a region undetected. Where the GPU is probed after DONE, a region
+        that says DONE early (its timing thread asleep in a blocking synchronise: the CPU bound loose) can take off
+        the wall bound's room, the blind window and the probe's room besides."""
         if self.reported_ms <= 0:
             return 0.0
-        return min(self.limit_ms - self.excess_ms, self.cpu_limit_ms - self.cpu_excess_ms) / self.reported_ms
+        room = min(self.limit_ms - self.excess_ms, self.cpu_limit_ms - self.cpu_excess_ms)
+        if self.after_done_limit_ms > 0:
+            room = max(room, self.limit_ms - self.excess_ms + self.blind_ms
+                       + max(0.0, self.after_done_limit_ms - self.after_done_excess_ms))
+        return room / self.reported_ms
 
     def to_dict(self) -> dict[str, Any]:
         short = {k: (round(v, 5) if isinstance(v, float) else v) for k, v in asdict(self).items()}
@@ -156,6 +179,9 @@ def judge(brackets: list[Bracket], reported_ms: list[float], cost: Overhead, hol
     ratios = [(b.wall_ms - fixed - cost.export_ms(b)) / r for b, r in zip(brackets, reported_ms) if r > 0]
     base = slack * reported + region_us / 1e3
     let_go_cpu = statistics.median(b.let_go_cpu_ns / 1e6 for b in brackets)
+    probed = [b for b in brackets if b.probed_ns]
+    after = statistics.median(b.after_done_us / 1e3 for b in probed) if probed else 0.0
+    after_judged = bool(probed) and cost.after_done_regions > 0
     return RegionClock(len(brackets), reported, statistics.median(b.outside_ms for b in brackets), fixed,
                        statistics.median(wall), base + 3 * cost.spread_ms, statistics.median(cpu),
                        base + 3 * cost.cpu_spread_ms, statistics.median(ratios) if ratios else 1.0,
@@ -166,7 +192,12 @@ def judge(brackets: list[Bracket], reported_ms: list[float], cost: Overhead, hol
                        let_go_ms=statistics.median(b.let_go_ns / 1e6 for b in brackets),
                        let_go_cpu_ms=let_go_cpu,
                        let_go_excess_ms=let_go_cpu - cost.let_go_cpu_ms if let_go_apart else 0.0,
-                       let_go_limit_ms=base + 3 * cost.let_go_cpu_spread_ms if let_go_apart else 0.0)
+                       let_go_limit_ms=base + 3 * cost.let_go_cpu_spread_ms if let_go_apart else 0.0,
+                       after_done_ms=after,
+                       after_done_excess_ms=after - cost.after_done_ms if after_judged else 0.0,
+                       after_done_limit_ms=base + 3 * cost.after_done_spread_ms if after_judged else 0.0,
+                       blind_ms=statistics.median(b.blind_ms for b in probed) if probed else 0.0,
+                       asked_ms=statistics.median(b.asked_ms for b in probed) if probed else 0.0)
 
 
 def robust_sd(values: list[float]) -> float:

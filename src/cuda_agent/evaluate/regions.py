@@ -92,6 +92,12 @@ class Bracket:
     # meanwhile (in ``cpu_ns`` too where the bell counts from the let-go: ``Bell.cpu_from_let_go``).
     let_go_ns: int = 0
     let_go_cpu_ns: int = 0
+    # On a GPU read from outside: the reference's probe once the worker was stopped after DONE (``quiet.after_done``),
+    # its wait (the region's GPU work still queued, up to a time slice) and when it was launched. Work that ended
+    # between DONE and the launch is not seen (``blind_ms``).
+    after_done_us: float = 0.0
+    probed_ns: int = 0
+    asked_ns: int = 0  # when the evaluator asked for the probe (of the blind window, the part before the reference)
 
     @property
     def outside_ms(self) -> float:
@@ -109,6 +115,16 @@ class Bracket:
     @property
     def cpu_ms(self) -> float:
         return self.cpu_ns / 1e6
+
+    @property
+    def asked_ms(self) -> float:
+        """From the region's last datagram to the evaluator's asking for the probe (the rest: the reference's)."""
+        return max(0.0, self.asked_ns - self.done_ns - self.exported_ns) / 1e6 if self.asked_ns else 0.0
+
+    @property
+    def blind_ms(self) -> float:
+        """From the region's last datagram to the probe after it: where GPU work it left queued could end unseen."""
+        return max(0.0, self.probed_ns - self.done_ns - self.exported_ns) / 1e6 if self.probed_ns else 0.0
 
 
 class Bell:

@@ -107,6 +107,11 @@ class EvalResult:
                             else "reported times shorter than the evaluator's own clock allows")
                          + (f" (a forgery could take at most {max(regions['margin'], 0):.0%} off a region)"
                             if "margin" in regions else f" (the margin is {regions['limit_ms'] / regions['reported_ms']:.0%} of a region)"))
+            if regions.get("after_done_limit_ms"):
+                lines.append(f"GPU probed {regions['blind_ms']:.3f} ms after each region's DONE (median; "
+                             f"{regions.get('asked_ms', 0):.3f} ms of it before the evaluator asked): it waited "
+                             f"{regions['after_done_ms']:.3f} ms, {regions['after_done_excess_ms']:+.3f} ms against the "
+                             f"regions before the candidate's code (limit {regions['after_done_limit_ms']:.3f} ms)")
         if self.speedup_eager is not None:
             lines.append(f"speedup: {self.speedup_eager:.2f}x vs eager, " + (
                 f"{self.speedup_compile:.2f}x vs torch.compile" if self.speedup_compile is not None else "torch.compile n/a"

@@ -265,6 +265,12 @@ class Regions:
                            f"thread's CPU time between being let go with the written inputs and the start of each region "
                            f"(median over {verdict.regions} regions), {verdict.let_go_excess_ms:.3f} ms more than before "
                            f"its code loaded (limit {verdict.let_go_limit_ms:.3f} ms): work done outside the brackets")]
+        if verdict.breached == "after-done":
+            return [Breach("clock", f"the candidate's regions left work running on the GPU after saying they were done: "
+                           f"a probe of the evaluator's, launched once its processes were stopped after each DONE, "
+                           f"waited {verdict.after_done_ms:.3f} ms (median over {verdict.regions} regions), "
+                           f"{verdict.after_done_excess_ms:.3f} ms more than after the regions timed before its code "
+                           f"loaded (limit {verdict.after_done_limit_ms:.3f} ms): its regions were longer than bracketed")]
         by_wall = verdict.breached == "wall"
         excess, limit = (verdict.excess_ms, verdict.limit_ms) if by_wall else (verdict.cpu_excess_ms, verdict.cpu_limit_ms)
         return [Breach("clock", f"the candidate's process reported its timed regions {excess:.3f} ms shorter "
