@@ -401,9 +401,12 @@ DONE_EARLY_CASE = Case("done-sent-early-gpu-runtime", "Forged samples the round 
 
 
 def test_a_region_closed_by_the_candidates_own_done(gelu, cache_dir, tmp_path):
-    """Written on 2026-11-28 with no device time left to run it (docs/SECURITY.md, "A region closed by the worker's
-    word"): it must build and run; rejected as `clock` it passes, and a suspected hole still open is an xfail that
-    carries the evaluation's summary."""
+    """docs/SECURITY.md, "A region closed by the worker's word". It earned reward 3 on the H200 (1.59x, 2026-11-28)
+    while the brackets believed DONE; with the GPU probed after each DONE it failed as `clock` once and was `correct`
+    at reward 1.0 once (its process stopped at its own DONE, the harness's end event came after the stop). It must
+    build and run and never earn more than the honest solution; rejected as `clock` it passes. Not rejected, it is an
+    xfail carrying the evaluation's summary: a DONE sent once the end event is recorded, the kernel ending within
+    the window before the probe (0.6-0.8 ms on the H200), is not seen yet."""
     task, solution = gelu
     evaluator = Evaluator("cuda", cache_dir=cache_dir)
     evaluator.policy = evaluator.policy.with_(static_checks=False)
@@ -413,6 +416,7 @@ def test_a_region_closed_by_the_candidates_own_done(gelu, cache_dir, tmp_path):
     detail = f"{result.summary()}\n{result.traceback or ''}\n{result.output[-2000:]}"
     print(detail)  # which bound caught it, and by how much, is the point (the GPU session's log keeps it)
     assert result.compiled and result.status != "error", detail
+    assert result.reward <= 1.0, detail  # the honest gelu's: a region closed early must never be worth more
     if (result.status, result.rule) != ("failed", "clock"):
         pytest.xfail(f"a region closed by the candidate's own DONE is not rejected: {detail}")
 

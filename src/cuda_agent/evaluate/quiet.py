@@ -14,7 +14,9 @@ work is told from another process's by ending the candidate: its contexts go wit
 after SIGKILL), another process's do not.
 
 The reference probes (``probe_us``) before each baseline region and after it writes a region's inputs
-(``TimeReply.busy_us``, ``WriteGpuReply.busy_us``); the evaluator judges the probes (``GpuQuiet``)."""
+(``TimeReply.busy_us``, ``WriteGpuReply.busy_us``); the evaluator judges the probes (``GpuQuiet``). After each of the
+candidate's regions, once it said DONE and was stopped, one probe more (``after_done``) waits for what the region left
+queued: its wait is one of the region bounds (``region_clock.judge``), since DONE is the worker's word."""
 
 from __future__ import annotations
 
