@@ -602,6 +602,7 @@ def cmd_train_verl(args: argparse.Namespace) -> int:
 def cmd_train_stage(args: argparse.Namespace) -> int:
     from cuda_agent.train import stages
     from cuda_agent.train.config import check_models, load_config
+    from cuda_agent.train.distributed import leave_group
 
     if args.engine == "verl":
         return cmd_train_verl(args)
@@ -626,6 +627,7 @@ def cmd_train_stage(args: argparse.Namespace) -> int:
         rows = stages.run_value(config, args.out)
         report(f"critic for agentic PPO: {args.out / 'checkpoint' / 'critic'} (held-out explained variance "
                f"{rows[-1]['heldout_explained_variance']:.3f})")
+    leave_group()
     return 0
 
 

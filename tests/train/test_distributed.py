@@ -95,3 +95,17 @@ def test_sharded_single_turn_ppo_splits_the_episodes_and_resumes(tiny, tmp_path,
     assert all(r["sampled_tokens"] == pytest.approx(r["response_tokens"] * 4) for r in rows)  # summed over ranks
     critic = transformers.AutoModelForTokenClassification.from_pretrained(tmp_path / "run" / "checkpoint" / "critic")
     assert critic.config.num_labels == 1
+
+
+def test_a_run_that_succeeded_leaves_its_process_group(monkeypatch):
+    """Left to the interpreter's exit, gloo's threads now and then aborted a rank after its run had finished (CI,
+    2026-11-28): the train command destroys the group once its stage has returned."""
+    from cuda_agent.train.distributed import _free_port, init_distributed, leave_group
+
+    for name, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "RANK": "0",
+                        "WORLD_SIZE": "1"}.items():
+        monkeypatch.setenv(name, value)
+    assert init_distributed(fsdp=True).sharded and torch.distributed.is_initialized()
+    leave_group()
+    assert not torch.distributed.is_initialized()
+    leave_group()  # nothing to leave: no error

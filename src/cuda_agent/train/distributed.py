@@ -109,6 +109,18 @@ def init_distributed(fsdp: bool = False) -> Dist:
     return Dist(rank, world, local, fsdp)
 
 
+def leave_group() -> None:
+    """The process group destroyed at the end of a run that succeeded. Left to the interpreter's exit, gloo's
+    threads outlived it now and then and aborted the rank ("terminate called without an active exception": a
+    two-rank RFT run in CI, 2026-11-28; pytorch/pytorch#190489). Not after a failure: a rank still in a collective
+    would wait for this one there."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        # Every rank at the end first: a rank destroying its group while another still sends to it (rank 0 saving
+        # the checkpoint) aborted the same way.
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+
+
 def _free_port() -> int:
     import socket
 
