@@ -509,6 +509,7 @@ class WorkerProcess:
         self._started = time.monotonic()
         self._pidfds: dict[int, int] = {}  # the tree's processes as the last ``pause`` found them (``stop_known``)
         self._early: set[int] = set()  # those ``stop_known`` stopped, for the ``pause`` after it
+        self._paused: set[int] = set()  # those the last ``pause`` stopped, for ``resume``
 
     @property
     def output(self) -> str:
@@ -672,7 +673,7 @@ class WorkerProcess:
         return caught_signals(self.proc.pid, self._cgroup)
 
     def resume(self) -> None:
-        for pid in {*getattr(self, "_paused", ()), *self._early}:
+        for pid in self._paused | self._early:
             try:
                 os.kill(pid, signal.SIGCONT)
             except (ProcessLookupError, PermissionError):
