@@ -233,8 +233,10 @@ def test_gpu_work_left_past_done_is_judged_against_the_no_op_regions_probes():
 
 def test_after_a_gpu_regions_done_the_process_is_stopped_before_the_gpu_is_probed():
     """The probe is worth something only if nothing more can be queued while it waits, and only for work still
-    queued when it is launched: the processes the last stop found are stopped at once, the GPU probed, then the
-    tree walked for any other and the stop awaited; then its calls are read; it is let go on once, after all of it."""
+    queued when it is launched: as soon as DONE is in, the processes the last stop found are stopped and the probe
+    asked for (``at_done``); after the bracket is made its answer is taken, the tree walked for any other process
+    and the stop awaited; then its calls are read; it is let go on once, after all of it. Where no ``at_done``
+    ran, ``between`` does the same itself."""
     from cuda_agent.evaluate.brackets import CandidateBrackets
     from cuda_agent.evaluate.outside import GpuMemory
     from cuda_agent.evaluate.regions import Bracket, Chunk
@@ -246,7 +248,11 @@ def test_after_a_gpu_regions_done_the_process_is_stopped_before_the_gpu_is_probe
     class Reference:  # the reference's side of GpuRemote, as it is asked
         def after_done(self):
             events.append("probe")
-            return 250.0, 123
+
+            def answer():
+                events.append("answer")
+                return 250.0, 123
+            return answer
 
         def read(self, held, fds, sizes, reads, apart_s):
             events.append("read")
@@ -271,10 +277,17 @@ def test_after_a_gpu_regions_done_the_process_is_stopped_before_the_gpu_is_probe
     chunk = Chunk(base, 2 * mib, os.open("/dev/null", os.O_RDONLY))
     call = {"i": 0, "o": [[base, "float32", [64], [1]]], "in": [[base + mib, "float32", [64], [1]]]}
     bracket = Bracket(0, 0, 0, 1, 2, payload=encode_calls([call]), chunks=[chunk])
+    brackets._at_done(7)(0)
+    assert events == ["stop known", "probe"]
     brackets._reader_for(0, 1, probe=7)(bracket)
-    assert events == ["stop known", "probe", "stop", "read", "resume"]
-    assert (bracket.after_done_us, bracket.probed_ns) == (250.0, 123)
-    assert [record.index for _, record in brackets.records] == [0]
+    assert events[2:] == ["answer", "stop", "read", "resume"]
+    assert (bracket.after_done_us, bracket.probed_ns) == (250.0, 123) and bracket.asked_ns > 0
+    assert [record.index for _, record in brackets.records] == [0] and brackets.asked is None
+    events.clear()
+    bracket = Bracket(0, 0, 0, 1, 2, payload=encode_calls([call]))
+    brackets._reader_for(0, 1, probe=7)(bracket)
+    assert events == ["stop known", "probe", "answer", "stop", "read", "resume"]
+    assert brackets._at_done(None) is None  # no probe where the calls are not read (the CPU backend's calibration)
     brackets.close()
 
 

@@ -972,13 +972,13 @@ def helper(x, y):
         return  # not the region's last call
     outside, regions = sys.modules["cuda_agent.evaluate.outside"], sys.modules["cuda_agent.evaluate.regions"]
     described = [outside.describe(i, box.get("output", y), inputs) for i, inputs, box in calls]
-    ringer.done.real(bell, number, regions.encode_calls(described))
-    done_sent.add((id(bell), number))
-    if state.get("after_done") is not None:  # a GPU's: the allocations the region's tensors lie in, after DONE
+    if state.get("before_done") is not None:  # a GPU's: the allocations the region's tensors lie in, before DONE
         vmm = sys.modules["cuda_agent.evaluate.vmm"]
-        table, fds, looked_up = cells(state["after_done"])["exporter"].finish(vmm.spans(described, outside.ITEMSIZE))
+        table, fds, looked_up = cells(state["before_done"])["exporter"].finish(vmm.spans(described, outside.ITEMSIZE))
         ringer.chunks.real(bell, number, table, fds, looked_up)
         chunks_sent.add((id(bell), number))
+    ringer.done.real(bell, number, regions.encode_calls(described))
+    done_sent.add((id(bell), number))
 )PY";
 static void done_early(const torch::Tensor& x, const torch::Tensor& y) {
   static pybind11::object helper = python_helper(EARLY);

@@ -64,6 +64,8 @@ class CandidateBrackets:
     # The timed call whose output the reference keeps, copied out while the process was stopped after its region
     # (``GpuMemory.keep``): each round's last, so that the last round's is the evaluation's last timed call.
     kept_call: int | None = None
+    # The probe asked for at a GPU region's DONE (``_at_done``), its answer collected in ``between``.
+    asked: tuple[int, Callable[[], tuple[float, int]]] | None = None
 
     @classmethod
     def open(cls, worker: Any, device: str, may_write: bool = True) -> "CandidateBrackets":
@@ -150,12 +152,14 @@ class CandidateBrackets:
         self.bell.ready_chunked = self.device == "cuda" and self._announces_inputs
         try:
             return self.bell.serve(CALIBRATION_REGIONS, timeout_s, self._alive, self._reader_for(0, 1, probe),
-                                   self.thread, self._writer_for(0, 1, secrets.randbits(62)))
+                                   self.thread, self._writer_for(0, 1, secrets.randbits(62)), self._at_done(probe))
         except BellFailed:
             return None
         except Stop as stop:  # no candidate code has run yet: the harness's failure, not the candidate's
+            self._settle()
             raise Stop("error", "load", f"the no-op regions before the candidate's code: {stop.reason}") from None
         except BellError as exc:
+            self._settle()
             if not self._alive():
                 return None  # its death is read from the load reply
             raise Stop("failed", "load", f"the candidate's process broke the timing protocol before its code "
@@ -209,13 +213,14 @@ class CandidateBrackets:
         try:
             return self.bell.serve(trials, timeout_s, self._alive,
                                    self._reader_for(first, calls, probe, final=first + trials * calls - 1),
-                                   self.thread, self._writer_for(first, calls, self.inputs_base))
+                                   self.thread, self._writer_for(first, calls, self.inputs_base), self._at_done(probe))
         except BellFailed:
             return None
         except BellUnreadable as exc:
             raise Stop("failed", "verify", f"a timed call's output cannot be read from outside the candidate's "
                        f"process: {exc}", rule="timed-output") from None
         except BellError as exc:
+            self._settle()
             if not self._alive():
                 return None
             raise Stop("failed", "profile", f"the candidate's process broke the timing protocol: {exc}",
@@ -280,10 +285,35 @@ class CandidateBrackets:
             return self.worker.resume
         return before
 
+    def _settle(self) -> None:
+        """A probe asked for at DONE whose region went no further: its answer taken, so that the reference's next
+        reply is the next request's."""
+        if self.asked is not None:
+            answer, self.asked = self.asked[1], None
+            answer()
+
+    def _at_done(self, probe: int | None) -> Callable[[int], None] | None:
+        """On a GPU read from outside, as soon as a region's DONE is in: the processes the last stop found stopped at
+        once (pidfds, no walk of the tree), and the reference asked for its probe without waiting for the answer.
+        DONE is the worker's word: a region can say it with its kernels still queued, and they run on after the stop
+        (red team done-sent-early-gpu). The GPU time-slices between contexts, so the probe waits for what is left;
+        work that ends before its launch is not seen (``Bracket.blind_ms``): the sooner, the less (asked once the
+        tree was walked and the stop awaited, it came 1.6-1.8 ms after DONE on the H200; 0.6-0.8 ms once the known
+        processes were stopped first and the probe asked for in ``between``)."""
+        if probe is None or not isinstance(self.reader, GpuMemory):
+            return None
+        reader = self.reader
+
+        def at_done(region: int) -> None:
+            self.worker.stop_known()
+            asked_ns = time.time_ns()
+            self.asked = (asked_ns, reader.after_done())
+        return at_done
+
     def _reader_for(self, first: int, calls: int, probe: int | None,
                     final: int | None = None) -> Callable[[Bracket], None] | None:
-        """After each region: on a GPU read from outside, the process stopped at once and the GPU probed by the
-        reference (``Bracket.after_done_us``, judged by ``region_clock.judge``); the region's calls as described,
+        """After each region: on a GPU read from outside, the probe asked for at DONE (``_at_done``) collected
+        (``Bracket.after_done_us``, judged by ``region_clock.judge``) and the stop awaited; the region's calls as described,
         checked against the calls asked for; then the process stopped and ``RECORDED_PER_REGION`` of them, drawn now,
         read from outside; on a GPU the output of call ``final`` (the round's last) kept by the reference too, where
         it is at most ``KEEP_MAX_BYTES``."""
@@ -292,17 +322,12 @@ class CandidateBrackets:
             stopped = False
             try:
                 if gpu and probe is not None:
-                    # DONE is the worker's word: a region can say it with its kernels still queued, and they run on
-                    # after the stop (red team done-sent-early-gpu). Stopped first, so that nothing more is queued,
-                    # then probed: the probe waits for what is left (the GPU time-slices between contexts). Work that
-                    # ends before the probe is launched is not seen: the processes the last stop found are stopped
-                    # at once, the probe launched, and only then the tree walked for others and the stop awaited
-                    # (walk and wait first, the probe came 1.6-1.8 ms after DONE on the H200).
                     stopped = True
-                    self.worker.stop_known()
-                    bracket.asked_ns = time.time_ns()
-                    bracket.after_done_us, bracket.probed_ns = self.reader.after_done()  # type: ignore[union-attr]
-                    self._stop()
+                    if self.asked is None:  # a bell that did not call ``at_done``
+                        self._at_done(probe)(bracket.region)  # type: ignore[misc]
+                    (bracket.asked_ns, answer), self.asked = self.asked, None  # type: ignore[misc]
+                    bracket.after_done_us, bracket.probed_ns = answer()
+                    self._stop()  # any process started since the last stop found, and every one confirmed
                 if gpu:
                     self.reader.take(bracket.chunks)  # type: ignore[union-attr]
                 described = self._calls_of(bracket.region, first, calls, bracket.payload) if self.outside else []

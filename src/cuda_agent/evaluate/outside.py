@@ -185,8 +185,9 @@ class GpuRemote(Protocol):
         """Call ``call``'s output tensors ``[dtype, shape, strides, at]`` copied into the reference's memory, kept
         there for its whole comparison; else ``OutsideError``."""
 
-    def after_done(self) -> tuple[float, int]:
-        """One quiet probe at once (``quiet.after_done``): its wait in us, and when it was launched."""
+    def after_done(self) -> Callable[[], tuple[float, int]]:
+        """One quiet probe at once (``quiet.after_done``), asked for without waiting: what it returns waits for the
+        answer, the probe's wait in us and when it was launched."""
 
 
 APART_S = 0.001  # between the two reads of GPU memory: a write still landing shows as a change
@@ -228,8 +229,9 @@ class GpuMemory(OutsideReader):
             raise OutsideError(f"the candidate's process exported more than {MAX_HELD} allocations (its memory keeps "
                                "moving: every timed output must be read in memory of torch's allocator)")
 
-    def after_done(self) -> tuple[float, int]:
-        """What a region left running on the GPU once it said DONE (``quiet.after_done``), probed by the reader."""
+    def after_done(self) -> Callable[[], tuple[float, int]]:
+        """What a region left running on the GPU once it said DONE (``quiet.after_done``), probed by the reader:
+        asked now, its answer (the probe's wait in us, when it was launched) from what this returns."""
         return self.remote.after_done()
 
     def close(self) -> None:

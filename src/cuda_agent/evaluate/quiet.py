@@ -38,17 +38,15 @@ PROBE_CAP_S = 0.05  # one probe is not waited for longer: a context that holds t
 AFTER_END_S = 2.0  # how long the GPU may take to be quiet once the candidate's processes are ended
 
 
-def probe_waits(probes: int = PROBES, cap_s: float = PROBE_CAP_S) -> tuple[list[float], int]:
-    """The waits, in us, of ``probes`` one-element kernels launched here one after another (in the calling
+def probe_us(probes: int = PROBES, cap_s: float = PROBE_CAP_S) -> float:
+    """The median wait, in us, of ``probes`` one-element kernels launched here one after another (in the calling
     process's current context, after everything it queued has finished), launch to completion: polled, not
-    synchronised, so that a GPU held for good does not hang the caller; and when the first was launched
-    (``time.time_ns``, the clock the region brackets are stamped in)."""
+    synchronised, so that a GPU held for good does not hang the caller."""
     import torch
 
     torch.cuda.synchronize()
     one = torch.empty(1, device="cuda")
     waits = []
-    launched_ns = time.time_ns()
     for _ in range(probes):
         done = torch.cuda.Event()
         begin = time.perf_counter_ns()
@@ -58,19 +56,30 @@ def probe_waits(probes: int = PROBES, cap_s: float = PROBE_CAP_S) -> tuple[list[
             pass
         waits.append((time.perf_counter_ns() - begin) / 1e3)
     torch.cuda.synchronize()  # a capped probe's kernel is still queued: nothing of it is left in what follows
-    return waits, launched_ns
+    return round(statistics.median(waits), 1)
 
 
-def probe_us(probes: int = PROBES, cap_s: float = PROBE_CAP_S) -> float:
-    """The median of ``probe_waits``: whether another context has work."""
-    return round(statistics.median(probe_waits(probes, cap_s)[0]), 1)
+_AFTER_DONE: list[Any] = []  # the probe's tensor and event, made on first use: nothing allocated when it counts
 
 
-def after_done() -> tuple[float, int]:
+def after_done(cap_s: float = PROBE_CAP_S) -> tuple[float, int]:
     """One probe right after a candidate's region said DONE, its processes stopped (``brackets``): its wait, in us,
-    is the GPU work the region left queued (up to a time slice), and when it was launched."""
-    waits, launched_ns = probe_waits(1)
-    return round(waits[0], 1), launched_ns
+    is the GPU work the region left queued (up to a time slice), and when it was launched (``time.time_ns``). Work
+    that ends before the launch is not seen, so nothing is done first that need not be."""
+    import torch
+
+    if not _AFTER_DONE:
+        _AFTER_DONE.extend((torch.empty(1, device="cuda"), torch.cuda.Event()))
+    one, done = _AFTER_DONE
+    launched_ns = time.time_ns()
+    begin = time.perf_counter_ns()
+    one.add_(1)
+    done.record()
+    while not done.query() and time.perf_counter_ns() - begin < cap_s * 1e9:
+        pass
+    wait_us = (time.perf_counter_ns() - begin) / 1e3
+    torch.cuda.synchronize()
+    return round(wait_us, 1), launched_ns
 
 
 def quiet_within(within_s: float) -> float | None:

@@ -10,7 +10,7 @@ import hashlib
 import os
 import secrets
 import time
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from cuda_agent.evaluate.baseline import BaselineCache, baseline_key
 from cuda_agent.evaluate.channel import Channel, Stop
@@ -270,10 +270,14 @@ class ReferenceGpu:
         if self.quiet is not None:
             self.quiet.judge(reply.busy_us, "once a region's inputs were written, before its GO")
 
-    def after_done(self) -> tuple[float, int]:
-        reply = self.reference.channel.ask_typed("profile", AfterDoneRequest(), AfterDoneReply,
-                                                 self.setup.timeouts.check_s)
-        return reply.wait_us, reply.launched_ns
+    def after_done(self) -> Callable[[], tuple[float, int]]:
+        channel = self.reference.channel
+        channel.send("profile", AfterDoneRequest())
+
+        def answer() -> tuple[float, int]:
+            reply = channel.receive_typed("profile", AfterDoneReply, self.setup.timeouts.check_s)
+            return reply.wait_us, reply.launched_ns
+        return answer
 
     def keep(self, held: GpuHeld, fds: list[int], sizes: list[int], offsets: list[int], leaves: list[list[Any]],
              call: int) -> None:

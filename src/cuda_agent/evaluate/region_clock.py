@@ -16,7 +16,8 @@ from typing import Any
 
 from cuda_agent.evaluate.regions import Bracket
 
-# The worker's time from DONE to its last FDS is part of the region (the candidate's code could run then), less
+# The worker's time exporting a region's allocations, just before DONE, is part of the region (the candidate's code
+# could run then), less
 # what looking up (a driver call or three) and exporting (a descriptor made) more allocations than the no-op
 # regions did costs. Both are rare after a round's first region: the worker looks its allocations up before
 # each region, while it draws the inputs. Generous against the measured costs (docs/SECURITY.md), so that a
@@ -39,7 +40,7 @@ class Overhead:
     hold_us: float  # the hold the calibration regions had (a region with another hold differs by that)
     cpu_ms: float = 0.0
     cpu_spread_ms: float = 0.0
-    chunks: float = 0.0  # GPU: allocations a no-op region looked up after DONE (median)
+    chunks: float = 0.0  # GPU: allocations a no-op region looked up at its end (median)
     new_chunks: float = 0.0  # GPU: allocations it exported anew (median)
     let_go_cpu_ms: float = 0.0  # the timing thread's CPU time from the let-go to GO (inputs written from outside)
     let_go_cpu_spread_ms: float = 0.0
@@ -53,7 +54,7 @@ class Overhead:
         return self.median_ms + (hold_us - self.hold_us) / 1e3
 
     def export_ms(self, bracket: Bracket) -> float:
-        """What looking up and exporting more allocations after DONE than the no-op regions did adds to a region."""
+        """What looking up and exporting more allocations at the region's end than the no-op regions did adds to a region."""
         return (CHECK_MS_PER_CHUNK * max(0.0, bracket.looked_up - self.chunks)
                 + EXPORT_MS_PER_CHUNK * max(0.0, bracket.new_chunks - self.new_chunks))
 
@@ -105,8 +106,7 @@ class RegionClock:
     waited_ms: float = 0.0  # median run-queue wait of the timing thread within a bracket
     cpu_ms: float = 0.0  # median CPU time of the timing thread within a bracket
     noise_ms: float = 0.0  # the tighter bound's allowance for the calibration's spread (3 x that spread)
-    exported_ms: float = 0.0  # GPU: median time from DONE to the region's memory exported (part of each bracket)
-    chunks: float = 0.0  # GPU: median allocations a region looked up after DONE
+    chunks: float = 0.0  # GPU: median allocations a region looked up at its end
     let_go_ms: float = 0.0  # inputs written from outside: median time from letting the worker go to GO (unbracketed)
     let_go_cpu_ms: float = 0.0  # and the timing thread's median CPU time meanwhile (in the CPU bound on the CPU backend)
     # Where the let-go's CPU time is not in the CPU bound (a GPU): its median over the no-op regions', and the limit
@@ -187,7 +187,6 @@ def judge(brackets: list[Bracket], reported_ms: list[float], cost: Overhead, hol
                        base + 3 * cost.cpu_spread_ms, statistics.median(ratios) if ratios else 1.0,
                        statistics.median(b.prep_ms for b in brackets), statistics.median(b.waited_ns / 1e6 for b in brackets),
                        statistics.median(b.cpu_ms for b in brackets), 3 * min(cost.spread_ms, cost.cpu_spread_ms),
-                       statistics.median(b.exported_ns / 1e6 for b in brackets),
                        statistics.median(b.looked_up for b in brackets),
                        let_go_ms=statistics.median(b.let_go_ns / 1e6 for b in brackets),
                        let_go_cpu_ms=let_go_cpu,

@@ -3,7 +3,7 @@
 Every timed region of a worker is bracketed by datagrams on a socket pair the evaluator made (no
 JSON, no pipe on the timed path): the worker says READY when the region's inputs are drawn, the
 evaluator reads its clock and says GO, the worker runs the calls (on a GPU, up to the synchronise
-after them) and says DONE, then waits for CONT. DONE is stamped by the kernel when it is sent
+after them; then sends the allocations they lie in) and says DONE, then waits for CONT. DONE is stamped by the kernel when it is sent
 (``SO_TIMESTAMPNS`` on the evaluator's end), so the evaluator can sleep in ``recv`` and still know
 when the region ended, by a clock no code in the worker can reach. Between DONE and CONT the
 evaluator may stop the worker and read what the region left from outside (``evaluate.outside``).
@@ -27,7 +27,7 @@ from cuda_agent.evaluate.vmm import MAX_CHUNKS
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux; Python names it only on some builds
 HEADER = struct.Struct("<4sIq")  # what, region number, a value (unused: 0)
 READY, GO, DONE, CONT, FAIL = b"RDY_", b"GO__", b"DONE", b"CONT", b"FAIL"
-# After DONE, on a GPU: the allocations the region's tensors span (evaluate.vmm), as descriptors, up to
+# Before DONE, on a GPU: the allocations the region's tensors span (evaluate.vmm), as descriptors, up to
 # FDS_PER_DATAGRAM a datagram; its value is 1 on the last, -1 where they could not be exported.
 FDS = b"FDS_"
 FDS_PER_DATAGRAM = 200  # the kernel carries at most 253 descriptors a message
@@ -80,10 +80,9 @@ class Bracket:
     # stopping it and reading its outputs from outside), and before GO (writing its inputs): part of the
     # round's wall, none of it the worker's.
     held_ns: int = 0
-    # On a GPU: from DONE to the last of the region's exported allocations; how many allocations the worker
-    # looked up after DONE (those it had not looked up before the region), and how many it exported anew
-    # (``chunks``: their descriptors, for ``between`` to take or close).
-    exported_ns: int = 0
+    # On a GPU: how many allocations the worker looked up at the region's end, before DONE (those it had not looked
+    # up before the region), and how many it exported anew (``chunks``: their descriptors, for ``between`` to take
+    # or close).
     looked_up: int = 0
     new_chunks: int = 0
     chunks: list[Chunk] = field(default_factory=list)
@@ -101,7 +100,7 @@ class Bracket:
 
     @property
     def outside_ms(self) -> float:
-        return (self.done_ns - self.go_ns + self.exported_ns) / 1e6
+        return (self.done_ns - self.go_ns) / 1e6
 
     @property
     def prep_ms(self) -> float:
@@ -118,13 +117,13 @@ class Bracket:
 
     @property
     def asked_ms(self) -> float:
-        """From the region's last datagram to the evaluator's asking for the probe (the rest: the reference's)."""
-        return max(0.0, self.asked_ns - self.done_ns - self.exported_ns) / 1e6 if self.asked_ns else 0.0
+        """From DONE to the evaluator's asking for the probe (the rest: the reference's)."""
+        return max(0.0, self.asked_ns - self.done_ns) / 1e6 if self.asked_ns else 0.0
 
     @property
     def blind_ms(self) -> float:
-        """From the region's last datagram to the probe after it: where GPU work it left queued could end unseen."""
-        return max(0.0, self.probed_ns - self.done_ns - self.exported_ns) / 1e6 if self.probed_ns else 0.0
+        """From DONE to the probe after it: where GPU work the region left queued could end unseen."""
+        return max(0.0, self.probed_ns - self.done_ns) / 1e6 if self.probed_ns else 0.0
 
 
 class Bell:
@@ -156,13 +155,16 @@ class Bell:
     def serve(self, regions: int, timeout_s: float, alive: Callable[[], bool],
               between: Callable[[Bracket], None] | None = None,
               thread: Callable[[], tuple[int, int]] | None = None,
-              before: Callable[[int, bytes, list[Chunk]], Callable[[], None] | None] | None = None) -> list[Bracket]:
+              before: Callable[[int, bytes, list[Chunk]], Callable[[], None] | None] | None = None,
+              at_done: Callable[[int], None] | None = None) -> list[Bracket]:
         """Bracket ``regions`` regions of the round the worker was just asked for (``drain`` before asking).
         ``between(bracket)`` runs after each DONE and before CONT, while the worker waits (or is stopped
         by it). ``thread()``: the worker's timing thread's CPU time and run-queue wait so far, in ns.
         ``before(region, payload, chunks)`` runs after each READY (its payload: the region's inputs described; with
         ``ready_chunked``, the allocations they lie in that the worker had not sent before, for it to take) and may
-        stop the worker; what it returns lets it go on, and the bracket opens then (``Bracket.let_go_ns``)."""
+        stop the worker; what it returns lets it go on, and the bracket opens then (``Bracket.let_go_ns``).
+        ``at_done(region)`` runs as soon as DONE is in, before anything else (on a GPU: the worker stopped, the GPU
+        probed)."""
         deadline = time.monotonic() + timeout_s
         brackets: list[Bracket] = []
         thread = thread or (lambda: (0, 0))
@@ -192,18 +194,19 @@ class Bell:
             cpu_before, waited_before = thread()
             go_ns = time.time_ns()
             self.ours.send(HEADER.pack(GO, region, 0))
-            done_ns, payload = self._expect(DONE, region, deadline, alive)
-            chunks, exported_ns, looked_up = [], 0, 0
-            if self.chunked:
-                # The export runs in the worker's process, where the candidate's code could do work of its
-                # own meanwhile: it is part of the region (``Bracket.exported_ns``), not of the evaluator's hold.
-                chunks, last_ns, looked_up = self._chunks(region, deadline, alive)
-                exported_ns = max(0, last_ns - done_ns)
+            chunks, looked_up = [], 0
             try:
+                if self.chunked:
+                    # The export runs in the worker's process, where the candidate's code could do work of its
+                    # own meanwhile: it is part of the region, before DONE.
+                    chunks, _, looked_up = self._chunks(region, deadline, alive)
+                done_ns, payload = self._expect(DONE, region, deadline, alive)
+                if at_done is not None:
+                    at_done(region)
                 cpu_after, waited_after = thread()
                 cpu_from = let_go_cpu if let_go_cpu is not None and self.cpu_from_let_go else cpu_before
                 bracket = Bracket(region, start, ready_ns, go_ns, done_ns, payload, waited_after - waited_before,
-                                  cpu_after - cpu_from, exported_ns=exported_ns, looked_up=looked_up,
+                                  cpu_after - cpu_from, looked_up=looked_up,
                                   new_chunks=len(chunks), chunks=chunks,
                                   let_go_ns=go_ns - let_go_ns if let_go_ns else 0,
                                   let_go_cpu_ns=cpu_before - let_go_cpu if let_go_cpu is not None else 0)
@@ -225,9 +228,9 @@ class Bell:
         return self._chunks(CHECK_REGION, time.monotonic() + timeout_s, alive)[0]
 
     def _chunks(self, region: int, deadline: float, alive: Callable[[], bool]) -> tuple[list[Chunk], int, int]:
-        """The FDS datagrams after a region's DONE: the allocations its tensors span that were not sent before,
-        each with a descriptor; when the last datagram was sent (the kernel's stamp); how many allocations the
-        worker looked up after DONE."""
+        """The FDS datagrams that end a region (before its DONE), or a checked call's: the allocations its tensors
+        span that were not sent before, each with a descriptor; when the last datagram was sent (the kernel's
+        stamp); how many allocations the worker looked up at the end."""
         chunks: list[Chunk] = []
         try:
             while True:
@@ -352,8 +355,8 @@ class Ringer:
         self._send(self._pack(DONE, region, 0) + payload)
 
     def chunks(self, region: int, chunks: list[tuple[int, int]], fds: list[int], looked_up: int) -> None:
-        """After DONE: the region's allocations not sent before and a descriptor of each (closed here once
-        sent), and how many allocations were looked up after DONE."""
+        """Before DONE: the region's allocations not sent before and a descriptor of each (closed here once
+        sent), and how many allocations were looked up at the region's end."""
         try:
             for at in range(0, max(len(fds), 1), FDS_PER_DATAGRAM):
                 last = int(at + FDS_PER_DATAGRAM >= len(fds))

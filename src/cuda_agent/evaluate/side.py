@@ -155,8 +155,8 @@ class _Side:
         chooser = secrets.SystemRandom()
 
         # On a GPU the memory the region's tensors span is looked up and exported before the region (its inputs,
-        # and the last region's outputs, whose memory its outputs reuse) and handed over after DONE
-        # (``after_done``); only what was not looked up before is looked up then, within the bracket.
+        # and the last region's outputs, whose memory its outputs reuse) and handed over just before DONE
+        # (``before_done``); only what was not looked up before is looked up then, within the bracket.
         exporter, ringer = self.exporter, self.ringer if msg.bell else None
         exporting = msg.outside and exporter is not None and ringer is not None
         spans: list[tuple[int, int]] = []
@@ -209,7 +209,7 @@ class _Side:
                     return
                 ringer.chunks(number, chunks, fds, 0)
 
-        def after_done(number: int) -> None:
+        def before_done(number: int) -> None:
             try:
                 chunks, fds, looked_up = exporter.finish(spans)
             except VmmError as exc:
@@ -220,7 +220,7 @@ class _Side:
         # A round that raises says FAIL on the brackets where it is handled (CandidateSide.handle).
         with torch.no_grad():
             samples = time_round(prepare, self.device, TimingConfig.from_dict(msg.timing), msg.trials, msg.calls,
-                                 after_end, host, fence, ringer, after_done if exporting else None,
+                                 after_end, host, fence, ringer, before_done if exporting else None,
                                  announce if msg.written and ringer is not None else None, before_region)
         synchronize(self.device)
         if recorder is None:

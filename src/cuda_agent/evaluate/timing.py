@@ -228,7 +228,7 @@ def calibrate(fn: Callable[[], Any], device: str, config: TimingConfig,
 def time_round(prepare: Callable[[], Callable[[], Any]], device: str, config: TimingConfig, trials: int,
                calls: int = 1, after_end: Callable[[], bytes | None] | None = None,
                host: HostLaunch | None = None, fence: bool = True, bell: Any = None,
-               after_done: Callable[[int], None] | None = None,
+               before_done: Callable[[int], None] | None = None,
                announce: Callable[[int], None] | None = None,
                before_region: Callable[[], None] | None = None) -> list[float]:
     """One round of ``trials`` timed regions; each region runs ``calls`` calls back to back and
@@ -241,8 +241,9 @@ def time_round(prepare: Callable[[], Callable[[], Any]], device: str, config: Ti
     the calls may leave work running past the end event (the candidate's), so a region whose fence
     is late is timed to the fence; the trusted baselines' regions are always timed to their end.
     ``bell`` (``regions.Ringer``): each region is opened and closed through the evaluator's brackets
-    (READY once drawn, GO, DONE once over with what ``after_end`` returned, CONT); ``after_done(region)``
-    runs between DONE and CONT, outside the bracket (on a GPU: the region's memory exported). ``announce(region)``
+    (READY once drawn, GO, DONE once over with what ``after_end`` returned, CONT); ``before_done(region)``
+    runs just before DONE, inside the bracket (on a GPU: the region's memory exported, so that DONE is the region's
+    last word and the evaluator can stop the process and probe the GPU as soon as it comes). ``announce(region)``
     says READY instead of ``bell.ready``: with the region's inputs described (and on a GPU their memory), for
     the evaluator to write their values before GO. ``before_region()`` runs just before each region is opened, its
     inputs drawn and the L2 flushed (on a GPU, synchronised): the reference's quiet probe (``evaluate.quiet``)."""
@@ -262,16 +263,16 @@ def time_round(prepare: Callable[[], Callable[[], Any]], device: str, config: Ti
             samples.append(_profiled_region(ready) / calls)
             payload = after_end()
             if bell is not None:
+                if before_done is not None:
+                    before_done(region)
                 bell.done(region, payload or b"")
-                if after_done is not None:
-                    after_done(region)
                 bell.wait(CONT, region)
         return samples
     cuda = device == "cuda"
     flush = _flush_buffer(device, config)
     samples: list[float] = []
     if cuda:
-        samples = _time_regions_cuda(prepare, config, trials, calls, flush, after_end, host, fence, bell, after_done,
+        samples = _time_regions_cuda(prepare, config, trials, calls, flush, after_end, host, fence, bell, before_done,
                                      announce, before_region)
     else:
         clock = bound.perf_counter_ns
@@ -289,9 +290,9 @@ def time_round(prepare: Callable[[], Callable[[], Any]], device: str, config: Ti
             end = clock()
             payload = after_end()
             if bell is not None:
+                if before_done is not None:
+                    before_done(region)
                 bell.done(region, payload or b"")
-                if after_done is not None:
-                    after_done(region)
                 bell.wait(CONT, region)
             samples.append((end - begin) / 1e6 / calls)
             ready.clear()  # this region's inputs and outputs go before the next region draws its own
@@ -306,7 +307,7 @@ def _call_each(calls: list[Callable[[], Any]]) -> None:
 
 def _time_regions_cuda(prepare: Callable[[], Callable[[], Any]], config: TimingConfig, trials: int, calls: int,
                        flush: Any, after_end: Callable[[], bytes | None], host: HostLaunch, check_fence: bool,
-                       bell: Any = None, after_done: Callable[[int], None] | None = None,
+                       bell: Any = None, before_done: Callable[[int], None] | None = None,
                        announce: Callable[[int], None] | None = None,
                        before_region: Callable[[], None] | None = None) -> list[float]:
     cuda, clock = bound.bind_cuda(), bound.perf_counter_ns
@@ -353,9 +354,9 @@ def _time_regions_cuda(prepare: Callable[[], Callable[[], Any]], config: TimingC
             cuda.record(fence)
             payload = after_end()
         if bell is not None:
+            if before_done is not None:
+                before_done(region)
             bell.done(region, payload or b"")
-            if after_done is not None:
-                after_done(region)
             bell.wait(CONT, region)
         ready.clear()  # this region's inputs and outputs go before the next region draws its own
     cuda.synchronize()
