@@ -68,6 +68,11 @@ def _phases(owner: object) -> None:
 def instrument() -> None:
     _timed(process.WorkerProcess, "pause")
     _timed(process.WorkerProcess, "resume")
+    _timed(process.WorkerProcess, "stop_known", "stop known (at DONE)")
+    _timed(reference_process.ReferenceGpu, "after_done", "probe asked (before GO)")
+    _timed(reference_process.ArmedProbe, "answer", "probe answer (after DONE)")
+    _timed(reference_process.ReferenceGpu, "keep", "reference keep (a round's last output)")
+    _timed(regions.Bell, "_chunks", "allocations received (FDS)")
     _timed(reference_process.ReferenceGpu, "write", "reference write (GPU inputs)")
     _timed(reference_process.ReferenceGpu, "read", "reference read (GPU outputs)")
     _timed(watchers.Signals, "check", "signals watcher")

@@ -46,7 +46,7 @@ EXAMPLES = [
     p.KeepGpuRequest(held=p.GpuHeld(ids=[7], new=[0]), sizes=[2 << 20], offsets=[0],
                      leaves=[["float32", [2, 3], [3, 1], 4096]], call=24),
     p.QuietRequest(within_s=2.0),
-    p.AfterDoneRequest(),
+    p.AfterDoneRequest(region=3, within_s=2.0, page=True),
     p.ScreenCheckRequest(path="program.py", name="p", seeds=[1, 2, 3], stochastic_ops=["torch.dropout"], **TOL),
     p.ScreenTimeRequest(compiled=True, tf32="torch"),
     p.ScreenCompileRequest(),

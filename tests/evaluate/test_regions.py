@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import os
 import signal
+import struct
 import time
 
 import pytest
 import torch
 
+from cuda_agent.evaluate.channel import Stop
 from cuda_agent.evaluate.outside import OutsideError, ProcessMemory as OutsideReader, describe
 from cuda_agent.evaluate.policy import TimingConfig
 from cuda_agent.evaluate.records import OUTPUT_VALUES, positions
@@ -231,12 +233,12 @@ def test_gpu_work_left_past_done_is_judged_against_the_no_op_regions_probes():
     assert judge(unprobed, [0.25] * 9, overhead(unprobed, [0.0] * 9, 0.0), 0.0, 0.1, 50).after_done_limit_ms == 0
 
 
-def test_after_a_gpu_regions_done_the_process_is_stopped_before_the_gpu_is_probed():
-    """The probe is worth something only if nothing more can be queued while it waits, and only for work still
-    queued when it is launched: as soon as DONE is in, the processes the last stop found are stopped and the probe
-    asked for (``at_done``); after the bracket is made its answer is taken, the tree walked for any other process
-    and the stop awaited; then its calls are read; it is let go on once, after all of it. Where no ``at_done``
-    ran, ``between`` does the same itself."""
+def test_after_a_gpu_regions_done_the_gpu_is_probed_then_the_process_stopped():
+    """The probe is worth something only for work still queued when it is launched, and only if nothing more can be
+    queued while it waits: before GO the reference is asked for it (``before_go``); as soon as DONE is in it is rung
+    and the processes the last stop found are stopped (``at_done``); after the bracket is made its answer is taken,
+    the tree walked for any other process and the stop awaited; then its calls are read; it is let go on once, after
+    all of it. A region that goes no further has its probe called off and the answer taken."""
     from cuda_agent.evaluate.brackets import CandidateBrackets
     from cuda_agent.evaluate.outside import GpuMemory
     from cuda_agent.evaluate.regions import Bracket, Chunk
@@ -245,14 +247,22 @@ def test_after_a_gpu_regions_done_the_process_is_stopped_before_the_gpu_is_probe
     mib = 1 << 20
     base = 0x7F0000000000
 
-    class Reference:  # the reference's side of GpuRemote, as it is asked
-        def after_done(self):
-            events.append("probe")
+    class Armed:
+        def ring(self) -> int:
+            events.append("ring")
+            return 99
 
-            def answer():
-                events.append("answer")
-                return 250.0, 123
-            return answer
+        def call_off(self) -> None:
+            events.append("call off")
+
+        def answer(self):
+            events.append("answer")
+            return 250.0, 123
+
+    class Reference:  # the reference's side of GpuRemote, as it is asked
+        def after_done(self, within_s):
+            events.append(f"arm {within_s}")
+            return Armed()
 
         def read(self, held, fds, sizes, reads, apart_s):
             events.append("read")
@@ -277,18 +287,52 @@ def test_after_a_gpu_regions_done_the_process_is_stopped_before_the_gpu_is_probe
     chunk = Chunk(base, 2 * mib, os.open("/dev/null", os.O_RDONLY))
     call = {"i": 0, "o": [[base, "float32", [64], [1]]], "in": [[base + mib, "float32", [64], [1]]]}
     bracket = Bracket(0, 0, 0, 1, 2, payload=encode_calls([call]), chunks=[chunk])
-    brackets._at_done(7)(0)
-    assert events == ["stop known", "probe"]
+    at_done, before_go = brackets._probes(7, 5.0)
+    before_go(0)
+    at_done(0)
+    assert events == ["arm 5.0", "ring", "stop known"]
     brackets._reader_for(0, 1, probe=7)(bracket)
-    assert events[2:] == ["answer", "stop", "read", "resume"]
-    assert (bracket.after_done_us, bracket.probed_ns) == (250.0, 123) and bracket.asked_ns > 0
-    assert [record.index for _, record in brackets.records] == [0] and brackets.asked is None
+    assert events[3:] == ["answer", "stop", "read", "resume"]
+    assert (bracket.after_done_us, bracket.probed_ns, bracket.asked_ns) == (250.0, 123, 99)
+    assert [record.index for _, record in brackets.records] == [0] and brackets.armed is None
     events.clear()
-    bracket = Bracket(0, 0, 0, 1, 2, payload=encode_calls([call]))
-    brackets._reader_for(0, 1, probe=7)(bracket)
-    assert events == ["stop known", "probe", "answer", "stop", "read", "resume"]
-    assert brackets._at_done(None) is None  # no probe where the calls are not read (the CPU backend's calibration)
+    before_go(1)  # the region fails before its DONE
+    brackets._settle()
+    assert events == ["arm 5.0", "call off", "answer"] and brackets.armed is None
+    events.clear()
+    with pytest.raises(Stop, match="no probe after its DONE"):  # a region bracketed without asking for one
+        brackets._reader_for(0, 1, probe=7)(Bracket(0, 0, 0, 1, 2, payload=encode_calls([call])))
+    assert events == ["resume"]
+    assert brackets._probes(None, 5.0) == (None, None)  # no probe where the calls are not read (CPU calibration)
     brackets.close()
+
+
+def test_the_doorbell_wakes_a_waiter_in_another_process_as_soon_as_its_region_is_rung():
+    """The reference waits on the page the evaluator rings (``quiet.Doorbell``): a region rung wakes it, one called
+    off or not rung in time does not count as rung, and an earlier region's ring does not wake a later one."""
+    from cuda_agent.evaluate.quiet import Doorbell
+
+    bell = Doorbell.create()
+    waiter = Doorbell(os.dup(bell.fd))  # as the reference maps the descriptor it was handed
+    assert not waiter.wait(1, within_s=0.01)
+    bell.ring(1)
+    assert waiter.wait(1, within_s=0.01) and not waiter.wait(2, within_s=0.01)
+    bell.call_off(2)
+    assert not waiter.wait(2, within_s=5.0)  # at once, not after 5 s
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the waiter in a process of its own: how long from the ring to its wake-up
+        rung = waiter.wait(3, within_s=10.0)
+        os.write(write_end, struct.pack("<?q", rung, time.time_ns()))
+        os._exit(0)
+    time.sleep(0.05)
+    rung_ns = time.time_ns()
+    bell.ring(3)
+    rung, woke_ns = struct.unpack("<?q", os.read(read_end, 9))
+    os.waitpid(pid, 0)
+    assert rung and 0 <= woke_ns - rung_ns < 50_000_000
+    for each in (waiter, bell):
+        each.close()
 
 
 def _stopped_child_with(tensor_factory):

@@ -10,14 +10,14 @@ regions the candidate's process reported against the brackets.
 
 from __future__ import annotations
 
+import contextlib
 import secrets
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from cuda_agent.evaluate.channel import Stop
-from cuda_agent.evaluate.outside import (Draw, GpuInputWriter, GpuMemory, InputWriter, OutsideError, OutsideReader,
-                                         GpuRemote, ProcessMemory)
+from cuda_agent.evaluate.outside import (Armed, Draw, GpuInputWriter, GpuMemory, InputWriter, OutsideError,
+                                         OutsideReader, GpuRemote, ProcessMemory)
 from cuda_agent.evaluate.protocol import CallRecord
 from cuda_agent.evaluate.records import RECORDED_PER_REGION
 from cuda_agent.evaluate.timing import trial_seed
@@ -64,8 +64,10 @@ class CandidateBrackets:
     # The timed call whose output the reference keeps, copied out while the process was stopped after its region
     # (``GpuMemory.keep``): each round's last, so that the last round's is the evaluation's last timed call.
     kept_call: int | None = None
-    # The probe asked for at a GPU region's DONE (``_at_done``), its answer collected in ``between``.
-    asked: tuple[int, Callable[[], tuple[float, int]]] | None = None
+    # The probe asked for before a GPU region's GO (``_probes``), rung at its DONE (when: ``asked_ns``), its answer
+    # collected in ``between``.
+    armed: Armed | None = None
+    asked_ns: int = 0
 
     @classmethod
     def open(cls, worker: Any, device: str, may_write: bool = True) -> "CandidateBrackets":
@@ -152,18 +154,19 @@ class CandidateBrackets:
         self.bell.ready_chunked = self.device == "cuda" and self._announces_inputs
         try:
             return self.bell.serve(CALIBRATION_REGIONS, timeout_s, self._alive, self._reader_for(0, 1, probe),
-                                   self.thread, self._writer_for(0, 1, secrets.randbits(62)), self._at_done(probe))
+                                   self.thread, self._writer_for(0, 1, secrets.randbits(62)),
+                                   *self._probes(probe, timeout_s))
         except BellFailed:
             return None
         except Stop as stop:  # no candidate code has run yet: the harness's failure, not the candidate's
-            self._settle()
             raise Stop("error", "load", f"the no-op regions before the candidate's code: {stop.reason}") from None
         except BellError as exc:
-            self._settle()
             if not self._alive():
                 return None  # its death is read from the load reply
             raise Stop("failed", "load", f"the candidate's process broke the timing protocol before its code "
                        f"ran: {exc}", rule="forged-reply") from None
+        finally:
+            self._settle()
 
     def calibrate(self, brackets: list[Bracket] | None, reported_ms: list[float] | None, hold_us: float) -> None:
         if brackets is None or not reported_ms or len(reported_ms) != len(brackets):
@@ -213,18 +216,20 @@ class CandidateBrackets:
         try:
             return self.bell.serve(trials, timeout_s, self._alive,
                                    self._reader_for(first, calls, probe, final=first + trials * calls - 1),
-                                   self.thread, self._writer_for(first, calls, self.inputs_base), self._at_done(probe))
+                                   self.thread, self._writer_for(first, calls, self.inputs_base),
+                                   *self._probes(probe, timeout_s))
         except BellFailed:
             return None
         except BellUnreadable as exc:
             raise Stop("failed", "verify", f"a timed call's output cannot be read from outside the candidate's "
                        f"process: {exc}", rule="timed-output") from None
         except BellError as exc:
-            self._settle()
             if not self._alive():
                 return None
             raise Stop("failed", "profile", f"the candidate's process broke the timing protocol: {exc}",
                        rule="forged-reply") from None
+        finally:
+            self._settle()
 
     def add(self, brackets: list[Bracket], samples: list[float], calls: int) -> None:
         self.timed.extend((bracket, sample * calls) for bracket, sample in zip(brackets, samples))
@@ -286,33 +291,42 @@ class CandidateBrackets:
         return before
 
     def _settle(self) -> None:
-        """A probe asked for at DONE whose region went no further: its answer taken, so that the reference's next
-        reply is the next request's."""
-        if self.asked is not None:
-            answer, self.asked = self.asked[1], None
-            answer()
+        """A probe asked for whose region went no further: called off and its answer taken, so that the reference's
+        next reply is the next request's (a reference that does not answer is left to ``reference_process.idle``)."""
+        if self.armed is not None:
+            armed, self.armed = self.armed, None
+            armed.call_off()
+            with contextlib.suppress(Stop):
+                armed.answer()
 
-    def _at_done(self, probe: int | None) -> Callable[[int], None] | None:
-        """On a GPU read from outside, as soon as a region's DONE is in: the processes the last stop found stopped at
-        once (pidfds, no walk of the tree), and the reference asked for its probe without waiting for the answer.
-        DONE is the worker's word: a region can say it with its kernels still queued, and they run on after the stop
-        (red team done-sent-early-gpu). The GPU time-slices between contexts, so the probe waits for what is left;
-        work that ends before its launch is not seen (``Bracket.blind_ms``): the sooner, the less (asked once the
-        tree was walked and the stop awaited, it came 1.6-1.8 ms after DONE on the H200; 0.6-0.8 ms once the known
-        processes were stopped first and the probe asked for in ``between``)."""
+    def _probes(self, probe: int | None, within_s: float) -> tuple[Callable[[int], None] | None,
+                                                                   Callable[[int], None] | None]:
+        """On a GPU read from outside, ``Bell.serve``'s ``at_done`` and ``before_go``. Before GO the reference is asked
+        for a probe; as soon as DONE is in it is rung (``quiet.Doorbell``) and the processes the last stop found are
+        stopped at once (pidfds, no walk of the tree). DONE is the worker's word: a region can say it with its
+        kernels still queued, and they run on after the stop (red team done-sent-early-gpu). The GPU time-slices
+        between contexts, so the probe waits for what is left; work that ends before its launch is not seen
+        (``Bracket.blind_ms``): the sooner, the less. On the H200, asked once the tree was walked and the stop
+        awaited, it came 1.6-1.8 ms after DONE; the known processes stopped first, asked in ``between``, 0.6-0.8 ms;
+        asked at DONE without waiting, 0.41-0.55 ms, of which the evaluator's 0.07 ms: the rest was the reference's
+        wake-up and the request's parse, which the doorbell takes off."""
         if probe is None or not isinstance(self.reader, GpuMemory):
-            return None
+            return None, None
         reader = self.reader
 
+        def before_go(region: int) -> None:
+            self._settle()
+            self.armed = reader.after_done(within_s)
+
         def at_done(region: int) -> None:
+            if self.armed is not None:
+                self.asked_ns = self.armed.ring()
             self.worker.stop_known()
-            asked_ns = time.time_ns()
-            self.asked = (asked_ns, reader.after_done())
-        return at_done
+        return at_done, before_go
 
     def _reader_for(self, first: int, calls: int, probe: int | None,
                     final: int | None = None) -> Callable[[Bracket], None] | None:
-        """After each region: on a GPU read from outside, the probe asked for at DONE (``_at_done``) collected
+        """After each region: on a GPU read from outside, the probe rung at DONE (``_probes``) collected
         (``Bracket.after_done_us``, judged by ``region_clock.judge``) and the stop awaited; the region's calls as described,
         checked against the calls asked for; then the process stopped and ``RECORDED_PER_REGION`` of them, drawn now,
         read from outside; on a GPU the output of call ``final`` (the round's last) kept by the reference too, where
@@ -323,10 +337,11 @@ class CandidateBrackets:
             try:
                 if gpu and probe is not None:
                     stopped = True
-                    if self.asked is None:  # a bell that did not call ``at_done``
-                        self._at_done(probe)(bracket.region)  # type: ignore[misc]
-                    (bracket.asked_ns, answer), self.asked = self.asked, None  # type: ignore[misc]
-                    bracket.after_done_us, bracket.probed_ns = answer()
+                    if self.armed is None:  # a region never asked for its probe: not one bracketed by ``serve``
+                        raise Stop("error", "profile", f"timed region {bracket.region}: no probe after its DONE")
+                    armed, self.armed = self.armed, None
+                    bracket.asked_ns = self.asked_ns
+                    bracket.after_done_us, bracket.probed_ns = armed.answer()
                     self._stop()  # any process started since the last stop found, and every one confirmed
                 if gpu:
                     self.reader.take(bracket.chunks)  # type: ignore[union-attr]

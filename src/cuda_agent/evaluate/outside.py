@@ -185,9 +185,22 @@ class GpuRemote(Protocol):
         """Call ``call``'s output tensors ``[dtype, shape, strides, at]`` copied into the reference's memory, kept
         there for its whole comparison; else ``OutsideError``."""
 
-    def after_done(self) -> Callable[[], tuple[float, int]]:
-        """One quiet probe at once (``quiet.after_done``), asked for without waiting: what it returns waits for the
-        answer, the probe's wait in us and when it was launched."""
+    def after_done(self, within_s: float) -> "Armed":
+        """One quiet probe (``quiet.after_done``), asked for before a region's GO without waiting: launched as soon
+        as what this returns rings (within ``within_s``)."""
+
+
+class Armed(Protocol):
+    """A probe the reference waits to launch at a region's DONE (``reference_process.ArmedProbe``)."""
+
+    def ring(self) -> int:
+        """The region said DONE: probe now. When it was rung (``time.time_ns``)."""
+
+    def call_off(self) -> None:
+        """The region went no further: no probe."""
+
+    def answer(self) -> tuple[float, int]:
+        """Waits for the reply: the probe's wait in us, when it was launched (0: called off)."""
 
 
 APART_S = 0.001  # between the two reads of GPU memory: a write still landing shows as a change
@@ -229,10 +242,10 @@ class GpuMemory(OutsideReader):
             raise OutsideError(f"the candidate's process exported more than {MAX_HELD} allocations (its memory keeps "
                                "moving: every timed output must be read in memory of torch's allocator)")
 
-    def after_done(self) -> Callable[[], tuple[float, int]]:
+    def after_done(self, within_s: float) -> Armed:
         """What a region left running on the GPU once it said DONE (``quiet.after_done``), probed by the reader:
-        asked now, its answer (the probe's wait in us, when it was launched) from what this returns."""
-        return self.remote.after_done()
+        asked before GO, launched when what this returns rings."""
+        return self.remote.after_done(within_s)
 
     def close(self) -> None:
         for chunk in self.held.values():

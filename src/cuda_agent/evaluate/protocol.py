@@ -192,8 +192,12 @@ class QuietRequest(_Request):
 
 @dataclass(frozen=True)
 class AfterDoneRequest(_Request):
-    """Reference: one quiet probe at once, a candidate's region having said DONE (``quiet.after_done``)."""
+    """Reference, asked before a candidate's region's GO: one quiet probe as soon as the evaluator rings ``region``
+    on the doorbell (``quiet.after_done``), whose page is handed over first where ``page``."""
     op: ClassVar[str] = "after_done"
+    region: int
+    within_s: float
+    page: bool = False
 
 
 @dataclass(frozen=True)
@@ -481,7 +485,7 @@ class QuietReply(_Reply):
 @dataclass(frozen=True)
 class AfterDoneReply(_Reply):
     wait_us: float  # the probe's wait: GPU work left queued by the region (up to a time slice), plus a switch
-    launched_ns: int  # when it was launched (``time.time_ns``)
+    launched_ns: int  # when it was launched (``time.time_ns``); 0: the region was called off, nothing probed
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import hashlib
 import os
 import secrets
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 from cuda_agent.evaluate.baseline import BaselineCache, baseline_key
 from cuda_agent.evaluate.channel import Channel, Stop
@@ -26,7 +26,7 @@ from cuda_agent.evaluate.protocol import (
     AttachReply, AttachRequest, CompileReply, CompileRequest, DegenerateReply, DegenerateRequest, LoadReply,
     LoadRequest, ReleaseReply, ReleaseRequest,
 )
-from cuda_agent.evaluate.quiet import GpuQuiet
+from cuda_agent.evaluate.quiet import Doorbell, GpuQuiet
 from cuda_agent.evaluate.references import LiveReference, ReferencePool
 from cuda_agent.evaluate.result import EvalResult
 from cuda_agent.evaluate.rounds import time_rounds
@@ -270,14 +270,18 @@ class ReferenceGpu:
         if self.quiet is not None:
             self.quiet.judge(reply.busy_us, "once a region's inputs were written, before its GO")
 
-    def after_done(self) -> Callable[[], tuple[float, int]]:
-        channel = self.reference.channel
-        channel.send("profile", AfterDoneRequest())
-
-        def answer() -> tuple[float, int]:
-            reply = channel.receive_typed("profile", AfterDoneReply, self.setup.timeouts.check_s)
-            return reply.wait_us, reply.launched_ns
-        return answer
+    def after_done(self, within_s: float) -> "ArmedProbe":
+        """The reference asked, before a region's GO, for a probe as soon as its DONE is rung (``quiet.after_done``);
+        the doorbell's page handed over with the first request of the process's life."""
+        reference = self.reference
+        page = reference.doorbell is None
+        if page:
+            reference.doorbell = Doorbell.create()
+            self._send([reference.doorbell.fd])
+        reference.rung += 1
+        reference.channel.send("profile", AfterDoneRequest(region=reference.rung, within_s=within_s, page=page))
+        return ArmedProbe(reference.doorbell, reference.rung, reference.channel,  # type: ignore[arg-type]
+                          self.setup.timeouts.check_s + within_s)
 
     def keep(self, held: GpuHeld, fds: list[int], sizes: list[int], offsets: list[int], leaves: list[list[Any]],
              call: int) -> None:
@@ -286,6 +290,26 @@ class ReferenceGpu:
         reply = self.reference.channel.ask_typed("profile", request, KeepGpuReply, self.setup.timeouts.check_s)
         if reply.error:
             raise OutsideError(reply.error)
+
+
+class ArmedProbe:
+    """A probe the reference waits to launch (``ReferenceGpu.after_done``): ``ring`` at the region's DONE, or
+    ``call_off`` where the region went no further; ``answer`` then takes its reply."""
+
+    def __init__(self, bell: Doorbell, region: int, channel: Channel, timeout_s: float) -> None:
+        self.bell, self.region, self.channel, self.timeout_s = bell, region, channel, timeout_s
+
+    def ring(self) -> int:
+        self.bell.ring(self.region)
+        return time.time_ns()
+
+    def call_off(self) -> None:
+        self.bell.call_off(self.region)
+
+    def answer(self) -> tuple[float, int]:
+        """The probe's wait in us and when it was launched (0 where it was called off)."""
+        reply = self.channel.receive_typed("profile", AfterDoneReply, self.timeout_s)
+        return reply.wait_us, reply.launched_ns
 
 
 def input_drawer(setup: Setup, reference: LiveReference) -> Draw:

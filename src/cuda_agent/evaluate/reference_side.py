@@ -16,7 +16,7 @@ from cuda_agent.evaluate.outside import span_bytes
 from cuda_agent.evaluate.protocol import (CalibrateRequest, CompareRequest, CompileRequest, DegenerateRequest,
                                           DrawRequest, ExpectRequest, GpuHeld, KeepGpuRequest, ReadGpuRequest,
                                           RecordsRequest, TimeRequest, WriteGpuRequest, parse_request)
-from cuda_agent.evaluate.quiet import after_done, probe_us, quiet_within
+from cuda_agent.evaluate.quiet import Doorbell, after_done, probe_us, quiet_within
 from cuda_agent.evaluate.records import compare_record, same_outputs, sample_output
 from cuda_agent.evaluate.shared import SharedBuffer, SharedError, aligned
 from cuda_agent.evaluate.timing import HostLaunch
@@ -39,6 +39,7 @@ class ReferenceSide(_Side):
     drawn: SharedBuffer | None = None  # timed calls' inputs for the evaluator to write into the candidate's (``draw``)
     flush: Any = None  # zeroed after a GPU write of the candidate's inputs (``write_gpu``)
     kept_output: list[Any] | None = None  # a timed call's output tensors copied out of the candidate's (``keep_gpu``)
+    doorbell: Doorbell | None = None  # rung by the evaluator at a candidate's region's DONE (``after_done``)
 
     def handle(self, op: str, msg: Any) -> dict[str, Any]:
         """Answer request ``op``: its dataclass (``protocol.REQUESTS``), or a dict it is parsed from."""
@@ -89,7 +90,15 @@ class ReferenceSide(_Side):
         if op == "quiet":
             return {"after_ms": quiet_within(msg.within_s)}
         if op == "after_done":
-            wait_us, launched_ns = after_done()
+            if msg.page:
+                if self.fd_socket is None:
+                    raise ValueError("'after_done': no descriptor channel")
+                if self.doorbell is not None:
+                    self.doorbell.close()
+                self.doorbell = Doorbell(receive_fds(self.fd_socket, 1, 30)[0])
+            if self.doorbell is None:
+                raise ValueError("'after_done': no doorbell was handed over")
+            wait_us, launched_ns = after_done(self.doorbell, msg.region, msg.within_s)
             return {"wait_us": wait_us, "launched_ns": launched_ns}
         if op == "records":
             return {"verdicts": self.check_records(msg)}

@@ -21,6 +21,7 @@ from typing import Any
 
 from cuda_agent.evaluate.channel import Channel
 from cuda_agent.evaluate.protocol import LoadReply
+from cuda_agent.evaluate.quiet import Doorbell
 
 # What idle references may hold of a GPU together by default: more, and candidates of other tasks run out.
 REFERENCE_MEMORY = 16 * 1024**3
@@ -45,6 +46,8 @@ class LiveReference:
     compiled: dict[str, Any] | None = None  # torch.compile's reply (compile_seconds or compile_error), once asked
     evaluations: int = 0
     reserved: int = 0  # GPU memory it holds while idle (bytes, after releasing what it can)
+    doorbell: Doorbell | None = None  # rung at a candidate's GPU region's DONE (``quiet.after_done``), once made
+    rung: int = 0  # the regions it was asked to probe after, over its life: each one's number on the doorbell
 
     @property
     def state_dict(self) -> Path:
@@ -61,6 +64,9 @@ class LiveReference:
         if self.share_fd is not None:
             os.close(self.share_fd)
             self.share_fd = None
+        if self.doorbell is not None:
+            self.doorbell.close()
+            self.doorbell = None
         shutil.rmtree(self.home, ignore_errors=True)
 
 

@@ -156,15 +156,17 @@ class Bell:
               between: Callable[[Bracket], None] | None = None,
               thread: Callable[[], tuple[int, int]] | None = None,
               before: Callable[[int, bytes, list[Chunk]], Callable[[], None] | None] | None = None,
-              at_done: Callable[[int], None] | None = None) -> list[Bracket]:
+              at_done: Callable[[int], None] | None = None,
+              before_go: Callable[[int], None] | None = None) -> list[Bracket]:
         """Bracket ``regions`` regions of the round the worker was just asked for (``drain`` before asking).
         ``between(bracket)`` runs after each DONE and before CONT, while the worker waits (or is stopped
         by it). ``thread()``: the worker's timing thread's CPU time and run-queue wait so far, in ns.
         ``before(region, payload, chunks)`` runs after each READY (its payload: the region's inputs described; with
         ``ready_chunked``, the allocations they lie in that the worker had not sent before, for it to take) and may
         stop the worker; what it returns lets it go on, and the bracket opens then (``Bracket.let_go_ns``).
-        ``at_done(region)`` runs as soon as DONE is in, before anything else (on a GPU: the worker stopped, the GPU
-        probed)."""
+        ``before_go(region)`` runs once ``before`` is done, before the worker is let go (on a GPU: the probe after
+        DONE asked for); ``at_done(region)`` as soon as DONE is in, before anything else (the probe rung, the worker
+        stopped)."""
         deadline = time.monotonic() + timeout_s
         brackets: list[Bracket] = []
         thread = thread or (lambda: (0, 0))
@@ -185,6 +187,8 @@ class Bell:
             # (``thread()``). That wait is the candidate's time outside the bracket (``Bracket.let_go_ns``, 0.06-0.1
             # ms a region); counted in the bracket it varied so from one evaluation to the next (0.1 -> 0.9 ms on
             # the 2-core host) that an honest one failed as ``clock``.
+            if before_go is not None:
+                before_go(region)
             let_go_ns = 0
             let_go_cpu = None
             if let_go is not None:
