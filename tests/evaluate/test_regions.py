@@ -55,8 +55,12 @@ def _exit_status(pid: int) -> int:
     return os.waitstatus_to_exitcode(status)
 
 
-def test_a_round_through_the_brackets_is_bracketed_by_the_evaluators_clock():
+@pytest.mark.parametrize("poll_done", [False, True], ids=["slept-on", "polled"])
+def test_a_round_through_the_brackets_is_bracketed_by_the_evaluators_clock(poll_done):
+    """Either way the evaluator waits for DONE (``Bell.poll_done``: polled on a GPU read from outside), the brackets
+    are the kernel's send stamps."""
     bell = Bell()
+    bell.poll_done = poll_done
     samples_read, samples_write = os.pipe()
     config = TimingConfig(flush_l2=False)
 
@@ -80,6 +84,27 @@ def test_a_round_through_the_brackets_is_bracketed_by_the_evaluators_clock():
         assert bracket.go_ns >= bracket.ready_ns and bracket.done_ns > bracket.go_ns
         assert bracket.outside_ms >= sample * 2
         assert decode_calls(bracket.payload) == []
+    bell.close()
+
+
+def test_a_polled_wait_for_done_still_notices_a_dead_worker():
+    """Polled, the wait for DONE still looks at the worker once a second, and gives up at the deadline."""
+    bell = Bell()
+    bell.poll_done = True
+
+    def worker() -> None:
+        ringer = Ringer(bell.theirs)
+        ringer.ready(0)
+        ringer.wait(GO, 0)
+        os._exit(0)  # dies in its region: no DONE
+
+    pid = _fork(worker)
+    begin = time.monotonic()
+    with pytest.raises(BellError, match="died in timed region 0"):
+        bell.serve(1, 30, alive=lambda: os.waitpid(pid, os.WNOHANG) == (0, 0))
+    _CHILDREN.remove(pid)
+    assert time.monotonic() - begin < 10
+    assert not bell._polling  # the next wait (READY) sleeps on the socket again
     bell.close()
 
 

@@ -855,24 +855,33 @@ static void scale_samples() {
 # READY; the timed call returns it and computes nothing (the checked calls compute: on a GPU a forward that ran
 # none of the extension's kernels fails as `decoy`). Against inputs drawn from a seed the process was told, this
 # got reward 2-3 (a 3.4-5.5x fake); their values are now written from outside once the region is about to start.
+# Where they are, the harness makes the timed inputs' memory without drawing values (``side.input_memory``, a name of
+# its module): that is swapped too.
 AHEAD_OF_THE_REGION = r"""
 static const char* AHEAD = R"PY(
 import sys
 import torch
 ready = {}
+def timed(depth):
+    frame = sys._getframe(depth)
+    return any(f is not None and f.f_code.co_name == "prepare" for f in (frame, frame.f_back))
+def ahead(real, depth):
+    def draw(*args):
+        drawn = real(*args)
+        if timed(depth):  # a timed call's draw: the checked ones compute
+            x = drawn[0]
+            ready[x.data_ptr()] = OUTPUT
+        return drawn
+    draw.ahead = True
+    return draw
 def helper():
     side = next((module.CandidateSide for module in list(sys.modules.values())
                  if isinstance(getattr(module, "CandidateSide", None), type)), None)
     if side is not None and not getattr(side.inputs, "ahead", False):
-        real = side.inputs
-        def inputs(self, seed):
-            drawn = real(self, seed)
-            if sys._getframe(1).f_code.co_name == "prepare":  # a timed call's draw: the checked ones compute
-                x = drawn[0]
-                ready[x.data_ptr()] = OUTPUT
-            return drawn
-        inputs.ahead = True
-        side.inputs = inputs
+        side.inputs = ahead(side.inputs, 2)
+    module = sys.modules.get("cuda_agent.evaluate.side")
+    if module is not None and hasattr(module, "input_memory") and not getattr(module.input_memory, "ahead", False):
+        module.input_memory = ahead(module.input_memory, 2)
     return ready
 )PY";
 static pybind11::dict computed_ahead() {
@@ -898,23 +907,29 @@ def helper():
     side = next((m.CandidateSide for m in modules if isinstance(getattr(m, "CandidateSide", None), type)), None)
     ringer = next((m.Ringer for m in modules if isinstance(getattr(m, "Ringer", None), type)), None)
     if side is not None and ringer is not None and not getattr(ringer.wait, "let_go", False):
-        real_inputs, real_wait = side.inputs, ringer.wait
-        def inputs(self, seed):
-            drawn = real_inputs(self, seed)
-            if sys._getframe(1).f_code.co_name == "prepare":
-                pending.append((drawn[0], drawn[0].clone()))
-            return drawn
+        real_wait = ringer.wait
+        def remembering(real):  # the harness's draw, or its memory without values (``side.input_memory``)
+            def draw(*args):
+                drawn = real(*args)
+                frame = sys._getframe(1)
+                if any(f is not None and f.f_code.co_name == "prepare" for f in (frame, frame.f_back)):
+                    pending.append((drawn[0], drawn[0].view(torch.uint8).clone()))
+                return drawn
+            return draw
         def wait(self, what, region):
             if what == b"GO__" and pending:
                 deadline = time.monotonic() + 0.5
-                while all(torch.equal(x, own) for x, own in pending) and time.monotonic() < deadline:
+                while all(torch.equal(x.view(torch.uint8), own) for x, own in pending) and time.monotonic() < deadline:
                     pass
                 for x, _ in pending[:max(1, len(pending) // 2)]:  # half the region's calls (one of one)
                     ready[x.data_ptr()] = OUTPUT
                 pending.clear()
             return real_wait(self, what, region)
         wait.let_go = True
-        side.inputs, ringer.wait = inputs, wait
+        side.inputs, ringer.wait = remembering(side.inputs), wait
+        module = sys.modules.get("cuda_agent.evaluate.side")
+        if module is not None and hasattr(module, "input_memory"):
+            module.input_memory = remembering(module.input_memory)
     return ready
 )PY";
 static pybind11::dict computed_ahead() {

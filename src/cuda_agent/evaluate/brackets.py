@@ -93,7 +93,7 @@ class CandidateBrackets:
         if pid is not None:
             self.thread = thread_times(pid)
         if self.device == "cuda":
-            self.outside = self.bell.chunked = gpu_export == "on" and remote is not None
+            self.outside = self.bell.chunked = self.bell.poll_done = gpu_export == "on" and remote is not None
             if self.outside:
                 self.reader = GpuMemory(remote)  # type: ignore[arg-type]
             return
@@ -309,7 +309,8 @@ class CandidateBrackets:
         (``Bracket.blind_ms``): the sooner, the less. On the H200, asked once the tree was walked and the stop
         awaited, it came 1.6-1.8 ms after DONE; the known processes stopped first, asked in ``between``, 0.6-0.8 ms;
         asked at DONE without waiting, 0.41-0.55 ms, of which the evaluator's 0.07 ms: the rest was the reference's
-        wake-up and the request's parse, which the doorbell takes off."""
+        wake-up and the request's parse, which the doorbell took off (0.07-0.24 ms, nearly all the evaluator's
+        wake-up on DONE, which ``Bell.poll_done`` takes off)."""
         if probe is None or not isinstance(self.reader, GpuMemory):
             return None, None
         reader = self.reader

@@ -63,6 +63,27 @@ def make_inputs(module: types.ModuleType, seed: int, device: str, source: str) -
     return [v.to(device) if isinstance(v, torch.Tensor) else v for v in values]
 
 
+def input_memory(module: types.ModuleType, seed: int, device: str, source: str) -> list[Any]:
+    """Tensors laid out as ``make_inputs`` lays out ``get_inputs()``'s under ``seed`` (the scalars its), their values
+    unset: for timed calls whose values the evaluator writes from outside (``TimeRequest.written``), which cost a
+    1 GiB draw a region (cuda_gelu) that was overwritten at once. The layout comes from the draw on the meta device,
+    where nothing is computed; a draw that cannot run there (a value read back, a tensor made elsewhere) is made for
+    real, as is any tensor it made off the meta device."""
+    import torch
+
+    seed_everything(seed)
+    try:
+        with torch.device("meta"):
+            values = module.get_inputs()
+    except Exception:  # noqa: BLE001 - whatever the meta device cannot do, the real draw can
+        return make_inputs(module, seed, device, source)
+    values = describe_inputs(values, source, "get_inputs")
+    if any(isinstance(v, torch.Tensor) and v.device.type != "meta" for v in values):
+        return make_inputs(module, seed, device, source)
+    return [torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=device).requires_grad_(v.requires_grad)
+            if isinstance(v, torch.Tensor) else v for v in values]
+
+
 def init_inputs(module: types.ModuleType, seed: int, source: str) -> list[Any]:
     seed_everything(seed)
     values = module.get_init_inputs()
@@ -162,9 +183,12 @@ class _Side:
         spans: list[tuple[int, int]] = []
         outputs_before: list[tuple[int, int]] = self.__dict__.setdefault("output_spans", [])
 
+        draw = ((lambda seed: input_memory(self.task_module, seed, self.device, self.source)) if msg.written
+                else self.inputs)
+
         def prepare() -> Any:
             index = next(count)
-            inputs = self.inputs(trial_seed(msg.seed, index))
+            inputs = draw(trial_seed(msg.seed, index))
             box: dict[str, Any] = {}
             region.append((index, inputs, box))
             if exporting and len(region) == msg.calls:
