@@ -16,7 +16,8 @@ after SIGKILL), another process's do not.
 The reference probes (``probe_us``) before each baseline region and after it writes a region's inputs
 (``TimeReply.busy_us``, ``WriteGpuReply.busy_us``); the evaluator judges the probes (``GpuQuiet``). After each of the
 candidate's regions, asked for before GO and launched as soon as the evaluator rings the region's DONE (``Doorbell``),
-one probe more (``after_done``) waits for what the region left queued: its wait is one of the region bounds (``region_clock.judge``), since DONE is the worker's word."""
+one probe more (``after_done``) waits for what the region left queued: its wait is one of the region bounds
+(``region_clock.judge``), since DONE is the worker's word."""
 
 from __future__ import annotations
 
