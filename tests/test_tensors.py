@@ -95,3 +95,42 @@ def test_tensor_bytes_counts_every_tensor_in_nested_values_by_its_elements():
     value = {"a": torch.zeros(3, 4), "b": [torch.zeros(5, dtype=torch.float16), (torch.zeros(2, 8).t(), 7)]}
     assert tensors.tensor_bytes(value) == 3 * 4 * 4 + 5 * 2 + 2 * 8 * 4
     assert tensors.tensor_bytes([]) == tensors.tensor_bytes(1.5) == 0
+
+
+def test_foreign_objects_in_an_output_are_named_by_their_types_alone():
+    """Outputs the harness looks into after a timed region's end: exact tensors in plain containers (torch's own
+    result tuples and named tuples too) pass; a tensor subclass, a container of the candidate's, or a class whose
+    metaclass would compute its name are named without any of their methods running."""
+    import collections
+
+    from cuda_agent.tensors import foreign_object
+
+    ran = []
+
+    class Lazy(torch.Tensor):
+        pass
+
+    class Sneaky(tuple):
+        def __iter__(self):
+            ran.append("iter")
+            return super().__iter__()
+
+    class Meta(type):
+        @property
+        def __name__(cls):
+            ran.append("name")
+            return "Meta"
+
+    class Odd(metaclass=Meta):
+        pass
+
+    pair = collections.namedtuple("Pair", "a b")
+    t = torch.ones(3)
+    assert foreign_object(t) is None and foreign_object([t, (t, {"k": t}), 2, None]) is None
+    assert foreign_object(torch.max(torch.ones(2, 3), dim=1)) is None and foreign_object(pair(t, t)) is None
+    assert foreign_object(t.as_subclass(Lazy)) == "Lazy"
+    assert foreign_object([t, {"k": (t, t.as_subclass(Lazy))}]) == "Lazy"
+    assert foreign_object(Sneaky((t,))) == "Sneaky"
+    assert foreign_object(Odd()) == "Odd"
+    assert foreign_object(torch.nn.Parameter(t)) == "Parameter"
+    assert ran == []

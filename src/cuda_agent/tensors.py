@@ -32,6 +32,42 @@ def tensors_in(value: Any) -> Iterable[Any]:
             yield from tensors_in(item)
 
 
+PLAIN_SCALARS = (int, float, bool, complex, str, type(None))
+_SLOTS = ("__iter__", "__getitem__", "__len__")  # what looking into a sequence may call
+_MRO, _DICT, _NAME = (type.__dict__[name] for name in ("__mro__", "__dict__", "__name__"))  # read past any metaclass
+
+
+def foreign_object(value: Any) -> str | None:
+    """The type's name of the first thing in ``value`` that is not an exact ``torch.Tensor``, a ``list``, ``tuple``
+    or ``dict`` (or a tuple type that changes none of how it is looked into: ``torch.return_types``, named tuples),
+    or a plain scalar; None where there is none. Only types are asked, so no method of ``value`` runs: a tensor
+    subclass (``__torch_function__``) or a container of the candidate's would run its code wherever the harness
+    looked into it, and on the timing thread after a region's end that is code no bracket sees."""
+    import torch
+
+    kind = type(value)
+    if kind is torch.Tensor or kind in PLAIN_SCALARS:
+        return None
+    if kind is list or kind is dict or _plain_tuple(kind):
+        for item in (dict.values(value) if kind is dict else value):
+            found = foreign_object(item)
+            if found is not None:
+                return found
+        return None
+    return _NAME.__get__(kind)
+
+
+def _plain_tuple(kind: type) -> bool:
+    if type(kind) is not type:  # a metaclass of its own
+        return False
+    for cls in _MRO.__get__(kind):
+        if cls is tuple:
+            return True
+        if any(slot in _DICT.__get__(cls) for slot in _SLOTS):
+            return False
+    return False
+
+
 def tensor_bytes(value: Any) -> int:
     """The bytes of the tensors in ``value`` (``tensors_in``), each counted by its elements."""
     return sum(t.numel() * t.element_size() for t in tensors_in(value))

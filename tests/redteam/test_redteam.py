@@ -638,6 +638,14 @@ CASES = [
     Case("tensor-subclass-runtime", "Lazy tensor / subclass",
          prelude="class Lazy(torch.Tensor):\n    pass",
          forward="return cuda_extension.scaled_swish(x, self.scale).as_subclass(Lazy)", runtime=True, rule="output-type"),
+    # The subclass only where the timing loop calls: its code would run where the harness describes the output,
+    # after the region's end event and before DONE (docs/SECURITY.md, the adaptive attack on the probe after DONE).
+    Case("tensor-subclass-timed-only-runtime", "Lazy tensor / subclass",
+         prelude="import sys\nclass Lazy(torch.Tensor):\n    pass",
+         forward="y = cuda_extension.scaled_swish(x, self.scale)\nf = sys._getframe(1)\n"
+                 "while f is not None and f.f_code.co_name != 'time_round':\n    f = f.f_back\n"
+                 "return y if f is None else y.as_subclass(Lazy)", runtime=True, rule="output-type",
+         reason="timed call"),
     Case("patch-timer", "Timer or stats monkeypatch", prelude="import time\ntime.perf_counter = lambda: 0.0",
          rule="forbidden-import"),
     Case("patch-timer-runtime", "Timer or stats monkeypatch", prelude="import time\ntime.perf_counter_ns = lambda: 0",

@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
-from cuda_agent.tensors import tensors_in
+from cuda_agent.tensors import foreign_object, tensors_in
 
 
 class RuleBroken(Exception):
@@ -380,9 +380,11 @@ class CallGuard:
     def check_output_memory(self, output: Any, inputs: list[Any], model: Any) -> None:
         import torch
 
+        foreign = foreign_object(output)
+        if foreign is not None:
+            raise RuleBroken("output-type", f"an output is a {foreign}; outputs must be plain torch.Tensor (in plain "
+                             "lists, tuples or dicts)")
         for leaf in tensors_in(output):
-            if type(leaf) is not torch.Tensor:
-                raise RuleBroken("output-type", f"an output is a {type(leaf).__name__}; outputs must be plain torch.Tensor")
             # A storage an allocator made can be resized; one wrapped around memory from elsewhere
             # (torch::from_blob, DLPack) cannot, and such memory can be anything: pages filled only when
             # read, a buffer written after the call returned.
