@@ -329,9 +329,9 @@ class CandidateBrackets:
                     final: int | None = None) -> Callable[[Bracket], None] | None:
         """After each region: on a GPU read from outside, the probe rung at DONE (``_probes``) collected
         (``Bracket.after_done_us``, judged by ``region_clock.judge``) and the stop awaited; the region's calls as
-        described, checked against the calls asked for; then the process stopped and ``RECORDED_PER_REGION`` of them, drawn now,
-        read from outside; on a GPU the output of call ``final`` (the round's last) kept by the reference too, where
-        it is at most ``KEEP_MAX_BYTES``."""
+        described, checked against the calls asked for; then the process stopped and ``RECORDED_PER_REGION`` of them,
+        drawn now, read from outside; on a GPU the output of call ``final`` (the round's last) kept by the reference
+        too, where it is at most ``KEEP_MAX_BYTES``."""
         def between(bracket: Bracket) -> None:
             gpu = isinstance(self.reader, GpuMemory)
             stopped = False

@@ -51,21 +51,25 @@ def probe_us(probes: int = PROBES, cap_s: float = PROBE_CAP_S) -> float:
 
     torch.cuda.synchronize()
     one = torch.empty(1, device="cuda")
-    waits = []
-    for _ in range(probes):
-        done = torch.cuda.Event()
-        begin = time.perf_counter_ns()
-        one.add_(1)
-        done.record()
-        while not done.query() and time.perf_counter_ns() - begin < cap_s * 1e9:
-            pass
-        waits.append((time.perf_counter_ns() - begin) / 1e3)
+    waits = [_wait_us(one, torch.cuda.Event(), cap_s) for _ in range(probes)]
     torch.cuda.synchronize()  # a capped probe's kernel is still queued: nothing of it is left in what follows
     return round(statistics.median(waits), 1)
 
 
+def _wait_us(one: Any, done: Any, cap_s: float) -> float:
+    """One probe: a one-element kernel launched on ``one`` and ``done`` recorded after it, polled until it has run
+    (at most ``cap_s``); launch to completion, in us."""
+    begin = time.perf_counter_ns()
+    one.add_(1)
+    done.record()
+    while not done.query() and time.perf_counter_ns() - begin < cap_s * 1e9:
+        pass
+    return (time.perf_counter_ns() - begin) / 1e3
+
+
 _AFTER_DONE: list[Any] = []  # the probe's tensor and event, made on first use: nothing allocated when it counts
 RING = struct.Struct("<qq")  # a doorbell's words: the last region rung, the last one called off
+_WORD = struct.Struct("<q")
 
 
 class Doorbell:
@@ -91,10 +95,10 @@ class Doorbell:
             raise
 
     def ring(self, number: int) -> None:
-        RING.pack_into(self._page, 0, number, RING.unpack_from(self._page)[1])
+        _WORD.pack_into(self._page, 0, number)
 
     def call_off(self, number: int) -> None:
-        RING.pack_into(self._page, 0, RING.unpack_from(self._page)[0], number)
+        _WORD.pack_into(self._page, _WORD.size, number)
 
     def wait(self, number: int, within_s: float) -> bool:
         """Until ``number`` is rung (True), called off or ``within_s`` passed (False). Polled, yielding the CPU at
@@ -126,12 +130,7 @@ def after_done(bell: Doorbell, number: int, within_s: float, cap_s: float = PROB
     if not bell.wait(number, within_s):
         return 0.0, 0
     launched_ns = time.time_ns()
-    begin = time.perf_counter_ns()
-    one.add_(1)
-    done.record()
-    while not done.query() and time.perf_counter_ns() - begin < cap_s * 1e9:
-        pass
-    wait_us = (time.perf_counter_ns() - begin) / 1e3
+    wait_us = _wait_us(one, done, cap_s)
     torch.cuda.synchronize()
     return round(wait_us, 1), launched_ns
 

@@ -17,10 +17,9 @@ from typing import Any
 from cuda_agent.evaluate.regions import Bracket
 
 # The worker's time exporting a region's allocations, just before DONE, is part of the region (the candidate's code
-# could run then), less
-# what looking up (a driver call or three) and exporting (a descriptor made) more allocations than the no-op
-# regions did costs. Both are rare after a round's first region: the worker looks its allocations up before
-# each region, while it draws the inputs. Generous against the measured costs (docs/SECURITY.md), so that a
+# could run then), less what looking up (a driver call or three) and exporting (a descriptor made) more allocations
+# than the no-op regions did costs. Both are rare after a round's first region: the worker looks its allocations up
+# before each region, while it draws the inputs. Generous against the measured costs (docs/SECURITY.md), so that a
 # task with 6 GiB tensors (hundreds of 20 MiB allocations) is not failed by its first region.
 CHECK_MS_PER_CHUNK = 0.01
 EXPORT_MS_PER_CHUNK = 0.15
@@ -54,7 +53,8 @@ class Overhead:
         return self.median_ms + (hold_us - self.hold_us) / 1e3
 
     def export_ms(self, bracket: Bracket) -> float:
-        """What looking up and exporting more allocations at the region's end than the no-op regions did adds to a region."""
+        """What looking up and exporting more allocations at the region's end than the no-op regions did adds to a
+        region."""
         return (CHECK_MS_PER_CHUNK * max(0.0, bracket.looked_up - self.chunks)
                 + EXPORT_MS_PER_CHUNK * max(0.0, bracket.new_chunks - self.new_chunks))
 

@@ -3,9 +3,9 @@
 Every timed region of a worker is bracketed by datagrams on a socket pair the evaluator made (no
 JSON, no pipe on the timed path): the worker says READY when the region's inputs are drawn, the
 evaluator reads its clock and says GO, the worker runs the calls (on a GPU, up to the synchronise
-after them; then sends the allocations they lie in) and says DONE, then waits for CONT. DONE is stamped by the kernel when it is sent
-(``SO_TIMESTAMPNS`` on the evaluator's end), so the evaluator can sleep in ``recv`` and still know
-when the region ended, by a clock no code in the worker can reach. Between DONE and CONT the
+after them; then sends the allocations they lie in) and says DONE, then waits for CONT. DONE is stamped
+by the kernel when it is sent (``SO_TIMESTAMPNS`` on the evaluator's end), so the evaluator can sleep in
+``recv`` and still know when the region ended, by a clock no code in the worker can reach. Between DONE and CONT the
 evaluator may stop the worker and read what the region left from outside (``evaluate.outside``).
 
 What the brackets say about the worker's reported times is ``evaluate.region_clock``'s to judge.
@@ -211,7 +211,7 @@ class Bell:
                     if self.chunked:
                         # The export runs in the worker's process, where the candidate's code could do work of its
                         # own meanwhile: it is part of the region, before DONE.
-                        chunks, _, looked_up = self._chunks(region, deadline, alive)
+                        chunks, looked_up = self._chunks(region, deadline, alive)
                     done_ns, payload = self._expect(DONE, region, deadline, alive)
                 finally:
                     self._polling = False
@@ -241,14 +241,14 @@ class Bell:
         """The allocations a checked call's output lies in that the worker had not sent before (``CHECK_REGION``)."""
         return self._chunks(CHECK_REGION, time.monotonic() + timeout_s, alive)[0]
 
-    def _chunks(self, region: int, deadline: float, alive: Callable[[], bool]) -> tuple[list[Chunk], int, int]:
+    def _chunks(self, region: int, deadline: float, alive: Callable[[], bool]) -> tuple[list[Chunk], int]:
         """The FDS datagrams that end a region (before its DONE), or a checked call's: the allocations its tensors
-        span that were not sent before, each with a descriptor; when the last datagram was sent (the kernel's
-        stamp); how many allocations the worker looked up at the end."""
+        span that were not sent before, each with a descriptor; how many allocations the worker looked up at the
+        end."""
         chunks: list[Chunk] = []
         try:
             while True:
-                stamp, data, fds = self._receive(region, deadline, alive, FDS_PER_DATAGRAM)
+                _, data, fds = self._receive(region, deadline, alive, FDS_PER_DATAGRAM)
                 kind, number, last = HEADER.unpack_from(data) if len(data) >= HEADER.size else (b"", -1, 0)
                 try:
                     if kind == FAIL:
@@ -274,7 +274,7 @@ class Bell:
                 if len(chunks) > MAX_CHUNKS:
                     raise BellError(f"region {region}: more than {MAX_CHUNKS} allocations")
                 if last == 1:
-                    return chunks, stamp, looked_up
+                    return chunks, looked_up
         except BaseException:
             for chunk in chunks:
                 os.close(chunk.fd)
