@@ -5,7 +5,7 @@
 #   bash benchmarks/gpu_session.sh issue13   # issue 13's checks in one call (~8 min; carry .data): the timing
 #                                            # tests, 10 warm evaluations of axpby, cuda_gelu, cuda_row_softmax
 #                                            # 3 s apart, the release's scripts beside axpby and cuda_gelu
-#   bash benchmarks/gpu_session.sh redteam   # the GPU red-team cases
+#   bash benchmarks/gpu_session.sh redteam   # the GPU red-team cases (SHARD=1/2, then SHARD=2/2: in two calls)
 #   bash benchmarks/gpu_session.sh integrity_reads # a defence's cost: the in-round integrity read, or with
 #                                            # DEFENCE=rerun the timed call run again (SPEED_EXAMPLES, VS_REPEATS)
 #   bash benchmarks/gpu_session.sh issue31   # trust v3: timing/integrity tests, the GPU reads from outside and the
@@ -226,8 +226,16 @@ tests|redteam)
         # The sandbox on real cgroups and GPU device nodes (CPU and GPU cases alike).
         python3 -m pytest -q -p no:cacheprovider --timeout 120 -rfs tests/sandbox 2>&1 | tee "$OUT/sandbox_tests.log" | tail -6
     fi
+    selected=("$where")
+    if [ -n "${SHARD:-}" ]; then
+        # SHARD=i/n: every n-th test from the i-th, in collection order (the whole GPU red team is over one call).
+        mapfile -t selected < <(python3 -m pytest -m gpu -q -p no:cacheprovider --collect-only "$@" "$where" 2>/dev/null \
+            | grep "::" | awk -v i="${SHARD%/*}" -v n="${SHARD#*/}" '(NR - i) % n == 0')
+        [ ${#selected[@]} -gt 0 ] || { echo "SHARD=$SHARD selects no test" >&2; exit 2; }
+        echo "shard $SHARD: ${#selected[@]} tests" | tee -a "$OUT/gpu.csv"
+    fi
     CUDA_AGENT_GPU_REPORT=$OUT/gpu_records_$part.jsonl python3 -m pytest -m gpu -q -s -p no:cacheprovider \
-        --timeout 300 -rf "$@" "$where" 2>&1 | tee "$OUT/gpu_$part.log" | grep -E "^(PASSED|FAILED|ERROR)|passed|failed|status:|rule"
+        --timeout 300 -rf "$@" "${selected[@]}" 2>&1 | tee "$OUT/gpu_$part.log" | grep -E "^(PASSED|FAILED|ERROR)|passed|failed|status:|rule"
     ;;
 speed|bench)
     python3 benchmarks/eval_speed.py --device cuda --examples ${SPEED_EXAMPLES:-cuda_gelu cuda_row_softmax} --repeats 5 --remeasured ${SPEED_REMEASURED:-5} \

@@ -30,6 +30,20 @@ from clock_agreement import honest_solutions  # noqa: E402
 
 SPENT: dict[str, list[float]] = defaultdict(list)  # step -> wall ms of each call, this evaluation
 PHASES: dict[str, list[float]] = defaultdict(list)  # region phase -> ms of each region, this evaluation
+HANDLED: list[float] = []  # the seconds the worker said it spent on the last reply received
+
+
+def _handled() -> None:
+    original = channel.Channel.receive
+
+    @functools.wraps(original)
+    def receive(self, *args, **kwargs):
+        reply = original(self, *args, **kwargs)
+        if isinstance(reply, dict) and isinstance(reply.get("seconds"), float):
+            HANDLED.append(reply["seconds"])
+        return reply
+
+    channel.Channel.receive = receive
 
 
 def _timed(owner: object, name: str, label: str | None = None, by_request: bool = False) -> None:
@@ -38,12 +52,19 @@ def _timed(owner: object, name: str, label: str | None = None, by_request: bool 
     @functools.wraps(original)
     def wrapper(*args, **kwargs):
         begin = time.perf_counter()
+        HANDLED.clear()
+        result = None
         try:
-            return original(*args, **kwargs)
+            result = original(*args, **kwargs)
+            return result
         finally:
             key = label or name
             if by_request and len(args) >= 3:
                 key = f"{key}:{type(args[2]).__name__}"
+                if HANDLED:  # the worker's own time on the request, the rest is the way there and back
+                    SPENT[f"{key} (handled)"].append(HANDLED[-1] * 1e3)
+                for step, ms in (getattr(result, "steps_ms", None) or {}).items():
+                    SPENT[f"{key} . {step}"].append(ms)
             SPENT[key].append((time.perf_counter() - begin) * 1e3)
 
     setattr(owner, name, wrapper)
@@ -77,6 +98,7 @@ def instrument() -> None:
     _timed(reference_process.ReferenceGpu, "read", "reference read (GPU outputs)")
     _timed(watchers.Signals, "check", "signals watcher")
     _timed(channel.Channel, "ask_typed", "ask", by_request=True)
+    _handled()
     _phases(regions.Bell)
 
 

@@ -5,6 +5,7 @@ secret positions. On the CPU the allocations are memfds, read by a stand-in for 
 
 from __future__ import annotations
 
+import ctypes
 import os
 import socket
 import threading
@@ -390,3 +391,52 @@ def test_the_reference_keeps_what_it_was_handed_mapped_and_writes_across_allocat
     with pytest.raises(vmm.VmmError, match="descriptors"):
         importer.hold([1], [2 * mib], [0], [], [])
     assert importer.forget() == 2 and not importer.held and len(driver.of("release")) == 4
+
+
+def test_the_reference_gathers_a_regions_reads_on_the_device_and_copies_them_out_at_once(monkeypatch):
+    """``Importer.read``'s gather (test double of libcuda over host memory: a device address is a host one): each
+    read lands in its own bytes, in the order asked, with one copy to the host per pass; a value written between
+    the two passes is named; the staging buffer grows when a region reads more than it holds."""
+    from cuda_agent.evaluate import vmm
+
+    memory = [ctypes.create_string_buffer(bytes(range(256)) * 16) for _ in range(2)]
+    kept: list = []
+    calls: list[str] = []
+
+    def alloc(address_ref, nbytes):
+        kept.append(ctypes.create_string_buffer(nbytes))
+        address_ref._obj.value = ctypes.addressof(kept[-1])
+        calls.append("alloc")
+        return 0
+
+    def gather(dst, src, nbytes, stream):
+        ctypes.memmove(dst.value, src.value, nbytes)
+        calls.append("gather")
+        return 0
+
+    def out(host, src, nbytes):
+        ctypes.memmove(host, src.value, nbytes)
+        calls.append("out")
+        return 0
+
+    importer = vmm.Importer.__new__(vmm.Importer)
+    importer.f = {"cuMemAlloc_v2": alloc, "cuMemFree_v2": lambda a: calls.append("free") or 0,
+                  "cuMemcpyDtoDAsync_v2": gather, "cuMemcpyDtoH_v2": out}
+    importer.held, importer.staging = {}, (0, 0)
+    mapped = [(ctypes.addressof(m), len(m)) for m in memory]
+    memory[1][100] = 7
+
+    def write_between(seconds):
+        memory[0][3] = 0xEE  # lands in the second read of chunk 0 only
+
+    monkeypatch.setattr(vmm.time, "sleep", write_between)
+    data, changed = importer.read(mapped, [(1, 99, 3), (0, 2, 2), (0, 4000, 16)], 0.001)
+    assert data == [bytes([99, 7, 101]), bytes([2, 3]), bytes(range(160, 176))]
+    assert changed == [1]
+    assert calls == ["alloc"] + ["gather"] * 3 + ["out"] + ["gather"] * 3 + ["out"]
+    calls.clear()
+    data, changed = importer.read(mapped, [(0, 0, 4096), (1, 0, 4096)], 0.001)
+    assert data == [bytes(memory[0])[:4096], bytes(memory[1])[:4096]] and not changed
+    assert calls[:3] == ["free", "alloc", "gather"] and importer.staging[1] == 8192
+    with pytest.raises(vmm.VmmError, match="outside allocation 1"):
+        importer.read(mapped, [(1, 4090, 8)], 0.001)

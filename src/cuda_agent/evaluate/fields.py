@@ -17,6 +17,12 @@ T = TypeVar("T", bound="_Fields")
 
 # What the request loop and the process wrapper add to every reply.
 _BOOKKEEPING = frozenset({"ok", "seconds", "nonce"})
+# The exact types a plain item may have (JSON's own; bool is not an int here): a list of these is checked at once.
+_EXACT: dict[Any, tuple[type, ...]] = {int: (int,), float: (int, float), str: (str,), bool: (bool,)}
+_PLAIN = frozenset({int, float, str, bool, type(None)})
+# Per message class: its fields' types (resolved once: ``get_type_hints`` evaluates every annotation), its fields
+# and their names. Parsing a region's GPU requests was 0.3 ms each, half of it resolving the same hints again.
+_SCHEMAS: dict[type, tuple[dict[str, Any], tuple[dataclasses.Field, ...], frozenset[str]]] = {}
 
 
 def _check(tp: Any, value: Any, where: str) -> Any:
@@ -43,6 +49,9 @@ def _check(tp: Any, value: Any, where: str) -> Any:
         if not isinstance(value, list):
             raise ValueError(f"{where} must be a list, got {type(value).__name__}")
         (item,) = typing.get_args(tp) or (Any,)
+        exact = _EXACT.get(item)
+        if exact is not None and all(type(v) in exact for v in value):
+            return list(value)  # what the item check would pass, without naming each item (most of a parse)
         return [_check(item, v, f"{where}[{i}]") for i, v in enumerate(value)]
     if origin is dict:
         if not isinstance(value, dict):
@@ -75,12 +84,22 @@ def _check(tp: Any, value: Any, where: str) -> Any:
     raise TypeError(f"protocol: no check for the type {tp!r}")  # a bug in this module, not in a reply
 
 
+def _schema(cls: type) -> tuple[dict[str, Any], tuple[dataclasses.Field, ...], frozenset[str]]:
+    found = _SCHEMAS.get(cls)
+    if found is None:
+        fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+        found = _SCHEMAS[cls] = (typing.get_type_hints(cls), fields, frozenset(f.name for f in fields))
+    return found
+
+
 def _dump(value: Any) -> Any:
     if isinstance(value, _Request):
         return value.to_message()
     if isinstance(value, _Fields):
         return value.to_dict()
     if isinstance(value, list):
+        if all(type(v) in _PLAIN for v in value):
+            return list(value)
         return [_dump(v) for v in value]
     if isinstance(value, dict):
         return {k: _dump(v) for k, v in value.items()}
@@ -98,9 +117,7 @@ class _Fields:
         where = where or cls._what
         if not isinstance(data, dict):
             raise ValueError(f"{where}: must be an object, got {type(data).__name__}")
-        hints = typing.get_type_hints(cls)
-        fields = dataclasses.fields(cls)  # type: ignore[arg-type]
-        names = {f.name for f in fields}
+        hints, fields, names = _schema(cls)
         extra = sorted(str(k) for k in data if k not in names and k not in cls._ignored)
         if extra:
             raise ValueError(f"{where}: unexpected field {', '.join(map(repr, extra))}")

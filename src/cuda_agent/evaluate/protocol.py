@@ -456,6 +456,7 @@ class ReadGpuReply(_Reply):
     data: list[str]  # each read's bytes (hex), as first read
     changed: list[int]  # the reads whose bytes differed the second time
     error: str | None = None  # the memory could not be imported, mapped or read (the candidate's doing)
+    steps_ms: dict[str, float] | None = None  # where the reference's time went (benchmarks' region cost)
 
 
 @dataclass(frozen=True)
@@ -470,6 +471,7 @@ class DrawReply(_Reply):
 class WriteGpuReply(_Reply):
     error: str | None = None  # the memory could not be imported, mapped or written, or other inputs were described
     busy_us: float | None = None  # the quiet probe's wait after the writes (``evaluate.quiet``)
+    steps_ms: dict[str, float] | None = None  # where the reference's time went (benchmarks' region cost)
 
 
 @dataclass(frozen=True)

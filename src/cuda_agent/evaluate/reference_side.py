@@ -216,24 +216,31 @@ class ReferenceSide(_Side):
 
         from cuda_agent.evaluate.vmm import VmmError
 
+        steps = _Steps()
         try:
             with self._descriptors("write_gpu", msg.held) as fds:
+                steps("descriptors")
                 planned, error = self._drawn(msg.seeds, msg.leaves)
                 if error:
                     return {"error": error}
+                torch.cuda.synchronize()  # the copy below waits for the draw anyway: here it is timed as the draw's
+                steps("draw")
                 ats = [leaf[3] if len(leaf) == 4 and isinstance(leaf[3], int) else -1 for call in msg.leaves
                        for leaf in call]
                 mapped = self._held(msg.held, msg.sizes, fds)
+                steps("map")
                 self.importer.write(mapped, msg.offsets, [(tensor.data_ptr(), at, nbytes)
                                                           for (tensor, nbytes), at in zip(planned, ats) if nbytes])
+                steps("copy")
                 if msg.flush_bytes:
                     if self.flush is None or self.flush.numel() != msg.flush_bytes:
                         self.flush = torch.empty(msg.flush_bytes, dtype=torch.int8, device=self.device)
                     self.flush.zero_()
                 busy_us = probe_us()  # after the writes and the flush, before GO: quiet (``evaluate.quiet``)
+                steps("flush and probe")
         except VmmError as exc:
             return {"error": str(exc)}
-        return {"busy_us": busy_us}
+        return {"busy_us": busy_us, "steps_ms": steps.ms}
 
     @contextlib.contextmanager
     def _descriptors(self, op: str, held: GpuHeld) -> Iterator[list[int]]:
@@ -312,13 +319,18 @@ class ReferenceSide(_Side):
         because of what it exported is said in the reply (the candidate's failure), not raised."""
         from cuda_agent.evaluate.vmm import VmmError
 
+        steps = _Steps()
         try:
             with self._descriptors("read_gpu", msg.held) as fds:
+                steps("descriptors")
                 reads = [(int(c), int(o), int(n)) for c, o, n in msg.reads]
-                data, changed = self.importer.read(self._held(msg.held, msg.sizes, fds), reads, msg.apart_s)
+                mapped = self._held(msg.held, msg.sizes, fds)
+                steps("map")
+                data, changed = self.importer.read(mapped, reads, msg.apart_s)
+                steps("read twice, apart")
         except VmmError as exc:
             return {"data": [], "changed": [], "error": str(exc)}
-        return {"data": [d.hex() for d in data], "changed": changed}
+        return {"data": [d.hex() for d in data], "changed": changed, "steps_ms": steps.ms}
 
     def precision_allowance(self, inputs: list[Any], msg: ExpectRequest) -> float:
         """How far the baselines' own arithmetic (this Model under the pinned flags) is from
@@ -447,3 +459,16 @@ class ReferenceSide(_Side):
             raise TaskError(f"{self.source}: torch.compile baseline unavailable: "
                             f"{(self.compiled or {}).get('compile_error', 'not compiled')}")
         return self.compiled["model"]
+
+
+class _Steps:
+    """A request's steps by wall clock, each from the one before (ms): what a region's cost is made of."""
+
+    def __init__(self) -> None:
+        self.ms: dict[str, float] = {}
+        self.last = time.perf_counter()
+
+    def __call__(self, step: str) -> None:
+        now = time.perf_counter()
+        self.ms[step] = round((now - self.last) * 1e3, 4)
+        self.last = now
