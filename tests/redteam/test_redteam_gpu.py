@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 from test_redteam import (
-    ALLOCATOR_CLASS, AT_THE_LET_GO, CODE_REWRITE_ROUTES, DISPATCH_TLS, DONE_EARLY, GOT_PATCH, LATER, PYTHON_FROM_CPP,
+    ALLOCATOR_CLASS, AT_THE_LET_GO, CODE_REWRITE_ROUTES, DISPATCH_TLS, DONE_EARLY, EARLY_PY, GOT_PATCH, LATER, PYTHON_FROM_CPP,
     SCALED_SAMPLES, SECRETS_FROM_THE_FRAME, UNOBSERVED, UNWATCHED, Case, computed_ahead, make_candidate,
     return_computed_ahead,
 )
@@ -419,6 +419,70 @@ def test_a_region_closed_by_the_candidates_own_done(gelu, cache_dir, tmp_path):
     assert result.reward <= 1.0, detail  # the honest gelu's: a region closed early must never be worth more
     if (result.status, result.rule) != ("failed", "clock"):
         pytest.xfail(f"a region closed by the candidate's own DONE is not rejected: {detail}")
+
+
+# The adaptive form of the case above (docs/SECURITY.md, "The adaptive attack against it"): DONE sent from the timing
+# thread after the harness recorded the region's end event, at its synchronise (a profile function the binding set
+# in forward sees the call), late enough that what is left of the kernel when the probe launches stays under the
+# probe's limit. The end event is recorded before the candidate's process is stopped, so the samples (scaled to
+# 0.55x) are what the events say, the bracket closes early by what is left, and only the probe's wait can tell.
+# Expected from the day's numbers (cuda_gelu: wall limit 0.158 ms, blind 0.061, probe limit 0.196): it passes
+# with a 1.8x fake. Written 2026-11-28, not run on a GPU yet.
+AT_THE_SYNCHRONISE_PY = EARLY_PY + r"""
+import time
+armed = []
+KERNEL_NS, LEFT_NS = 520_000, 150_000  # the honest kernel on the H200; what is left of it at DONE
+def hook(frame, event, arg):
+    if event != "c_call" or not armed or getattr(arg, "__name__", "") != "_cuda_synchronize" \
+            or frame.f_code.co_name != "_time_regions_cuda":
+        return
+    ringer, state, calls, y, started = armed.pop()
+    while not started.query():  # recorded in stream order just before the kernel: it has started
+        pass
+    begun = time.perf_counter_ns()
+    while time.perf_counter_ns() - begun < KERNEL_NS - LEFT_NS:
+        pass
+    close_region(ringer, state, calls, y)
+def helper(x, y):
+    import torch
+    ringer = swap_ringer()
+    found = last_call_of_a_region(x)
+    if ringer is None or found is None:
+        return
+    started = torch.cuda.Event()
+    started.record()
+    armed[:] = [(ringer, *found, y, started)]
+    sys.setprofile(hook)
+"""
+AT_THE_SYNCHRONISE = r"""
+static const char* AT_SYNC = R"PY(""" + AT_THE_SYNCHRONISE_PY + r""")PY";
+static void done_at_the_synchronise(const torch::Tensor& x, const torch::Tensor& y) {
+  static pybind11::object helper = python_helper(AT_SYNC);
+  helper(x, y);
+}
+"""
+DONE_AT_THE_SYNCHRONISE_CASE = Case(
+    "done-at-the-synchronise-gpu-runtime", "Forged samples the round clock cannot resolve (class 3)", forward=GOOD,
+    cpp_prelude=SCALED_SAMPLES.replace("0.3 * t", "0.55 * t") + AT_THE_SYNCHRONISE,
+    binding="scale_samples(); auto y = torch::empty_like(x); done_at_the_synchronise(x, y); "
+            "gelu_launch(x.data_ptr<float>(), y.data_ptr<float>(), x.numel(), c10::cuda::getCurrentCUDAStream().stream()); "
+            "return y;", runtime=True, rule="clock")
+
+
+@pytest.mark.xfail(strict=False, reason="docs/SECURITY.md: the probe's limit leaves room for a DONE sent late enough")
+def test_a_region_closed_at_the_harness_synchronise(gelu, cache_dir, tmp_path):
+    """The adaptive DONE (above) must be rejected as `clock`, or at least earn no more than the honest solution."""
+    task, solution = gelu
+    evaluator = Evaluator("cuda", cache_dir=cache_dir)
+    evaluator.policy = evaluator.policy.with_(static_checks=False)
+    case = DONE_AT_THE_SYNCHRONISE_CASE
+    result = evaluator.evaluate(task, make_candidate(case, solution, tmp_path / case.name, scaled=False,
+                                                     binding=GELU_BINDING, kernel_call=GELU_ALLOC))
+    detail = f"{result.summary()}\n{result.traceback or ''}\n{result.output[-2000:]}"
+    print(detail)  # the probe's wait against its limit, and the fake speedup, are the point
+    assert result.compiled and result.status != "error", detail
+    assert result.reward <= 1.0, detail
+    assert (result.status, result.rule) == ("failed", "clock"), detail
 
 
 def test_a_swapped_event_type_entry_changes_no_time(gelu, cache_dir, tmp_path):
