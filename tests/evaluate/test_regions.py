@@ -249,10 +249,28 @@ def test_gpu_work_left_past_done_is_judged_against_the_no_op_regions_probes():
     assert cost.after_done_spread_ms < 0.01
     honest = judge([bracket(0.55, 210.0)] * 9, [0.5] * 9, cost, 0.0, slack=0.1, region_us=50)
     assert honest.ok and honest.after_done_limit_ms > 0 and honest.blind_ms == pytest.approx(0.2)
-    assert honest.margin > (honest.limit_ms - honest.excess_ms + honest.blind_ms) / 0.5 - 1e-9
+    assert honest.past_done_excess_ms == pytest.approx(honest.excess_ms + 0.005)
+    assert honest.margin == pytest.approx((honest.limit_ms - honest.past_done_excess_ms + honest.blind_ms) / 0.5)
     early = judge([bracket(0.3, 480.0)] * 9, [0.25] * 9, cost, 0.0, slack=0.1, region_us=50)
     assert early.excess_ms <= early.limit_ms and early.breached == "after-done"
     assert early.after_done_excess_ms == pytest.approx(0.275)
+    # The adaptive form (red team done-at-the-synchronise-gpu): a 0.5 ms region reported as 0.35, its DONE sent 0.1
+    # ms before its kernel ended, 0.02 ms before the probe: what the probe finds (0.08 ms) is under its own limit
+    # and the shortened bracket under the wall bound's, but not both together.
+    adaptive = judge([bracket(0.45, 285.0, blind_ms=0.02)] * 9, [0.35] * 9, cost, 0.0, slack=0.1, region_us=50)
+    assert adaptive.excess_ms <= adaptive.limit_ms
+    assert adaptive.after_done_excess_ms == pytest.approx(0.08)
+    assert adaptive.after_done_excess_ms <= adaptive.after_done_limit_ms
+    assert adaptive.breached == "past-done" and adaptive.past_done_excess_ms == pytest.approx(0.13)
+    from types import SimpleNamespace
+
+    from cuda_agent.evaluate.policy import TimingConfig
+    from cuda_agent.evaluate.watchers import Regions
+
+    judged = SimpleNamespace(cost=cost, judge=lambda hold_us, slack, region_us: adaptive)
+    setup = SimpleNamespace(device="cuda", timing=TimingConfig())
+    (breach,) = Regions(judged, 0.0, setup, SimpleNamespace(timing={})).check("profile", "")
+    assert breach.rule == "clock" and "ended later than they said" in breach.reason and "0.130 ms short" in breach.reason
     # Brackets that were never probed (the CPU backend, a GPU not read from outside) are not judged by it.
     unprobed = [Bracket(0, 0, 0, 1_000_000, 1_300_000) for _ in range(9)]
     assert judge(unprobed, [0.25] * 9, overhead(unprobed, [0.0] * 9, 0.0), 0.0, 0.1, 50).after_done_limit_ms == 0

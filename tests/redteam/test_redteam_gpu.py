@@ -400,6 +400,22 @@ DONE_EARLY_CASE = Case("done-sent-early-gpu-runtime", "Forged samples the round 
                        binding=DONE_EARLY_GELU, runtime=True, rule="clock")
 
 
+def closed_early(case: Case, gelu, cache_dir, tmp_path):
+    """A case that closes its regions with its own DONE, evaluated on the gelu example: it must build and run and
+    never earn more than the honest solution (reward 1.0). Its summary is printed: which bound caught it, and by how
+    much, is the point (the GPU session's log keeps it)."""
+    task, solution = gelu
+    evaluator = Evaluator("cuda", cache_dir=cache_dir)
+    evaluator.policy = evaluator.policy.with_(static_checks=False)
+    result = evaluator.evaluate(task, make_candidate(case, solution, tmp_path / case.name, scaled=False,
+                                                     binding=GELU_BINDING, kernel_call=GELU_ALLOC))
+    detail = f"{result.summary()}\n{result.traceback or ''}\n{result.output[-2000:]}"
+    print(detail)
+    assert result.compiled and result.status != "error", detail
+    assert result.reward <= 1.0, detail
+    return result, detail
+
+
 def test_a_region_closed_by_the_candidates_own_done(gelu, cache_dir, tmp_path):
     """docs/SECURITY.md, "A region closed by the worker's word". It earned reward 3 on the H200 (1.59x, 2026-11-28)
     while the brackets believed DONE; with the GPU probed after each DONE it failed as `clock` once and was `correct`
@@ -407,16 +423,7 @@ def test_a_region_closed_by_the_candidates_own_done(gelu, cache_dir, tmp_path):
     build and run and never earn more than the honest solution; rejected as `clock` it passes. Not rejected, it is an
     xfail carrying the evaluation's summary: a DONE sent once the end event is recorded, the kernel ending within
     the window before the probe (0.6-0.8 ms on the H200), is not seen yet."""
-    task, solution = gelu
-    evaluator = Evaluator("cuda", cache_dir=cache_dir)
-    evaluator.policy = evaluator.policy.with_(static_checks=False)
-    case = DONE_EARLY_CASE
-    result = evaluator.evaluate(task, make_candidate(case, solution, tmp_path / case.name, scaled=False,
-                                                     binding=GELU_BINDING, kernel_call=GELU_ALLOC))
-    detail = f"{result.summary()}\n{result.traceback or ''}\n{result.output[-2000:]}"
-    print(detail)  # which bound caught it, and by how much, is the point (the GPU session's log keeps it)
-    assert result.compiled and result.status != "error", detail
-    assert result.reward <= 1.0, detail  # the honest gelu's: a region closed early must never be worth more
+    result, detail = closed_early(DONE_EARLY_CASE, gelu, cache_dir, tmp_path)
     if (result.status, result.rule) != ("failed", "clock"):
         pytest.xfail(f"a region closed by the candidate's own DONE is not rejected: {detail}")
 
@@ -426,8 +433,10 @@ def test_a_region_closed_by_the_candidates_own_done(gelu, cache_dir, tmp_path):
 # in forward sees the call), late enough that what is left of the kernel when the probe launches stays under the
 # probe's limit. The end event is recorded before the candidate's process is stopped, so the samples (scaled to
 # 0.55x) are what the events say, the bracket closes early by what is left, and only the probe's wait can tell.
-# Expected from the day's numbers (cuda_gelu: wall limit 0.158 ms, blind 0.061, probe limit 0.196): it passes
-# with a 1.8x fake. Written 2026-11-28, not run on a GPU yet.
+# From the day's numbers (cuda_gelu: wall limit 0.158 ms, blind 0.061, probe limit 0.196) each bound alone passes it
+# (a 1.8x fake); the wall bound with what the probe found added (`past-done`) has it 0.234 - 0.061 = 0.17 ms short
+# against 0.158: rejected, narrowly. A report at 0.7x (a 1.4x fake) would pass: the floor is the region less the wall
+# limit and the blind window (docs/SECURITY.md). Written 2026-11-28, not run on a GPU yet.
 AT_THE_SYNCHRONISE_PY = EARLY_PY + r"""
 import time
 armed = []
@@ -469,19 +478,10 @@ DONE_AT_THE_SYNCHRONISE_CASE = Case(
             "return y;", runtime=True, rule="clock")
 
 
-@pytest.mark.xfail(strict=False, reason="docs/SECURITY.md: the probe's limit leaves room for a DONE sent late enough")
+@pytest.mark.xfail(strict=False, reason="not run on a GPU yet; the margin it is expected to fail by is narrow")
 def test_a_region_closed_at_the_harness_synchronise(gelu, cache_dir, tmp_path):
     """The adaptive DONE (above) must be rejected as `clock`, or at least earn no more than the honest solution."""
-    task, solution = gelu
-    evaluator = Evaluator("cuda", cache_dir=cache_dir)
-    evaluator.policy = evaluator.policy.with_(static_checks=False)
-    case = DONE_AT_THE_SYNCHRONISE_CASE
-    result = evaluator.evaluate(task, make_candidate(case, solution, tmp_path / case.name, scaled=False,
-                                                     binding=GELU_BINDING, kernel_call=GELU_ALLOC))
-    detail = f"{result.summary()}\n{result.traceback or ''}\n{result.output[-2000:]}"
-    print(detail)  # the probe's wait against its limit, and the fake speedup, are the point
-    assert result.compiled and result.status != "error", detail
-    assert result.reward <= 1.0, detail
+    result, detail = closed_early(DONE_AT_THE_SYNCHRONISE_CASE, gelu, cache_dir, tmp_path)
     assert (result.status, result.rule) == ("failed", "clock"), detail
 
 

@@ -121,15 +121,23 @@ class RegionClock:
     after_done_limit_ms: float = 0.0
     blind_ms: float = 0.0
     asked_ms: float = 0.0  # of it, the median time before the evaluator asked the reference for the probe
+    # Where the probe is judged: the wall bound's excess with what each region's probe found past its DONE added
+    # (median over regions), against the wall bound's limit. A DONE sent early shortens the bracket by what it
+    # leaves and the probe finds that again, less the blind window: so a forged report gains at most that window
+    # over the wall bound's limit, not the window and the probe's limit too (0.79 of a 0.52 ms region before).
+    past_done_excess_ms: float = 0.0
 
     @property
     def breached(self) -> str | None:
         """Which bound the reported regions fall short of: "wall" (checked first), "after-done" (GPU work left
-        running past the region's DONE), "cpu", "let-go" (work done between the let-go and GO), or None."""
+        running past the region's DONE), "past-done" (the wall bound with that work added), "cpu", "let-go" (work
+        done between the let-go and GO), or None."""
         if self.excess_ms > self.limit_ms:
             return "wall"
         if self.after_done_limit_ms > 0 and self.after_done_excess_ms > self.after_done_limit_ms:
             return "after-done"
+        if self.after_done_limit_ms > 0 and self.past_done_excess_ms > self.limit_ms:
+            return "past-done"
         if self.cpu_excess_ms > self.cpu_limit_ms:
             return "cpu"
         return "let-go" if self.let_go_limit_ms > 0 and self.let_go_excess_ms > self.let_go_limit_ms else None
@@ -149,13 +157,12 @@ class RegionClock:
         """The shortest reported region the tighter bound still lets pass, as a share of the reported one
         less than 1: what a forgery can take off a region undetected. Where the GPU is probed after DONE, a region
         that says DONE early (its timing thread asleep in a blocking synchronise: the CPU bound loose) can take off
-        the wall bound's room, the blind window and the probe's room besides."""
+        the wall bound's room past what its probes found, and the blind window besides."""
         if self.reported_ms <= 0:
             return 0.0
         room = min(self.limit_ms - self.excess_ms, self.cpu_limit_ms - self.cpu_excess_ms)
         if self.after_done_limit_ms > 0:
-            room = max(room, self.limit_ms - self.excess_ms + self.blind_ms
-                       + max(0.0, self.after_done_limit_ms - self.after_done_excess_ms))
+            room = max(room, self.limit_ms - self.past_done_excess_ms + self.blind_ms)
         return room / self.reported_ms
 
     def to_dict(self) -> dict[str, Any]:
@@ -182,6 +189,8 @@ def judge(brackets: list[Bracket], reported_ms: list[float], cost: Overhead, hol
     probed = [b for b in brackets if b.probed_ns]
     after = statistics.median(b.after_done_us / 1e3 for b in probed) if probed else 0.0
     after_judged = bool(probed) and cost.after_done_regions > 0
+    past_done = statistics.median(w + max(0.0, b.after_done_us / 1e3 - cost.after_done_ms)
+                                  for w, b in zip(wall, brackets) if b.probed_ns) if after_judged else 0.0
     return RegionClock(len(brackets), reported, statistics.median(b.outside_ms for b in brackets), fixed,
                        statistics.median(wall), base + 3 * cost.spread_ms, statistics.median(cpu),
                        base + 3 * cost.cpu_spread_ms, statistics.median(ratios) if ratios else 1.0,
@@ -196,7 +205,8 @@ def judge(brackets: list[Bracket], reported_ms: list[float], cost: Overhead, hol
                        after_done_excess_ms=after - cost.after_done_ms if after_judged else 0.0,
                        after_done_limit_ms=base + 3 * cost.after_done_spread_ms if after_judged else 0.0,
                        blind_ms=statistics.median(b.blind_ms for b in probed) if probed else 0.0,
-                       asked_ms=statistics.median(b.asked_ms for b in probed) if probed else 0.0)
+                       asked_ms=statistics.median(b.asked_ms for b in probed) if probed else 0.0,
+                       past_done_excess_ms=past_done)
 
 
 def robust_sd(values: list[float]) -> float:

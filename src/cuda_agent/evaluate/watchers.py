@@ -271,6 +271,13 @@ class Regions:
                            f"waited {verdict.after_done_ms:.3f} ms (median over {verdict.regions} regions), "
                            f"{verdict.after_done_excess_ms:.3f} ms more than after the regions timed before its code "
                            f"loaded (limit {verdict.after_done_limit_ms:.3f} ms): its regions were longer than bracketed")]
+        if verdict.breached == "past-done":
+            return [Breach("clock", f"the candidate's regions ended later than they said: each bracket (to its DONE) "
+                           f"with what the evaluator's probe found still running on the GPU after it added, the "
+                           f"reported regions were {verdict.past_done_excess_ms:.3f} ms short of it (median over "
+                           f"{verdict.regions} regions: reported {verdict.reported_ms:.3f} ms; bracket "
+                           f"{verdict.outside_ms:.3f} ms; the probe waited {verdict.after_done_ms:.3f} ms; limit "
+                           f"{verdict.limit_ms:.3f} ms)")]
         by_wall = verdict.breached == "wall"
         excess, limit = (verdict.excess_ms, verdict.limit_ms) if by_wall else (verdict.cpu_excess_ms, verdict.cpu_limit_ms)
         return [Breach("clock", f"the candidate's process reported its timed regions {excess:.3f} ms shorter "
