@@ -121,10 +121,10 @@ class RegionClock:
     after_done_limit_ms: float = 0.0
     blind_ms: float = 0.0
     asked_ms: float = 0.0  # of it, the median time before the evaluator asked the reference for the probe
-    # Where the probe is judged: the wall bound's excess with what each region's probe found past its DONE added
-    # (median over regions), against the wall bound's limit. A DONE sent early shortens the bracket by what it
-    # leaves and the probe finds that again, less the blind window: so a forged report gains at most that window
-    # over the wall bound's limit, not the window and the probe's limit too (0.79 of a 0.52 ms region before).
+    # Where the probe is judged: the wall bound's median excess with the probe's (where positive) added, against
+    # the wall bound's limit. A DONE sent early shortens the bracket by what it leaves and the probe finds that
+    # again, less the blind window: so a forged report gains at most that window over the wall bound's limit, not
+    # the window and the probe's limit too (0.79 of a 0.52 ms region before).
     past_done_excess_ms: float = 0.0
 
     @property
@@ -189,8 +189,6 @@ def judge(brackets: list[Bracket], reported_ms: list[float], cost: Overhead, hol
     probed = [b for b in brackets if b.probed_ns]
     after = statistics.median(b.after_done_us / 1e3 for b in probed) if probed else 0.0
     after_judged = bool(probed) and cost.after_done_regions > 0
-    past_done = statistics.median(w + max(0.0, b.after_done_us / 1e3 - cost.after_done_ms)
-                                  for w, b in zip(wall, brackets) if b.probed_ns) if after_judged else 0.0
     return RegionClock(len(brackets), reported, statistics.median(b.outside_ms for b in brackets), fixed,
                        statistics.median(wall), base + 3 * cost.spread_ms, statistics.median(cpu),
                        base + 3 * cost.cpu_spread_ms, statistics.median(ratios) if ratios else 1.0,
@@ -206,7 +204,9 @@ def judge(brackets: list[Bracket], reported_ms: list[float], cost: Overhead, hol
                        after_done_limit_ms=base + 3 * cost.after_done_spread_ms if after_judged else 0.0,
                        blind_ms=statistics.median(b.blind_ms for b in probed) if probed else 0.0,
                        asked_ms=statistics.median(b.asked_ms for b in probed) if probed else 0.0,
-                       past_done_excess_ms=past_done)
+                       # The two medians as recorded in every result (benchmarks/results), what was replayed.
+                       past_done_excess_ms=statistics.median(wall) + max(0.0, after - cost.after_done_ms)
+                       if after_judged else 0.0)
 
 
 def robust_sd(values: list[float]) -> float:
