@@ -19,8 +19,8 @@ from cuda_agent.evaluate.regions import Ringer, encode_calls
 from cuda_agent.evaluate.shared import SharedBuffer
 from cuda_agent.evaluate.timing import HostLaunch, Warmup, calibrate, time_round, trial_seed
 from cuda_agent.evaluate.vmm import VmmError, spans as vmm_spans
-from cuda_agent.guard.runtime import RuleBroken
-from cuda_agent.tensors import foreign_object, tensor_bytes, wide_squares, wide_sum
+from cuda_agent.guard.runtime import require_plain_output
+from cuda_agent.tensors import tensor_bytes, wide_squares, wide_sum
 from cuda_agent.tasks.task import Task, TaskError, describe_inputs, exec_task_module
 
 
@@ -205,10 +205,7 @@ class _Side:
             # loop holds them) until the evaluator says CONT. Only what runs no code of its own when looked
             # into: this runs after the region's end event, before its DONE.
             for index, _, box in region:
-                foreign = foreign_object(box.get("output"))
-                if foreign is not None:
-                    raise RuleBroken("output-type", f"timed call {index} returned a {foreign}: outputs must be "
-                                     "plain torch.Tensor (in plain lists, tuples or dicts)")
+                require_plain_output(box.get("output"), f"what timed call {index} returned")
             payload = None
             if msg.outside:
                 described = [describe(index, box.get("output"), inputs) for index, inputs, box in region]

@@ -147,6 +147,15 @@ def _span(tensor: Any) -> tuple[str, int, int] | None:
     return tensor.device.type, start, start + storage.nbytes()
 
 
+def require_plain_output(output: Any, what: str) -> None:
+    """``output-type`` where ``output`` holds anything but exact tensors in plain containers (``foreign_object``: its
+    types alone are asked, so none of its code runs); ``what`` names it in the reason."""
+    foreign = foreign_object(output)
+    if foreign is not None:
+        raise RuleBroken("output-type", f"{what} is a {foreign}: outputs must be plain torch.Tensor (in plain lists, "
+                         "tuples or dicts)")
+
+
 def find_overlap(outputs: Any, others: dict[str, Any]) -> str | None:
     """The label of the first tensor in ``others`` whose memory an output shares."""
     spans = [(label, s) for label, t in others.items() if (s := _span(t)) is not None]
@@ -380,10 +389,7 @@ class CallGuard:
     def check_output_memory(self, output: Any, inputs: list[Any], model: Any) -> None:
         import torch
 
-        foreign = foreign_object(output)
-        if foreign is not None:
-            raise RuleBroken("output-type", f"an output is a {foreign}; outputs must be plain torch.Tensor (in plain "
-                             "lists, tuples or dicts)")
+        require_plain_output(output, "an output")
         for leaf in tensors_in(output):
             # A storage an allocator made can be resized; one wrapped around memory from elsewhere
             # (torch::from_blob, DLPack) cannot, and such memory can be anything: pages filled only when
