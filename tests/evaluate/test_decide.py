@@ -76,6 +76,11 @@ def test_plan_fills_regions_by_the_call_alone_and_rounds_by_the_call_with_its_dr
     assert Plan.for_call(0.33, config, call_ms=0.08, call_bytes=128 << 20) == Plan(trials=12, calls=13)
     assert Plan.for_call(0.33, config, call_ms=0.08, call_bytes=256 << 20).calls == 8
     assert Plan.for_call(9.0, config, call_ms=0.5, call_bytes=5 * gib).calls == 1
+    # On a GPU, a share of its memory where that is more (cuda_gelu's 2 GiB calls on an H200: two a region).
+    h200, small = 143_771_140_096, 24 << 30
+    assert Plan.for_call(2.6, config, call_ms=0.52, call_bytes=2 * gib, device_bytes=h200).calls == 2
+    assert Plan.for_call(2.6, config, call_ms=0.52, call_bytes=2 * gib, device_bytes=small).calls == 1
+    assert Plan.for_call(2.6, config, call_ms=0.26, call_bytes=2 * gib, device_bytes=h200).calls == 4
 
 
 def test_rounds_rotate_the_order_and_stop_once_decided():

@@ -254,7 +254,7 @@ def test_gpu_work_left_past_done_is_judged_against_the_no_op_regions_probes():
     early = judge([bracket(0.3, 480.0)] * 9, [0.25] * 9, cost, 0.0, slack=0.1, region_us=50)
     assert early.excess_ms <= early.limit_ms and early.breached == "after-done"
     assert early.after_done_excess_ms == pytest.approx(0.275)
-    # The adaptive form (red team done-at-the-synchronise-gpu): a 0.5 ms region reported as 0.35, its DONE sent 0.1
+    # The adaptive form (red team done-sent-late-gpu): a 0.5 ms region reported as 0.35, its DONE sent 0.1
     # ms before its kernel ended, 0.02 ms before the probe: what the probe finds (0.08 ms) is under its own limit
     # and the shortened bracket under the wall bound's, but not both together.
     adaptive = judge([bracket(0.45, 285.0, blind_ms=0.02)] * 9, [0.35] * 9, cost, 0.0, slack=0.1, region_us=50)

@@ -954,17 +954,18 @@ SWISH_HALF = (Path(__file__).parents[2] / "examples" / "cpu_swish" / "model.py")
 # (its calls described as the harness would, on a GPU the allocations they lie in sent after it), the harness's own
 # DONE (and FDS) swapped away through the brackets' class, and the samples scaled (class 3). The brackets then end
 # where the candidate said, not where its work did. On the CPU backend the work left runs on the timing thread, whose
-# CPU time the evaluator reads once it sleeps again (up to ``SETTLE_S``): `clock`. On a GPU the kernels the process
-# queued run on after it is stopped, until the reads from outside (tests/redteam/test_redteam_gpu.py).
+# CPU time the evaluator reads once it sleeps again (up to ``SETTLE_S``): `clock`, by that account or by the wall
+# bound (2026-11-28: with the bell's class taken from the timing loop's frame instead of a search of every module on
+# each call, the wall bound fires first). On a GPU the kernels the process queued run on after it is stopped, until
+# the reads from outside (tests/redteam/test_redteam_gpu.py).
 EARLY_PY = r"""
 import os, sys
 done_sent, chunks_sent = set(), set()
 def cells(fn):
     return dict(zip(fn.__code__.co_freevars, (c.cell_contents for c in fn.__closure__ or ())))
-def swap_ringer():
-    modules = list(sys.modules.values())
-    ringer = next((m.Ringer for m in modules if isinstance(getattr(m, "Ringer", None), type)), None)
-    if ringer is None or getattr(ringer.done, "early", False):
+def swap_ringer(ringer):
+    # The class of the timing loop's own bell (no search of the modules, which costs the candidate its own time).
+    if getattr(ringer.done, "early", False):
         return ringer
     real_done, real_chunks = ringer.done, ringer.chunks
     def done(self, region, payload=b""):
@@ -1006,10 +1007,9 @@ def close_region(ringer, state, calls, y):
     ringer.done.real(bell, number, regions.encode_calls(described))
     done_sent.add((id(bell), number))
 def helper(x, y):
-    ringer = swap_ringer()
     found = last_call_of_a_region(x)
-    if ringer is not None and found is not None:
-        close_region(ringer, *found, y)
+    if found is not None:
+        close_region(swap_ringer(type(found[0]["bell"])), *found, y)
 """
 DONE_EARLY = r"""
 static const char* EARLY = R"PY(""" + EARLY_PY + r""")PY";
@@ -1056,7 +1056,7 @@ V3_CASES = [
     Case("done-sent-early-runtime", "Forged samples the round clock cannot resolve (class 3)",
          cpp_prelude=SCALED_SAMPLES + DONE_EARLY,
          binding="scale_samples(); auto y = torch::empty_like(xc); done_early(xc, y);", task=SWISH_HALF,
-         runtime=True, rule="clock", reason="account of its timing thread"),
+         runtime=True, rule="clock", reason="shorter than the evaluator's own"),
 ]
 CASES += V3_CASES
 

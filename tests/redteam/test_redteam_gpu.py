@@ -4,6 +4,8 @@ the CUDA path. The CPU suite (test_redteam.py) covers every pattern it can."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from test_redteam import (
     ALLOCATOR_CLASS, AT_THE_LET_GO, CODE_REWRITE_ROUTES, DISPATCH_TLS, DONE_EARLY, EARLY_PY, GOT_PATCH, LATER, PYTHON_FROM_CPP,
@@ -411,6 +413,7 @@ def closed_early(case: Case, gelu, cache_dir, tmp_path):
                                                      binding=GELU_BINDING, kernel_call=GELU_ALLOC))
     detail = f"{result.summary()}\n{result.traceback or ''}\n{result.output[-2000:]}"
     print(detail)
+    print("regions:", json.dumps(result.timing.get("regions") or {}))
     assert result.compiled and result.status != "error", detail
     assert result.reward <= 1.0, detail
     return result, detail
@@ -428,60 +431,46 @@ def test_a_region_closed_by_the_candidates_own_done(gelu, cache_dir, tmp_path):
         pytest.xfail(f"a region closed by the candidate's own DONE is not rejected: {detail}")
 
 
-# The adaptive form of the case above (docs/SECURITY.md, "The adaptive attack against it"): DONE sent from the timing
-# thread after the harness recorded the region's end event, at its synchronise (a profile function the binding set
-# in forward sees the call), late enough that what is left of the kernel when the probe launches stays under the
-# probe's limit. The end event is recorded before the candidate's process is stopped, so the samples (scaled to
-# 0.55x) are what the events say, the bracket closes early by what is left, and only the probe's wait can tell.
-# From the day's numbers (cuda_gelu: wall limit 0.158 ms, blind 0.061, probe limit 0.196) each bound alone passes it
-# (a 1.8x fake); the wall bound with what the probe found added (`past-done`) has it 0.234 - 0.061 = 0.17 ms short
-# against 0.158: rejected, narrowly. A report at 0.7x (a 1.4x fake) would pass: the floor is the region less the wall
-# limit and the blind window (docs/SECURITY.md). Written 2026-11-28, not run on a GPU yet.
-AT_THE_SYNCHRONISE_PY = EARLY_PY + r"""
+# The adaptive form of the case above (docs/SECURITY.md, "The adaptive attack against it"): DONE sent late enough
+# that what is left of the kernel when the probe launches stays under the probe's limit, and every sample forged to
+# 0.36 ms (0.69x of the honest 0.52; the end event, recorded once the process is let go, would say more). The
+# region's last call launches its kernel onto the idle GPU, sleeps (a spin would be in its timing thread's CPU time)
+# until LEFT_S of it is left, then sends DONE. On the H200 (2026-11-28) with one call a region (the 2 GiB cap):
+# forged to 0.29 ms (0.55x) it failed as `clock` once (wall bound 0.189 ms short, limit 0.135) and earned reward 3
+# once; forged to 0.36 ms (0.69x, a 1.41x fake) it earned reward 3 (the wall bound 0.010 ms short, limit 0.128; the
+# probe found nothing left): the floor docs/SECURITY.md states, reached. With regions of the calls a share of the
+# GPU's memory holds (TimingConfig.region_memory_share: two calls) the same fixed limits are a smaller share.
+# Run first (2026-11-28) as a profile function that sent DONE at the harness's synchronise, after the end event: the
+# profile function cost the timing thread so much (2.7 ms regions, 0.19x) that the attack defeated itself.
+LATE_PY = EARLY_PY + r"""
 import time
-armed = []
-KERNEL_NS, LEFT_NS = 520_000, 150_000  # the honest kernel on the H200; what is left of it at DONE
-def hook(frame, event, arg):
-    if event != "c_call" or not armed or getattr(arg, "__name__", "") != "_cuda_synchronize" \
-            or frame.f_code.co_name != "_time_regions_cuda":
-        return
-    ringer, state, calls, y, started = armed.pop()
-    while not started.query():  # recorded in stream order just before the kernel: it has started
-        pass
-    begun = time.perf_counter_ns()
-    while time.perf_counter_ns() - begun < KERNEL_NS - LEFT_NS:
-        pass
-    close_region(ringer, state, calls, y)
+KERNEL_S, LEFT_S = 520e-6, 120e-6  # the honest kernel on the H200; what is left of it at DONE
 def helper(x, y):
-    import torch
-    ringer = swap_ringer()
+    launched = time.perf_counter()
     found = last_call_of_a_region(x)
-    if ringer is None or found is None:
+    if found is None:
         return
-    started = torch.cuda.Event()
-    started.record()
-    armed[:] = [(ringer, *found, y, started)]
-    sys.setprofile(hook)
+    time.sleep(max(0.0, KERNEL_S - LEFT_S - (time.perf_counter() - launched)))
+    close_region(swap_ringer(type(found[0]["bell"])), *found, y)
 """
-AT_THE_SYNCHRONISE = r"""
-static const char* AT_SYNC = R"PY(""" + AT_THE_SYNCHRONISE_PY + r""")PY";
-static void done_at_the_synchronise(const torch::Tensor& x, const torch::Tensor& y) {
-  static pybind11::object helper = python_helper(AT_SYNC);
+DONE_LATE = r"""
+static const char* LATE = R"PY(""" + LATE_PY + r""")PY";
+static void done_late(const torch::Tensor& x, const torch::Tensor& y) {
+  static pybind11::object helper = python_helper(LATE);
   helper(x, y);
 }
 """
-DONE_AT_THE_SYNCHRONISE_CASE = Case(
-    "done-at-the-synchronise-gpu-runtime", "Forged samples the round clock cannot resolve (class 3)", forward=GOOD,
-    cpp_prelude=SCALED_SAMPLES.replace("0.3 * t", "0.55 * t") + AT_THE_SYNCHRONISE,
-    binding="scale_samples(); auto y = torch::empty_like(x); done_at_the_synchronise(x, y); "
-            "gelu_launch(x.data_ptr<float>(), y.data_ptr<float>(), x.numel(), c10::cuda::getCurrentCUDAStream().stream()); "
-            "return y;", runtime=True, rule="clock")
+DONE_LATE_CASE = Case(
+    "done-sent-late-gpu-runtime", "Forged samples the round clock cannot resolve (class 3)", forward=GOOD,
+    cpp_prelude=SCALED_SAMPLES.replace("0.3 * t", "0.36") + DONE_LATE,
+    binding=DONE_EARLY_GELU.replace("done_early(x, y)", "done_late(x, y)"), runtime=True, rule="clock")
 
 
-@pytest.mark.xfail(strict=False, reason="not run on a GPU yet; the margin it is expected to fail by is narrow")
-def test_a_region_closed_at_the_harness_synchronise(gelu, cache_dir, tmp_path):
+@pytest.mark.xfail(strict=False, reason="the floor docs/SECURITY.md states: reward 3 with one call a region (H200, "
+                   "2026-11-28); `clock` with two, the case not yet adapted to them")
+def test_a_region_closed_late_by_the_candidates_own_done(gelu, cache_dir, tmp_path):
     """The adaptive DONE (above) must be rejected as `clock`, or at least earn no more than the honest solution."""
-    result, detail = closed_early(DONE_AT_THE_SYNCHRONISE_CASE, gelu, cache_dir, tmp_path)
+    result, detail = closed_early(DONE_LATE_CASE, gelu, cache_dir, tmp_path)
     assert (result.status, result.rule) == ("failed", "clock"), detail
 
 

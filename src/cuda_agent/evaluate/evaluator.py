@@ -306,7 +306,8 @@ class Evaluator:
         base = secrets.randbits(62)
         rounds, log = time_rounds(setup, run.reference.channel, baseline, result, spares_stopped(self._spare),
                                   CandidateRounds(run.candidate, base, signals, integrity, run.brackets,
-                                                  run.gpu_quiet, run.call_bytes))
+                                                  run.gpu_quiet, run.call_bytes,
+                                                  run.reference.loaded.device_bytes if run.reference.loaded else 0))
         result.durations["profile"] = round(time.monotonic() - clock, 3)
         if run.gpu_quiet is not None and run.gpu_quiet.most_us is not None:
             result.timing["quiet_us"] = run.gpu_quiet.most_us  # the longest quiet probe: its margin to QUIET_US

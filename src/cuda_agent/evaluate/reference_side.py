@@ -59,6 +59,7 @@ class ReferenceSide(_Side):
             info = {}
             if self.device == "cuda":
                 info["gpu"] = torch.cuda.get_device_name()
+                info["device_bytes"] = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
             info["fixed_inputs"] = self.fixed_inputs()
             if msg.warm is not None:
                 # One expected output, computed and dropped: the first forward in a process (kernels

@@ -55,6 +55,7 @@ class CandidateRounds:
     brackets: CandidateBrackets | None = None  # each region bracketed by the evaluator (evaluate.regions)
     gpu_quiet: GpuQuiet | None = None  # judges the reference's quiet probes before the baselines' regions
     call_bytes: int = 0  # a call's inputs and output, as the reference's checks found them (caps a region's calls)
+    device_bytes: int = 0  # the GPU's memory as the reference found it (0: the CPU backend)
 
 
 def time_rounds(setup: Setup, reference: Channel, baseline: dict[str, Any], result: EvalResult,
@@ -87,7 +88,7 @@ def time_rounds(setup: Setup, reference: Channel, baseline: dict[str, Any], resu
             pause(candidate.channel)
             estimate = _positive(warmed.estimate_ms, "warm-up time")
             plans["candidate"] = plan = Plan.for_call(estimate, config, _positive(warmed.call_ms, "call time"),
-                                                      candidate.call_bytes)
+                                                      candidate.call_bytes, candidate.device_bytes)
             log = CandidateLog(plan, outside=candidate.brackets is not None and candidate.brackets.outside)
             sides["candidate"] = _candidate_side(setup, candidate, log, hosts, estimate)
         host_us: dict[str, float] = {}
@@ -96,7 +97,7 @@ def time_rounds(setup: Setup, reference: Channel, baseline: dict[str, Any], resu
             request = CalibrateRequest(side=side, seed=secrets.randbits(62), timing=config.to_dict())
             calibrated = reference.ask_typed("baseline", request, CalibrateReply, setup.timeouts.profile_s)
             plans[side] = Plan.for_call(calibrated.estimate_ms, config, calibrated.call_ms,
-                                        candidate.call_bytes if candidate is not None else 0)
+                                        *((candidate.call_bytes, candidate.device_bytes) if candidate else (0, 0)))
             host_us[side] = calibrated.host_us
             sides[side] = _baseline_side(setup, reference, side, secrets.randbits(62), hosts, gpu_quiet)
         if log is not None:
