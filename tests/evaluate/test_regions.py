@@ -7,6 +7,7 @@ import os
 import signal
 import struct
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from cuda_agent.evaluate.region_clock import Overhead, judge, overhead
 from cuda_agent.evaluate.regions import (CONT, GO, HEADER, Bell, BellError, BellFailed, Ringer, decode_calls, encode_calls,
                                          thread_times)
 from cuda_agent.evaluate.timing import time_round
+from cuda_agent.evaluate.watchers import Regions
 
 
 _CHILDREN: list[int] = []
@@ -262,11 +264,6 @@ def test_gpu_work_left_past_done_is_judged_against_the_no_op_regions_probes():
     assert adaptive.after_done_excess_ms == pytest.approx(0.08)
     assert adaptive.after_done_excess_ms <= adaptive.after_done_limit_ms
     assert adaptive.breached == "past-done" and adaptive.past_done_excess_ms == pytest.approx(0.13)
-    from types import SimpleNamespace
-
-    from cuda_agent.evaluate.policy import TimingConfig
-    from cuda_agent.evaluate.watchers import Regions
-
     judged = SimpleNamespace(cost=cost, judge=lambda hold_us, slack, region_us: adaptive)
     setup = SimpleNamespace(device="cuda", timing=TimingConfig())
     (breach,) = Regions(judged, 0.0, setup, SimpleNamespace(timing={})).check("profile", "")

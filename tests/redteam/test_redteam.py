@@ -1011,13 +1011,17 @@ def helper(x, y):
     if found is not None:
         close_region(swap_ringer(type(found[0]["bell"])), *found, y)
 """
-DONE_EARLY = r"""
-static const char* EARLY = R"PY(""" + EARLY_PY + r""")PY";
-static void done_early(const torch::Tensor& x, const torch::Tensor& y) {
-  static pybind11::object helper = python_helper(EARLY);
-  helper(x, y);
-}
-"""
+
+
+def python_xy(name: str, source: str) -> str:
+    """A C++ ``static void name(x, y)`` that calls the ``helper(x, y)`` the Python ``source`` defines (executed once,
+    at the first call); the prelude needs PYTHON_FROM_CPP."""
+    return (f'static const char* {name.upper()}_PY = R"PY({source})PY";\n'
+            f"static void {name}(const torch::Tensor& x, const torch::Tensor& y) {{\n"
+            f"  static pybind11::object helper = python_helper({name.upper()}_PY);\n  helper(x, y);\n}}\n")
+
+
+DONE_EARLY = python_xy("done_early", EARLY_PY)
 # cpu_swish at a sixteenth of its size: two calls a region, one computed well within the longest wait for GO
 # (``SETTLE_S``, 5 ms).
 SWISH_SMALL = (Path(__file__).parents[2] / "examples" / "cpu_swish" / "model.py").read_text().replace(

@@ -10,7 +10,7 @@ import pytest
 from test_redteam import (
     ALLOCATOR_CLASS, AT_THE_LET_GO, CODE_REWRITE_ROUTES, DISPATCH_TLS, DONE_EARLY, EARLY_PY, GOT_PATCH, LATER, PYTHON_FROM_CPP,
     SCALED_SAMPLES, SECRETS_FROM_THE_FRAME, UNOBSERVED, UNWATCHED, Case, computed_ahead, make_candidate,
-    return_computed_ahead,
+    python_xy, return_computed_ahead,
 )
 
 from cuda_agent import Evaluator, load_candidate, load_task
@@ -227,10 +227,16 @@ GPU_COMPUTE_ONLY_WHAT_IS_READ = (
 LAUNCH_HALF = ("gelu_launch(x.data_ptr<float>(), y.data_ptr<float>(), x.numel() / 2, "
                "c10::cuda::getCurrentCUDAStream().stream());")
 
-DONE_EARLY_GELU = ("static bool blocking = cudaSetDeviceFlags(cudaDeviceScheduleBlockingSync) == cudaSuccess; "
-                   "(void)blocking; scale_samples(); auto y = torch::empty_like(x); "
-                   "gelu_launch(x.data_ptr<float>(), y.data_ptr<float>(), x.numel(), "
-                   "c10::cuda::getCurrentCUDAStream().stream()); done_early(x, y); return y;")
+
+
+def gelu_then(helper: str) -> str:
+    """The binding of a case that closes its own regions: the whole kernel launched, then ``helper(x, y)`` (C++)."""
+    return ("static bool blocking = cudaSetDeviceFlags(cudaDeviceScheduleBlockingSync) == cudaSuccess; "
+            "(void)blocking; scale_samples(); auto y = torch::empty_like(x); "
+            "gelu_launch(x.data_ptr<float>(), y.data_ptr<float>(), x.numel(), "
+            f"c10::cuda::getCurrentCUDAStream().stream()); {helper}(x, y); return y;")
+
+
 CASES = [
     # Twenty real passes a call (about 10 ms), reported at 0.55x. (At the example's own 0.5 ms a call the
     # same patch hides less than the clock's limit allows: docs/SECURITY.md, still not covered.)
@@ -399,7 +405,7 @@ def test_hacking_candidate_is_rejected_on_the_gpu(case, gelu, cache_dir, tmp_pat
 # CUDA 11).
 DONE_EARLY_CASE = Case("done-sent-early-gpu-runtime", "Forged samples the round clock cannot resolve (class 3)",
                        forward=GOOD, cpp_prelude=SCALED_SAMPLES.replace("0.3 * t", "0.55 * t") + DONE_EARLY,
-                       binding=DONE_EARLY_GELU, runtime=True, rule="clock")
+                       binding=gelu_then("done_early"), runtime=True, rule="clock")
 
 
 def closed_early(case: Case, gelu, cache_dir, tmp_path):
@@ -453,17 +459,11 @@ def helper(x, y):
     time.sleep(max(0.0, KERNEL_S - LEFT_S - (time.perf_counter() - launched)))
     close_region(swap_ringer(type(found[0]["bell"])), *found, y)
 """
-DONE_LATE = r"""
-static const char* LATE = R"PY(""" + LATE_PY + r""")PY";
-static void done_late(const torch::Tensor& x, const torch::Tensor& y) {
-  static pybind11::object helper = python_helper(LATE);
-  helper(x, y);
-}
-"""
+DONE_LATE = python_xy("done_late", LATE_PY)
 DONE_LATE_CASE = Case(
     "done-sent-late-gpu-runtime", "Forged samples the round clock cannot resolve (class 3)", forward=GOOD,
     cpp_prelude=SCALED_SAMPLES.replace("0.3 * t", "0.36") + DONE_LATE,
-    binding=DONE_EARLY_GELU.replace("done_early(x, y)", "done_late(x, y)"), runtime=True, rule="clock")
+    binding=gelu_then("done_late"), runtime=True, rule="clock")
 
 
 @pytest.mark.xfail(strict=False, reason="the floor docs/SECURITY.md states: reward 3 with one call a region (H200, "

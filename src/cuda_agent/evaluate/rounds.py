@@ -97,7 +97,7 @@ def time_rounds(setup: Setup, reference: Channel, baseline: dict[str, Any], resu
             request = CalibrateRequest(side=side, seed=secrets.randbits(62), timing=config.to_dict())
             calibrated = reference.ask_typed("baseline", request, CalibrateReply, setup.timeouts.profile_s)
             plans[side] = Plan.for_call(calibrated.estimate_ms, config, calibrated.call_ms,
-                                        *((candidate.call_bytes, candidate.device_bytes) if candidate else (0, 0)))
+                                        candidate.call_bytes if candidate else 0, candidate.device_bytes if candidate else 0)
             host_us[side] = calibrated.host_us
             sides[side] = _baseline_side(setup, reference, side, secrets.randbits(62), hosts, gpu_quiet)
         if log is not None:
