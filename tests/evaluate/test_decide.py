@@ -138,6 +138,9 @@ def test_cached_baselines_count_as_fixed_times():
     rounds.add("candidate", [1.0, 1.0, 1.0])
     rounds.add("candidate", [1.5, 1.5])
     assert rounds.ratios("eager") == [3.0, 2.0]
+    # The outside clock's correction (verdict.decide) scales the candidate's samples alone, in a copy.
+    slower = rounds.scaled("candidate", 1.25)
+    assert slower.ratios("eager") == [2.4, 1.6] and rounds.ratios("eager") == [3.0, 2.0]
 
 
 def test_timing_config_checks_the_round_settings():

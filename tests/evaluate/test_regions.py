@@ -194,6 +194,36 @@ def test_the_judgement_passes_agreeing_clocks_and_fails_a_forged_time():
     assert held.ok
 
 
+def test_within_the_limit_the_outside_clock_wins_past_its_noise():
+    """A report short of the brackets by less than the limit passes, but with ``outside_wins`` the candidate's times
+    are taken up to the brackets' less their tolerance (region_us and three spreads, no slack): what a forgery gains
+    is that tolerance, not the slack. Agreeing clocks are left alone."""
+    from cuda_agent.evaluate.regions import Bracket
+
+    def bracket(outside_ms: float) -> Bracket:
+        return Bracket(0, 0, 0, 1_000_000, 1_000_000 + int(outside_ms * 1e6))
+
+    cost = overhead([bracket(0.05 + 0.001 * (i % 3)) for i in range(9)], [0.0] * 9, hold_us=0.0)
+    tolerance = 0.05 + 3 * cost.spread_ms
+    honest = judge([bracket(1.07)] * 9, [1.0] * 9, cost, 0.0, slack=0.1, region_us=50, outside_wins=True)
+    assert honest.ok and honest.tolerance_ms == pytest.approx(tolerance) and honest.outside_factor == 1.0
+    # A 1.0 ms region reported as 0.88: within the limit (0.1 x 0.88 + 0.05 + noise), so it passes.
+    forged = judge([bracket(1.05)] * 9, [0.88] * 9, cost, 0.0, slack=0.1, region_us=50, outside_wins=True)
+    assert forged.ok and forged.excess_ms == pytest.approx(0.12, abs=2e-3)
+    assert forged.outside_factor == pytest.approx(1 + (forged.excess_ms - tolerance) / 0.88)
+    assert 0.88 * forged.outside_factor == pytest.approx(1.0 - tolerance, abs=2e-3)
+    assert forged.margin == pytest.approx((tolerance - forged.excess_ms) / 0.88)
+    # Without it the report stands, and the room a forgery has is the limit's.
+    believed = judge([bracket(1.05)] * 9, [0.88] * 9, cost, 0.0, slack=0.1, region_us=50)
+    assert believed.ok and believed.outside_factor == 1.0
+    assert believed.margin == pytest.approx((believed.limit_ms - believed.excess_ms) / 0.88)
+    setup = SimpleNamespace(device="cuda", timing=TimingConfig())
+    regions = Regions(SimpleNamespace(cost=cost, judge=lambda hold_us, slack, region_us, outside_wins: forged), 0.0,
+                      setup, SimpleNamespace(timing={}))
+    assert regions.outside_factor == 1.0  # not judged yet
+    assert regions.check("profile", "") == [] and regions.outside_factor == forged.outside_factor
+
+
 def test_each_bound_is_judged_against_its_own_spread():
     """A host busy in bursts while the brackets were calibrated spreads the wall clock by milliseconds and the
     timing thread's CPU time hardly at all: a forgery the loose wall bound lets through, the CPU bound fails."""
@@ -264,7 +294,7 @@ def test_gpu_work_left_past_done_is_judged_against_the_no_op_regions_probes():
     assert adaptive.after_done_excess_ms == pytest.approx(0.08)
     assert adaptive.after_done_excess_ms <= adaptive.after_done_limit_ms
     assert adaptive.breached == "past-done" and adaptive.past_done_excess_ms == pytest.approx(0.13)
-    judged = SimpleNamespace(cost=cost, judge=lambda hold_us, slack, region_us: adaptive)
+    judged = SimpleNamespace(cost=cost, judge=lambda hold_us, slack, region_us, outside_wins: adaptive)
     setup = SimpleNamespace(device="cuda", timing=TimingConfig())
     (breach,) = Regions(judged, 0.0, setup, SimpleNamespace(timing={})).check("profile", "")
     assert breach.rule == "clock" and "ended later than they said" in breach.reason and "0.130 ms short" in breach.reason
@@ -450,7 +480,7 @@ def test_brackets_too_loose_to_bound_a_region_refuse_to_decide():
         def __init__(self, cost, reported_ms):
             self.cost, self.reported_ms = cost, reported_ms
 
-        def judge(self, hold_us, slack, region_us):
+        def judge(self, hold_us, slack, region_us, outside_wins):
             return judge(regions, [self.reported_ms] * 9, self.cost, hold_us, slack, region_us)
 
     setup = SimpleNamespace(device="cuda", timing=TimingConfig())

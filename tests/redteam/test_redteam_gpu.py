@@ -408,10 +408,10 @@ DONE_EARLY_CASE = Case("done-sent-early-gpu-runtime", "Forged samples the round 
                        binding=gelu_then("done_early"), runtime=True, rule="clock")
 
 
-def closed_early(case: Case, gelu, cache_dir, tmp_path):
+def closed_early(case: Case, gelu, cache_dir, tmp_path, most_reward: float = 1.0):
     """A case that closes its regions with its own DONE, evaluated on the gelu example: it must build and run and
-    never earn more than the honest solution (reward 1.0). Its summary is printed: which bound caught it, and by how
-    much, is the point (the GPU session's log keeps it)."""
+    earn no more than ``most_reward`` (the honest solution's 1.0). Its summary is printed: which bound caught it, and
+    by how much, is the point (the GPU session's log keeps it)."""
     task, solution = gelu
     evaluator = Evaluator("cuda", cache_dir=cache_dir)
     evaluator.policy = evaluator.policy.with_(static_checks=False)
@@ -421,7 +421,7 @@ def closed_early(case: Case, gelu, cache_dir, tmp_path):
     print(detail)
     print("regions:", json.dumps(result.timing.get("regions") or {}))
     assert result.compiled and result.status != "error", detail
-    assert result.reward <= 1.0, detail
+    assert result.reward <= most_reward, detail
     return result, detail
 
 
@@ -445,33 +445,69 @@ def test_a_region_closed_by_the_candidates_own_done(gelu, cache_dir, tmp_path):
 # forged to 0.29 ms (0.55x) it failed as `clock` once (wall bound 0.189 ms short, limit 0.135) and earned reward 3
 # once; forged to 0.36 ms (0.69x, a 1.41x fake) it earned reward 3 (the wall bound 0.010 ms short, limit 0.128; the
 # probe found nothing left): the floor docs/SECURITY.md states, reached. With regions of the calls a share of the
-# GPU's memory holds (TimingConfig.region_memory_share: two calls) the same fixed limits are a smaller share.
+# GPU's memory holds (TimingConfig.region_memory_share: two calls) the same fixed limits are a smaller share; with
+# its DONE timed from the region's first launch and the outside clock winning within the limit (session 51) it failed
+# as `clock` forged to 0.36 ms and earned reward 3 forged to 0.40 (timed 0.41-0.42 ms: the harness's tail overlapped).
 # Run first (2026-11-28) as a profile function that sent DONE at the harness's synchronise, after the end event: the
 # profile function cost the timing thread so much (2.7 ms regions, 0.19x) that the attack defeated itself.
 LATE_PY = EARLY_PY + r"""
 import time
-KERNEL_S, LEFT_S = 520e-6, 120e-6  # the honest kernel on the H200; what is left of it at DONE
+KERNEL_S, LEFT_S = 520e-6, 120e-6  # the honest kernel on the H200; what is left of the region's work at DONE
+first_launch = {}  # region -> when its first call's kernel was launched (the GPU idle before it)
 def helper(x, y):
     launched = time.perf_counter()
-    found = last_call_of_a_region(x)
+    found = calls_of_the_region()
     if found is None:
         return
-    time.sleep(max(0.0, KERNEL_S - LEFT_S - (time.perf_counter() - launched)))
-    close_region(swap_ringer(type(found[0]["bell"])), *found, y)
+    state, calls = found
+    if calls[0][1][0].data_ptr() == x.data_ptr():
+        first_launch[state["region"]] = launched
+    if calls[-1][1][0].data_ptr() != x.data_ptr():
+        return
+    # The region's kernels run back to back from its first launch: DONE when LEFT_S of the last is left.
+    start = first_launch.pop(state["region"], launched)
+    time.sleep(max(0.0, start + len(calls) * KERNEL_S - LEFT_S - time.perf_counter()))
+    close_region(swap_ringer(type(state["bell"])), state, calls, y)
 """
 DONE_LATE = python_xy("done_late", LATE_PY)
-DONE_LATE_CASE = Case(
-    "done-sent-late-gpu-runtime", "Forged samples the round clock cannot resolve (class 3)", forward=GOOD,
-    cpp_prelude=SCALED_SAMPLES.replace("0.3 * t", "0.36") + DONE_LATE,
-    binding=gelu_then("done_late"), runtime=True, rule="clock")
 
 
-@pytest.mark.xfail(strict=False, reason="the floor docs/SECURITY.md states: reward 3 with one call a region (H200, "
-                   "2026-11-28); `clock` with two, the case not yet adapted to them")
-def test_a_region_closed_late_by_the_candidates_own_done(gelu, cache_dir, tmp_path):
-    """The adaptive DONE (above) must be rejected as `clock`, or at least earn no more than the honest solution."""
-    result, detail = closed_early(DONE_LATE_CASE, gelu, cache_dir, tmp_path)
-    assert (result.status, result.rule) == ("failed", "clock"), detail
+def late_case(forged_ms: str) -> Case:
+    return Case("done-sent-late-gpu-runtime", "Forged samples the round clock cannot resolve (class 3)", forward=GOOD,
+                cpp_prelude=SCALED_SAMPLES.replace("0.3 * t", forged_ms) + DONE_LATE,
+                binding=gelu_then("done_late"), runtime=True, rule="clock")
+
+
+@pytest.mark.xfail(strict=False, reason="below the floor docs/SECURITY.md states: with two calls a region and the "
+                   "outside clock winning, forged to 0.40 ms it was timed 0.418 (a 1.21x fake, reward 3; H200, "
+                   "2026-11-28): its DONE, sent from the last call, overlaps the harness's tail with the kernel")
+@pytest.mark.parametrize("forged_ms", ["0.36", "0.40"])
+def test_a_region_closed_late_by_the_candidates_own_done(forged_ms, gelu, cache_dir, tmp_path):
+    """The adaptive DONE (above), timed from the region's first launch: it must earn no more than the honest
+    solution (``closed_early``), rejected as `clock` or timed by the outside clock."""
+    closed_early(late_case(forged_ms), gelu, cache_dir, tmp_path)
+
+
+# A report forged by a little, within the wall bound's limit (10% of the region, 0.05 ms and three spreads): on
+# cuda_gelu's 1.03 ms regions of two calls, 0.88 of each sample passes it and earns reward 3 (0.46 ms is under 0.95 x
+# eager's 0.51) where the report is believed. The outside clock wins within the limit too (TimingConfig.outside_wins):
+# past the brackets' noise the candidate is timed as they saw it, so what a forgery gains is at most the margin the
+# result states (``regions.margin``: on the H200, 2026-11-28, the calibration's spread left 0.21 of a region).
+WITHIN_THE_LIMIT = Case("scaled-within-the-limit-runtime", "Forged samples the round clock cannot resolve (class 3)",
+                        forward=GOOD, cpp_prelude=SCALED_SAMPLES.replace("0.3 * t", "0.88 * t"),
+                        binding="scale_samples(); auto y = torch::empty_like(x);", runtime=True)
+
+
+def test_a_report_forged_within_the_limit_gains_no_more_than_the_stated_margin(gelu, cache_dir, tmp_path):
+    task, solution = gelu
+    evaluator = Evaluator("cuda", cache_dir=cache_dir)
+    honest = evaluator.evaluate(task, load_candidate(solution))
+    forged, detail = closed_early(WITHIN_THE_LIMIT, gelu, cache_dir, tmp_path, most_reward=3.0)
+    assert honest.status == "correct", honest.summary()
+    if forged.status == "correct":
+        margin = forged.timing["regions"]["margin"]
+        ratio = forged.times["candidate"]["median_ms"] / honest.times["candidate"]["median_ms"]
+        assert ratio >= (1 - margin) * 0.98, f"{ratio:.3f} against a margin of {margin:.3f}\n{detail}"
 
 
 def test_a_swapped_event_type_entry_changes_no_time(gelu, cache_dir, tmp_path):

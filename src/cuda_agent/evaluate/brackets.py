@@ -234,11 +234,11 @@ class CandidateBrackets:
     def add(self, brackets: list[Bracket], samples: list[float], calls: int) -> None:
         self.timed.extend((bracket, sample * calls) for bracket, sample in zip(brackets, samples))
 
-    def judge(self, hold_us: float, slack: float, region_us: float) -> RegionClock | None:
+    def judge(self, hold_us: float, slack: float, region_us: float, outside_wins: bool = False) -> RegionClock | None:
         if self.cost is None or not self.timed:
             return None
         return judge([b for b, _ in self.timed], [r for _, r in self.timed], self.cost, hold_us, slack, region_us,
-                     let_go_apart=not self.bell.cpu_from_let_go)
+                     let_go_apart=not self.bell.cpu_from_let_go, outside_wins=outside_wins)
 
     def _alive(self) -> bool:
         return self.worker.proc.poll() is None

@@ -181,6 +181,11 @@ class Rounds:
     def count(self, side: str) -> int:
         return len(self.samples.get(side, []))
 
+    def scaled(self, side: str, factor: float) -> "Rounds":
+        """These rounds with every sample of ``side`` multiplied by ``factor``."""
+        samples = dict(self.samples) | {side: [[s * factor for s in r] for r in self.samples.get(side, [])]}
+        return Rounds(samples, dict(self.fixed))
+
     def medians(self, side: str) -> list[float]:
         return [statistics.median(r) for r in self.samples.get(side, [])]
 

@@ -217,9 +217,15 @@ class TimingConfig:
     # Where even the tighter bound's calibrated spread (three times it) is more than region_spread_max of the
     # median region, the brackets bound nothing worth a reward: the evaluation is refused as an error (no
     # reward; evaluate it again on a quieter host) rather than decided on the candidate's own clock.
+    # Within that limit the outside clock still wins (``outside_wins``): where the wall bound saw more than the
+    # reported regions by more than region_us and three times its spread (the limit less its slack), the
+    # candidate's times are taken up by the difference. A forged report then gains that tolerance (and on a GPU
+    # the window before the probe after DONE), not the slack: on cuda_gelu's 1.03 ms regions 0.32 of a region
+    # became ~0.1 (docs/SECURITY.md, "The outside clock wins").
     brackets: bool = True
     region_slack: float = 0.10
     region_us: float = 50.0
+    outside_wins: bool = True
     region_spread_max: float = 0.5
     # CPU backend: the most of a baseline's timing in which some task on the host waited for a CPU
     # (evaluate.pressure). The baselines run in the trusted reference with the candidate stopped, so a

@@ -126,6 +126,9 @@ class RegionClock:
     # again, less the blind window: so a forged report gains at most that window over the wall bound's limit, not
     # the window and the probe's limit too (0.79 of a 0.52 ms region before).
     past_done_excess_ms: float = 0.0
+    # Past this the outside clock's time is taken over the reported one (``outside_factor``): the wall limit less
+    # its slack where the outside clock wins within the limit (``TimingConfig.outside_wins``), else the limit.
+    tolerance_ms: float = 0.0
 
     @property
     def breached(self) -> str | None:
@@ -160,22 +163,35 @@ class RegionClock:
         the wall bound's room past what its probes found, and the blind window besides."""
         if self.reported_ms <= 0:
             return 0.0
-        room = min(self.limit_ms - self.excess_ms, self.cpu_limit_ms - self.cpu_excess_ms)
+        wall = self.tolerance_ms or self.limit_ms  # what the wall bound lets a report take off undetected, or uncorrected
+        room = min(wall - self.excess_ms, self.cpu_limit_ms - self.cpu_excess_ms)
         if self.after_done_limit_ms > 0:
-            room = max(room, self.limit_ms - self.past_done_excess_ms + self.blind_ms)
+            room = max(room, wall - self.past_done_excess_ms + self.blind_ms)
         return room / self.reported_ms
+
+    @property
+    def outside_factor(self) -> float:
+        """What the candidate's times are multiplied by so that they are the outside clock's: 1 + the wall bound's
+        excess (with what the probe after DONE found, where judged) past ``tolerance_ms``, over the reported
+        region. 1.0 where the two agree within the tolerance."""
+        if self.reported_ms <= 0 or not self.tolerance_ms:
+            return 1.0
+        return 1.0 + max(0.0, max(self.excess_ms, self.past_done_excess_ms) - self.tolerance_ms) / self.reported_ms
 
     def to_dict(self) -> dict[str, Any]:
         short = {k: (round(v, 5) if isinstance(v, float) else v) for k, v in asdict(self).items()}
-        return short | {"ok": self.ok, "margin": round(self.margin, 5), "spread_share": round(self.spread_share, 5)}
+        return short | {"ok": self.ok, "margin": round(self.margin, 5), "spread_share": round(self.spread_share, 5),
+                        "outside_factor": round(self.outside_factor, 5)}
 
 
 def judge(brackets: list[Bracket], reported_ms: list[float], cost: Overhead, hold_us: float, slack: float,
-          region_us: float, let_go_apart: bool = False) -> RegionClock:
+          region_us: float, let_go_apart: bool = False, outside_wins: bool = False) -> RegionClock:
     """``reported_ms[i]``: the region of ``brackets[i]`` as the worker reported it (time per call x calls).
     Each bound's limit: ``slack`` of the reported region plus ``region_us`` plus three times that bound's
     spread in the calibration (what the brackets alone move it by on this host). ``let_go_apart``: the timing
-    thread's CPU time between the let-go and GO is not in the CPU bound and is judged on its own."""
+    thread's CPU time between the let-go and GO is not in the CPU bound and is judged on its own.
+    ``outside_wins``: the wall bound's excess past ``region_us`` and three times its spread (no slack) is
+    taken into the candidate's times (``RegionClock.outside_factor``)."""
     fixed = cost.for_hold(hold_us)
     wall = [b.wall_ms - fixed - cost.export_ms(b) - r for b, r in zip(brackets, reported_ms)]
     # A longer hold than the calibration's may be spent spinning on the timing thread; a shorter one is not
@@ -206,7 +222,8 @@ def judge(brackets: list[Bracket], reported_ms: list[float], cost: Overhead, hol
                        asked_ms=statistics.median(b.asked_ms for b in probed) if probed else 0.0,
                        # The two medians as recorded in every result (benchmarks/results), what was replayed.
                        past_done_excess_ms=statistics.median(wall) + max(0.0, after - cost.after_done_ms)
-                       if after_judged else 0.0)
+                       if after_judged else 0.0,
+                       tolerance_ms=region_us / 1e3 + 3 * cost.spread_ms if outside_wins else 0.0)
 
 
 def robust_sd(values: list[float]) -> float:
