@@ -283,6 +283,11 @@ def test_gpu_work_left_past_done_is_judged_against_the_no_op_regions_probes():
     assert honest.ok and honest.after_done_limit_ms > 0 and honest.blind_ms == pytest.approx(0.2)
     assert honest.past_done_excess_ms == pytest.approx(honest.excess_ms + 0.005)
     assert honest.margin == pytest.approx((honest.limit_ms - honest.past_done_excess_ms + honest.blind_ms) / 0.5)
+    # The harness's tail after its last synchronise, as the no-op regions had it, is room too: a DONE of the
+    # candidate's own, sent while its kernel runs, skips it.
+    tailed = overhead([bracket(0.05, 200.0 + 5 * (i % 3)) for i in range(9)], [0.0] * 9, 0.0, tail_ms=0.07)
+    with_tail = judge([bracket(0.55, 210.0)] * 9, [0.5] * 9, tailed, 0.0, slack=0.1, region_us=50)
+    assert with_tail.tail_ms == 0.07 and with_tail.margin == pytest.approx(honest.margin + 0.07 / 0.5)
     early = judge([bracket(0.3, 480.0)] * 9, [0.25] * 9, cost, 0.0, slack=0.1, region_us=50)
     assert early.excess_ms <= early.limit_ms and early.breached == "after-done"
     assert early.after_done_excess_ms == pytest.approx(0.275)

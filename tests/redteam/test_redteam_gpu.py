@@ -447,7 +447,9 @@ def test_a_region_closed_by_the_candidates_own_done(gelu, cache_dir, tmp_path):
 # probe found nothing left): the floor docs/SECURITY.md states, reached. With regions of the calls a share of the
 # GPU's memory holds (TimingConfig.region_memory_share: two calls) the same fixed limits are a smaller share; with
 # its DONE timed from the region's first launch and the outside clock winning within the limit (session 51) it failed
-# as `clock` forged to 0.36 ms and earned reward 3 forged to 0.40 (timed 0.41-0.42 ms: the harness's tail overlapped).
+# as `clock` forged to 0.36 ms and earned reward 3 forged to 0.40 (timed 0.41-0.42 ms: the harness's tail overlapped);
+# with a noisier calibration (0.05 ms spread) both earned reward 3; with the region's allocations exported before the
+# harness's synchronise (a shorter tail) and a quiet calibration (0.006-0.016 ms) both failed as `clock`.
 # Run first (2026-11-28) as a profile function that sent DONE at the harness's synchronise, after the end event: the
 # profile function cost the timing thread so much (2.7 ms regions, 0.19x) that the attack defeated itself.
 LATE_PY = EARLY_PY + r"""
@@ -478,9 +480,9 @@ def late_case(forged_ms: str) -> Case:
                 binding=gelu_then("done_late"), runtime=True, rule="clock")
 
 
-@pytest.mark.xfail(strict=False, reason="below the floor docs/SECURITY.md states: with two calls a region and the "
-                   "outside clock winning, forged to 0.40 ms it was timed 0.418 (a 1.21x fake, reward 3; H200, "
-                   "2026-11-28): its DONE, sent from the last call, overlaps the harness's tail with the kernel")
+@pytest.mark.xfail(strict=False, reason="the floor docs/SECURITY.md states: on the H200 (2026-11-28) with two calls a "
+                   "region and the outside clock winning, reward 3 where the no-op regions' spread was 0.04-0.07 ms "
+                   "(forged to 0.40 ms, and once to 0.36), `clock` where it was 0.006-0.016 ms")
 @pytest.mark.parametrize("forged_ms", ["0.36", "0.40"])
 def test_a_region_closed_late_by_the_candidates_own_done(forged_ms, gelu, cache_dir, tmp_path):
     """The adaptive DONE (above), timed from the region's first launch: it must earn no more than the honest

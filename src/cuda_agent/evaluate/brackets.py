@@ -168,10 +168,11 @@ class CandidateBrackets:
         finally:
             self._settle()
 
-    def calibrate(self, brackets: list[Bracket] | None, reported_ms: list[float] | None, hold_us: float) -> None:
+    def calibrate(self, brackets: list[Bracket] | None, reported_ms: list[float] | None, hold_us: float,
+                  tail_ms: float = 0.0) -> None:
         if brackets is None or not reported_ms or len(reported_ms) != len(brackets):
             raise Stop("error", "load", "the candidate's process did not time the no-op regions before its code loaded")
-        self.cost = overhead(brackets[WARM_UP_REGIONS:], reported_ms[WARM_UP_REGIONS:], hold_us)
+        self.cost = overhead(brackets[WARM_UP_REGIONS:], reported_ms[WARM_UP_REGIONS:], hold_us, tail_ms)
         self.records.clear()
 
     # -- the checks before timing --------------------------------------------------------------

@@ -68,11 +68,11 @@ class CandidateSide(_Side):
         if op == "load":
             # The task program runs first, before any candidate code can touch torch;
             # the guard's snapshot of the harness is taken before candidate code too.
-            bell_ms = None
+            bell_ms, bell_tail_ms = None, 0.0
             try:
                 self.load_task(msg)
                 if msg.bell_regions and self.ringer is not None:
-                    bell_ms = self.bell_calibration(msg)
+                    bell_ms, bell_tail_ms = self.bell_calibration(msg)
             except BaseException:
                 if msg.bell_regions and self.ringer is not None:
                     self.ringer.fail(0xFFFFFFFF)  # the evaluator waits for brackets no more: this reply says why
@@ -80,7 +80,7 @@ class CandidateSide(_Side):
             self.guard = CallGuard(msg.allowed_aten or ())
             self.guard.watch_quiet(lambda: self._load_candidate(msg), "while model_new.py was imported")
             self.guard.verify_harness("while model_new.py was imported")
-            return {"bell_ms": bell_ms} if bell_ms is not None else {}
+            return {"bell_ms": bell_ms, "bell_tail_ms": bell_tail_ms} if bell_ms is not None else {}
         if op == "weights":
             # A separate step so the candidate can load while the reference still builds Model.
             state = torch.load(msg.state_dict_path, weights_only=True)

@@ -389,7 +389,7 @@ class Evaluator:
         if run.gpu_quiet is not None:
             run.gpu_quiet.candidate = candidate.worker  # its code has run: work found on the GPU may be its
         if brackets is not None:
-            brackets.calibrate(calibration, loaded.bell_ms, bracket_hold(setup))
+            brackets.calibrate(calibration, loaded.bell_ms, bracket_hold(setup), loaded.bell_tail_ms)
         candidate.ask("load", WeightsRequest(state_dict_path=str(weights)), setup.timeouts.load_s)
         ref.share_output_memory(setup, reference, candidate, result)
         result.durations["load"] = round(time.monotonic() - clock, 3)

@@ -362,6 +362,7 @@ class LoadReply(_Reply):
     gpu: str | None = None
     share: ShareInfo | None = None
     bell_ms: list[float] | None = None  # candidate: the no-op regions as the pristine harness timed them
+    bell_tail_ms: float = 0.0  # candidate, GPU: their median time from the last synchronise to DONE (HostLaunch)
     fixed_inputs: bool | None = None  # reference: its draws differ in tensor values alone (DrawRequest, WriteGpuRequest)
     device_bytes: int = 0  # reference: its GPU's memory (0: the CPU backend), what sizes a region's calls
 

@@ -48,6 +48,8 @@ class Overhead:
     after_done_ms: float = 0.0
     after_done_spread_ms: float = 0.0
     after_done_regions: int = 0
+    # The harness's tail in the no-op regions, from the last synchronise to DONE (``timing.HostLaunch.tails_us``).
+    tail_ms: float = 0.0
 
     def for_hold(self, hold_us: float) -> float:
         return self.median_ms + (hold_us - self.hold_us) / 1e3
@@ -62,7 +64,7 @@ class Overhead:
         return {k: round(v, 5) if isinstance(v, float) else v for k, v in asdict(self).items()}
 
 
-def overhead(brackets: list[Bracket], inside_ms: list[float], hold_us: float) -> Overhead:
+def overhead(brackets: list[Bracket], inside_ms: list[float], hold_us: float, tail_ms: float = 0.0) -> Overhead:
     """From the no-op regions' brackets and the times the (still pristine) harness reported for them."""
     wall = [b.wall_ms - inside for b, inside in zip(brackets, inside_ms)]
     cpu = [b.cpu_ms - inside for b, inside in zip(brackets, inside_ms)]
@@ -74,7 +76,7 @@ def overhead(brackets: list[Bracket], inside_ms: list[float], hold_us: float) ->
     return Overhead(max(statistics.median(wall), statistics.median(cpu)), robust_sd(wall), len(wall), hold_us,
                     statistics.median(cpu), robust_sd(cpu), statistics.median(b.looked_up for b in brackets),
                     statistics.median(b.new_chunks for b in brackets), statistics.median(let_go), robust_sd(let_go),
-                    statistics.median(after) if after else 0.0, robust_sd(after), len(after))
+                    statistics.median(after) if after else 0.0, robust_sd(after), len(after), tail_ms)
 
 
 @dataclass
@@ -129,6 +131,9 @@ class RegionClock:
     # Past this the outside clock's time is taken over the reported one (``outside_factor``): the wall limit less
     # its slack where the outside clock wins within the limit (``TimingConfig.outside_wins``), else the limit.
     tolerance_ms: float = 0.0
+    # Where the GPU is probed after DONE: the harness's tail after its last synchronise (``Overhead.tail_ms``). A DONE
+    # the candidate's code sends itself before the kernels end skips it (the calibration takes it off every bracket).
+    tail_ms: float = 0.0
 
     @property
     def breached(self) -> str | None:
@@ -160,13 +165,14 @@ class RegionClock:
         """The shortest reported region the tighter bound still lets pass, as a share of the reported one
         less than 1: what a forgery can take off a region undetected. Where the GPU is probed after DONE, a region
         that says DONE early (its timing thread asleep in a blocking synchronise: the CPU bound loose) can take off
-        the wall bound's room past what its probes found, and the blind window besides."""
+        the wall bound's room past what its probes found, the blind window and the harness's tail besides (red team
+        done-sent-late-gpu, H200: its bracket 0.11 ms short of an honest one with 0.04 ms of blind window)."""
         if self.reported_ms <= 0:
             return 0.0
         wall = self.tolerance_ms or self.limit_ms  # what the wall bound lets a report take off undetected, or uncorrected
         room = min(wall - self.excess_ms, self.cpu_limit_ms - self.cpu_excess_ms)
         if self.after_done_limit_ms > 0:
-            room = max(room, wall - self.past_done_excess_ms + self.blind_ms)
+            room = max(room, wall - self.past_done_excess_ms + self.blind_ms + self.tail_ms)
         return room / self.reported_ms
 
     @property
@@ -223,7 +229,8 @@ def judge(brackets: list[Bracket], reported_ms: list[float], cost: Overhead, hol
                        # The two medians as recorded in every result (benchmarks/results), what was replayed.
                        past_done_excess_ms=statistics.median(wall) + max(0.0, after - cost.after_done_ms)
                        if after_judged else 0.0,
-                       tolerance_ms=region_us / 1e3 + 3 * cost.spread_ms if outside_wins else 0.0)
+                       tolerance_ms=region_us / 1e3 + 3 * cost.spread_ms if outside_wins else 0.0,
+                       tail_ms=cost.tail_ms if after_judged else 0.0)
 
 
 def robust_sd(values: list[float]) -> float:

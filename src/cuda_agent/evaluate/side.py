@@ -177,8 +177,9 @@ class _Side:
         chooser = secrets.SystemRandom()
 
         # On a GPU the memory the region's tensors span is looked up and exported before the region (its inputs,
-        # and the last region's outputs, whose memory its outputs reuse) and handed over just before DONE
-        # (``before_done``); only what was not looked up before is looked up then, within the bracket.
+        # and the last region's outputs, whose memory its outputs reuse) and handed over once the region's calls are
+        # queued, before its synchronise and DONE (``before_done``); only what was not looked up before is looked up
+        # then, within the bracket.
         exporter, ringer = self.exporter, self.ringer if msg.bell else None
         exporting = msg.outside and exporter is not None and ringer is not None
         spans: list[tuple[int, int]] = []
@@ -256,9 +257,12 @@ class _Side:
         keys[msg.side or ""] = recorder.keys()
         return samples, recorder.finish()
 
-    def bell_calibration(self, msg: LoadRequest) -> list[float]:
+    def bell_calibration(self, msg: LoadRequest) -> tuple[list[float], float]:
         """No-op regions through the brackets, on the task's own input draws, before any candidate code:
-        what the brackets add to a region in this process (``region_clock.Overhead``)."""
+        what the brackets add to a region in this process (``region_clock.Overhead``), and on a GPU the median
+        of their tails (``HostLaunch.tails_us``, ms; 0.0 where none was timed)."""
+        import statistics
+
         import torch
 
         marker = torch.zeros(1, device=self.device)
@@ -268,7 +272,10 @@ class _Side:
         request = TimeRequest(seed=msg.bell_seed, first=0, trials=msg.bell_regions, calls=1,
                               timing=msg.timing or TimingConfig().to_dict(), hold_us=msg.bell_hold_us, bell=True,
                               outside=outside, probe=None if outside else msg.bell_seed, written=msg.bell_written)
-        return self.time_calls(lambda *args: marker, request, host=self.launch("bell", fixed_us=msg.bell_hold_us))[0]
+        host = self.launch("bell", fixed_us=msg.bell_hold_us)
+        host.tails_us.clear()
+        samples = self.time_calls(lambda *args: marker, request, host=host)[0]
+        return samples, statistics.median(host.tails_us) / 1e3 if host.tails_us else 0.0
 
 
 
