@@ -7,6 +7,7 @@ import os
 import random
 import secrets
 import socket
+import statistics
 import types
 from pathlib import Path
 from typing import Any
@@ -261,8 +262,6 @@ class _Side:
         """No-op regions through the brackets, on the task's own input draws, before any candidate code:
         what the brackets add to a region in this process (``region_clock.Overhead``), and on a GPU the median
         of their tails (``HostLaunch.tails_us``, ms; 0.0 where none was timed)."""
-        import statistics
-
         import torch
 
         marker = torch.zeros(1, device=self.device)
