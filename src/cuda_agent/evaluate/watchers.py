@@ -238,16 +238,19 @@ class Regions:
     where the two disagree the brackets win, and a reported time shorter than they allow is forged. Within that
     limit they win too (``outside_factor``): the candidate's times are what the brackets saw, less their noise."""
 
+    def __init__(self, brackets: Any, hold_us: float | None, setup: Any, result: EvalResult):
+        self.brackets, self.result = brackets, result
+        self.verdict: Any = None  # the brackets' RegionClock, set by check once they judged every region
+        self.hold_us = (hold_us or 0.0) if setup.device == "cuda" else 0.0
+        self.timing = setup.timing
+
+    @property
+    def judged(self) -> bool:
+        return self.verdict is not None
+
     @property
     def outside_factor(self) -> float:
         return self.verdict.outside_factor if self.verdict is not None and self.verdict.ok else 1.0
-
-    def __init__(self, brackets: Any, hold_us: float | None, setup: Any, result: EvalResult):
-        self.brackets, self.result = brackets, result
-        self.judged = False  # set by check: the brackets gave a verdict on every region
-        self.verdict: Any = None  # the brackets' RegionClock, once judged
-        self.hold_us = (hold_us or 0.0) if setup.device == "cuda" else 0.0
-        self.timing = setup.timing
 
     def check(self, stage: str, when: str) -> list[Breach]:
         if self.brackets is None:
@@ -256,7 +259,7 @@ class Regions:
                                       self.timing.outside_wins)
         if verdict is None:
             return []
-        self.judged, self.verdict = True, verdict
+        self.verdict = verdict
         self.result.timing = self.result.timing | {"regions": verdict.to_dict() | {"overhead": self.brackets.cost.to_dict()}}
         if verdict.ok and verdict.spread_share > self.timing.region_spread_max:
             # Not the candidate's doing (its code had not loaded when the spread was measured), so no reward
