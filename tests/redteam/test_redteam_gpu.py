@@ -449,7 +449,9 @@ def test_a_region_closed_by_the_candidates_own_done(gelu, cache_dir, tmp_path):
 # its DONE timed from the region's first launch and the outside clock winning within the limit (session 51) it failed
 # as `clock` forged to 0.36 ms and earned reward 3 forged to 0.40 (timed 0.41-0.42 ms: the harness's tail overlapped);
 # with a noisier calibration (0.05 ms spread) both earned reward 3; with the region's allocations exported before the
-# harness's synchronise (a shorter tail) and a quiet calibration (0.006-0.016 ms) both failed as `clock`.
+# harness's synchronise (a shorter tail) and a quiet calibration (0.006-0.016 ms) both failed as `clock`. With regions
+# of 2 ms (TimingConfig.region_ms, four calls; 2026-11-29) the fixed part of the limit is half the share of a region:
+# both failed as `clock` (wall bound 0.44-0.46 ms short, limit 0.18-0.29), so the case is no longer an xfail.
 # Run first (2026-11-28) as a profile function that sent DONE at the harness's synchronise, after the end event: the
 # profile function cost the timing thread so much (2.7 ms regions, 0.19x) that the attack defeated itself.
 LATE_PY = EARLY_PY + r"""
@@ -480,9 +482,6 @@ def late_case(forged_ms: str) -> Case:
                 binding=gelu_then("done_late"), runtime=True, rule="clock")
 
 
-@pytest.mark.xfail(strict=False, reason="the floor docs/SECURITY.md states: on the H200 (2026-11-28) with two calls a "
-                   "region and the outside clock winning, reward 3 where the no-op regions' spread was 0.04-0.07 ms "
-                   "(forged to 0.40 ms, and once to 0.36), `clock` where it was 0.006-0.016 ms")
 @pytest.mark.parametrize("forged_ms", ["0.36", "0.40"])
 def test_a_region_closed_late_by_the_candidates_own_done(forged_ms, gelu, cache_dir, tmp_path):
     """The adaptive DONE (above), timed from the region's first launch: it must earn no more than the honest
@@ -494,7 +493,8 @@ def test_a_region_closed_late_by_the_candidates_own_done(forged_ms, gelu, cache_
 # cuda_gelu's 1.03 ms regions of two calls, 0.88 of each sample passes it and earns reward 3 (0.46 ms is under 0.95 x
 # eager's 0.51) where the report is believed. The outside clock wins within the limit too (TimingConfig.outside_wins):
 # past the brackets' noise the candidate is timed as they saw it, so what a forgery gains is at most the margin the
-# result states (``regions.margin``: on the H200, 2026-11-28, the calibration's spread left 0.21 of a region).
+# result states (``regions.margin``: on the H200, 2026-11-28, the calibration's spread left 0.21 of a region). On
+# 2 ms regions of four calls (2026-11-29) the same 0.88 failed as `clock` (wall bound 0.279 ms short, limit 0.277).
 WITHIN_THE_LIMIT = Case("scaled-within-the-limit-runtime", "Forged samples the round clock cannot resolve (class 3)",
                         forward=GOOD, cpp_prelude=SCALED_SAMPLES.replace("0.3 * t", "0.88 * t"),
                         binding="scale_samples(); auto y = torch::empty_like(x);", runtime=True)

@@ -164,7 +164,12 @@ class TimingConfig:
     rounds_max: int = 40
     round_ms: float = 10.0
     round_trials: tuple[int, int] = (4, 100)
-    region_ms: float = 1.0
+    # What the outside clock cannot resolve is a fixed time a region (its tolerance, the probe's blind window, the
+    # harness's tail: 0.13-0.18 ms on the H200), so a forged report gains that share of each region: 13-18% of
+    # cuda_gelu's 1.04 ms regions at region_ms 1 (a 0.40 ms report of a 0.52 ms call earned reward 3), half of it
+    # at 2 (its stated margin 0.15 -> 0.05; the same forgery fails as `clock`). The price: more calls a round, a warm
+    # gelu evaluation +8.4% against the tree where it was +4.9% (benchmarks/RESULTS.md, 2026-11-29).
+    region_ms: float = 2.0
     max_calls: int = 100
     region_bytes: int = 2 << 30  # the most a region's calls keep alive together (inputs and outputs)
     # On a GPU, or this share of its memory where that is more (H200: 8.7 GB, H100: 5 GB): sub-millisecond calls of
