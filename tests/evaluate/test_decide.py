@@ -83,6 +83,17 @@ def test_plan_fills_regions_by_the_call_alone_and_rounds_by_the_call_with_its_dr
     assert Plan.for_call(2.6, config, call_ms=0.26, call_bytes=2 * gib, device_bytes=h200).calls == 4
 
 
+def test_default_regions_of_a_sub_ms_call_are_what_the_outside_clock_was_measured_on():
+    # docs/SECURITY.md, "Regions of 2 ms": the defaults give cuda_gelu (0.52 ms, 2 GiB a call) four calls a region on
+    # an H200 (2.08 ms; its stated margin 0.05) and two on an H100, whose 1/16 share (5 GB) holds only two.
+    config, gib = TimingConfig(), 1 << 30
+    h200, h100 = 143_771_140_096, 85_045_870_592
+    assert Plan.for_call(0.9, config, call_ms=0.52, call_bytes=2 * gib, device_bytes=h200).calls == 4
+    assert Plan.for_call(0.9, config, call_ms=0.52, call_bytes=2 * gib, device_bytes=h100).calls == 2
+    # A small call fills the 2 ms by its own time (0.08 ms a call, inputs far under the cap: 25 calls).
+    assert Plan.for_call(0.33, config, call_ms=0.08, call_bytes=64 << 20, device_bytes=h200).calls == 25
+
+
 def test_rounds_rotate_the_order_and_stop_once_decided():
     config = TimingConfig(rounds_min=3, rounds_max=10, budget_s=60)
     order, calls = [], {"candidate": [], "eager": []}
