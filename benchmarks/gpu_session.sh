@@ -15,6 +15,7 @@
 #                                            # every honest solution (AGREEMENT_REDTEAM=0: the agreement alone; ~25 s
 #                                            # a solution on the H200; extra arguments to clock_agreement.py: --only NAMES)
 #   bash benchmarks/gpu_session.sh quiet     # issue 31's probe: another context's GPU work seen from outside
+#   bash benchmarks/gpu_session.sh clock_rate # issue 31's probe: the host clocks' rate against the GPU's event timer
 #   bash benchmarks/gpu_session.sh vmm       # issue 31's probe: GPU output memory read from another sandbox
 #   bash benchmarks/gpu_session.sh legit     # the legitimate solutions only (false positives), then the
 #                                            # evaluation's GPU memory per process (benchmarks/eval_memory.py)
@@ -197,6 +198,10 @@ agreement)
     fi
     python3 benchmarks/clock_agreement.py --device cuda --kernelbench .data/kernelbench/kernelbench.jsonl \
         --out "$OUT/clock_agreement.jsonl" "$@" 2>&1 | tee "$OUT/clock_agreement.log" | grep -v "^USDT"
+    ;;
+clock_rate)
+    # Issue 31: do the host's clocks (the brackets' CLOCK_REALTIME) and the GPU's event timer run at one rate? (~15 s)
+    python3 benchmarks/probes/clock_rate_probe.py --out "$OUT/clock_rate.json" "$@" 2>&1 | tee "$OUT/clock_rate.log"
     ;;
 quiet)
     # Issue 31: can a process tell from outside that another process's context runs GPU work (time-slicing)?
