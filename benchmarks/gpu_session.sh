@@ -56,7 +56,8 @@
 #                                            # CPU-s per build, GPU busy share, stream vs alone rewards; then the same
 #                                            # stream with a carried .data/prev/src if there is one (RL_TASKS,
 #                                            # RL_CONCURRENCY, RL_PER_GPU (slots sharing the GPU, this tree; default 2),
-#                                            # RL_SECONDS: the budget of each tree's run)
+#                                            # RL_SECONDS: the budget of each tree's run; RL_TREE=this or
+#                                            # prev: one tree alone in this call)
 #   bash benchmarks/gpu_session.sh edit_to_reward # issue 34: source to reward after a one-line kernel edit, this
 #                                            # tree beside a carried .data/prev/src (EDITS, SPEED_EXAMPLES), then
 #                                            # the shared GPU's out-of-memory rerun (tests/gpu/test_gpu_device_lock.py)
@@ -288,11 +289,18 @@ rl_workload)
     # in flight then still finishes, hence the margin) so that both fit the device tool's 10-minute call. A
     # new task costs a reference start, torch.compile and its baselines (~15-25 s), so few tasks with the
     # baseline tree; all 16 in a call of their own: RL_TASKS=16 RL_SECONDS=480 without .data/prev/src.
-    baseline=""; [ -d .data/prev/src ] && baseline="--baseline-src .data/prev/src"
+    # RL_TREE=this or RL_TREE=prev runs one tree alone (prev: the carried .data/prev/src, one slot, no second
+    # pass), for streams too long for both trees in one call; the two calls' JSON are then set side by side.
+    baseline=""; [ -d .data/prev/src ] && [ "${RL_TREE:-both}" = both ] && baseline="--baseline-src .data/prev/src"
     if [ -n "$baseline" ]; then tasks=${RL_TASKS:-4} secs=${RL_SECONDS:-200}; else tasks=${RL_TASKS:-8} secs=${RL_SECONDS:-450}; fi
-    python3 benchmarks/rl_workload.py --device cuda --kernelbench .data/kernelbench/kernelbench.jsonl \
-        --tasks "$tasks" --concurrency "${RL_CONCURRENCY:-8}" --max-seconds "$secs" --per-gpu "${RL_PER_GPU:-2}" \
-        --out "$OUT/rl_workload.json" $baseline "$@" 2>&1 | tee "$OUT/rl_workload.log" | grep -v "^USDT" | tail -60
+    tree=$PWD/src per_gpu=${RL_PER_GPU:-2} extra=() name=rl_workload
+    if [ "${RL_TREE:-both}" = prev ]; then
+        [ -d .data/prev/src ] || { echo "RL_TREE=prev: carry .data/prev/src" >&2; exit 2; }
+        tree=$PWD/.data/prev/src per_gpu=1 extra=(--no-alone) name=rl_workload.baseline
+    fi
+    PYTHONPATH=$tree python3 benchmarks/rl_workload.py --device cuda --kernelbench .data/kernelbench/kernelbench.jsonl \
+        --tasks "$tasks" --concurrency "${RL_CONCURRENCY:-8}" --max-seconds "$secs" --per-gpu "$per_gpu" \
+        --out "$OUT/$name.json" $baseline "${extra[@]}" "$@" 2>&1 | tee "$OUT/$name.log" | grep -v "^USDT" | tail -60
     ;;
 edit_to_reward)
     baseline=""; [ -d .data/prev/src ] && baseline="--baseline-src .data/prev/src"

@@ -19,7 +19,8 @@ linker's user+system time, read from the job's cgroup under bwrap (None without 
 with ``--sandbox none``; None in trees that predate the field), the host's CPU-seconds over the
 stream (/proc/stat: the whole host), GPU busy share (nvidia-smi utilization every 0.5 s), and each candidate's reward in the
 stream against its reward alone afterwards (one at a time, warm cache): mismatches counted.
-Rows are appended to ``OUT.jsonl`` as they finish; the summary goes to ``--out`` (JSON).
+Rows are appended to ``OUT.jsonl`` as they finish (with ``submitted_s`` and ``at_s``: seconds into the pass
+at submission and at the reward, the stream's timeline); the summary goes to ``--out`` (JSON).
 
     python3 benchmarks/rl_workload.py --device cuda --kernelbench KB.jsonl --out $OUT/rl_workload.json \\
         [--baseline-src .data/prev/src]
@@ -263,6 +264,7 @@ def run_pass(service, items: list[dict], concurrency: int, phase: str, rows_path
     """Keep ``concurrency`` jobs in flight (1: one at a time) until every item is answered or, past
     ``deadline`` (monotonic), stop submitting and wait for those in flight."""
     rows: list[dict] = []
+    began = time.monotonic()
     pending = list(items)
     flight: dict = {}  # future -> (item, submitted)
     finished: dict = {}
@@ -282,7 +284,11 @@ def run_pass(service, items: list[dict], concurrency: int, phase: str, rows_path
         ready, _ = wait(list(flight), return_when=FIRST_COMPLETED)
         for future in ready:
             item, submitted = flight.pop(future)
-            row = row_of(item, future.result(), finished.get(future, time.monotonic()) - submitted, phase)
+            arrived = finished.get(future, time.monotonic())
+            row = row_of(item, future.result(), arrived - submitted, phase)
+            # Seconds into the pass at submission and at the reward: the stream's timeline, so that two
+            # trees' runs can be compared over the same candidates where one was cut by its budget.
+            row["submitted_s"], row["at_s"] = round(submitted - began, 3), round(arrived - began, 3)
             rows.append(row)
             with open(rows_path, "a") as handle:
                 handle.write(json.dumps(row) + "\n")

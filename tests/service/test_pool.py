@@ -254,3 +254,39 @@ def test_slots_on_one_device_share_one_reference_pool():
     with local_service("cpu", slots=2, sandbox="none") as service:
         pools = [state.slot.evaluator.references for state in service._slots]
         assert pools[0] is pools[1] and pools[0].capacity == 2
+
+
+@pytest.mark.parametrize("one_per_task", [True, False])
+def test_slots_sharing_references_take_one_job_of_a_task_at_a_time(one_per_task):
+    """With ``one_per_task`` a free slot passes over a job of a task another slot is evaluating (it would wait
+    there for the task's one reference) and takes a later job of another task; without it, the first job."""
+    log, gate = [], threading.Event()
+
+    class Gated(ScriptedSlot):
+        def run(self, job, built=None):
+            log.append((self.name, job.task.name, "start"))
+            if job.task.name == "a" and not gate.is_set():
+                gate.wait(5)
+            else:
+                time.sleep(0.05)
+            log.append((self.name, job.task.name, "end"))
+            return {}
+
+    a, b = (Task(name=n, code=f"# {n}\nclass Model: pass", source=f"{n}.py") for n in ("a", "b"))
+    service = EvalService(lambda i: Gated(f"s{i}"), 2, one_per_task=one_per_task)
+    try:
+        first = service.submit(Job("baseline", a))
+        time.sleep(0.1)  # a's first job is running
+        later = [service.submit(Job("baseline", task)) for task in (a, b)]
+        time.sleep(0.3)
+        started_while_a_ran = [task for _, task, what in log[1:] if what == "start"]
+        gate.set()
+        assert all(f.result(10).ok for f in [first, *later])
+    finally:
+        service.close()
+    # Without it the free slot took the queue's first job, a's second, which then waited (here on the gate).
+    assert started_while_a_ran == (["b"] if one_per_task else ["a"]), log
+    if one_per_task:
+        starts = [(task, i) for i, (_, task, what) in enumerate(log) if what == "start"]
+        ends = [i for i, (_, task, what) in enumerate(log) if what == "end" and task == "a"]
+        assert starts[-1][0] == "a" and starts[-1][1] > ends[0]  # a's second job after its first ended

@@ -75,6 +75,7 @@ def local_service(device: str = "auto", *, slots: int | None = None, gpus: list[
         threading.Thread(target=_prepare, args=(builder,), name="build-prepare", daemon=True).start()
     return EvalService(make_slot, len(indices), queue_size=queue_size, job_timeout_s=job_timeout_s,
                        builder=builder.build, build_workers=workers, on_reply=on_reply,
+                       one_per_task=bool(pools) and len(set(indices)) < len(indices),
                        info=_info(device, "local", len(indices), options) | {"per_gpu": per_gpu if device == "cuda" else None})
 
 

@@ -16,7 +16,12 @@ machine and on a cluster. What it promises a client:
 - **live counters** (``stats()``): queue depth, in flight, done, evaluations per second, each
   slot's busy share;
 - **task affinity**: a free slot prefers a waiting job of a task it served recently, whose reference
-  process its evaluator still holds (docs/SCALE.md: worth about 5x at 30 evaluations an episode).
+  process its evaluator still holds (docs/SCALE.md: worth about 5x at 30 evaluations an episode);
+- **one job of a task at a time** (``one_per_task``, where slots share their reference processes): a free
+  slot passes over jobs of a task another slot is evaluating, and waits where there are only such jobs.
+  Taken, such a job would wait in its slot for the task's one reference (up to a minute), then start a
+  second one: on the H200 with eight slots, candidates of the same task filled slots that way and their
+  references took 68 s to come.
 """
 
 from __future__ import annotations
@@ -98,6 +103,7 @@ class _SlotState:
     busy_s: float = 0.0
     started: float = field(default_factory=time.monotonic)
     job: str | None = None
+    task: str | None = None  # the task digest of the job it runs
     since: float = 0.0
     done: int = 0
     lost: int = 0
@@ -110,7 +116,8 @@ class EvalService:
     def __init__(self, make_slot: Callable[[int], Slot], slots: int, *, queue_size: int = 64,
                  job_timeout_s: float = 3600.0, retries: int = 2,
                  builder: Callable[[Any], Any] | None = None, build_workers: int = 0,
-                 info: dict[str, Any] | None = None, on_reply: Callable[[Job, Reply], None] | None = None):
+                 info: dict[str, Any] | None = None, on_reply: Callable[[Job, Reply], None] | None = None,
+                 one_per_task: bool = False):
         if slots < 1:
             raise ValueError("the service needs at least one slot")
         if queue_size < 1:
@@ -121,6 +128,7 @@ class EvalService:
         self.retries = retries
         self.info = dict(info or {})
         self.on_reply = on_reply or (lambda job, reply: None)
+        self.one_per_task = one_per_task
         self._lock = threading.Condition()
         self._pending: collections.deque[_Entry] = collections.deque()
         self._building = 0
@@ -243,19 +251,21 @@ class EvalService:
     def _serve(self, index: int) -> None:
         while True:
             with self._lock:
-                while not self._pending and not self._closed:
-                    self._lock.wait()
-                if self._closed:
-                    return
                 state = self._slots[index]
-                entry = self._take(state)
+                entry = None
+                while not self._closed and (entry := self._take(state) if self._pending else None) is None:
+                    self._lock.wait()
+                if entry is None:
+                    return
                 state.job, state.since = entry.job.describe(), time.monotonic()
+                state.task = entry.job.task.digest if entry.job.task is not None else None
                 self._lock.notify_all()  # room in the queue
             entry.attempts += 1
             outcome = self._run_with_timeout(state.slot, entry)
             with self._lock:
                 state.busy_s += time.monotonic() - state.since
-                state.job = None
+                state.job = state.task = None
+                self._lock.notify_all()  # its task's next job may go now (``one_per_task``)
             if outcome is None:
                 continue
             kind, value = outcome
@@ -284,18 +294,23 @@ class EvalService:
             if not self._replace(index):
                 return
 
-    def _take(self, state: _SlotState) -> _Entry:
-        """The next job for a free slot (lock held): one of a task it served recently, else the head."""
-        head = self._pending[0]
-        if state.tasks and time.monotonic() - head.submitted < AFFINITY_WAIT_S:
-            for position, entry in enumerate(self._pending):
-                if position >= AFFINITY_SCAN:
-                    break
+    def _take(self, state: _SlotState) -> _Entry | None:
+        """The next job for a free slot (lock held): one of a task it served recently, else the first; with
+        ``one_per_task``, none of a task another slot is evaluating (None: only such jobs wait)."""
+        busy = {s.task for s in self._slots if s.task is not None} if self.one_per_task else set()
+        free = [(position, entry) for position, entry in enumerate(self._pending)
+                if position < AFFINITY_SCAN and (entry.job.task is None or entry.job.task.digest not in busy)]
+        if not free:
+            return None if busy else self._served(state, self._pending.popleft())
+        if state.tasks and time.monotonic() - free[0][1].submitted < AFFINITY_WAIT_S:
+            for position, entry in free:
                 if entry.job.task is not None and entry.job.task.digest in state.tasks:
                     del self._pending[position]
                     self.counts["affine"] += 1
                     return self._served(state, entry)
-        return self._served(state, self._pending.popleft())
+        position, entry = free[0]
+        del self._pending[position]
+        return self._served(state, entry)
 
     @staticmethod
     def _served(state: _SlotState, entry: _Entry) -> _Entry:
