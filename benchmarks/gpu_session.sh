@@ -57,7 +57,8 @@
 #                                            # stream with a carried .data/prev/src if there is one (RL_TASKS,
 #                                            # RL_CONCURRENCY, RL_PER_GPU (slots sharing the GPU, this tree; default 2),
 #                                            # RL_SECONDS: the budget of each tree's run; RL_TREE=this or
-#                                            # prev: one tree alone in this call)
+#                                            # prev: one tree alone in this call; RL_WARMUP=cuda_gelu: one
+#                                            # evaluation of it before each tree's clock starts)
 #   bash benchmarks/gpu_session.sh edit_to_reward # issue 34: source to reward after a one-line kernel edit, this
 #                                            # tree beside a carried .data/prev/src (EDITS, SPEED_EXAMPLES), then
 #                                            # the shared GPU's out-of-memory rerun (tests/gpu/test_gpu_device_lock.py)
@@ -300,7 +301,8 @@ rl_workload)
     fi
     PYTHONPATH=$tree python3 benchmarks/rl_workload.py --device cuda --kernelbench .data/kernelbench/kernelbench.jsonl \
         --tasks "$tasks" --concurrency "${RL_CONCURRENCY:-8}" --max-seconds "$secs" --per-gpu "$per_gpu" \
-        --out "$OUT/$name.json" $baseline "${extra[@]}" "$@" 2>&1 | tee "$OUT/$name.log" | grep -v "^USDT" | tail -60
+        ${RL_WARMUP:+--warmup "$RL_WARMUP"} --out "$OUT/$name.json" $baseline "${extra[@]}" "$@" 2>&1 \
+        | tee "$OUT/$name.log" | grep -v "^USDT" | tail -60
     ;;
 edit_to_reward)
     baseline=""; [ -d .data/prev/src ] && baseline="--baseline-src .data/prev/src"

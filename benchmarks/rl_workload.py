@@ -352,7 +352,7 @@ def _num(value) -> str:
 
 
 def table(summaries: list[tuple[str, dict]]) -> str:
-    fields = [("evaluations", "evaluations"), ("stream seconds", "stream_s"), ("evaluations per GPU-hour" if
+    fields = [("evaluations", "evaluations"), ("warm-up before the clock, s", "warmup_s"), ("stream seconds", "stream_s"), ("evaluations per GPU-hour" if
               summaries[0][1]["device"] == "cuda" else "evaluations per host-hour", "per_gpu_hour"),
               ("submission to reward, median s", "latency_median_s"), ("submission to reward, p90 s", "latency_p90_s"),
               ("builds (not cached whole)", "builds"), ("CPU-s per build, median", "build_cpu_s_median"),
@@ -420,9 +420,12 @@ def run(args) -> dict:
         service = local_service("cuda", gpus=[args.gpu], queue_size=max(64, args.concurrency), **shared, **options)
     else:
         service = local_service("cpu", slots=args.slots, queue_size=max(64, args.concurrency), **options)
-    started = time.monotonic()
-    deadline = started + args.max_seconds if args.max_seconds else float("inf")
+    warmup = None
     try:
+        if args.warmup:
+            warmup = warm_up(service, args.device, args.warmup)
+        started = time.monotonic()
+        deadline = started + args.max_seconds if args.max_seconds else float("inf")
         cpu0, wall0 = host_cpu_s(), time.monotonic()
         with GpuSampler(args.gpu) if args.device == "cuda" else _NoSampler() as sampler:
             # Past 60% of the budget the stream submits nothing new, leaving the rest to the second pass (90%
@@ -442,7 +445,22 @@ def run(args) -> dict:
             shutil.rmtree(cache, ignore_errors=True)
     summary = summarise(args, stream, alone, seconds, cpu_s, sampler.share(), stats)
     summary["gpu_samples"] = len(getattr(sampler, "samples", []))
+    summary["warmup"] = warmup
+    summary["warmup_s"] = warmup["seconds"] if warmup else None
     return summary
+
+
+def warm_up(service, device: str, name: str) -> dict:
+    """One evaluation of example ``name`` before the stream's clock starts: what a service that has run for
+    a while has done once (the toolchain probe, the build units every candidate shares, the first CUDA and
+    torch.compile start-up on the machine), so that the stream measures the steady state of both trees."""
+    found = list(examples(device, [name]))
+    clock = time.monotonic()
+    reply = service.submit(Job("evaluate", found[0][1], found[0][2])).result()
+    status = reply.result.get("status") if reply.ok and isinstance(reply.result, dict) else f"service-{reply.kind}"
+    seconds = round(time.monotonic() - clock, 1)
+    print(f"warm-up: {name} {status} in {seconds} s (before the stream's clock)", flush=True)
+    return {"example": name, "status": status, "seconds": seconds}
 
 
 class _NoSampler:
@@ -472,6 +490,7 @@ def baseline(args) -> dict | None:
         if value:
             argv += [flag, str(value)]
     argv += ["--no-alone"] if args.no_alone else []
+    argv += ["--warmup", args.warmup] if args.warmup else []
     print(f"\nbaseline: {src}", flush=True)
     code = subprocess.run(argv, env=dict(os.environ, PYTHONPATH=str(src))).returncode
     if code != 0 or not out.is_file():
@@ -499,6 +518,9 @@ def main() -> None:
     parser.add_argument("--max-seconds", type=float, default=None,
                         help="budget: no new stream submission past 60%% of it, no second-pass one past all of it")
     parser.add_argument("--no-alone", action="store_true", help="skip the second pass (rewards alone)")
+    parser.add_argument("--warmup", default=None, metavar="EXAMPLE",
+                        help="evaluate this example (examples/NAME, e.g. cuda_gelu) once before the stream's clock "
+                             "starts, in both trees: the one-time start-up of a service left out of the rate")
     parser.add_argument("--baseline-src", type=Path, default=None, help="another tree's src/ to run the same stream with")
     parser.add_argument("--check-builds", action="store_true",
                         help="only compile each variant's kernel file (compile-only, no GPU) and check it builds as intended")
@@ -509,6 +531,9 @@ def main() -> None:
         args.kernelbench = Path(os.environ["KERNELBENCH_DATA"]) / "kernelbench.jsonl"
     if args.concurrency < 1:
         raise SystemExit("rl_workload: --concurrency must be at least 1")
+    if args.warmup and not (ROOT / "examples" / args.warmup / "solution").is_dir():
+        have = ", ".join(sorted(p.name for p in (ROOT / "examples").glob("*") if (p / "solution").is_dir()))
+        raise SystemExit(f"rl_workload: --warmup {args.warmup}: no such example; use one of {have}.")
 
     summaries = [("this tree", run(args))]
     args.out.parent.mkdir(parents=True, exist_ok=True)
