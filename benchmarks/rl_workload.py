@@ -424,16 +424,15 @@ def run(args) -> dict:
     try:
         if args.warmup:
             warmup = warm_up(service, args.device, args.warmup)
-        started = time.monotonic()
+        started, cpu0 = time.monotonic(), host_cpu_s()
         deadline = started + args.max_seconds if args.max_seconds else float("inf")
-        cpu0, wall0 = host_cpu_s(), time.monotonic()
         with GpuSampler(args.gpu) if args.device == "cuda" else _NoSampler() as sampler:
             # Past 60% of the budget the stream submits nothing new, leaving the rest to the second pass (90%
             # where there is none: what is in flight then still finishes).
             share = 0.9 if args.no_alone else 0.6
             stream = run_pass(service, items, args.concurrency, "stream", rows_path,
                               started + share * (deadline - started) if args.max_seconds else deadline)
-        seconds = time.monotonic() - wall0
+        seconds = time.monotonic() - started
         stats = service.stats()
         cpu_s = host_cpu_s() - cpu0
         answered = {(r["task"], r["variant"]) for r in stream}
@@ -454,9 +453,9 @@ def warm_up(service, device: str, name: str) -> dict:
     """One evaluation of example ``name`` before the stream's clock starts: what a service that has run for
     a while has done once (the toolchain probe, the build units every candidate shares, the first CUDA and
     torch.compile start-up on the machine), so that the stream measures the steady state of both trees."""
-    found = list(examples(device, [name]))
+    _, task, candidate = next(examples(device, [name]))
     clock = time.monotonic()
-    reply = service.submit(Job("evaluate", found[0][1], found[0][2])).result()
+    reply = service.submit(Job("evaluate", task, candidate)).result()
     status = reply.result.get("status") if reply.ok and isinstance(reply.result, dict) else f"service-{reply.kind}"
     seconds = round(time.monotonic() - clock, 1)
     print(f"warm-up: {name} {status} in {seconds} s (before the stream's clock)", flush=True)

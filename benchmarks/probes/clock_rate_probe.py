@@ -58,14 +58,6 @@ def host_rates(seconds: float) -> dict:
     return {f"{name}_ppm": round(((end[name] - start[name]) / raw - 1) * 1e6, 2) for name in ("realtime", "monotonic")}
 
 
-def slope(points: list[tuple[float, float]]) -> tuple[float, float]:
-    """Least-squares y = a + b x: (a, b)."""
-    mean_x = statistics.fmean(x for x, _ in points)
-    mean_y = statistics.fmean(y for _, y in points)
-    b = sum((x - mean_x) * (y - mean_y) for x, y in points) / sum((x - mean_x) ** 2 for x, _ in points)
-    return mean_y - b * mean_x, b
-
-
 def gpu_rates(lengths_ms: list[float], repeats: int) -> dict:
     import torch
 
@@ -96,7 +88,7 @@ def gpu_rates(lengths_ms: list[float], repeats: int) -> dict:
                 samples[name].append((event_ms, host_ms[name]))
     fits = {}
     for name, points in samples.items():
-        intercept, ratio = slope(points)
+        ratio, intercept = statistics.linear_regression([x for x, _ in points], [y for _, y in points])
         fits[name] = {"ratio": round(ratio, 6), "off_percent": round((ratio - 1) * 100, 4),
                       "intercept_ms": round(intercept, 5)}
     return {"gpu": torch.cuda.get_device_name(), "cycles_per_ms": round(per_ms), "fits": fits, "rows": rows}

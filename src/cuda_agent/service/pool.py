@@ -301,7 +301,7 @@ class EvalService:
         free = [(position, entry) for position, entry in enumerate(self._pending)
                 if position < AFFINITY_SCAN and (entry.job.task is None or entry.job.task.digest not in busy)]
         if not free:
-            return None if busy else self._served(state, self._pending.popleft())
+            return None  # the head is always free without ``one_per_task``: only jobs of busy tasks wait
         if state.tasks and time.monotonic() - free[0][1].submitted < AFFINITY_WAIT_S:
             for position, entry in free:
                 if entry.job.task is not None and entry.job.task.digest in state.tasks:
