@@ -71,7 +71,8 @@
 #                                            # CUDA evaluator) and an OpenEnv episode evaluated by the service on
 #                                            # the GPU (tests/gpu/test_gpu_integrations.py); carry [".data", ".whl"]
 #                                            # with the wheel set below
-#   bash benchmarks/gpu_session.sh tests -k "illegal or profiler"   # extra arguments go to pytest
+#   bash benchmarks/gpu_session.sh tests -k "illegal or profiler"   # extra arguments go to pytest; a tests/ path
+#                                            # among them runs that file (or test) instead of the whole tests/gpu
 #
 # With the device tool, carry [".data"]. It holds:
 #   .data/kernelbench/kernelbench.jsonl  (cp ../shared/data/kernelbench/{kernelbench.jsonl,h100_*.json} .data/kernelbench/)
@@ -238,6 +239,13 @@ tests|redteam)
         python3 -m pytest -q -p no:cacheprovider --timeout 120 -rfs tests/sandbox 2>&1 | tee "$OUT/sandbox_tests.log" | tail -6
     fi
     selected=("$where")
+    # A test file or folder among the arguments narrows the call to it (else the whole suite runs, a call's
+    # ten minutes and more: session 54 lost its last device time so).
+    narrowed=() rest=()
+    for arg in "$@"; do
+        if [[ "$arg" == tests/* && -e "${arg%%::*}" ]]; then narrowed+=("$arg"); else rest+=("$arg"); fi
+    done
+    if [ ${#narrowed[@]} -gt 0 ]; then selected=("${narrowed[@]}"); set -- "${rest[@]}"; fi
     if [ -n "${SHARD:-}" ]; then
         # SHARD=i/n: every n-th test from the i-th, in collection order (the whole GPU red team is over one call).
         mapfile -t selected < <(python3 -m pytest -m gpu -q -p no:cacheprovider --collect-only "$@" "$where" 2>/dev/null \

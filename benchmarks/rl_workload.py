@@ -257,7 +257,18 @@ def row_of(item: dict, reply, latency: float, phase: str) -> dict:
         "durations": result.get("durations") or {},
         # Out of GPU memory beside another slot's evaluation, then evaluated again with the GPU alone.
         "reran_alone": any("evaluated again with the GPU alone" in n for n in result.get("notes") or []),
+        # Where its final attempt ran: beside the others, apart from other memory-hungry ones, or alone.
+        "memory_step": memory_step(result.get("notes") or []),
+        "reference_dropped": any("reference process was not kept" in n for n in result.get("notes") or []),
+        # Whether its task's reference process was kept from an earlier evaluation or started for this one.
+        "reference_kept": any(n.startswith("reference process kept") for n in result.get("notes") or []),
     }
+
+
+def memory_step(notes: list[str]) -> str:
+    if any("with the GPU alone" in n for n in notes):
+        return "alone"
+    return "apart" if any("apart from other memory-hungry" in n for n in notes) else "shared"
 
 
 def run_pass(service, items: list[dict], concurrency: int, phase: str, rows_path: Path, deadline: float) -> list[dict]:
@@ -332,6 +343,8 @@ def summarise(args, stream: list[dict], alone: list[dict], seconds: float, cpu_s
         "host_cpu_s_per_eval": round(cpu_s / len(stream), 2) if stream else None,
         "gpu_busy_share": gpu_share, "slot_busy_share": stats.get("busy_share"),
         "reran_alone": sum(bool(r.get("reran_alone")) for r in stream),
+        "apart": sum(r.get("memory_step") == "apart" for r in stream),
+        "alone": sum(r.get("memory_step") == "alone" for r in stream),
         "unexpected": [{"task": r["task"], "variant": r["variant"], "status": r["status"], "reason": r["reason"]}
                        for r in stream if r["status"] != r["expected"]],
         "by_variant": {v: {"n": sum(r["variant"] == v for r in stream),
@@ -359,6 +372,7 @@ def table(summaries: list[tuple[str, dict]]) -> str:
               ("CPU-s per build, mean", "build_cpu_s_mean"), ("host CPU-s per evaluation (/proc/stat)", "host_cpu_s_per_eval"),
               ("GPU busy share", "gpu_busy_share"), ("slot busy share", "slot_busy_share"),
               ("evaluated again alone (out of memory beside another)", "reran_alone"),
+              ("evaluated apart from memory-hungry ones", "apart"), ("evaluated with the GPU alone", "alone"),
               ("status not as intended", "unexpected"), ("stream vs alone compared", "compared"),
               ("reward mismatches", "mismatches")]
     lines = ["| | " + " | ".join(name for name, _ in summaries) + " |", "|---" * (len(summaries) + 1) + "|"]

@@ -249,3 +249,96 @@ def test_a_cpu_build_uses_the_device_its_evaluators_time_on(cache_dir, examples)
     evaluator = Evaluator("cpu", cache_dir=cache_dir, timing_lock=lock)
     assert evaluator.build(load_candidate(examples / "cpu_swish" / "solution")).ok
     assert [mode for _, mode, _, _ in lock.holds] == ["shared"]
+
+
+def test_evaluations_apart_take_turns_beside_shared_ones():
+    """``apart``: two memory-hungry evaluations never overlap each other, and a plain one runs beside both."""
+    lock = DeviceLock()
+    spans: dict[str, tuple[float, float]] = {}
+    started = threading.Event()
+
+    def hungry(name):
+        def evaluation():
+            with lock.apart():
+                with lock.shared():
+                    began = time.monotonic()
+                    started.set()
+                    time.sleep(0.15)
+                    spans[name] = (began, time.monotonic())
+        evaluation.__name__ = name
+        return evaluation
+
+    def plain():
+        started.wait(5)
+        with lock.shared():
+            began = time.monotonic()
+            time.sleep(0.05)
+            spans["plain"] = (began, time.monotonic())
+
+    assert run_together(hungry("a"), hungry("b"), plain), "deadlock"
+    (a0, a1), (b0, b1), (p0, p1) = spans["a"], spans["b"], spans["plain"]
+    assert a1 <= b0 or b1 <= a0, "two evaluations apart overlapped"
+    assert any(s0 < p1 and p0 < s1 for s0, s1 in (spans["a"], spans["b"])), "the plain one waited for those apart"
+
+
+class _ScriptedAttempts:
+    """``Evaluator._attempt`` as a test double: each attempt runs out of GPU memory or not as scripted, holding
+    the lock's shared side as an evaluation does while a neighbour (another thread) holds it too."""
+
+    def __init__(self, lock, script):
+        self.lock, self.script, self.calls = lock, list(script), []
+        self.neighbour_in, self.neighbour_out = threading.Event(), threading.Event()
+
+    def neighbour(self):
+        with self.lock.shared():
+            self.neighbour_in.set()
+            self.neighbour_out.wait(10)
+
+    def __call__(self, task, candidate, build_result, timed):
+        from cuda_agent.evaluate.result import EvalResult
+
+        mode = "alone" if getattr(self.lock._mine, "alone", 0) else "apart" if self.lock._apart.locked() else "shared"
+        with self.lock.shared():
+            time.sleep(0.02)
+        self.calls.append(mode)
+        result = EvalResult(task={}, candidate={}, device="cuda", policy={}, timing={})
+        if self.script.pop(0):
+            result.stage, result.reason = "verify", "CUDA out of memory. Tried to allocate 6.00 GiB"
+        else:
+            result.status, result.reward = "correct", 1.0
+        return result
+
+
+@pytest.mark.parametrize("script, steps, kept_as", [
+    ([True, False, False], ["shared", "apart", "apart"], "apart"),
+    ([True, True, False, False], ["shared", "apart", "alone", "alone"], "alone"),
+])
+def test_out_of_memory_beside_others_is_tried_apart_then_alone_and_the_task_remembered(
+        cache_dir, script, steps, kept_as, monkeypatch):
+    """The rerun's order: beside others (ran out) -> apart -> alone only if apart ran out too; the task's next
+    candidate starts at the step that served it. The reward is never the crowded attempt's."""
+    from types import SimpleNamespace
+
+    from cuda_agent import Evaluator
+
+    lock = DeviceLock()
+    evaluator = Evaluator("cpu", cache_dir=cache_dir, timing_lock=lock)
+    evaluator.device = "cuda"  # the memory reruns are the GPU's; the attempts are scripted
+    attempts = _ScriptedAttempts(lock, script)
+    monkeypatch.setattr(evaluator, "_attempt", attempts)
+    task = SimpleNamespace(digest="big-task")
+    neighbour = threading.Thread(target=attempts.neighbour)
+    neighbour.start()
+    assert attempts.neighbour_in.wait(5)
+    # The neighbour leaves once the first attempt has run beside it (an alone rerun waits for it to end).
+    threading.Timer(0.3, attempts.neighbour_out.set).start()
+    try:
+        first = evaluator.evaluate(task, None)
+        second = evaluator.evaluate(task, None)
+    finally:
+        attempts.neighbour_out.set()
+        neighbour.join(10)
+    assert attempts.calls == steps
+    assert first.status == second.status == "correct" and first.reward == 1.0
+    assert any(("apart" if kept_as == "apart" else "GPU alone") in note for note in first.notes), first.notes
+    assert (task.digest in lock.apart_keys) and ((task.digest in lock.alone_keys) == (kept_as == "alone"))

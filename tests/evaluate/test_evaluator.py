@@ -185,24 +185,32 @@ def test_prestarted_processes_serve_the_next_evaluation_and_stop_on_close(exampl
     assert not evaluator._spare and not fresh.alive() and not fresh.job.exists()
 
 
-def test_spares_stand_still_while_anything_is_timed(example, cache_dir, monkeypatch):
-    """A prestarted process still starting puts work on the device; it is stopped during the rounds
-    and runs again after them."""
+def _spare_states_in_rounds(monkeypatch, spares) -> list[dict[int, str]]:
+    """The state of each process of ``spares()`` (and its children) as each timing round starts."""
     import importlib
 
-    rounds_module = importlib.import_module("cuda_agent.evaluate.rounds")
     from cuda_agent.sandbox.process import descendants, process_state
 
-    task, solution = example
-    seen = []
+    rounds_module = importlib.import_module("cuda_agent.evaluate.rounds")
+    seen: list[dict[int, str]] = []
     real = rounds_module.run_rounds
 
     def watching(*args, **kwargs):
-        seen.append({pid: process_state(pid) for workers in evaluator._spare
+        seen.append({pid: process_state(pid) for workers in spares()
                      for pid in [workers.candidate.proc.pid, *descendants(workers.candidate.proc.pid)]})
         return real(*args, **kwargs)
 
     monkeypatch.setattr(rounds_module, "run_rounds", watching)
+    return seen
+
+
+def test_spares_stand_still_while_anything_is_timed(example, cache_dir, monkeypatch):
+    """A prestarted process still starting puts work on the device; it is stopped during the rounds
+    and runs again after them."""
+    from cuda_agent.sandbox.process import process_state
+
+    task, solution = example
+    seen = _spare_states_in_rounds(monkeypatch, lambda: evaluator._spare)
     with Evaluator("cpu", cache_dir=cache_dir, prestart=2, timeouts=Timeouts(check_s=20, load_s=120)) as evaluator:
         assert evaluator.evaluate(task, load_candidate(solution)).status == "correct"
         assert evaluator.evaluate(task, load_candidate(solution)).status == "correct"
@@ -210,6 +218,26 @@ def test_spares_stand_still_while_anything_is_timed(example, cache_dir, monkeypa
         assert all(state in ("T", "t") for states in seen for state in states.values()), seen
         after = [process_state(w.candidate.proc.pid) for w in evaluator._spare]
         assert after and all(state not in ("T", "t") for state in after)
+
+
+def test_every_slots_spares_stand_still_while_one_slot_times(example, cache_dir, monkeypatch):
+    """Evaluators sharing a device (a DeviceLock, the service's slots): another slot's spare, still starting
+    as its evaluation ended, is stopped during this slot's rounds too, not only this slot's own."""
+    from cuda_agent.evaluate.device_lock import DeviceLock
+    from cuda_agent.evaluate.processes import start_workers
+    from cuda_agent.sandbox.process import process_state
+
+    task, solution = example
+    seen = _spare_states_in_rounds(monkeypatch, lambda: other._spare)
+    lock = DeviceLock()
+    timeouts = Timeouts(check_s=20, load_s=120)
+    with Evaluator("cpu", cache_dir=cache_dir, timing_lock=lock, timeouts=timeouts) as timing, \
+            Evaluator("cpu", cache_dir=cache_dir, timing_lock=lock, prestart=1, timeouts=timeouts) as other:
+        other._spare.append(start_workers(other._setup()))  # as its last evaluation's end would have
+        assert timing.evaluate(task, load_candidate(solution)).status == "correct"
+        assert seen and all(seen), seen
+        assert all(state in ("T", "t") for states in seen for state in states.values()), seen
+        assert all(process_state(w.candidate.proc.pid) not in ("T", "t") for w in other._spare)
 
 
 def test_a_cached_baseline_key_is_not_written_again(example, cache_dir, monkeypatch):

@@ -100,3 +100,49 @@ def test_an_evaluation_alone_gets_the_memory_of_other_tasks_idle_references():
     assert pool.drop_idle(keep="softmax") == 2
     assert [key for key, r in kept.items() if r.closed] == ["gelu", "conv"]
     assert pool.take("softmax") is kept["softmax"] and pool.take("gelu") is None
+
+
+def test_idle_references_stay_within_the_memory_bound_and_one_over_it_alone_pushes_nobody_out():
+    pool = ReferencePool(4, memory=10)
+    small, medium, huge = _Reference("gelu"), _Reference("softmax"), _Reference("leaky_relu")
+    small.reserved, medium.reserved, huge.reserved = 3, 6, 11
+    for reference in (small, medium):
+        assert pool.take(reference.key) is None
+        assert pool.give_back(reference, healthy=True)
+    assert pool.take("leaky_relu") is None
+    assert not pool.give_back(huge, healthy=True)
+    assert huge.closed and not small.closed and not medium.closed and len(pool) == 2
+    bigger = _Reference("conv")
+    bigger.reserved = 4  # 3 + 6 + 4 > 10: the least recently used goes
+    assert pool.take("conv") is None and pool.give_back(bigger, healthy=True)
+    assert small.closed and not medium.closed and len(pool) == 2
+
+
+def test_the_memory_bound_grows_with_a_card_larger_than_five_times_it():
+    from types import SimpleNamespace
+
+    pool = ReferencePool(4, memory=16)
+    big = _Reference("leaky_relu")
+    big.reserved = 25
+    big.loaded = SimpleNamespace(device_bytes=141)  # an H200's share of a fifth: 28
+    assert pool.take("leaky_relu") is None and pool.give_back(big, healthy=True)
+    assert pool.bound == 28 and ReferencePool(4, memory=16).bound == 16 and ReferencePool(4).bound is None
+
+
+def test_over_the_memory_bound_the_references_that_free_it_go_not_the_small_ones():
+    pool = ReferencePool(8, memory=30)
+    sizes = {"gelu": 1, "leaky_relu": 12, "softmax": 2, "tanh": 12}
+    kept = {}
+    for key, size in sizes.items():
+        kept[key] = _Reference(key)
+        kept[key].reserved = size
+        assert pool.take(key) is None and pool.give_back(kept[key], healthy=True)
+    sigmoid = _Reference("sigmoid")
+    sigmoid.reserved = 10  # 37 > 30: 7 to free; the older of the two 12s frees it alone
+    assert pool.take("sigmoid") is None and pool.give_back(sigmoid, healthy=True)
+    assert [key for key, r in kept.items() if r.closed] == ["leaky_relu"]
+    relu = _Reference("relu")
+    relu.reserved = 25  # 50 > 30: 20 to free; no other frees it alone, so the largest go: tanh, then sigmoid
+    assert pool.take("relu") is None and pool.give_back(relu, healthy=True)
+    assert kept["tanh"].closed and sigmoid.closed and not kept["gelu"].closed and not kept["softmax"].closed
+    assert len(pool) == 3

@@ -78,6 +78,8 @@ def test_out_of_memory_beside_another_evaluation_is_evaluated_again_alone(exampl
         held.clear()
         torch.cuda.empty_cache()
     assert any("GPU alone" in detail for _, detail in stages), stages
+    # Apart from other memory-hungry evaluations first (the neighbour's memory still held), then alone.
+    assert any("evaluated again apart" in detail for _, detail in stages), stages
     assert any("evaluated again with the GPU alone" in note and "out of memory" in note for note in beside.notes), \
         beside.notes
     assert (beside.status, beside.reward) == (alone.status, alone.reward), beside.summary()

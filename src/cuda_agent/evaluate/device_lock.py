@@ -12,12 +12,18 @@ evaluations cannot keep a timing round waiting.
 Used as a plain context manager (``with lock:``) it is the exclusive side, so it stands wherever the
 evaluator takes its ``timing_lock``; ``shared_use`` gives the shared side of a ``DeviceLock`` and nothing
 for any other lock. ``alone`` holds it exclusively for a whole evaluation (what it takes inside, shared or
-exclusive, is already its own): an evaluation that ran out of device memory beside others is run again
+exclusive, is already its own): an evaluation that ran out of device memory beside others ends up run
 that way, so that its reward never depends on what else ran (``crowded`` says whether others did). An
 evaluation that gave its share up to time still holds device memory, so ``alone`` first lets every
 evaluation in progress finish (new ones wait), then takes the device: alone in memory, not only in time.
-Tasks that ran out of memory beside others are remembered (``alone_keys``) and evaluated alone from the
-start from then on: a stream of them would otherwise run out, and push others out, every time.
+
+Before that, the cheaper try: ``apart`` runs it beside the others as usual but never beside another
+evaluation ``apart``. The tasks that run out are the few with GB-sized inputs, and they run out beside each
+other: on the H200 three such tasks' first evaluations failed together while five small tasks' passed
+beside them, and reruns alone (each draining the card) then held up every small task's candidates. Only
+where it runs out of memory apart as well is it run alone. Tasks are remembered at the step that served
+them (``apart_keys``, ``alone_keys``) and start there from then on: a stream of them would otherwise run
+out, and push others out, every time.
 
 Compiles take the shared side too (``Evaluator.build``; the service gives its build workers every GPU's
 lock): a compile beside a timing round slows the timed process's host side (measured on the H100: honest
@@ -42,7 +48,12 @@ class DeviceLock:
         self._grants = 0  # shares ever taken: a change during a hold means another evaluation came
         self._occupants = 0  # outermost shared holds in progress, counted while their share is given up to time
         self._draining = 0  # ``alone`` callers waiting for those to finish: new outermost holds wait
+        self._apart = threading.Lock()  # held by the one evaluation ``apart``
+        self.apart_keys: set[str] = set()  # tasks evaluated apart from the start (``apart``)
         self.alone_keys: set[str] = set()  # tasks evaluated alone from the start (``alone``)
+        # Every evaluator's spare candidate processes on this device: all of them stand still while any
+        # evaluator times, not only its own (``processes.spares_stopped``).
+        self.spares: list[list[Any]] = []
         # (thread name, "shared" | "exclusive", start, end) of every hold, for tests and benchmarks
         self.holds: list[tuple[str, str, float, float]] | None = [] if trace else None
 
@@ -142,6 +153,13 @@ class DeviceLock:
         finally:
             self._mine.alone -= 1
             self._release_exclusive()
+
+    @contextlib.contextmanager
+    def apart(self) -> Iterator[None]:
+        """Beside other evaluations as usual, but not beside another evaluation apart: the memory-hungry
+        tasks take turns while the others go on. Called outside any share (it waits holding none)."""
+        with self._apart:
+            yield
 
     def _take_share(self, count: int) -> None:
         if getattr(self._mine, "shares", 0):

@@ -130,12 +130,21 @@ class Evaluator:
         # Reference processes kept between evaluations (least recently used evicted): by default 4 for
         # a long-lived (prestarted) evaluator, none for a one-shot one, which leaves nothing behind.
         # They hold GPU memory while idle (model, compiled graph, CUDA context): at most
-        # ``reference_memory`` bytes together, or candidates of other tasks run out of memory.
+        # ``reference_memory`` bytes together (a fifth of a larger card), or candidates of other tasks run out.
         # Evaluators on one GPU may share a pool (``local_service``): each task's reference started once.
         self.references = references if isinstance(references, ReferencePool) else ReferencePool(
             kept_references(references, self.prestart),
             reference_memory if self.device == "cuda" else None)
+        if isinstance(self.timing_lock, DeviceLock):
+            # Another slot's spares, started as its evaluation ended, were still starting (CUDA up, first
+            # kernels) while this one timed: they stand still too (the H200's eight slots, 2026-11-29).
+            self.timing_lock.spares.append(self._spare)
         weakref.finalize(self, close_all, self._spare, self.references)
+
+    def _spare_groups(self) -> list[list[Workers]]:
+        """The spare candidate processes to stop while this evaluator times: every evaluator's on its device."""
+        lock = self.timing_lock
+        return list(lock.spares) if isinstance(lock, DeviceLock) else [self._spare]
 
     @property
     def backend(self) -> str:
@@ -160,21 +169,37 @@ class Evaluator:
         ``timed=False`` (``verify``) the record says whether it is correct, with no times and no reward."""
         started = time.monotonic()
         lock = self.timing_lock
-        if isinstance(lock, DeviceLock) and task.digest in lock.alone_keys:
+        first = ""  # what ran out beside others, for the note of the rerun
+        if not isinstance(lock, DeviceLock):
+            result = self._attempt(task, candidate, build_result, timed)
+        elif task.digest in lock.alone_keys:
             result = self._attempt_alone(task, candidate, build_result, timed)
             result.notes.append("evaluated with the GPU alone: this task ran out of memory beside other evaluations "
                                 "on this GPU before")
+        elif task.digest in lock.apart_keys:
+            result = self._attempt_apart(task, candidate, build_result, timed)
+            if result is not None:
+                result.notes.append("evaluated apart from other memory-hungry evaluations: this task ran out of "
+                                    "memory beside other evaluations on this GPU before")
         else:
             result = self._attempt(task, candidate, build_result, timed)
-        if self._out_of_memory_beside_others(result):
-            # Another evaluation's memory, not this candidate's, may have been what ran out: the reward must
-            # not depend on what else shared the GPU, so the device is taken whole and it runs once more.
-            first = result.reason
+            if self._out_of_memory_beside_others(result):
+                # Another evaluation's memory, not this candidate's, may have been what ran out: the reward must
+                # not depend on what else shared the GPU. Apart first (the cheaper try), alone if that runs out too.
+                first = result.reason or ""
+                self.on_stage("build", "out of GPU memory beside other evaluations: evaluated again apart")
+                lock.apart_keys.add(task.digest)
+                result = self._attempt_apart(task, candidate, build_result, timed)
+                if result is not None:
+                    result.notes.append(f"evaluated again apart from other memory-hungry evaluations: beside "
+                                        f"other evaluations it ran out of memory ({first})")
+        if result is None:
+            # Out of memory apart as well: its final word is the GPU's alone.
             self.on_stage("build", "out of GPU memory beside other evaluations: evaluated again with the GPU alone")
             lock.alone_keys.add(task.digest)
             result = self._attempt_alone(task, candidate, build_result, timed)
-            result.notes.append(f"evaluated again with the GPU alone: beside other evaluations it ran out of "
-                                f"memory ({first})")
+            result.notes.append("evaluated again with the GPU alone: beside other evaluations it ran out of memory"
+                                + (f" ({first})" if first else ", apart from other memory-hungry ones too"))
         result.durations["total"] = round(time.monotonic() - started, 3)
         self.on_stage("done", f"{result.status}, reward {result.reward}")
         return result
@@ -200,18 +225,32 @@ class Evaluator:
 
     def _attempt_alone(self, task: Task, candidate: Candidate, build_result: BuildResult | None,
                        timed: bool) -> EvalResult:
-        """``_attempt`` with the GPU alone: the evaluations in progress finish first, and the idle references
-        of other tasks (up to ``reference_memory`` of device memory) are closed."""
+        """``_attempt`` with the GPU alone: the evaluations in progress finish first. The idle references of
+        other tasks (up to ``reference_memory`` of device memory) are closed only if it still runs out of memory
+        beside them: closed up front, every task's next candidate started its reference again (H200, 2026-11-29)."""
         with self.timing_lock.alone():
-            self.references.drop_idle(keep=ref.reference_key(self._setup(), task))
-            return self._attempt(task, candidate, build_result, timed)
+            result = self._attempt(task, candidate, build_result, timed)
+            if self._out_of_memory(result) and self.references.drop_idle(keep=ref.reference_key(self._setup(), task)):
+                result = self._attempt(task, candidate, build_result, timed)
+            return result
+
+    def _attempt_apart(self, task: Task, candidate: Candidate, build_result: BuildResult | None,
+                       timed: bool) -> EvalResult | None:
+        """``_attempt`` beside other evaluations but not beside another one apart (``DeviceLock.apart``); None
+        where it runs out of device memory even so (whether or not others were beside it: the memory of one
+        that has just ended may still be going), for the caller to run it alone."""
+        with self.timing_lock.apart():
+            result = self._attempt(task, candidate, build_result, timed)
+        return None if self._out_of_memory(result) else result
+
+    def _out_of_memory(self, result: EvalResult) -> bool:
+        return self.device == "cuda" and result.stage is not None and "out of memory" in (result.reason or "")
 
     def _out_of_memory_beside_others(self, result: EvalResult) -> bool:
         """A GPU evaluation that ran out of device memory (the candidate's or the reference's) while
         another evaluation shared the device."""
         lock = self.timing_lock
-        return (self.device == "cuda" and isinstance(lock, DeviceLock) and lock.crowded
-                and result.stage is not None and "out of memory" in (result.reason or ""))
+        return isinstance(lock, DeviceLock) and lock.crowded and self._out_of_memory(result)
 
     def verify(self, task: Task, candidate: Candidate, build_result: BuildResult | None = None) -> EvalResult:
         """Correctness only (the checks, the runtime guards, attribution), no timing: what an agent's
@@ -273,7 +312,12 @@ class Evaluator:
                 # Kept only if it is loaded and answers nothing still (an evaluation that stopped early
                 # may have left a request unanswered).
                 reference.evaluations += 1
-                self.references.give_back(reference, ref.idle(setup, self.references, reference))
+                healthy = ref.idle(setup, self.references, reference)
+                if not self.references.give_back(reference, healthy) and healthy and self.references.bound:
+                    result.notes.append(
+                        f"its reference process was not kept for the next evaluation: it holds "
+                        f"{reference.reserved / 1024**3:.1f} GiB of device memory idle, more than idle references "
+                        f"may hold together ({self.references.bound / 1024**3:.1f} GiB)")
             else:
                 self.references.forfeit(ref.reference_key(setup, task))
             while len(self._spare) < self.prestart:
@@ -304,7 +348,7 @@ class Evaluator:
 
         clock = time.monotonic()
         base = secrets.randbits(62)
-        rounds, log = time_rounds(setup, run.reference.channel, baseline, result, spares_stopped(self._spare),
+        rounds, log = time_rounds(setup, run.reference.channel, baseline, result, spares_stopped(*self._spare_groups()),
                                   CandidateRounds(run.candidate, base, signals, integrity, run.brackets,
                                                   run.gpu_quiet, run.call_bytes,
                                                   run.reference.loaded.device_bytes if run.reference.loaded else 0))
@@ -372,7 +416,7 @@ class Evaluator:
             # Measured like the timing: nothing else on the device meanwhile, the spares still starting
             # (started as the previous evaluation ended) stopped: a warm evaluation 1 s after the last one
             # was refused on the H100 as their start-up spread its no-op regions by 77% of a region.
-            with setup.timing_lock, spares_stopped(self._spare):
+            with setup.timing_lock, spares_stopped(*self._spare_groups()):
                 calibration = brackets.serve_calibration(setup.timeouts.load_s)
         result.durations["reference"] = round(time.monotonic() - clock, 3)
         result.notes.append(f"reference process {'started' if run.fresh else 'kept'} "
@@ -450,7 +494,7 @@ class Evaluator:
         process also runs ``check_degenerate``'s check: the record gets ``degenerate`` (a
         ``DegenerateReport``), or ``degenerate_error`` if it could not run."""
         return ref.baseline(self._setup(), self.baselines, self.references, task, refresh, degenerate,
-                            spares_stopped(self._spare))
+                            spares_stopped(*self._spare_groups()))
 
     def check_degenerate(self, task: Task, draws: int = 3) -> DegenerateReport:
         """Whether trivial candidates (zeros, a constant, an input, an input's mean)

@@ -105,11 +105,13 @@ def take_workers(spare: list[Workers], setup: Setup) -> Workers:
 
 
 @contextlib.contextmanager
-def spares_stopped(spare: list[Workers]) -> Iterator[None]:
+def spares_stopped(*groups: list[Workers]) -> Iterator[None]:
     """The prestarted candidate processes stand still while anything is timed: one still starting
     (CUDA context, first kernels, the profiler) puts work on the GPU, and measured in the
-    middle of an evaluation's rounds it slowed whichever side was timed then by up to 10%."""
-    paused = [workers.candidate for workers in spare if workers.alive()]
+    middle of an evaluation's rounds it slowed whichever side was timed then by up to 10%.
+    ``groups``: the spare lists of every evaluator on the device, read when the block is entered (under
+    the timing lock, when no other evaluator adds to them)."""
+    paused = [workers.candidate for spare in groups for workers in list(spare) if workers.alive()]
     try:
         for worker in paused:
             worker.pause()

@@ -23,8 +23,11 @@ from cuda_agent.evaluate.channel import Channel
 from cuda_agent.evaluate.protocol import LoadReply
 from cuda_agent.evaluate.quiet import Doorbell
 
-# What idle references may hold of a GPU together by default: more, and candidates of other tasks run out.
+# What idle references may hold of a GPU together by default: more, and candidates of other tasks run out
+# (an 80 GB H100, 2026-11-26). On a larger card a fifth of it (28 GB on the H200), so that the references of a
+# few tasks with GB-sized inputs fit beside the small ones: a reference started again costs 10-20 s.
 REFERENCE_MEMORY = 16 * 1024**3
+REFERENCE_CARD_SHARE = 0.2
 
 
 def kept_references(references: int | None, prestart: int | bool) -> int:
@@ -71,10 +74,10 @@ class LiveReference:
 
 
 class ReferencePool:
-    """Up to ``capacity`` idle reference processes holding at most ``memory`` bytes of GPU memory
-    together. ``take`` hands one out for the exclusive use of an evaluation; ``give_back`` keeps it for
-    the next one (or closes it, if it is not in a state to be trusted again); the least recently
-    used go first.
+    """Up to ``capacity`` idle reference processes holding at most ``bound`` bytes of GPU memory
+    together (``memory``, more on a card larger than 80 GB). ``take`` hands one out for the exclusive use
+    of an evaluation; ``give_back`` keeps it for the next one (or closes it, if it is not in a state to be
+    trusted again). Over ``capacity`` the least recently used go first; over the bound, those that free it.
 
     Evaluators that share a GPU may share one pool (``local_service``): then a task's reference is
     started once for all of them. An evaluation that finds its task's reference out (in use by
@@ -85,6 +88,7 @@ class ReferencePool:
     def __init__(self, capacity: int, memory: int | None = None, wait_s: float = 0.0):
         self.capacity = capacity
         self.memory = memory
+        self.card_bytes = 0  # the GPU's memory, as its references report it (``bound``)
         self.wait_s = wait_s
         self._idle: collections.OrderedDict[str, LiveReference] = collections.OrderedDict()
         self._out: collections.Counter[str] = collections.Counter()  # taken (or being started), not given back
@@ -114,24 +118,44 @@ class ReferencePool:
         with self._returned:
             self._release(key)
 
-    def give_back(self, reference: LiveReference, healthy: bool) -> None:
-        if not healthy or self.capacity <= 0 or self._closed:
+    def give_back(self, reference: LiveReference, healthy: bool) -> bool:
+        """Whether ``reference`` is kept: it is not where it is unhealthy, or alone over the memory bound."""
+        loaded = getattr(reference, "loaded", None)
+        self.card_bytes = max(self.card_bytes, loaded.device_bytes if loaded is not None else 0)
+        bound = self.bound
+        # One over the bound by itself is not kept, and does not push the others out first.
+        if not healthy or self.capacity <= 0 or self._closed or (bound is not None and reference.reserved > bound):
             reference.close()
             self.forfeit(reference.key)
-            return
+            return False
         evicted = []
         with self._returned:
             older = self._idle.pop(reference.key, None)
             if older is not None:
                 evicted.append(older)
             self._idle[reference.key] = reference
-            while len(self._idle) > self.capacity or (
-                    self.memory is not None and len(self._idle) > 0
-                    and sum(r.reserved for r in self._idle.values()) > self.memory):
+            while len(self._idle) > self.capacity:
                 evicted.append(self._idle.popitem(last=False)[1])
+            while bound is not None and sum(r.reserved for r in self._idle.values()) > bound:
+                evicted.append(self._idle.pop(self._to_free(sum(r.reserved for r in self._idle.values()) - bound,
+                                                            reference.key)))
             self._release(reference.key)
         for old in evicted:
             old.close()
+        return reference not in evicted
+
+    def _to_free(self, excess: int, newest: str) -> str:
+        """Which idle reference goes to free ``excess`` bytes: the least recently used of those that free it
+        alone, else the largest; the one just given back last. In least-recently-used order, a GB-input task's
+        reference coming back would close every small task's (megabytes each) given back before it."""
+        others = [key for key in self._idle if key != newest] or [newest]
+        enough = [key for key in others if self._idle[key].reserved >= excess]
+        return enough[0] if enough else max(others, key=lambda key: self._idle[key].reserved)
+
+    @property
+    def bound(self) -> int | None:
+        """What idle references may hold together: ``memory``, or ``REFERENCE_CARD_SHARE`` of a larger card."""
+        return None if self.memory is None else max(self.memory, int(self.card_bytes * REFERENCE_CARD_SHARE))
 
     def _release(self, key: str) -> None:
         self._out[key] -= 1
