@@ -58,7 +58,8 @@
 #                                            # RL_CONCURRENCY, RL_PER_GPU (slots sharing the GPU, this tree; default 2),
 #                                            # RL_SECONDS: the budget of each tree's run; RL_TREE=this or
 #                                            # prev: one tree alone in this call; RL_WARMUP=cuda_gelu: one
-#                                            # evaluation of it before each tree's clock starts)
+#                                            # evaluation of it before each tree's clock starts;
+#                                            # RL_ALONE_OF=ROWS.jsonl: only the pass alone of an earlier stream)
 #   bash benchmarks/gpu_session.sh edit_to_reward # issue 34: source to reward after a one-line kernel edit, this
 #                                            # tree beside a carried .data/prev/src (EDITS, SPEED_EXAMPLES), then
 #                                            # the shared GPU's out-of-memory rerun (tests/gpu/test_gpu_device_lock.py)
@@ -307,6 +308,9 @@ rl_workload)
         [ -d .data/prev/src ] || { echo "RL_TREE=prev: carry .data/prev/src" >&2; exit 2; }
         tree=$PWD/.data/prev/src per_gpu=1 extra=(--no-alone) name=rl_workload.baseline
     fi
+    # RL_ALONE_OF=ROWS.jsonl (an earlier call's stream, e.g. under benchmarks/results): no stream, only the pass
+    # alone over its candidates, compared with its rewards (the stream and the whole pass alone do not fit one call).
+    if [ -n "${RL_ALONE_OF:-}" ]; then baseline="" extra=(--alone-of "$RL_ALONE_OF") name=rl_workload.alone; fi
     PYTHONPATH=$tree python3 benchmarks/rl_workload.py --device cuda --kernelbench .data/kernelbench/kernelbench.jsonl \
         --tasks "$tasks" --concurrency "${RL_CONCURRENCY:-8}" --max-seconds "$secs" --per-gpu "$per_gpu" \
         ${RL_WARMUP:+--warmup "$RL_WARMUP"} --out "$OUT/$name.json" $baseline "${extra[@]}" "$@" 2>&1 \

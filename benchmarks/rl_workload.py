@@ -340,7 +340,7 @@ def summarise(args, stream: list[dict], alone: list[dict], seconds: float, cpu_s
         "builds": len(built), "build_cpu_s_median": round(statistics.median(cpu), 2) if cpu else None,
         "build_cpu_s_mean": round(statistics.fmean(cpu), 2) if cpu else None,
         "build_cpu_s_total": round(sum(cpu), 1) if cpu else None,
-        "host_cpu_s_per_eval": round(cpu_s / len(stream), 2) if stream else None,
+        "host_cpu_s_per_eval": round(cpu_s / len(stream), 2) if stream and cpu_s is not None else None,
         "gpu_busy_share": gpu_share, "slot_busy_share": stats.get("busy_share"),
         "reran_alone": sum(bool(r.get("reran_alone")) for r in stream),
         "apart": sum(r.get("memory_step") == "apart" for r in stream),
@@ -440,15 +440,21 @@ def run(args) -> dict:
             warmup = warm_up(service, args.device, args.warmup)
         started, cpu0 = time.monotonic(), host_cpu_s()
         deadline = started + args.max_seconds if args.max_seconds else float("inf")
-        with GpuSampler(args.gpu) if args.device == "cuda" else _NoSampler() as sampler:
-            # Past 60% of the budget the stream submits nothing new, leaving the rest to the second pass (90%
-            # where there is none: what is in flight then still finishes).
-            share = 0.9 if args.no_alone else 0.6
-            stream = run_pass(service, items, args.concurrency, "stream", rows_path,
-                              started + share * (deadline - started) if args.max_seconds else deadline)
-        seconds = time.monotonic() - started
-        stats = service.stats()
-        cpu_s = host_cpu_s() - cpu0
+        if args.alone_of:
+            # The stream ran in an earlier call (a device call holds the stream or the pass alone, not both):
+            # its rows stand for it, and the whole budget goes to the pass alone.
+            stream, sampler, stats, cpu_s = earlier_stream(args.alone_of), _NoSampler(), {}, None
+            seconds = max((r["at_s"] for r in stream), default=0.0)
+        else:
+            with GpuSampler(args.gpu) if args.device == "cuda" else _NoSampler() as sampler:
+                # Past 60% of the budget the stream submits nothing new, leaving the rest to the second pass
+                # (90% where there is none: what is in flight then still finishes).
+                share = 0.9 if args.no_alone else 0.6
+                stream = run_pass(service, items, args.concurrency, "stream", rows_path,
+                                  started + share * (deadline - started) if args.max_seconds else deadline)
+            seconds = time.monotonic() - started
+            stats = service.stats()
+            cpu_s = host_cpu_s() - cpu0
         answered = {(r["task"], r["variant"]) for r in stream}
         alone = [] if args.no_alone else run_pass(
             service, [i for i in items if (i["task"], i["variant"]) in answered], 1, "alone", rows_path, deadline)
@@ -457,10 +463,24 @@ def run(args) -> dict:
         if not args.keep_cache:
             shutil.rmtree(cache, ignore_errors=True)
     summary = summarise(args, stream, alone, seconds, cpu_s, sampler.share(), stats)
+    summary["alone_of"] = str(args.alone_of) if args.alone_of else None
     summary["gpu_samples"] = len(getattr(sampler, "samples", []))
     summary["warmup"] = warmup
     summary["warmup_s"] = warmup["seconds"] if warmup else None
     return summary
+
+
+def earlier_stream(path: Path) -> list[dict]:
+    """The stream rows of an earlier run's .jsonl (``--alone-of``), to compare the pass alone with."""
+    try:
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except (OSError, json.JSONDecodeError) as exc:
+        raise SystemExit(f"rl_workload: --alone-of {path}: not a readable rows file ({exc}); give the .jsonl an "
+                         "earlier run wrote beside its summary") from None
+    stream = [row for row in rows if row.get("phase") == "stream"]
+    if not stream:
+        raise SystemExit(f"rl_workload: --alone-of {path}: no stream rows in it")
+    return stream
 
 
 def warm_up(service, device: str, name: str) -> dict:
@@ -531,6 +551,9 @@ def main() -> None:
     parser.add_argument("--max-seconds", type=float, default=None,
                         help="budget: no new stream submission past 60%% of it, no second-pass one past all of it")
     parser.add_argument("--no-alone", action="store_true", help="skip the second pass (rewards alone)")
+    parser.add_argument("--alone-of", type=Path, default=None, metavar="ROWS.jsonl",
+                        help="no stream: only the pass alone, over the candidates an earlier run's stream answered "
+                             "(its .jsonl), compared with that stream's rewards")
     parser.add_argument("--warmup", default=None, metavar="EXAMPLE",
                         help="evaluate this example (examples/NAME, e.g. cuda_gelu) once before the stream's clock "
                              "starts, in both trees: the one-time start-up of a service left out of the rate")
@@ -548,6 +571,10 @@ def main() -> None:
         have = ", ".join(sorted(p.name for p in (ROOT / "examples").glob("*") if (p / "solution").is_dir()))
         raise SystemExit(f"rl_workload: --warmup {args.warmup}: no such example; use one of {have}.")
 
+    if args.alone_of and (args.no_alone or args.baseline_src):
+        raise SystemExit("rl_workload: --alone-of runs only the pass alone: drop --no-alone and --baseline-src")
+    if args.alone_of:
+        earlier_stream(args.alone_of)  # a bad file is said before a service starts
     summaries = [("this tree", run(args))]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(summaries[0][1], indent=1))
@@ -561,6 +588,8 @@ def main() -> None:
               f"mismatches {summary['mismatch_rows'] or 'none'}")
     print(f"\n{args.device}, {summaries[0][1]['tasks']} task(s), concurrency {args.concurrency}, "
           f"{summaries[0][1]['date']}\n")
+    if args.alone_of:
+        print(f"(the stream's figures are those of the rows in {args.alone_of}; this run was the pass alone)\n")
     print(table(summaries))
     print(f"\nwrote {args.out} and {args.out.with_suffix('.jsonl')}")
 
