@@ -242,6 +242,7 @@ def host_cpu_s() -> float:
 
 def row_of(item: dict, reply, latency: float, phase: str) -> dict:
     result = reply.result if reply.ok and isinstance(reply.result, dict) else {}
+    notes = result.get("notes") or []
     build = result.get("build") or {}
     units = build.get("units") or []
     return {
@@ -256,12 +257,12 @@ def row_of(item: dict, reply, latency: float, phase: str) -> dict:
         "units_reused": sorted(u["unit"] for u in units if u.get("reused")),
         "durations": result.get("durations") or {},
         # Out of GPU memory beside another slot's evaluation, then evaluated again with the GPU alone.
-        "reran_alone": any("evaluated again with the GPU alone" in n for n in result.get("notes") or []),
+        "reran_alone": any("evaluated again with the GPU alone" in n for n in notes),
         # Where its final attempt ran: beside the others, apart from other memory-hungry ones, or alone.
-        "memory_step": memory_step(result.get("notes") or []),
-        "reference_dropped": any("reference process was not kept" in n for n in result.get("notes") or []),
+        "memory_step": memory_step(notes),
+        "reference_dropped": any("reference process was not kept" in n for n in notes),
         # Whether its task's reference process was kept from an earlier evaluation or started for this one.
-        "reference_kept": any(n.startswith("reference process kept") for n in result.get("notes") or []),
+        "reference_kept": any(n.startswith("reference process kept") for n in notes),
     }
 
 
@@ -412,7 +413,8 @@ def check_builds(args, items: list[dict]) -> None:
     raise SystemExit(1 if bad else 0)
 
 
-def run(args) -> dict:
+def run(args, earlier: list[dict] | None = None) -> dict:
+    """One tree's run; ``earlier``: an earlier run's stream rows (``--alone-of``), only the pass alone then."""
     tasks = task_set(args.device, args.kernelbench, args.tasks)
     items = stream_of(tasks, args.seed)
     if args.check_builds:
@@ -440,10 +442,10 @@ def run(args) -> dict:
             warmup = warm_up(service, args.device, args.warmup)
         started, cpu0 = time.monotonic(), host_cpu_s()
         deadline = started + args.max_seconds if args.max_seconds else float("inf")
-        if args.alone_of:
+        if earlier is not None:
             # The stream ran in an earlier call (a device call holds the stream or the pass alone, not both):
             # its rows stand for it, and the whole budget goes to the pass alone.
-            stream, sampler, stats, cpu_s = earlier_stream(args.alone_of), _NoSampler(), {}, None
+            stream, sampler, stats, cpu_s = earlier, _NoSampler(), {}, None
             seconds = max((r["at_s"] for r in stream), default=0.0)
         else:
             with GpuSampler(args.gpu) if args.device == "cuda" else _NoSampler() as sampler:
@@ -573,9 +575,8 @@ def main() -> None:
 
     if args.alone_of and (args.no_alone or args.baseline_src):
         raise SystemExit("rl_workload: --alone-of runs only the pass alone: drop --no-alone and --baseline-src")
-    if args.alone_of:
-        earlier_stream(args.alone_of)  # a bad file is said before a service starts
-    summaries = [("this tree", run(args))]
+    earlier = earlier_stream(args.alone_of) if args.alone_of else None  # a bad file is said before a service starts
+    summaries = [("this tree", run(args, earlier))]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(summaries[0][1], indent=1))
     if args.baseline_src:

@@ -10,10 +10,10 @@ from cuda_agent.evaluate.references import ReferencePool
 
 
 class _Reference:
-    """What the pool touches of a LiveReference: its key, whether it lives, closing it, its memory."""
+    """What the pool touches of a LiveReference: its key, whether it lives, closing it, its memory, its load reply."""
 
     def __init__(self, key: str):
-        self.key, self.closed, self.reserved = key, False, 0
+        self.key, self.closed, self.reserved, self.loaded = key, False, 0, None
 
     def alive(self) -> bool:
         return not self.closed

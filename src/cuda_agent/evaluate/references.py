@@ -120,8 +120,8 @@ class ReferencePool:
 
     def give_back(self, reference: LiveReference, healthy: bool) -> bool:
         """Whether ``reference`` is kept: it is not where it is unhealthy, or alone over the memory bound."""
-        loaded = getattr(reference, "loaded", None)
-        self.card_bytes = max(self.card_bytes, loaded.device_bytes if loaded is not None else 0)
+        if reference.loaded is not None:
+            self.card_bytes = max(self.card_bytes, reference.loaded.device_bytes)
         bound = self.bound
         # One over the bound by itself is not kept, and does not push the others out first.
         if not healthy or self.capacity <= 0 or self._closed or (bound is not None and reference.reserved > bound):
@@ -136,9 +136,8 @@ class ReferencePool:
             self._idle[reference.key] = reference
             while len(self._idle) > self.capacity:
                 evicted.append(self._idle.popitem(last=False)[1])
-            while bound is not None and sum(r.reserved for r in self._idle.values()) > bound:
-                evicted.append(self._idle.pop(self._to_free(sum(r.reserved for r in self._idle.values()) - bound,
-                                                            reference.key)))
+            while bound is not None and (excess := sum(r.reserved for r in self._idle.values()) - bound) > 0:
+                evicted.append(self._idle.pop(self._to_free(excess, reference.key)))
             self._release(reference.key)
         for old in evicted:
             old.close()

@@ -27,6 +27,7 @@ machine and on a cluster. What it promises a client:
 from __future__ import annotations
 
 import collections
+import itertools
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -298,8 +299,8 @@ class EvalService:
         """The next job for a free slot (lock held): one of a task it served recently, else the first; with
         ``one_per_task``, none of a task another slot is evaluating (None: only such jobs wait)."""
         busy = {s.task for s in self._slots if s.task is not None} if self.one_per_task else set()
-        free = [(position, entry) for position, entry in enumerate(self._pending)
-                if position < AFFINITY_SCAN and (entry.job.task is None or entry.job.task.digest not in busy)]
+        free = [(position, entry) for position, entry in itertools.islice(enumerate(self._pending), AFFINITY_SCAN)
+                if entry.job.task is None or entry.job.task.digest not in busy]
         if not free:
             return None  # the head is always free without ``one_per_task``: only jobs of busy tasks wait
         if state.tasks and time.monotonic() - free[0][1].submitted < AFFINITY_WAIT_S:
