@@ -263,7 +263,16 @@ def row_of(item: dict, reply, latency: float, phase: str) -> dict:
         "reference_dropped": any("reference process was not kept" in n for n in notes),
         # Whether its task's reference process was kept from an earlier evaluation or started for this one.
         "reference_kept": any(n.startswith("reference process kept") for n in notes),
+        # What its reference held of the GPU once idle (GiB), where it could be kept: the pool's bound is sized by it.
+        "reference_gib": reference_gib(notes),
     }
+
+
+def reference_gib(notes: list[str]) -> float | None:
+    for note in notes:
+        if note.startswith("reference process idle: "):
+            return float(note.removeprefix("reference process idle: ").split()[0])
+    return None
 
 
 def memory_step(notes: list[str]) -> str:
@@ -445,7 +454,9 @@ def run(args, earlier: list[dict] | None = None) -> dict:
         if earlier is not None:
             # The stream ran in an earlier call (a device call holds the stream or the pass alone, not both):
             # its rows stand for it, and the whole budget goes to the pass alone.
-            stream, sampler, stats, cpu_s = earlier, _NoSampler(), {}, None
+            stream = [r for r in earlier if r["phase"] == "stream"]
+            earlier_alone = [r for r in earlier if r["phase"] == "alone"]
+            sampler, stats, cpu_s = _NoSampler(), {}, None
             seconds = max((r["at_s"] for r in stream), default=0.0)
         else:
             with GpuSampler(args.gpu) if args.device == "cuda" else _NoSampler() as sampler:
@@ -458,7 +469,10 @@ def run(args, earlier: list[dict] | None = None) -> dict:
             stats = service.stats()
             cpu_s = host_cpu_s() - cpu0
         answered = {(r["task"], r["variant"]) for r in stream}
-        alone = [] if args.no_alone else run_pass(
+        # An earlier call's pass alone (cut by its budget) already compared some: only the rest run again.
+        before = earlier_alone if earlier is not None else []
+        answered -= {(r["task"], r["variant"]) for r in before}
+        alone = [] if args.no_alone else before + run_pass(
             service, [i for i in items if (i["task"], i["variant"]) in answered], 1, "alone", rows_path, deadline)
     finally:
         service.close()
@@ -473,16 +487,16 @@ def run(args, earlier: list[dict] | None = None) -> dict:
 
 
 def earlier_stream(path: Path) -> list[dict]:
-    """The stream rows of an earlier run's .jsonl (``--alone-of``), to compare the pass alone with."""
+    """The stream rows of an earlier run's .jsonl (``--alone-of``), to compare the pass alone with, and the
+    rows of its own pass alone if it had one (those candidates are not evaluated alone again)."""
     try:
         rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     except (OSError, json.JSONDecodeError) as exc:
         raise SystemExit(f"rl_workload: --alone-of {path}: not a readable rows file ({exc}); give the .jsonl an "
                          "earlier run wrote beside its summary") from None
-    stream = [row for row in rows if row.get("phase") == "stream"]
-    if not stream:
+    if not any(row.get("phase") == "stream" for row in rows):
         raise SystemExit(f"rl_workload: --alone-of {path}: no stream rows in it")
-    return stream
+    return [row for row in rows if row.get("phase") in ("stream", "alone")]
 
 
 def warm_up(service, device: str, name: str) -> dict:

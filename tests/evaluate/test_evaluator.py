@@ -21,6 +21,7 @@ from cuda_agent.evaluate.policy import TimingConfig
 from cuda_agent.evaluate.pool import evaluate_many
 from cuda_agent.evaluate.pressure import cpu_stall_us
 from cuda_agent.evaluate.reference_process import cached_baseline
+from cuda_agent.evaluate.references import ReferencePool
 
 pytestmark = pytest.mark.slow
 
@@ -151,9 +152,12 @@ def test_verify_only_checks_and_neither_times_nor_rewards(example, evaluator, tm
 
 def test_a_kept_reference_serves_the_next_evaluations_and_one_with_trouble_is_replaced(example, cache_dir, tmp_path):
     task, solution = example
-    with Evaluator("cpu", cache_dir=cache_dir, references=1, timeouts=Timeouts(check_s=20, load_s=120)) as evaluator:
+    # A pool with a memory bound (a GPU's, here on the CPU): each evaluation says what its reference holds idle.
+    with Evaluator("cpu", cache_dir=cache_dir, references=ReferencePool(1, memory=2**30),
+                   timeouts=Timeouts(check_s=20, load_s=120)) as evaluator:
         first = evaluator.evaluate(task, load_candidate(solution))
         assert first.status == "correct" and "reference process started (0 earlier evaluation(s))" in first.notes
+        assert "reference process idle: 0.00 GiB of device memory, kept" in first.notes
         [kept] = evaluator.references._idle.values()
         # A candidate that fails in the middle of the checks leaves the reference with nothing unanswered.
         wrong = variant(tmp_path, solution, "return cuda_extension.scaled_swish(x, self.scale * 1.1)")

@@ -313,7 +313,12 @@ class Evaluator:
                 # may have left a request unanswered).
                 reference.evaluations += 1
                 healthy = ref.idle(setup, self.references, reference)
-                if not self.references.give_back(reference, healthy) and healthy and self.references.bound:
+                kept = self.references.give_back(reference, healthy)
+                if healthy and self.references.bound:
+                    # What a kept reference costs the card: the pool's bound is sized by these (docs/SCALE.md).
+                    result.notes.append(f"reference process idle: {reference.reserved / 1024**3:.2f} GiB of device "
+                                        f"memory, {'kept' if kept else 'closed'}")
+                if healthy and self.references.bound and not kept:
                     result.notes.append(
                         f"its reference process was not kept for the next evaluation: it holds "
                         f"{reference.reserved / 1024**3:.1f} GiB of device memory idle, more than idle references "
