@@ -438,13 +438,15 @@ def run(args, earlier: list[dict] | None = None) -> dict:
     options = {"cache_dir": cache}
     if args.sandbox:
         options["sandbox"] = args.sandbox
+    # Options only where asked, so that a baseline tree older than them runs as it always did.
+    paused = {"pause_neighbours": True} if args.pause_neighbours else {}
     if args.device == "cuda":
-        # Slots sharing the GPU (timing alone, the rest side by side): only where asked, so that a baseline
-        # tree older than the option runs as it always did.
+        # Slots sharing the GPU: timing alone, the rest side by side.
         shared = {"per_gpu": args.per_gpu} if args.per_gpu > 1 else {}
-        service = local_service("cuda", gpus=[args.gpu], queue_size=max(64, args.concurrency), **shared, **options)
+        service = local_service("cuda", gpus=[args.gpu], queue_size=max(64, args.concurrency), **shared, **paused,
+                                **options)
     else:
-        service = local_service("cpu", slots=args.slots, queue_size=max(64, args.concurrency), **options)
+        service = local_service("cpu", slots=args.slots, queue_size=max(64, args.concurrency), **paused, **options)
     warmup = None
     try:
         if args.warmup:
@@ -480,6 +482,7 @@ def run(args, earlier: list[dict] | None = None) -> dict:
             shutil.rmtree(cache, ignore_errors=True)
     summary = summarise(args, stream, alone, seconds, cpu_s, sampler.share(), stats)
     summary["alone_of"] = str(args.alone_of) if args.alone_of else None
+    summary["pause_neighbours"] = args.pause_neighbours
     summary["gpu_samples"] = len(getattr(sampler, "samples", []))
     summary["warmup"] = warmup
     summary["warmup_s"] = warmup["seconds"] if warmup else None
@@ -558,6 +561,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="the stream's order")
     parser.add_argument("--gpu", type=int, default=0, help="the one GPU the service uses (cuda)")
     parser.add_argument("--slots", type=int, default=1, help="CPU slots (cpu)")
+    parser.add_argument("--pause-neighbours", action="store_true",
+                        help="slots that time stop the other slots' reference starts and torch.compile instead of "
+                             "waiting for them (local_service's pause_neighbours)")
     parser.add_argument("--per-gpu", type=int, default=1,
                         help="slots sharing the GPU through a DeviceLock (cuda; this tree only, the baseline runs 1)")
     parser.add_argument("--sandbox", default=None, help="the evaluator's sandbox (default: its own, auto)")

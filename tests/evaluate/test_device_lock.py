@@ -16,13 +16,13 @@ def overlapping(holds):
             if a[0] != b[0] and "exclusive" in (a[1], b[1]) and a[2] < b[3] and b[2] < a[3]]
 
 
-def run_together(*functions) -> bool:
+def run_together(*functions, timeout: float = 10) -> bool:
     """Each function in a thread named after it, all started, then joined; whether every one ended."""
     threads = [threading.Thread(target=f, name=f.__name__) for f in functions]
     for t in threads:
         t.start()
     for t in threads:
-        t.join(10)
+        t.join(timeout)
     return not any(t.is_alive() for t in threads)
 
 
@@ -342,3 +342,135 @@ def test_out_of_memory_beside_others_is_tried_apart_then_alone_and_the_task_reme
     assert first.status == second.status == "correct" and first.reward == 1.0
     assert any(("apart" if kept_as == "apart" else "GPU alone") in note for note in first.notes), first.notes
     assert (task.digest in lock.apart_keys) and ((task.digest in lock.alone_keys) == (kept_as == "alone"))
+
+
+class Stoppable:
+    """A stand-in for a reference process's worker: records when it was stopped and let go."""
+
+    def __init__(self, events: list[tuple[str, float]]):
+        self.events = events
+        self.stopped = False
+
+    def pause(self) -> bool:
+        self.stopped = True
+        self.events.append(("stopped", time.monotonic()))
+        return True
+
+    def resume(self) -> None:
+        self.stopped = False
+        self.events.append(("let go", time.monotonic()))
+
+
+def _slot_in_window_and_a_timing(lock: DeviceLock, window_s: float):
+    """One thread holds its share inside ``pausable`` for ``window_s``; another times (0.1 s) once the first is
+    in its window. Returns the events, the worker and the timing's (start, end, paused) as it saw them."""
+    events: list[tuple[str, float]] = []
+    worker = Stoppable(events)
+    in_window = threading.Event()
+    timing: dict[str, float] = {}
+
+    def evaluation():
+        with lock.shared():
+            with lock.pausable(worker):
+                in_window.set()
+                time.sleep(window_s)
+            events.append(("left window", time.monotonic()))
+
+    def timer():
+        assert in_window.wait(5)
+        with lock.shared():
+            with lock:
+                timing.update(start=time.monotonic(), paused=lock.paused, stopped=worker.stopped)
+                time.sleep(0.1)
+                timing["end"] = time.monotonic()
+
+    assert run_together(evaluation, timer)
+    return events, worker, timing
+
+
+def test_with_pause_a_timing_stops_a_neighbour_in_its_window_instead_of_waiting_for_it():
+    lock = DeviceLock(pause=True)
+    events, worker, timing = _slot_in_window_and_a_timing(lock, window_s=1.0)
+    left = dict(events)["left window"]
+    # It timed while the neighbour was still in its window (1 s), with the neighbour's process stopped first.
+    assert timing["end"] < left and timing["paused"] == 1 and timing["stopped"]
+    assert [e for e, _ in events] == ["stopped", "let go", "left window"]
+    assert dict(events)["let go"] >= timing["end"] and not worker.stopped and lock.stops == 1
+
+
+def test_leaving_a_window_while_stopped_waits_for_the_timing_to_end():
+    lock = DeviceLock(pause=True)
+    # The window (0.02 s) ends while the timing (0.1 s) still runs: the thread must not go on meanwhile.
+    events, _, timing = _slot_in_window_and_a_timing(lock, window_s=0.02)
+    assert [e for e, _ in events] == ["stopped", "let go", "left window"]
+    assert dict(events)["left window"] >= timing["end"]
+
+
+def test_without_pause_a_window_still_holds_timing_off():
+    lock = DeviceLock()  # pause off: the default
+    events, worker, timing = _slot_in_window_and_a_timing(lock, window_s=0.3)
+    assert [e for e, _ in events] == ["left window"] and timing["paused"] == 0
+    assert timing["start"] >= dict(events)["left window"] and lock.stops == 0
+
+
+def test_a_share_outside_any_window_holds_timing_off_and_timing_inside_a_window_is_refused():
+    lock = DeviceLock(pause=True, trace=True)
+    worker, other_in = Stoppable([]), threading.Event()
+
+    def evaluation():
+        with lock.shared():
+            with lock.pausable(worker):
+                with shared_use(lock):  # a nested share in a window is not stopped for: it may start processes
+                    other_in.set()
+                    time.sleep(0.2)
+
+    def timer():
+        assert other_in.wait(5)
+        with lock.shared():
+            with lock:
+                time.sleep(0.05)
+
+    assert run_together(evaluation, timer)
+    assert overlapping(lock.holds) == [] and lock.stops == 0
+    with lock.shared(), lock.pausable(worker), pytest.raises(RuntimeError, match="inside a pausable window"):
+        with lock:
+            pass
+    with lock.shared():  # the refusal gave nothing up: the lock still serves shares and timing
+        with lock:
+            pass
+    assert lock._readers == 0 and not lock._writer and not lock._windows
+
+
+@pytest.mark.slow
+def test_a_cpu_slot_times_while_another_slots_reference_starts_and_both_rewards_hold(cache_dir, examples, tmp_path):
+    """``pause`` with two evaluators on one lock: one whose reference is kept times while the other's reference
+    is still starting (its task's import sleeps 6 s) by stopping that reference, not waiting for it; both are
+    correct, and the first's reward is the one it got with the device to itself."""
+    from cuda_agent import Evaluator, load_candidate, load_task
+    from cuda_agent.evaluate import Timeouts
+
+    source = (examples / "cpu_swish" / "model.py").read_text()
+    (tmp_path / "model.py").write_text("import time\ntime.sleep(6)  # a slow start\n" + source)
+    task, sleepy = load_task(examples / "cpu_swish" / "model.py"), load_task(tmp_path / "model.py")
+    candidate = load_candidate(examples / "cpu_swish" / "solution")
+    lock = DeviceLock(pause=True)
+    options = dict(cache_dir=cache_dir, timing_lock=lock, references=1, timeouts=Timeouts(check_s=60, load_s=180))
+    with Evaluator("cpu", **options) as first, Evaluator("cpu", **options) as second:
+        alone = first.evaluate(task, candidate)  # its reference is kept for the next one
+        results = {}
+
+        def starting():
+            results["sleepy"] = second.evaluate(sleepy, candidate)
+
+        def timing():
+            deadline = time.monotonic() + 60
+            while not lock._windows and time.monotonic() < deadline:  # the other's reference is starting
+                time.sleep(0.05)
+            results["kept"] = first.evaluate(task, candidate)
+
+        assert run_together(starting, timing, timeout=300)
+    assert alone.status == "correct" and results["sleepy"].status == "correct", results["sleepy"].reason
+    assert results["kept"].status == "correct" and results["kept"].reward == alone.reward
+    assert lock.stops >= 1  # the kept one timed while the other's reference was stopped in its start
+    assert "reference process kept" in " ".join(results["kept"].notes)
+

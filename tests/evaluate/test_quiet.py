@@ -9,7 +9,7 @@ import pytest
 from cuda_agent.evaluate.channel import Stop
 from cuda_agent.evaluate.policy import TimingConfig
 from cuda_agent.evaluate.protocol import QuietReply, QuietRequest
-from cuda_agent.evaluate.quiet import QUIET_US, GpuQuiet
+from cuda_agent.evaluate.quiet import QUIET_US, GpuQuiet, quiet_after_stops
 from cuda_agent.evaluate.timing import time_round
 from cuda_agent.guard.policy import RULES
 
@@ -99,3 +99,29 @@ def test_the_probe_runs_before_each_region_opens(bell):
     region = (["draw", "draw", "probe", "ready", "wait GO", "call", "call", "done", "wait CONT"] if bell
               else ["draw", "draw", "probe", "call", "call"])
     assert events == region * 3
+
+
+class Paused:
+    """A timing lock whose hold stopped ``paused`` other evaluations' processes (``DeviceLock.paused``)."""
+
+    def __init__(self, paused: int) -> None:
+        self.paused = paused
+
+
+def _setup(device: str, paused: int):
+    from types import SimpleNamespace
+
+    from cuda_agent.evaluate import Timeouts
+    return SimpleNamespace(device=device, timing_lock=Paused(paused), timeouts=Timeouts())
+
+
+def test_a_timing_that_stopped_others_waits_for_a_quiet_gpu_and_refuses_without_one():
+    log: list[str] = []
+    quiet_after_stops(_setup("cuda", 0), Reference(None, log))  # stopped nothing: nothing to wait for
+    quiet_after_stops(_setup("cpu", 2), Reference(None, log))  # no GPU queue on the CPU backend
+    assert log == []
+    quiet_after_stops(_setup("cuda", 1), Reference(3.0, log))  # quiet 3 ms after: go on
+    assert log == ["probed"]
+    with pytest.raises(Stop) as stop:
+        quiet_after_stops(_setup("cuda", 2), Reference(None, log))  # still busy: refused, never the candidate's
+    assert stop.value.status == "error" and stop.value.rule is None and "not quiet" in stop.value.reason

@@ -83,3 +83,38 @@ def test_out_of_memory_beside_another_evaluation_is_evaluated_again_alone(exampl
     assert any("evaluated again with the GPU alone" in note and "out of memory" in note for note in beside.notes), \
         beside.notes
     assert (beside.status, beside.reward) == (alone.status, alone.reward), beside.summary()
+
+
+def test_with_pause_a_slot_times_while_another_slots_reference_starts(examples, cache_dir, tmp_path):
+    """``DeviceLock(pause=True)`` on the GPU: an evaluation whose reference is kept times while another's
+    reference is still starting (its task's import sleeps 6 s), by stopping that evaluation's processes and
+    waiting for a quiet GPU (``quiet_after_stops``); both are correct and the first earns what it earned alone."""
+    import time
+
+    source = (examples / "cuda_gelu" / "model.py").read_text()
+    (tmp_path / "model.py").write_text("import time\ntime.sleep(6)  # a slow start\n" + source)
+    task, sleepy = load_task(examples / "cuda_gelu" / "model.py"), load_task(tmp_path / "model.py")
+    candidate = load_candidate(examples / "cuda_gelu" / "solution")
+    lock = DeviceLock(pause=True)
+    options = dict(cache_dir=cache_dir, timing_lock=lock, references=1)
+    with Evaluator("cuda", **options) as first, Evaluator("cuda", **options) as second:
+        alone = first.evaluate(task, candidate)
+        results = {}
+
+        def starting():
+            results["sleepy"] = second.evaluate(sleepy, candidate)
+
+        def timing():
+            deadline = time.monotonic() + 120
+            while not lock._windows and time.monotonic() < deadline:
+                time.sleep(0.05)
+            results["kept"] = first.evaluate(task, candidate)
+
+        threads = [threading.Thread(target=f) for f in (starting, timing)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(600)
+    assert alone.status == "correct" and results["sleepy"].status == "correct", results["sleepy"].reason
+    assert results["kept"].status == "correct", results["kept"].reason
+    assert results["kept"].reward == alone.reward and lock.stops >= 1

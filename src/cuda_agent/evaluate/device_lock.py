@@ -25,6 +25,17 @@ where it runs out of memory apart as well is it run alone. Tasks are remembered 
 them (``apart_keys``, ``alone_keys``) and start there from then on: a stream of them would otherwise run
 out, and push others out, every time.
 
+With ``pause`` on, a share need not hold timing off for its whole length. Inside ``pausable(workers)`` an
+evaluation only waits for its reference process (its start, torch.compile): a slot that wants to time then stops
+that evaluation's processes (SIGSTOP, as the spares are stopped) instead of waiting for its share to end, and
+lets them go after.
+In session 55's eight-slot stream on the H200 the small tasks' evaluations took 33-57 s against 2.5-3.2 s alone,
+nearly all of it waiting for the exclusive side behind neighbours' 10-25 s shared phases (benchmarks/RESULTS.md).
+What stopping must not change: nothing new starts on the device while another slot times (the thread of a
+stopped evaluation runs on, but leaving its window waits for the timing to end, and it starts no process inside
+one), and the GPU work the stopped processes had queued is waited out before the timing (``paused``: the timing
+side asks its reference for a quiet GPU). Off by default until the GPU stream has run it.
+
 Compiles take the shared side too (``Evaluator.build``; the service gives its build workers every GPU's
 lock): a compile beside a timing round slows the timed process's host side (measured on the H100: honest
 sub-ms candidates failed as ``clock`` while 8 builds ran), and timing waits for the compiles in flight.
@@ -35,11 +46,22 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 
+@dataclass
+class _Window:
+    """An evaluation's ``pausable`` stretch: its shares, the processes to stop, whether a timing stopped them."""
+
+    shares: int
+    workers: tuple[Any, ...]
+    paused: bool = False
+
+
 class DeviceLock:
-    def __init__(self, trace: bool = False) -> None:
+    def __init__(self, trace: bool = False, pause: bool = False) -> None:
+        self.pause = pause
         self._cond = threading.Condition()
         self._readers = 0
         self._writer = False
@@ -54,6 +76,9 @@ class DeviceLock:
         # Every evaluator's spare candidate processes on this device: all of them stand still while any
         # evaluator times, not only its own (``processes.spares_stopped``).
         self.spares: list[list[Any]] = []
+        self._windows: dict[int, _Window] = {}  # thread ident -> its ``pausable`` stretch, while in one
+        self._window_shares = 0  # the shares held inside those: timing does not wait for them
+        self.stops = 0  # windows stopped for a timing, ever (for tests and benchmarks)
         # (thread name, "shared" | "exclusive", start, end) of every hold, for tests and benchmarks
         self.holds: list[tuple[str, str, float, float]] | None = [] if trace else None
 
@@ -69,6 +94,8 @@ class DeviceLock:
         if getattr(self._mine, "alone", 0):
             return
         with self._cond:
+            if threading.get_ident() in self._windows:
+                raise RuntimeError("DeviceLock: timing asked for inside a pausable window (it would stop itself)")
             given_up = getattr(self._mine, "shares", 0)
             if given_up:
                 # Our own share would keep us waiting for ourselves.
@@ -78,16 +105,31 @@ class DeviceLock:
                 self._cond.notify_all()
             self._mine.given_up = given_up
             self._writers_waiting += 1
-            while self._writer or self._readers:
+            while self._writer or self._readers - self._window_shares:
                 self._cond.wait()
             self._writers_waiting -= 1
             self._writer = True
             self._mine.since = time.monotonic()
+            stopping = list(self._windows.values())
+            for window in stopping:
+                window.paused = True
+            self.stops += len(stopping)
+        # Outside the condition: stopping a process tree waits for each process to stop (milliseconds).
+        for window in stopping:
+            for worker in window.workers:
+                worker.pause()
+        self._mine.stopped = stopping
 
     def _release_exclusive(self) -> None:
         if getattr(self._mine, "alone", 0):
             return
+        stopped, self._mine.stopped = getattr(self._mine, "stopped", []), []
+        for window in stopped:
+            for worker in window.workers:
+                worker.resume()
         with self._cond:
+            for window in stopped:
+                window.paused = False
             self._writer = False
             self._record("exclusive", self._mine.since)
             self._cond.notify_all()
@@ -127,6 +169,36 @@ class DeviceLock:
                     self._occupants -= 1
                 self._record("shared", self._mine.share_since)
                 self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def pausable(self, *workers: Any) -> Iterator[None]:
+        """Inside, this thread's share does not hold timing off: a slot that times stops ``workers`` (every
+        process of this evaluation that can use the device: ``pause()``/``resume()``) and lets them go after.
+        The thread starts no process inside, uses the device only through ``workers`` and neither stops nor
+        lets go of them itself; leaving while they are stopped waits for that timing to end. Nothing where ``pause`` is off, outside a share, or nested."""
+        ident = threading.get_ident()
+        shares = getattr(self._mine, "shares", 0)
+        if not self.pause or not shares or getattr(self._mine, "alone", 0) or ident in self._windows:
+            yield
+            return
+        window = _Window(shares, tuple(w for w in workers if w is not None))
+        with self._cond:
+            self._windows[ident] = window
+            self._window_shares += shares
+            self._cond.notify_all()  # a timing waiting for this share may go now
+        try:
+            yield
+        finally:
+            with self._cond:
+                while window.paused:
+                    self._cond.wait()
+                del self._windows[ident]
+                self._window_shares -= shares
+
+    @property
+    def paused(self) -> int:
+        """How many evaluations' processes this thread's timing stopped (their queued GPU work may still run)."""
+        return len(getattr(self._mine, "stopped", []))
 
     @property
     def crowded(self) -> bool:

@@ -45,7 +45,7 @@ from cuda_agent.evaluate.processes import (
     SPARE_CANDIDATES, Workers, close_all, copy_modules, spares_stopped, start_workers, take_workers,
 )
 from cuda_agent.evaluate.protocol import LoadReply, LoadRequest, ReadyReply, ReadyRequest, ReleaseRequest, WeightsRequest
-from cuda_agent.evaluate.quiet import GpuQuiet
+from cuda_agent.evaluate.quiet import GpuQuiet, quiet_after_stops
 from cuda_agent.evaluate.references import REFERENCE_MEMORY, ReferencePool, kept_references
 from cuda_agent.evaluate.result import EvalResult
 from cuda_agent.evaluate.rounds import CandidateRounds, time_rounds
@@ -140,6 +140,19 @@ class Evaluator:
             # kernels) while this one timed: they stand still too (the H200's eight slots, 2026-11-29).
             self.timing_lock.spares.append(self._spare)
         weakref.finalize(self, close_all, self._spare, self.references)
+
+    def _pausable(self, run: Evaluation) -> contextlib.AbstractContextManager:
+        """A stretch of ``run`` in which its thread only waits for its reference process (the reference's start,
+        torch.compile): another slot's timing may stop both its processes rather than wait for the stretch to
+        end (``DeviceLock.pausable``, where the lock's ``pause`` is on). The candidate's process is stopped too
+        (it may be loading the task onto the GPU meanwhile), which is safe only because this evaluation does
+        not stop and let go of it itself inside these stretches: its own stops (outputs read from outside while
+        it stands still, its regions) interleaved with another slot's would let it run inside one. So never the
+        checks."""
+        lock = self.timing_lock
+        if not isinstance(lock, DeviceLock):
+            return contextlib.nullcontext()
+        return lock.pausable(run.reference.channel.worker, run.candidate.worker)
 
     def _spare_groups(self) -> list[list[Workers]]:
         """The spare candidate processes to stop while this evaluator times: every evaluator's on its device."""
@@ -348,7 +361,8 @@ class Evaluator:
         run.reference.channel.ask("verify", ReleaseRequest(), 60)  # hold little memory while timing
 
         clock = time.monotonic()
-        baseline, key = ref.baselines_for(setup, self.baselines, run.task, run.reference, result)
+        with self._pausable(run):
+            baseline, key = ref.baselines_for(setup, self.baselines, run.task, run.reference, result)
         result.durations["baseline"] = round(time.monotonic() - clock, 3)
 
         clock = time.monotonic()
@@ -414,7 +428,8 @@ class Evaluator:
         # cores; the GPU's own work on an H100) spread their brackets by 0.1-2 ms, which loosens every later
         # region's limit by three times that. The candidate waits for the first GO meanwhile.
         if run.fresh:
-            ref.await_loaded(setup, reference)
+            with self._pausable(run):
+                ref.await_loaded(setup, reference)
         calibration = None
         if brackets is not None:
             self._write_inputs(run, brackets, integrity.pid)
@@ -422,6 +437,7 @@ class Evaluator:
             # (started as the previous evaluation ended) stopped: a warm evaluation 1 s after the last one
             # was refused on the H100 as their start-up spread its no-op regions by 77% of a region.
             with setup.timing_lock, spares_stopped(*self._spare_groups()):
+                quiet_after_stops(setup, reference.channel)
                 calibration = brackets.serve_calibration(setup.timeouts.load_s)
         result.durations["reference"] = round(time.monotonic() - clock, 3)
         result.notes.append(f"reference process {'started' if run.fresh else 'kept'} "

@@ -43,6 +43,22 @@ PROBE_CAP_S = 0.05  # one probe is not waited for longer: a context that holds t
 AFTER_END_S = 2.0  # how long the GPU may take to be quiet once the candidate's processes are ended
 
 
+SETTLE_S = 5.0  # how long a timing waits for the GPU work of the evaluations it stopped to run out
+
+
+def quiet_after_stops(setup: Any, reference: Channel) -> None:
+    """Under the timing lock, where taking it stopped other evaluations' processes (``DeviceLock.pausable``):
+    what they had queued on the GPU runs on, and a probe judged busy in this timing would end the candidate
+    timed now as ``gpu-busy`` (its GPU quiet once it is ended), so that work is waited out first. Not quiet
+    in ``SETTLE_S``: refused (``error``), never put on the candidate."""
+    if setup.device != "cuda" or not getattr(setup.timing_lock, "paused", 0):
+        return
+    after = reference.ask_typed("profile", QuietRequest(within_s=SETTLE_S), QuietReply, setup.timeouts.check_s).after_ms
+    if after is None:
+        raise Stop("error", "profile", f"the GPU was not quiet {SETTLE_S:.0f} s after the processes of other "
+                   "evaluations were stopped for this timing: evaluate again")
+
+
 def probe_us(probes: int = PROBES, cap_s: float = PROBE_CAP_S) -> float:
     """The median wait, in us, of ``probes`` one-element kernels launched here one after another (in the calling
     process's current context, after everything it queued has finished), launch to completion: polled, not

@@ -20,7 +20,7 @@ from cuda_agent.evaluate.decide import Plan, Rounds, run_rounds, speedups, rewar
 from cuda_agent.evaluate.protocol import CalibrateReply, CalibrateRequest, CallRecord, TimeReply, TimeRequest
 from cuda_agent.evaluate.records import RECORDED_PER_REGION
 from cuda_agent.evaluate.pressure import Pressure
-from cuda_agent.evaluate.quiet import GpuQuiet
+from cuda_agent.evaluate.quiet import GpuQuiet, quiet_after_stops
 from cuda_agent.evaluate.result import EvalResult
 from cuda_agent.evaluate.timing import host_hold
 from cuda_agent.evaluate.watchers import BorrowedThreads, Integrity, NewThreads, Signals, stop_on
@@ -75,6 +75,7 @@ def time_rounds(setup: Setup, reference: Channel, baseline: dict[str, Any], resu
     gpu_quiet = candidate.gpu_quiet if candidate is not None and candidate.gpu_quiet is not None else (
         GpuQuiet(reference, setup.timeouts.check_s))
     with setup.timing_lock, quiet:
+        quiet_after_stops(setup, reference)
         if baseline.get("sides") and baseline.get("cache"):
             result.notes.extend(f"baselines timed on a busy GPU and not cached: {busy}"
                                 for busy in [wait_until_idle(setup)] if busy)
