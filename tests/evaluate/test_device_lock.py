@@ -472,5 +472,30 @@ def test_a_cpu_slot_times_while_another_slots_reference_starts_and_both_rewards_
     assert alone.status == "correct" and results["sleepy"].status == "correct", results["sleepy"].reason
     assert results["kept"].status == "correct" and results["kept"].reward == alone.reward
     assert lock.stops >= 1  # the kept one timed while the other's reference was stopped in its start
+    # Each evaluation says what it waited for: its neighbours on the device, a candidate process to be ready.
+    assert all(r.durations["wait_timing"] >= 0 and r.durations["wait_ready"] >= 0 for r in results.values())
     assert "reference process kept" in " ".join(results["kept"].notes)
 
+
+
+def test_a_timing_says_how_long_it_waited_for_its_neighbours():
+    lock = DeviceLock()
+    holding = threading.Event()
+    waited = {}
+
+    def neighbour():
+        with lock.shared():
+            holding.set()
+            time.sleep(0.3)
+
+    def timer():
+        assert holding.wait(5)
+        with lock.shared():
+            with lock:
+                pass
+            with lock:  # no one in the way: adds next to nothing
+                pass
+        waited["first"], waited["again"] = lock.take_waited(), lock.take_waited()
+
+    assert run_together(neighbour, timer)
+    assert 0.2 <= waited["first"] < 5 and waited["again"] == 0.0

@@ -93,6 +93,7 @@ class DeviceLock:
     def _acquire_exclusive(self) -> None:
         if getattr(self._mine, "alone", 0):
             return
+        asked = time.monotonic()
         with self._cond:
             if threading.get_ident() in self._windows:
                 raise RuntimeError("DeviceLock: timing asked for inside a pausable window (it would stop itself)")
@@ -119,6 +120,7 @@ class DeviceLock:
             for worker in window.workers:
                 worker.pause()
         self._mine.stopped = stopping
+        self._mine.waited = getattr(self._mine, "waited", 0.0) + time.monotonic() - asked
 
     def _release_exclusive(self) -> None:
         if getattr(self._mine, "alone", 0):
@@ -194,6 +196,12 @@ class DeviceLock:
                     self._cond.wait()
                 del self._windows[ident]
                 self._window_shares -= shares
+
+    def take_waited(self) -> float:
+        """Seconds this thread waited for the exclusive side (stops included) since it last asked: what an
+        evaluation's timing and calibration waited for its neighbours (``durations["wait_timing"]``)."""
+        waited, self._mine.waited = getattr(self._mine, "waited", 0.0), 0.0
+        return round(waited, 3)
 
     @property
     def paused(self) -> int:

@@ -227,6 +227,9 @@ class Evaluator:
             environment=describe_environment(self.device, self.gpu_index),
             notes=list(candidate.notes),
         )
+        lock = self.timing_lock if isinstance(self.timing_lock, DeviceLock) else None
+        if lock is not None:
+            lock.take_waited()  # from here: this attempt's waits only
         try:
             self._evaluate(task, candidate, build_result, result, timed)
         except Stop as stop:
@@ -234,6 +237,9 @@ class Evaluator:
             result.traceback = stop.traceback
             result.rule = stop.rule
             result.reward = None if stop.status == "error" else -1.0
+        if lock is not None:
+            # Part of the "reference" and "profile" stages, not beside them: the wait for neighbours on the device.
+            result.durations["wait_timing"] = lock.take_waited()
         return result
 
     def _attempt_alone(self, task: Task, candidate: Candidate, build_result: BuildResult | None,
@@ -403,7 +409,10 @@ class Evaluator:
         # the signals its process catches and its threads are read from outside, once its own start-up
         # is over.
         brackets = run.brackets
+        asked = time.monotonic()
         ready = candidate.ask_typed("load", ReadyRequest(bell=brackets is not None), ReadyReply, setup.timeouts.load_s)
+        # Part of the "reference" stage: a candidate process still starting (no spare ready) costs this much.
+        result.durations["wait_ready"] = round(time.monotonic() - asked, 3)
         signals = Signals(candidate)
         threads = NewThreads(candidate)  # the harness's own, started before the first request
         integrity = Integrity(candidate, ready.slots or {}, run.job, result)
