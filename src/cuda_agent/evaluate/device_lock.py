@@ -28,9 +28,9 @@ out, and push others out, every time.
 With ``pause`` on, a share need not hold timing off for its whole length. Inside ``pausable(workers)`` an
 evaluation only waits for its reference process (its start, torch.compile): a slot that wants to time then stops
 that evaluation's processes (SIGSTOP, as the spares are stopped) instead of waiting for its share to end, and
-lets them go after.
-In session 55's eight-slot stream on the H200 the small tasks' evaluations took 33-57 s against 2.5-3.2 s alone,
-nearly all of it waiting for the exclusive side behind neighbours' 10-25 s shared phases (benchmarks/RESULTS.md).
+lets them go after. In session 55's eight-slot stream on the H200 the small tasks' evaluations took 33-57 s
+against 2.5-3.2 s alone, nearly all of it waiting for the exclusive side behind neighbours' 10-25 s shared
+phases (benchmarks/RESULTS.md).
 What stopping must not change: nothing new starts on the device while another slot times (the thread of a
 stopped evaluation runs on, but leaving its window waits for the timing to end, and it starts no process inside
 one), and the GPU work the stopped processes had queued is waited out before the timing (``paused``: the timing
@@ -177,7 +177,8 @@ class DeviceLock:
         """Inside, this thread's share does not hold timing off: a slot that times stops ``workers`` (every
         process of this evaluation that can use the device: ``pause()``/``resume()``) and lets them go after.
         The thread starts no process inside, uses the device only through ``workers`` and neither stops nor
-        lets go of them itself; leaving while they are stopped waits for that timing to end. Nothing where ``pause`` is off, outside a share, or nested."""
+        lets go of them itself; leaving while they are stopped waits for that timing to end. Nothing where
+        ``pause`` is off, outside a share, or nested."""
         ident = threading.get_ident()
         shares = getattr(self._mine, "shares", 0)
         if not self.pause or not shares or getattr(self._mine, "alone", 0) or ident in self._windows:

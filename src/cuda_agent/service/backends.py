@@ -43,8 +43,8 @@ def local_service(device: str = "auto", *, slots: int | None = None, gpus: list[
     ``slots`` CPU slots (default 1); ``options`` go to each ``Evaluator``. Slots that share a device share a
     ``DeviceLock`` (unless ``options`` name a ``timing_lock``): each times alone on it, and loads, verifies
     and reads its outputs beside the others, so the device works while a slot is between timings.
-    ``pause_neighbours``: a slot that times stops the reference processes of the others' starts and torch.compile
-    instead of waiting for them (``DeviceLock``'s ``pause``)."""
+    ``pause_neighbours``: a slot that times stops the other slots' evaluations where they only wait for their
+    reference process (its start, torch.compile) instead of waiting for them (``DeviceLock``'s ``pause``)."""
     if per_gpu < 1:
         raise ValueError(f"per_gpu must be at least 1, not {per_gpu}")
     device = resolve_device(device)
