@@ -443,6 +443,10 @@ def run(args, earlier: list[dict] | None = None) -> dict:
     rows_path.write_text("")
     cache = Path(tempfile.mkdtemp(prefix="rl-workload-", dir=args.cache_dir))  # fresh: every build is real
     options = {"cache_dir": cache}
+    if args.reference_gib is not None:
+        # What idle references may hold together (ReferencePool.bound takes the larger of this and a fifth of
+        # the card): the GB-input tasks' references close each other under the H200's 28 GB (session 55).
+        options["reference_memory"] = int(args.reference_gib * 1024**3)
     if args.sandbox:
         options["sandbox"] = args.sandbox
     # Options only where asked, so that a baseline tree older than them runs as it always did.
@@ -464,7 +468,6 @@ def run(args, earlier: list[dict] | None = None) -> dict:
             # The stream ran in an earlier call (a device call holds the stream or the pass alone, not both):
             # its rows stand for it, and the whole budget goes to the pass alone.
             stream = [r for r in earlier if r["phase"] == "stream"]
-            earlier_alone = [r for r in earlier if r["phase"] == "alone"]
             sampler, stats, cpu_s = _NoSampler(), {}, None
             seconds = max((r["at_s"] for r in stream), default=0.0)
         else:
@@ -479,7 +482,7 @@ def run(args, earlier: list[dict] | None = None) -> dict:
             cpu_s = host_cpu_s() - cpu0
         answered = {(r["task"], r["variant"]) for r in stream}
         # An earlier call's pass alone (cut by its budget) already compared some: only the rest run again.
-        before = earlier_alone if earlier is not None else []
+        before = [r for r in earlier or [] if r["phase"] == "alone"]
         answered -= {(r["task"], r["variant"]) for r in before}
         alone = [] if args.no_alone else before + run_pass(
             service, [i for i in items if (i["task"], i["variant"]) in answered], 1, "alone", rows_path, deadline)
@@ -490,6 +493,7 @@ def run(args, earlier: list[dict] | None = None) -> dict:
     summary = summarise(args, stream, alone, seconds, cpu_s, sampler.share(), stats)
     summary["alone_of"] = str(args.alone_of) if args.alone_of else None
     summary["pause_neighbours"] = args.pause_neighbours
+    summary["reference_gib"] = args.reference_gib
     summary["gpu_samples"] = len(getattr(sampler, "samples", []))
     summary["warmup"] = warmup
     summary["warmup_s"] = warmup["seconds"] if warmup else None
@@ -568,6 +572,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="the stream's order")
     parser.add_argument("--gpu", type=int, default=0, help="the one GPU the service uses (cuda)")
     parser.add_argument("--slots", type=int, default=1, help="CPU slots (cpu)")
+    parser.add_argument("--reference-gib", type=float, default=None, metavar="GIB",
+                        help="GPU memory idle reference processes may hold together (default: 16 GiB or a fifth of "
+                             "the card, the larger)")
     parser.add_argument("--pause-neighbours", action="store_true",
                         help="slots that time stop the other slots' reference starts and torch.compile instead of "
                              "waiting for them (local_service's pause_neighbours)")
