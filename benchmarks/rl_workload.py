@@ -493,7 +493,7 @@ def run(args, earlier: list[dict] | None = None) -> dict:
     summary = summarise(args, stream, alone, seconds, cpu_s, sampler.share(), stats)
     summary["alone_of"] = str(args.alone_of) if args.alone_of else None
     summary["pause_neighbours"] = args.pause_neighbours
-    summary["reference_gib"] = args.reference_gib
+    summary["reference_bound_gib"] = args.reference_gib
     summary["gpu_samples"] = len(getattr(sampler, "samples", []))
     summary["warmup"] = warmup
     summary["warmup_s"] = warmup["seconds"] if warmup else None
@@ -573,8 +573,8 @@ def main() -> None:
     parser.add_argument("--gpu", type=int, default=0, help="the one GPU the service uses (cuda)")
     parser.add_argument("--slots", type=int, default=1, help="CPU slots (cpu)")
     parser.add_argument("--reference-gib", type=float, default=None, metavar="GIB",
-                        help="GPU memory idle reference processes may hold together (default: 16 GiB or a fifth of "
-                             "the card, the larger)")
+                        help="GPU memory idle reference processes may hold together (default 16 GiB; the bound is "
+                             "the larger of this and a fifth of the card)")
     parser.add_argument("--pause-neighbours", action="store_true",
                         help="slots that time stop the other slots' reference starts and torch.compile instead of "
                              "waiting for them (local_service's pause_neighbours)")
