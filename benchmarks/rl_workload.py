@@ -356,10 +356,10 @@ def summarise(args, stream: list[dict], alone: list[dict], seconds: float, cpu_s
         "apart": sum(r.get("memory_step") == "apart" for r in stream),
         "alone": sum(r.get("memory_step") == "alone" for r in stream),
         # Parts of an evaluation's stages spent waiting: for the exclusive side (neighbours' shares, or their
-        # stops with --pause-neighbours) and for a candidate process to be ready. None in trees without them.
-        "wait_timing_median_s": _median([r["durations"]["wait_timing"] for r in stream
-                                         if "wait_timing" in r["durations"]]),
-        "wait_ready_median_s": _median([r["durations"]["wait_ready"] for r in stream if "wait_ready" in r["durations"]]),
+        # stops with --pause-neighbours), for NVML to call the GPU idle before baselines are timed to be cached
+        # (with the device held), and for a candidate process to be ready. None in trees without them.
+        **{f"{wait}_median_s": _median([r["durations"][wait] for r in stream if wait in r["durations"]])
+           for wait in ("wait_timing", "wait_idle", "wait_ready")},
         "unexpected": [{"task": r["task"], "variant": r["variant"], "status": r["status"], "reason": r["reason"]}
                        for r in stream if r["status"] != r["expected"]],
         "by_variant": {v: {"n": sum(r["variant"] == v for r in stream),
@@ -387,6 +387,7 @@ def table(summaries: list[tuple[str, dict]]) -> str:
               ("CPU-s per build, mean", "build_cpu_s_mean"), ("host CPU-s per evaluation (/proc/stat)", "host_cpu_s_per_eval"),
               ("GPU busy share", "gpu_busy_share"), ("slot busy share", "slot_busy_share"),
               ("waiting for the timing side, median s", "wait_timing_median_s"),
+              ("waiting for NVML's idle GPU (device held), median s", "wait_idle_median_s"),
               ("waiting for a candidate process, median s", "wait_ready_median_s"),
               ("evaluated again alone (out of memory beside another)", "reran_alone"),
               ("evaluated apart from memory-hungry ones", "apart"), ("evaluated with the GPU alone", "alone"),

@@ -474,6 +474,7 @@ def test_a_cpu_slot_times_while_another_slots_reference_starts_and_both_rewards_
     assert lock.stops >= 1  # the kept one timed while the other's reference was stopped in its start
     # Each evaluation says what it waited for: its neighbours on the device, a candidate process to be ready.
     assert all(r.durations["wait_timing"] >= 0 and r.durations["wait_ready"] >= 0 for r in results.values())
+    assert results["sleepy"].durations["wait_idle"] >= 0  # its baselines were timed to be cached: first of its task
     assert "reference process kept" in " ".join(results["kept"].notes)
 
 

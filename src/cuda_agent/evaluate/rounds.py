@@ -77,8 +77,12 @@ def time_rounds(setup: Setup, reference: Channel, baseline: dict[str, Any], resu
     with setup.timing_lock, quiet:
         quiet_after_stops(setup, reference)
         if baseline.get("sides") and baseline.get("cache"):
-            result.notes.extend(f"baselines timed on a busy GPU and not cached: {busy}"
-                                for busy in [wait_until_idle(setup)] if busy)
+            clock = time.monotonic()
+            busy = wait_until_idle(setup)
+            # Part of the "profile" stage, under the exclusive side: up to idle_wait_s with the device held.
+            result.durations["wait_idle"] = round(time.monotonic() - clock, 3)
+            if busy:
+                result.notes.append(f"baselines timed on a busy GPU and not cached: {busy}")
         if candidate is not None:
             main_pid = candidate.integrity.pid
             borrowed = BorrowedThreads(candidate.channel, main_pid, setup.device, result)
