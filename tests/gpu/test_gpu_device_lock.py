@@ -87,12 +87,13 @@ def test_out_of_memory_beside_another_evaluation_is_evaluated_again_alone(exampl
 
 def test_with_pause_a_slot_times_while_another_slots_reference_starts(examples, cache_dir, tmp_path):
     """``DeviceLock(pause=True)`` on the GPU: an evaluation whose reference is kept times while another's
-    reference is still starting (its task's import sleeps 6 s), by stopping that evaluation's processes and
+    reference is still starting (its task's import sleeps 20 s: the kept one's own candidate process starts
+    first, 5-8 s on the H200 without prestart), by stopping that evaluation's processes and
     waiting for a quiet GPU (``quiet_after_stops``); both are correct and the first earns what it earned alone."""
     import time
 
     source = (examples / "cuda_gelu" / "model.py").read_text()
-    (tmp_path / "model.py").write_text("import time\ntime.sleep(6)  # a slow start\n" + source)
+    (tmp_path / "model.py").write_text("import time\ntime.sleep(20)  # a slow start\n" + source)
     task, sleepy = load_task(examples / "cuda_gelu" / "model.py"), load_task(tmp_path / "model.py")
     candidate = load_candidate(examples / "cuda_gelu" / "solution")
     lock = DeviceLock(pause=True)
