@@ -478,7 +478,6 @@ def test_a_cpu_slot_times_while_another_slots_reference_starts_and_both_rewards_
     assert "reference process kept" in " ".join(results["kept"].notes)
 
 
-
 def test_a_timing_says_how_long_it_waited_for_its_neighbours():
     lock = DeviceLock()
     holding = threading.Event()

@@ -77,7 +77,6 @@ class DeviceLock:
         # evaluator times, not only its own (``processes.spares_stopped``).
         self.spares: list[list[Any]] = []
         self._windows: dict[int, _Window] = {}  # thread ident -> its ``pausable`` stretch, while in one
-        self._window_shares = 0  # the shares held inside those: timing does not wait for them
         self.stops = 0  # windows stopped for a timing, ever (for tests and benchmarks)
         # (thread name, "shared" | "exclusive", start, end) of every hold, for tests and benchmarks
         self.holds: list[tuple[str, str, float, float]] | None = [] if trace else None
@@ -106,7 +105,8 @@ class DeviceLock:
                 self._cond.notify_all()
             self._mine.given_up = given_up
             self._writers_waiting += 1
-            while self._writer or self._readers - self._window_shares:
+            # Shares held inside pausable stretches do not hold timing off: those are stopped instead.
+            while self._writer or self._readers - sum(w.shares for w in self._windows.values()):
                 self._cond.wait()
             self._writers_waiting -= 1
             self._writer = True
@@ -187,7 +187,6 @@ class DeviceLock:
         window = _Window(shares, tuple(w for w in workers if w is not None))
         with self._cond:
             self._windows[ident] = window
-            self._window_shares += shares
             self._cond.notify_all()  # a timing waiting for this share may go now
         try:
             yield
@@ -196,7 +195,6 @@ class DeviceLock:
                 while window.paused:
                     self._cond.wait()
                 del self._windows[ident]
-                self._window_shares -= shares
 
     def take_waited(self) -> float:
         """Seconds this thread waited for the exclusive side (stops included) since it last asked: what an

@@ -337,11 +337,11 @@ class Evaluator:
                     # What a kept reference costs the card: the pool's bound is sized by these (docs/SCALE.md).
                     result.notes.append(f"reference process idle: {reference.reserved / 1024**3:.2f} GiB of device "
                                         f"memory, {'kept' if kept else 'closed'}")
-                if healthy and self.references.bound and not kept:
-                    result.notes.append(
-                        f"its reference process was not kept for the next evaluation: it holds "
-                        f"{reference.reserved / 1024**3:.1f} GiB of device memory idle, more than idle references "
-                        f"may hold together ({self.references.bound / 1024**3:.1f} GiB)")
+                    if not kept:
+                        result.notes.append(
+                            f"its reference process was not kept for the next evaluation: it holds "
+                            f"{reference.reserved / 1024**3:.1f} GiB of device memory idle, more than idle references "
+                            f"may hold together ({self.references.bound / 1024**3:.1f} GiB)")
             else:
                 self.references.forfeit(ref.reference_key(setup, task))
             while len(self._spare) < self.prestart:
