@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from cuda_agent.evaluate.device_lock import DeviceLock, shared_use
+from cuda_agent.evaluate.device_lock import MEMORY_HUNGRY, DeviceLock, shared_use
 
 
 def overlapping(holds):
@@ -297,12 +297,16 @@ class _ScriptedAttempts:
     def __call__(self, task, candidate, build_result, timed):
         from cuda_agent.evaluate.result import EvalResult
 
-        mode = "alone" if getattr(self.lock._mine, "alone", 0) else "apart" if self.lock._apart.locked() else "shared"
+        mode = self.lock.step
         with self.lock.shared():
             time.sleep(0.02)
         self.calls.append(mode)
         result = EvalResult(task={}, candidate={}, device="cuda", policy={}, timing={})
-        if self.script.pop(0):
+        step = self.script.pop(0)
+        if step == "hungry":
+            result.status, result.stage, result.rule = "error", "reference", MEMORY_HUNGRY
+            result.reason = "its output (6.0 GiB) is at least 1/64 of the GPU's memory"
+        elif step:
             result.stage, result.reason = "verify", "CUDA out of memory. Tried to allocate 6.00 GiB"
         else:
             result.status, result.reward = "correct", 1.0
@@ -312,6 +316,8 @@ class _ScriptedAttempts:
 @pytest.mark.parametrize("script, steps, kept_as", [
     ([True, False, False], ["shared", "apart", "apart"], "apart"),
     ([True, True, False, False], ["shared", "apart", "alone", "alone"], "alone"),
+    (["hungry", False, False], ["shared", "apart", "apart"], "apart"),  # told by its output's size, not by running out
+    (["hungry", True, False, False], ["shared", "apart", "alone", "alone"], "alone"),
 ])
 def test_out_of_memory_beside_others_is_tried_apart_then_alone_and_the_task_remembered(
         cache_dir, script, steps, kept_as, monkeypatch):
@@ -342,6 +348,35 @@ def test_out_of_memory_beside_others_is_tried_apart_then_alone_and_the_task_reme
     assert first.status == second.status == "correct" and first.reward == 1.0
     assert any(("apart" if kept_as == "apart" else "GPU alone") in note for note in first.notes), first.notes
     assert (task.digest in lock.apart_keys) and ((task.digest in lock.alone_keys) == (kept_as == "alone"))
+
+
+def test_a_task_whose_output_is_a_64th_of_the_gpu_goes_apart_before_its_candidate_loads(cache_dir):
+    """Told by the reference's load, not by running out: only beside another evaluator on the GPU, only for an
+    attempt beside any (not one already apart or alone), and only from 1/64 of the GPU's memory on."""
+    from cuda_agent import Evaluator
+    from cuda_agent.evaluate.channel import Stop
+    from cuda_agent.evaluate.protocol import LoadReply
+
+    gib = 1024**3
+    lock = DeviceLock()
+    first = Evaluator("cpu", cache_dir=cache_dir, timing_lock=lock)
+    big, small = LoadReply(device_bytes=64 * gib, output_bytes=gib), LoadReply(device_bytes=64 * gib,
+                                                                                   output_bytes=gib - 1)
+    first._stop_if_hungry(big)  # alone on the GPU: nothing to run out beside
+    Evaluator("cpu", cache_dir=cache_dir, timing_lock=lock)  # a second slot on the same GPU
+    with pytest.raises(Stop) as stopped:
+        first._stop_if_hungry(big)
+    assert stopped.value.rule == MEMORY_HUNGRY and stopped.value.status == "error"
+    assert "1.0 GiB" in stopped.value.reason and "1/64" in stopped.value.reason
+    first._stop_if_hungry(small)
+    first._stop_if_hungry(LoadReply(output_bytes=gib))  # the CPU backend: no device memory to share
+    with lock.apart():
+        assert lock.step == "apart"
+        first._stop_if_hungry(big)
+    with lock.alone():
+        assert lock.step == "alone"
+        first._stop_if_hungry(big)
+    assert lock.step == "shared"
 
 
 class Stoppable:

@@ -23,7 +23,9 @@ other: on the H200 three such tasks' first evaluations failed together while fiv
 beside them, and reruns alone (each draining the card) then held up every small task's candidates. Only
 where it runs out of memory apart as well is it run alone. Tasks are remembered at the step that served
 them (``apart_keys``, ``alone_keys``) and start there from then on: a stream of them would otherwise run
-out, and push others out, every time.
+out, and push others out, every time. A task need not run out first: one whose output is ``HUNGRY_SHARE`` of
+the GPU's memory or more goes apart from its first candidate on, as soon as its reference has loaded (the
+evaluator's ``_stop_if_hungry``, before the candidate's process has put anything on the device).
 
 With ``pause`` on, a share need not hold timing off for its whole length. Inside ``pausable(workers)`` an
 evaluation only waits for its reference process (its start, torch.compile): a slot that wants to time then stops
@@ -48,6 +50,15 @@ import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Iterator
+
+# A task whose call's output is at least this share of the GPU's memory is evaluated ``apart`` from its first
+# candidate on, told by its reference's load (before the candidate's process puts anything on the device): its
+# evaluation holds 7-8 outputs' worth at its worst moment (both processes), so two such evaluations on an H200
+# are most of the card. On the H200 (141 GB) the line falls at 2.2 GiB: KernelBench level 1's 4 and 6 GiB tasks
+# above it, cuda_gelu's 1 GiB and every matmul's output below it. Learning it from running out instead cost
+# each such task one attempt beside others, and where several ran out together, a rerun with the GPU alone.
+HUNGRY_SHARE = 1 / 64
+MEMORY_HUNGRY = "memory-hungry"  # the rule of an attempt beside others given up for ``apart``
 
 
 @dataclass
@@ -208,6 +219,13 @@ class DeviceLock:
         return len(getattr(self._mine, "stopped", []))
 
     @property
+    def step(self) -> str:
+        """This thread's memory step: "alone", "apart" or "shared" (beside anything)."""
+        if getattr(self._mine, "alone", 0):
+            return "alone"
+        return "apart" if getattr(self._mine, "apart", False) else "shared"
+
+    @property
     def crowded(self) -> bool:
         """Whether this thread's last shared hold overlapped another evaluation's."""
         return bool(getattr(self._mine, "crowded", False))
@@ -238,7 +256,11 @@ class DeviceLock:
         """Beside other evaluations as usual, but not beside another evaluation apart: the memory-hungry
         tasks take turns while the others go on. Called outside any share (it waits holding none)."""
         with self._apart:
-            yield
+            self._mine.apart = True
+            try:
+                yield
+            finally:
+                self._mine.apart = False
 
     def _take_share(self, count: int) -> None:
         if getattr(self._mine, "shares", 0):

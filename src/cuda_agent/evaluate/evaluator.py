@@ -37,7 +37,7 @@ from cuda_agent.evaluate.counters import CounterReport, unavailable
 from cuda_agent.evaluate.counters_run import find_ncu, profile_counters
 from cuda_agent.evaluate.decide import Plan
 from cuda_agent.evaluate.degenerate import DegenerateReport
-from cuda_agent.evaluate.device_lock import DeviceLock, shared_use
+from cuda_agent.evaluate.device_lock import HUNGRY_SHARE, MEMORY_HUNGRY, DeviceLock, shared_use
 from cuda_agent.evaluate.environment import describe_environment
 from cuda_agent.evaluate.policy import Policy, TimingConfig
 from cuda_agent.evaluate.timing import flush_bytes
@@ -196,7 +196,15 @@ class Evaluator:
                                     "memory beside other evaluations on this GPU before")
         else:
             result = self._attempt(task, candidate, build_result, timed)
-            if self._out_of_memory_beside_others(result):
+            if result.rule == MEMORY_HUNGRY:
+                # Given up before the candidate's process put anything on the device: nothing was decided.
+                first = result.reason or ""
+                self.on_stage("build", f"{first}: evaluated apart")
+                lock.apart_keys.add(task.digest)
+                result = self._attempt_apart(task, candidate, build_result, timed)
+                if result is not None:
+                    result.notes.append(f"evaluated apart from other memory-hungry evaluations: {first}")
+            elif self._out_of_memory_beside_others(result):
                 # Another evaluation's memory, not this candidate's, may have been what ran out: the reward must
                 # not depend on what else shared the GPU. Apart first (the cheaper try), alone if that runs out too.
                 first = result.reason or ""
@@ -261,6 +269,17 @@ class Evaluator:
         with self.timing_lock.apart():
             result = self._attempt(task, candidate, build_result, timed)
         return None if self._out_of_memory(result) else result
+
+    def _stop_if_hungry(self, loaded: LoadReply | None) -> None:
+        """An attempt beside any evaluation, of a task whose output is ``HUNGRY_SHARE`` of the GPU's memory or
+        more, stops here, before the candidate's inputs are written, for ``evaluate`` to run it ``apart``."""
+        lock = self.timing_lock
+        # ``spares``: one list per evaluator on this GPU; alone on it, nothing is beside it to run out beside.
+        if (not isinstance(lock, DeviceLock) or len(lock.spares) < 2 or lock.step != "shared" or loaded is None
+                or not loaded.device_bytes or loaded.output_bytes < HUNGRY_SHARE * loaded.device_bytes):
+            return
+        raise Stop("error", "reference", f"its output ({loaded.output_bytes / 1024**3:.1f} GiB) is at least "
+                   f"1/{round(1 / HUNGRY_SHARE)} of the GPU's memory", rule=MEMORY_HUNGRY)
 
     def _out_of_memory(self, result: EvalResult) -> bool:
         return self.device == "cuda" and result.stage is not None and "out of memory" in (result.reason or "")
@@ -439,6 +458,7 @@ class Evaluator:
         if run.fresh:
             with self._pausable(run):
                 ref.await_loaded(setup, reference)
+        self._stop_if_hungry(reference.loaded)
         calibration = None
         if brackets is not None:
             self._write_inputs(run, brackets, integrity.pid)

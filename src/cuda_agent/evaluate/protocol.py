@@ -365,6 +365,7 @@ class LoadReply(_Reply):
     bell_tail_ms: float = 0.0  # candidate, GPU: their median time from the last synchronise to DONE (HostLaunch)
     fixed_inputs: bool | None = None  # reference: its draws differ in tensor values alone (DrawRequest, WriteGpuRequest)
     device_bytes: int = 0  # reference: its GPU's memory (0: the CPU backend), what sizes a region's calls
+    output_bytes: int = 0  # reference: its warm call's output, what says a task is memory-hungry (``HUNGRY_SHARE``)
 
 
 @dataclass(frozen=True)

@@ -66,6 +66,7 @@ class ReferenceSide(_Side):
                 # loaded, libraries started) costs seconds, here at once with the candidate's load.
                 # Its size is the size of the memory the outputs are handed over in.
                 self.handle("expect", msg.warm)
+                info["output_bytes"] = packed_bytes(self.expected)
                 info["share"] = self.share()
                 self.expected = None
             return {"parameters": sum(p.numel() for p in model.parameters())} | info
