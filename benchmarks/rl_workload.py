@@ -196,11 +196,14 @@ def stream_of(tasks: list, seed: int) -> list[dict]:
 # -- measuring --------------------------------------------------------------------------------------
 
 class GpuSampler:
-    """utilization.gpu of one GPU every ``every`` s from nvidia-smi, on a thread; None without nvidia-smi."""
+    """utilization.gpu and memory.used of one GPU every ``every`` s from nvidia-smi, on a thread; None without
+    nvidia-smi."""
 
     def __init__(self, gpu: int, every: float = 0.5):
         self.gpu, self.every = gpu, every
         self.samples: list[float] = []
+        self.memory_mib: list[float] = []
+        self.memory_total_gib: float | None = None
         self.available = shutil.which("nvidia-smi") is not None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gpu-sampler", daemon=True)
@@ -219,15 +222,23 @@ class GpuSampler:
         while not self._stop.is_set():
             began = time.monotonic()
             try:
-                out = subprocess.run(["nvidia-smi", "-i", str(self.gpu), "--query-gpu=utilization.gpu",
+                out = subprocess.run(["nvidia-smi", "-i", str(self.gpu),
+                                      "--query-gpu=utilization.gpu,memory.used,memory.total",
                                       "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=5)
-                self.samples.append(float(out.stdout.strip().splitlines()[0]))
+                busy, used, total = (float(x) for x in out.stdout.strip().splitlines()[0].split(","))
+                self.samples.append(busy)
+                self.memory_mib.append(used)
+                self.memory_total_gib = round(total / 1024, 1)
             except (OSError, subprocess.SubprocessError, ValueError, IndexError):
                 pass  # a missed sample; the share is over those taken
             self._stop.wait(max(0.0, self.every - (time.monotonic() - began)))
 
     def share(self) -> float | None:
         return round(statistics.fmean(self.samples) / 100, 4) if self.samples else None
+
+    def memory_peak_gib(self) -> float | None:
+        """The most device memory in use at any sample (every process on the GPU), what sizes ``apart``."""
+        return round(max(self.memory_mib) / 1024, 1) if self.memory_mib else None
 
 
 def host_cpu_s() -> float:
@@ -385,7 +396,8 @@ def table(summaries: list[tuple[str, dict]]) -> str:
               ("submission to reward, median s", "latency_median_s"), ("submission to reward, p90 s", "latency_p90_s"),
               ("builds (not cached whole)", "builds"), ("CPU-s per build, median", "build_cpu_s_median"),
               ("CPU-s per build, mean", "build_cpu_s_mean"), ("host CPU-s per evaluation (/proc/stat)", "host_cpu_s_per_eval"),
-              ("GPU busy share", "gpu_busy_share"), ("slot busy share", "slot_busy_share"),
+              ("GPU busy share", "gpu_busy_share"), ("GPU memory in use, peak GiB", "gpu_memory_peak_gib"),
+              ("slot busy share", "slot_busy_share"),
               ("waiting for the timing side, median s", "wait_timing_median_s"),
               ("waiting for NVML's idle GPU (device held), median s", "wait_idle_median_s"),
               ("waiting for a candidate process, median s", "wait_ready_median_s"),
@@ -452,6 +464,7 @@ def run(args, earlier: list[dict] | None = None) -> dict:
         options["sandbox"] = args.sandbox
     # Options only where asked, so that a baseline tree older than them runs as it always did.
     paused = {"pause_neighbours": True} if args.pause_neighbours else {}
+    paused |= {"apart": args.apart} if args.apart != 1 else {}
     if args.device == "cuda":
         # Slots sharing the GPU: timing alone, the rest side by side.
         shared = {"per_gpu": args.per_gpu} if args.per_gpu > 1 else {}
@@ -495,6 +508,9 @@ def run(args, earlier: list[dict] | None = None) -> dict:
     summary["alone_of"] = str(args.alone_of) if args.alone_of else None
     summary["pause_neighbours"] = args.pause_neighbours
     summary["reference_bound_gib"] = args.reference_gib
+    summary["apart"] = args.apart
+    summary["gpu_memory_peak_gib"] = sampler.memory_peak_gib()
+    summary["gpu_memory_gib"] = getattr(sampler, "memory_total_gib", None)
     summary["gpu_samples"] = len(getattr(sampler, "samples", []))
     summary["warmup"] = warmup
     summary["warmup_s"] = warmup["seconds"] if warmup else None
@@ -539,6 +555,9 @@ class _NoSampler:
     def share(self) -> None:
         return None
 
+    def memory_peak_gib(self) -> None:
+        return None
+
 
 def baseline(args) -> dict | None:
     """The same stream with the package at ``--baseline-src``: a subprocess, so its imports are its own."""
@@ -579,6 +598,8 @@ def main() -> None:
     parser.add_argument("--pause-neighbours", action="store_true",
                         help="slots that time stop the other slots' reference starts and torch.compile instead of "
                              "waiting for them (local_service's pause_neighbours)")
+    parser.add_argument("--apart", type=int, default=1, metavar="N",
+                        help="memory-hungry evaluations at once on the GPU (local_service's apart; default 1)")
     parser.add_argument("--per-gpu", type=int, default=1,
                         help="slots sharing the GPU through a DeviceLock (cuda; this tree only, the baseline runs 1)")
     parser.add_argument("--sandbox", default=None, help="the evaluator's sandbox (default: its own, auto)")

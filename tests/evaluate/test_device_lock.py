@@ -281,6 +281,27 @@ def test_evaluations_apart_take_turns_beside_shared_ones():
     assert any(s0 < p1 and p0 < s1 for s0, s1 in (spans["a"], spans["b"])), "the plain one waited for those apart"
 
 
+def test_apart_lets_as_many_hungry_evaluations_run_at_once_as_it_is_given():
+    """``DeviceLock(apart=2)``: two evaluations apart overlap, never three; below 1 is refused by name."""
+    lock = DeviceLock(apart=2)
+    inside, most = [0], [0]
+    guard = threading.Lock()
+
+    def hungry():
+        with lock.apart():
+            with guard:
+                inside[0] += 1
+                most[0] = max(most[0], inside[0])
+            time.sleep(0.15)
+            with guard:
+                inside[0] -= 1
+
+    assert run_together(hungry, hungry, hungry, hungry), "deadlock"
+    assert most[0] == 2
+    with pytest.raises(ValueError, match="apart"):
+        DeviceLock(apart=0)
+
+
 class _ScriptedAttempts:
     """``Evaluator._attempt`` as a test double: each attempt runs out of GPU memory or not as scripted, holding
     the lock's shared side as an evaluation does while a neighbour (another thread) holds it too."""

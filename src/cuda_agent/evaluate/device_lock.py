@@ -71,7 +71,10 @@ class _Window:
 
 
 class DeviceLock:
-    def __init__(self, trace: bool = False, pause: bool = False) -> None:
+    def __init__(self, trace: bool = False, pause: bool = False, apart: int = 1) -> None:
+        if apart < 1:
+            raise ValueError(f"DeviceLock: apart is how many memory-hungry evaluations may run at once, at least 1, "
+                             f"not {apart}")
         self.pause = pause
         self._cond = threading.Condition()
         self._readers = 0
@@ -81,7 +84,7 @@ class DeviceLock:
         self._grants = 0  # shares ever taken: a change during a hold means another evaluation came
         self._occupants = 0  # outermost shared holds in progress, counted while their share is given up to time
         self._draining = 0  # ``alone`` callers waiting for those to finish: new outermost holds wait
-        self._apart = threading.Lock()  # held by the one evaluation ``apart``
+        self._apart = threading.BoundedSemaphore(apart)  # held by the evaluations ``apart`` (at most ``apart``)
         self.apart_keys: set[str] = set()  # tasks evaluated apart from the start (``apart``)
         self.alone_keys: set[str] = set()  # tasks evaluated alone from the start (``alone``)
         # Every evaluator's spare candidate processes on this device: all of them stand still while any
@@ -253,8 +256,9 @@ class DeviceLock:
 
     @contextlib.contextmanager
     def apart(self) -> Iterator[None]:
-        """Beside other evaluations as usual, but not beside another evaluation apart: the memory-hungry
-        tasks take turns while the others go on. Called outside any share (it waits holding none)."""
+        """Beside other evaluations as usual, but beside at most ``apart`` - 1 others apart (by default none):
+        the memory-hungry tasks take turns while the others go on. Called outside any share (it waits holding
+        none)."""
         with self._apart:
             self._mine.apart = True
             try:
