@@ -60,7 +60,8 @@
 #                                            # prev: one tree alone in this call; RL_WARMUP=cuda_gelu: one
 #                                            # evaluation of it before each tree's clock starts;
 #                                            # RL_ALONE_OF=ROWS.jsonl: only the pass alone of an earlier stream;
-#                                            # RL_PAUSE=1: timing stops other slots' reference starts, not waits;
+#                                            # RL_NO_PAUSE=1: timing waits for other slots' reference starts
+#                                            # (the default since session 56 stops them; RL_PAUSE=1 for old trees);
 #                                            # RL_REFERENCE_GIB=N: what idle references may hold together;
 #                                            # RL_APART=N: memory-hungry evaluations at once)
 #   bash benchmarks/gpu_session.sh edit_to_reward # issue 34: source to reward after a one-line kernel edit, this
@@ -316,7 +317,7 @@ rl_workload)
     if [ -n "${RL_ALONE_OF:-}" ]; then baseline="" extra=(--alone-of "$RL_ALONE_OF") name=rl_workload.alone; fi
     PYTHONPATH=$tree python3 benchmarks/rl_workload.py --device cuda --kernelbench .data/kernelbench/kernelbench.jsonl \
         --tasks "$tasks" --concurrency "${RL_CONCURRENCY:-8}" --max-seconds "$secs" --per-gpu "$per_gpu" \
-        ${RL_WARMUP:+--warmup "$RL_WARMUP"} ${RL_PAUSE:+--pause-neighbours} ${RL_REFERENCE_GIB:+--reference-gib "$RL_REFERENCE_GIB"} ${RL_APART:+--apart "$RL_APART"} --out "$OUT/$name.json" $baseline "${extra[@]}" "$@" 2>&1 \
+        ${RL_WARMUP:+--warmup "$RL_WARMUP"} ${RL_PAUSE:+--pause-neighbours} ${RL_NO_PAUSE:+--no-pause} ${RL_REFERENCE_GIB:+--reference-gib "$RL_REFERENCE_GIB"} ${RL_APART:+--apart "$RL_APART"} --out "$OUT/$name.json" $baseline "${extra[@]}" "$@" 2>&1 \
         | tee "$OUT/$name.log" | grep -v "^USDT" | tail -60
     ;;
 edit_to_reward)

@@ -457,13 +457,13 @@ def run(args, earlier: list[dict] | None = None) -> dict:
     cache = Path(tempfile.mkdtemp(prefix="rl-workload-", dir=args.cache_dir))  # fresh: every build is real
     options = {"cache_dir": cache}
     if args.reference_gib is not None:
-        # What idle references may hold together (ReferencePool.bound takes the larger of this and a fifth of
-        # the card): the GB-input tasks' references close each other under the H200's 28 GB (session 55).
+        # What idle references may hold together (ReferencePool.bound takes the larger of this and the card's
+        # memory less 64 GiB): under session 55's 28 GB the GB-input tasks' references closed each other.
         options["reference_memory"] = int(args.reference_gib * 1024**3)
     if args.sandbox:
         options["sandbox"] = args.sandbox
     # Options only where asked, so that a baseline tree older than them runs as it always did.
-    paused = {"pause_neighbours": True} if args.pause_neighbours else {}
+    paused = {"pause_neighbours": True} if args.pause_neighbours else {"pause_neighbours": False} if args.no_pause else {}
     paused |= {"apart": args.apart} if args.apart != 1 else {}
     if args.device == "cuda":
         # Slots sharing the GPU: timing alone, the rest side by side.
@@ -506,9 +506,9 @@ def run(args, earlier: list[dict] | None = None) -> dict:
             shutil.rmtree(cache, ignore_errors=True)
     summary = summarise(args, stream, alone, seconds, cpu_s, sampler.share(), stats)
     summary["alone_of"] = str(args.alone_of) if args.alone_of else None
-    summary["pause_neighbours"] = args.pause_neighbours
+    summary["pause_neighbours"] = not args.no_pause
     summary["reference_bound_gib"] = args.reference_gib
-    summary["apart"] = args.apart
+    summary["apart_slots"] = args.apart
     summary["gpu_memory_peak_gib"] = sampler.memory_peak_gib()
     summary["gpu_memory_gib"] = getattr(sampler, "memory_total_gib", None)
     summary["gpu_samples"] = len(getattr(sampler, "samples", []))
@@ -594,10 +594,13 @@ def main() -> None:
     parser.add_argument("--slots", type=int, default=1, help="CPU slots (cpu)")
     parser.add_argument("--reference-gib", type=float, default=None, metavar="GIB",
                         help="GPU memory idle reference processes may hold together (default 16 GiB; the bound is "
-                             "the larger of this and a fifth of the card)")
+                             "the larger of this and the card's memory less 64 GiB)")
     parser.add_argument("--pause-neighbours", action="store_true",
                         help="slots that time stop the other slots' reference starts and torch.compile instead of "
-                             "waiting for them (local_service's pause_neighbours)")
+                             "waiting for them (local_service's pause_neighbours; its default since session 56)")
+    parser.add_argument("--no-pause", action="store_true",
+                        help="slots that time wait for the other slots' shares to end (pause_neighbours=False; "
+                             "the default since session 56 is to stop them)")
     parser.add_argument("--apart", type=int, default=1, metavar="N",
                         help="memory-hungry evaluations at once on the GPU (local_service's apart; default 1)")
     parser.add_argument("--per-gpu", type=int, default=1,

@@ -215,12 +215,13 @@ def test_nested_shares_do_not_wait_behind_a_writer_and_other_locks_are_untouched
 @pytest.mark.slow
 def test_two_cpu_slots_of_the_service_never_time_beside_each_others_work(cache_dir, examples):
     """Two slots of ``local_service`` on the CPU, one traced DeviceLock, two evaluations at once: both correct,
-    and no slot's timing (or the brackets' calibration) overlaps anything the other slot did with the device."""
+    and no slot's timing (or the brackets' calibration) overlaps anything the other slot did with the device.
+    Pause off: with it a timing overlaps a neighbour's share, whose processes it stopped (the pause tests below)."""
     from cuda_agent import load_candidate, load_task
     from cuda_agent.evaluate import Timeouts
     from cuda_agent.service import Job, local_service
 
-    lock = DeviceLock(trace=True)
+    lock = DeviceLock(trace=True, pause=False)
     task = load_task(examples / "cpu_swish" / "model.py")
     candidate = load_candidate(examples / "cpu_swish" / "solution")
     service = local_service("cpu", slots=2, cache_dir=cache_dir, timing_lock=lock,
@@ -463,7 +464,7 @@ def test_leaving_a_window_while_stopped_waits_for_the_timing_to_end():
 
 
 def test_without_pause_a_window_still_holds_timing_off():
-    lock = DeviceLock()  # pause off: the default
+    lock = DeviceLock(pause=False)
     events, worker, timing = _slot_in_window_and_a_timing(lock, window_s=0.3)
     assert [e for e, _ in events] == ["left window"] and timing["paused"] == 0
     assert timing["start"] >= dict(events)["left window"] and lock.stops == 0

@@ -118,15 +118,21 @@ def test_idle_references_stay_within_the_memory_bound_and_one_over_it_alone_push
     assert small.closed and not medium.closed and len(pool) == 2
 
 
-def test_the_memory_bound_grows_with_a_card_larger_than_five_times_it():
+def test_the_memory_bound_is_a_large_cards_memory_less_the_headroom_of_evaluations_in_flight():
     from types import SimpleNamespace
 
-    pool = ReferencePool(4, memory=16)
+    gib = 1024**3
+    h200, h100 = 150_031_155_200, 85_017_362_432  # total_memory as torch reports them
+    pool = ReferencePool(4, memory=16 * gib)
     big = _Reference("leaky_relu")
-    big.reserved = 25
-    big.loaded = SimpleNamespace(device_bytes=141)  # an H200's share of a fifth: 28
+    big.reserved = 25 * gib
+    big.loaded = SimpleNamespace(device_bytes=h200)
     assert pool.take("leaky_relu") is None and pool.give_back(big, healthy=True)
-    assert pool.bound == 28 and ReferencePool(4, memory=16).bound == 16 and ReferencePool(4).bound is None
+    assert pool.bound == h200 - 64 * gib and 75 * gib < pool.bound < 76 * gib
+    small = ReferencePool(4, memory=16 * gib)
+    small.card_bytes = h100  # less than the headroom beyond the default bound: the default stands
+    assert small.bound == 16 * gib and ReferencePool(4, memory=16 * gib).bound == 16 * gib
+    assert ReferencePool(4).bound is None
 
 
 def test_over_the_memory_bound_the_references_that_free_it_go_not_the_small_ones():

@@ -130,7 +130,7 @@ class Evaluator:
         # Reference processes kept between evaluations (least recently used evicted): by default 4 for
         # a long-lived (prestarted) evaluator, none for a one-shot one, which leaves nothing behind.
         # They hold GPU memory while idle (model, compiled graph, CUDA context): at most
-        # ``reference_memory`` bytes together (a fifth of a larger card), or candidates of other tasks run out.
+        # ``reference_memory`` bytes together (a larger card: all but 64 GiB), or candidates of other tasks run out.
         # Evaluators on one GPU may share a pool (``local_service``): each task's reference started once.
         self.references = references if isinstance(references, ReferencePool) else ReferencePool(
             kept_references(references, self.prestart),

@@ -24,10 +24,14 @@ from cuda_agent.evaluate.protocol import LoadReply
 from cuda_agent.evaluate.quiet import Doorbell
 
 # What idle references may hold of a GPU together by default: more, and candidates of other tasks run out
-# (an 80 GB H100, 2026-11-26). On a larger card a fifth of it (28 GB on the H200), so that the references of a
-# few tasks with GB-sized inputs fit beside the small ones: a reference started again costs 10-20 s.
+# (an 80 GB H100, 2026-11-26). On a larger card, all of it but ``REFERENCE_HEADROOM`` (76 GiB on the H200), so that
+# the references of the tasks with GB-sized inputs fit beside the small ones: a reference started again costs
+# 10-20 s. The headroom is what evaluations in flight need beside them: one memory-hungry evaluation at its worst
+# (about 37 GiB for a 6 GiB output) and seven small ones. Measured on the H200's eight-slot stream (session 56):
+# under a fifth of the card (28 GB) the four GB-input tasks' references (8-12 GiB idle each) closed each other
+# and each of their evaluations started one again; with 72 GiB all 26 evaluations ran without running out.
 REFERENCE_MEMORY = 16 * 1024**3
-REFERENCE_CARD_SHARE = 0.2
+REFERENCE_HEADROOM = 64 * 1024**3
 
 
 def kept_references(references: int | None, prestart: int | bool) -> int:
@@ -153,8 +157,8 @@ class ReferencePool:
 
     @property
     def bound(self) -> int | None:
-        """What idle references may hold together: ``memory``, or ``REFERENCE_CARD_SHARE`` of a larger card."""
-        return None if self.memory is None else max(self.memory, int(self.card_bytes * REFERENCE_CARD_SHARE))
+        """What idle references may hold together: ``memory``, or a larger card's memory less ``REFERENCE_HEADROOM``."""
+        return None if self.memory is None else max(self.memory, self.card_bytes - REFERENCE_HEADROOM)
 
     def _release(self, key: str) -> None:
         self._out[key] -= 1

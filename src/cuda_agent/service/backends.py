@@ -38,14 +38,15 @@ def _info(device: str, backend: str, slots: int, options: dict[str, Any]) -> dic
 
 def local_service(device: str = "auto", *, slots: int | None = None, gpus: list[int] | None = None,
                   per_gpu: int = 1, queue_size: int = 64, job_timeout_s: float = 3600.0, build_workers: int | None = None,
-                  on_reply: Any = None, pause_neighbours: bool = False, apart: int = 1,
+                  on_reply: Any = None, pause_neighbours: bool = True, apart: int = 1,
                   **options: Any) -> EvalService:
     """The service on this machine: ``per_gpu`` slots per GPU in ``gpus`` (default every visible one), or
     ``slots`` CPU slots (default 1); ``options`` go to each ``Evaluator``. Slots that share a device share a
     ``DeviceLock`` (unless ``options`` name a ``timing_lock``): each times alone on it, and loads, verifies
     and reads its outputs beside the others, so the device works while a slot is between timings.
     ``pause_neighbours``: a slot that times stops the other slots' evaluations where they only wait for their
-    reference process (its start, torch.compile) instead of waiting for them (``DeviceLock``'s ``pause``).
+    reference process (its start, torch.compile) instead of waiting for them (``DeviceLock``'s ``pause``; on by
+    default: measured on the H200's eight-slot stream, docs/SCALE.md).
     ``apart``: how many memory-hungry evaluations may run at once on a GPU (``DeviceLock``'s ``apart``)."""
     if per_gpu < 1:
         raise ValueError(f"per_gpu must be at least 1, not {per_gpu}")
