@@ -370,6 +370,10 @@ def test_out_of_memory_beside_others_is_tried_apart_then_alone_and_the_task_reme
     assert first.status == second.status == "correct" and first.reward == 1.0
     assert any(("apart" if kept_as == "apart" else "GPU alone") in note for note in first.notes), first.notes
     assert (task.digest in lock.apart_keys) and ((task.digest in lock.alone_keys) == (kept_as == "alone"))
+    # Each record says why it left the step beside others: its output's size, or running out there.
+    why = "1/64 of the GPU's memory" if script[0] == "hungry" else "ran out of memory"
+    assert any(why in note for note in first.notes), first.notes
+    assert kept_as == "alone" or any(why in note for note in second.notes), second.notes
 
 
 def test_a_task_whose_output_is_a_64th_of_the_gpu_goes_apart_before_its_candidate_loads(cache_dir):

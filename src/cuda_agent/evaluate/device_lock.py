@@ -86,7 +86,7 @@ class DeviceLock:
         self._occupants = 0  # outermost shared holds in progress, counted while their share is given up to time
         self._draining = 0  # ``alone`` callers waiting for those to finish: new outermost holds wait
         self._apart = threading.BoundedSemaphore(apart)  # held by the evaluations ``apart`` (at most ``apart``)
-        self.apart_keys: set[str] = set()  # tasks evaluated apart from the start (``apart``)
+        self.apart_keys: dict[str, str] = {}  # tasks evaluated apart from the start (``apart``): why
         self.alone_keys: set[str] = set()  # tasks evaluated alone from the start (``alone``)
         # Every evaluator's spare candidate processes on this device: all of them stand still while any
         # evaluator times, not only its own (``processes.spares_stopped``).

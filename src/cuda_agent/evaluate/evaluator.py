@@ -182,7 +182,7 @@ class Evaluator:
         ``timed=False`` (``verify``) the record says whether it is correct, with no times and no reward."""
         started = time.monotonic()
         lock = self.timing_lock
-        first = ""  # what ran out beside others, for the note of the rerun
+        why = ""  # why it runs alone, should it run out of memory apart as well
         if not isinstance(lock, DeviceLock):
             result = self._attempt(task, candidate, build_result, timed)
         elif task.digest in lock.alone_keys:
@@ -192,35 +192,37 @@ class Evaluator:
         elif task.digest in lock.apart_keys:
             result = self._attempt_apart(task, candidate, build_result, timed)
             if result is not None:
-                result.notes.append("evaluated apart from other memory-hungry evaluations: this task ran out of "
-                                    "memory beside other evaluations on this GPU before")
+                result.notes.append(f"evaluated apart from other memory-hungry evaluations: "
+                                    f"{lock.apart_keys[task.digest]}")
         else:
             result = self._attempt(task, candidate, build_result, timed)
             if result.rule == MEMORY_HUNGRY:
                 # Given up before the candidate's process put anything on the device: nothing was decided.
-                first = result.reason or ""
-                self.on_stage("build", f"{first}: evaluated apart")
-                lock.apart_keys.add(task.digest)
+                lock.apart_keys[task.digest] = result.reason or ""
+                self.on_stage("build", f"{result.reason}: evaluated apart")
+                why = f"it ran out of memory apart from other memory-hungry ones ({result.reason})"
                 result = self._attempt_apart(task, candidate, build_result, timed)
                 if result is not None:
-                    result.notes.append(f"evaluated apart from other memory-hungry evaluations: {first}")
+                    result.notes.append(f"evaluated apart from other memory-hungry evaluations: "
+                                        f"{lock.apart_keys[task.digest]}")
             elif self._out_of_memory_beside_others(result):
                 # Another evaluation's memory, not this candidate's, may have been what ran out: the reward must
                 # not depend on what else shared the GPU. Apart first (the cheaper try), alone if that runs out too.
-                first = result.reason or ""
+                lock.apart_keys[task.digest] = "this task ran out of memory beside other evaluations on this GPU before"
                 self.on_stage("build", "out of GPU memory beside other evaluations: evaluated again apart")
-                lock.apart_keys.add(task.digest)
+                why = f"beside other evaluations it ran out of memory ({result.reason or ''})"
                 result = self._attempt_apart(task, candidate, build_result, timed)
                 if result is not None:
-                    result.notes.append(f"evaluated again apart from other memory-hungry evaluations: beside "
-                                        f"other evaluations it ran out of memory ({first})")
+                    result.notes.append(f"evaluated again apart from other memory-hungry evaluations: {why}")
         if result is None:
             # Out of memory apart as well: its final word is the GPU's alone.
-            self.on_stage("build", "out of GPU memory beside other evaluations: evaluated again with the GPU alone")
+            self.on_stage("build", "out of GPU memory apart from other memory-hungry evaluations: evaluated again "
+                                   "with the GPU alone")
             lock.alone_keys.add(task.digest)
             result = self._attempt_alone(task, candidate, build_result, timed)
-            result.notes.append("evaluated again with the GPU alone: beside other evaluations it ran out of memory"
-                                + (f" ({first})" if first else ", apart from other memory-hungry ones too"))
+            result.notes.append("evaluated again with the GPU alone: "
+                                + (why or "beside other evaluations it ran out of memory, apart from other "
+                                          "memory-hungry ones too"))
         result.durations["total"] = round(time.monotonic() - started, 3)
         self.on_stage("done", f"{result.status}, reward {result.reward}")
         return result
