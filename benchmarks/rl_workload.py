@@ -510,7 +510,7 @@ def run(args, earlier: list[dict] | None = None) -> dict:
     summary["reference_bound_gib"] = args.reference_gib
     summary["apart_slots"] = args.apart
     summary["gpu_memory_peak_gib"] = sampler.memory_peak_gib()
-    summary["gpu_memory_gib"] = getattr(sampler, "memory_total_gib", None)
+    summary["gpu_memory_gib"] = sampler.memory_total_gib
     summary["gpu_samples"] = len(getattr(sampler, "samples", []))
     summary["warmup"] = warmup
     summary["warmup_s"] = warmup["seconds"] if warmup else None
@@ -545,6 +545,7 @@ def warm_up(service, device: str, name: str) -> dict:
 
 class _NoSampler:
     samples: list[float] = []
+    memory_total_gib = None
 
     def __enter__(self):
         return self
@@ -595,12 +596,13 @@ def main() -> None:
     parser.add_argument("--reference-gib", type=float, default=None, metavar="GIB",
                         help="GPU memory idle reference processes may hold together (default 16 GiB; the bound is "
                              "the larger of this and the card's memory less 64 GiB)")
-    parser.add_argument("--pause-neighbours", action="store_true",
-                        help="slots that time stop the other slots' reference starts and torch.compile instead of "
-                             "waiting for them (local_service's pause_neighbours; its default since session 56)")
-    parser.add_argument("--no-pause", action="store_true",
-                        help="slots that time wait for the other slots' shares to end (pause_neighbours=False; "
-                             "the default since session 56 is to stop them)")
+    pause = parser.add_mutually_exclusive_group()
+    pause.add_argument("--pause-neighbours", action="store_true",
+                       help="slots that time stop the other slots' reference starts and torch.compile instead of "
+                            "waiting for them (local_service's pause_neighbours; its default since session 56)")
+    pause.add_argument("--no-pause", action="store_true",
+                       help="slots that time wait for the other slots' shares to end (pause_neighbours=False; "
+                            "the default since session 56 is to stop them)")
     parser.add_argument("--apart", type=int, default=1, metavar="N",
                         help="memory-hungry evaluations at once on the GPU (local_service's apart; default 1)")
     parser.add_argument("--per-gpu", type=int, default=1,

@@ -182,47 +182,40 @@ class Evaluator:
         ``timed=False`` (``verify``) the record says whether it is correct, with no times and no reward."""
         started = time.monotonic()
         lock = self.timing_lock
-        why = ""  # why it runs alone, should it run out of memory apart as well
         if not isinstance(lock, DeviceLock):
             result = self._attempt(task, candidate, build_result, timed)
         elif task.digest in lock.alone_keys:
             result = self._attempt_alone(task, candidate, build_result, timed)
             result.notes.append("evaluated with the GPU alone: this task ran out of memory beside other evaluations "
                                 "on this GPU before")
-        elif task.digest in lock.apart_keys:
-            result = self._attempt_apart(task, candidate, build_result, timed)
-            if result is not None:
-                result.notes.append(f"evaluated apart from other memory-hungry evaluations: "
-                                    f"{lock.apart_keys[task.digest]}")
         else:
-            result = self._attempt(task, candidate, build_result, timed)
-            if result.rule == MEMORY_HUNGRY:
-                # Given up before the candidate's process put anything on the device: nothing was decided.
-                lock.apart_keys[task.digest] = result.reason or ""
-                self.on_stage("build", f"{result.reason}: evaluated apart")
-                why = f"it ran out of memory apart from other memory-hungry ones ({result.reason})"
+            result, again = None, ""
+            if task.digest not in lock.apart_keys:
+                result = self._attempt(task, candidate, build_result, timed)
+                if result.rule == MEMORY_HUNGRY:
+                    # Given up before the candidate's process put anything on the device: nothing was decided.
+                    lock.apart_keys[task.digest] = result.reason or ""
+                    self.on_stage("build", f"{result.reason}: evaluated apart")
+                    result = None
+                elif self._out_of_memory_beside_others(result):
+                    # Another evaluation's memory, not this candidate's, may have been what ran out: the reward must
+                    # not depend on what else shared the GPU. Apart first (the cheaper try), alone if that runs out.
+                    lock.apart_keys[task.digest] = f"beside other evaluations it ran out of memory ({result.reason})"
+                    self.on_stage("build", "out of GPU memory beside other evaluations: evaluated again apart")
+                    result, again = None, "again "
+            if result is None:
                 result = self._attempt_apart(task, candidate, build_result, timed)
                 if result is not None:
-                    result.notes.append(f"evaluated apart from other memory-hungry evaluations: "
+                    result.notes.append(f"evaluated {again}apart from other memory-hungry evaluations: "
                                         f"{lock.apart_keys[task.digest]}")
-            elif self._out_of_memory_beside_others(result):
-                # Another evaluation's memory, not this candidate's, may have been what ran out: the reward must
-                # not depend on what else shared the GPU. Apart first (the cheaper try), alone if that runs out too.
-                lock.apart_keys[task.digest] = "this task ran out of memory beside other evaluations on this GPU before"
-                self.on_stage("build", "out of GPU memory beside other evaluations: evaluated again apart")
-                why = f"beside other evaluations it ran out of memory ({result.reason or ''})"
-                result = self._attempt_apart(task, candidate, build_result, timed)
-                if result is not None:
-                    result.notes.append(f"evaluated again apart from other memory-hungry evaluations: {why}")
         if result is None:
             # Out of memory apart as well: its final word is the GPU's alone.
             self.on_stage("build", "out of GPU memory apart from other memory-hungry evaluations: evaluated again "
                                    "with the GPU alone")
             lock.alone_keys.add(task.digest)
             result = self._attempt_alone(task, candidate, build_result, timed)
-            result.notes.append("evaluated again with the GPU alone: "
-                                + (why or "beside other evaluations it ran out of memory, apart from other "
-                                          "memory-hungry ones too"))
+            result.notes.append(f"evaluated again with the GPU alone: it ran out of memory apart from other "
+                                f"memory-hungry ones too, apart since {lock.apart_keys[task.digest]}")
         result.durations["total"] = round(time.monotonic() - started, 3)
         self.on_stage("done", f"{result.status}, reward {result.reward}")
         return result
