@@ -390,11 +390,13 @@ def test_a_task_whose_output_is_a_64th_of_the_gpu_goes_apart_before_its_candidat
                                                                                    output_bytes=gib - 1)
     first._stop_if_hungry(big)  # alone on the GPU: nothing to run out beside
     Evaluator("cpu", cache_dir=cache_dir, timing_lock=lock)  # a second slot on the same GPU
+    ahead: list[str] = []
     with pytest.raises(Stop) as stopped:
-        first._stop_if_hungry(big)
+        first._stop_if_hungry(big, lambda: ahead.append("compiled"))
+    assert ahead == ["compiled"]  # what the apart turn would otherwise do, done before it stops
     assert stopped.value.rule == MEMORY_HUNGRY and stopped.value.status == "error"
     assert "1.0 GiB" in stopped.value.reason and "1/64" in stopped.value.reason
-    first._stop_if_hungry(small)
+    first._stop_if_hungry(small, lambda: ahead.append("small"))
     first._stop_if_hungry(LoadReply(output_bytes=gib))  # the CPU backend: no device memory to share
     with lock.apart():
         assert lock.step == "apart"
@@ -402,7 +404,7 @@ def test_a_task_whose_output_is_a_64th_of_the_gpu_goes_apart_before_its_candidat
     with lock.alone():
         assert lock.step == "alone"
         first._stop_if_hungry(big)
-    assert lock.step == "shared"
+    assert lock.step == "shared" and ahead == ["compiled"]
 
 
 class Stoppable:

@@ -81,6 +81,7 @@ class DeviceLock:
         self._readers = 0
         self._writer = False
         self._writers_waiting = 0
+        self._apart_waiting = 0  # of those, evaluations apart: they go first
         self._mine = threading.local()  # this thread's shares (an evaluation's thread holds at most one)
         self._grants = 0  # shares ever taken: a change during a hold means another evaluation came
         self._occupants = 0  # outermost shared holds in progress, counted while their share is given up to time
@@ -120,10 +121,15 @@ class DeviceLock:
                 self._cond.notify_all()
             self._mine.given_up = given_up
             self._writers_waiting += 1
-            # Shares held inside pausable stretches do not hold timing off: those are stopped instead.
-            while self._writer or self._readers - sum(w.shares for w in self._windows.values()):
+            apart = getattr(self._mine, "apart", False)
+            self._apart_waiting += apart
+            # Shares held inside pausable stretches do not hold timing off: those are stopped instead. An
+            # evaluation apart goes before other timings: the memory-hungry tasks wait for its turn to end.
+            while (self._writer or self._readers - sum(w.shares for w in self._windows.values())
+                   or (self._apart_waiting and not apart)):
                 self._cond.wait()
             self._writers_waiting -= 1
+            self._apart_waiting -= apart
             self._writer = True
             self._mine.since = time.monotonic()
             stopping = list(self._windows.values())

@@ -20,7 +20,7 @@ import shutil
 import time
 import weakref
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from cuda_agent.build import BuildResult, build
 from cuda_agent.build.probe import probe_candidate
@@ -265,16 +265,30 @@ class Evaluator:
             result = self._attempt(task, candidate, build_result, timed)
         return None if self._out_of_memory(result) else result
 
-    def _stop_if_hungry(self, loaded: LoadReply | None) -> None:
+    def _stop_if_hungry(self, loaded: LoadReply | None, ahead: Callable[[], None] = lambda: None) -> None:
         """An attempt beside any evaluation, of a task whose output is ``HUNGRY_SHARE`` of the GPU's memory or
-        more, stops here, before the candidate's inputs are written, for ``evaluate`` to run it ``apart``."""
+        more, stops here, before the candidate's inputs are written, for ``evaluate`` to run it ``apart``; having
+        done ``ahead`` first (``_baselines_ahead``)."""
         lock = self.timing_lock
         # ``spares``: one list per evaluator on this GPU; alone on it, nothing is beside it to run out beside.
         if (not isinstance(lock, DeviceLock) or len(lock.spares) < 2 or lock.step != "shared" or loaded is None
                 or not loaded.device_bytes or loaded.output_bytes < HUNGRY_SHARE * loaded.device_bytes):
             return
+        ahead()
         raise Stop("error", "reference", f"its output ({loaded.output_bytes / 1024**3:.1f} GiB) is at least "
                    f"1/{round(1 / HUNGRY_SHARE)} of the GPU's memory", rule=MEMORY_HUNGRY)
+
+    def _baselines_ahead(self, run: Evaluation) -> None:
+        """At the hungry stop the reference is loaded and the apart turn is still to come: torch.compile it now,
+        beside the others (10-18 s of the H200's GB-output tasks, which each one's first candidate otherwise spent
+        holding the apart turn that the other memory-hungry tasks wait for). The reference is kept for that turn,
+        so it finds its compiled model there. Running out of memory here only leaves the compile to that turn."""
+        try:
+            with self._pausable(run):
+                ref.baselines_for(run.setup, self.baselines, run.task, run.reference, run.result)
+        except Stop as stop:
+            if "out of memory" not in stop.reason:
+                raise
 
     def _out_of_memory(self, result: EvalResult) -> bool:
         return self.device == "cuda" and result.stage is not None and "out of memory" in (result.reason or "")
@@ -368,7 +382,7 @@ class Evaluator:
         are asked between stages, about what the candidate did since they last looked."""
         setup, result = run.setup, run.result
         own = own_kernels(setup, built, result)
-        signals, threads, integrity = self._load(run, modules)
+        signals, threads, integrity = self._load(run, modules, timed)
         stop_on("load", "while model_new.py was imported", signals, threads, integrity)
 
         stop_on("verify", "", Attributed(run_checks(run, own), setup.policy))
@@ -413,7 +427,7 @@ class Evaluator:
         result.correct = True
         decide(setup, self.baselines, rounds, baseline, key, output_bytes, result, regions.outside_factor)
 
-    def _load(self, run: Evaluation, modules: dict[str, str]) -> tuple[Signals, NewThreads, Integrity]:
+    def _load(self, run: Evaluation, modules: dict[str, str], timed: bool) -> tuple[Signals, NewThreads, Integrity]:
         """The candidate imports its code while the reference loads (or is kept); then the weights and
         the output memory. Returns the watchers of the candidate's process, started before its code."""
         setup, result, candidate, reference = run.setup, run.result, run.candidate, run.reference
@@ -453,7 +467,7 @@ class Evaluator:
         if run.fresh:
             with self._pausable(run):
                 ref.await_loaded(setup, reference)
-        self._stop_if_hungry(reference.loaded)
+        self._stop_if_hungry(reference.loaded, (lambda: self._baselines_ahead(run)) if timed else (lambda: None))
         calibration = None
         if brackets is not None:
             self._write_inputs(run, brackets, integrity.pid)

@@ -17,6 +17,7 @@ from cuda_agent.evaluate.channel import Channel, Stop
 from cuda_agent.evaluate.context import Setup
 from cuda_agent.evaluate.decide import BASELINES, Rounds
 from cuda_agent.evaluate.degenerate import DegenerateReport
+from cuda_agent.evaluate.device_lock import DeviceLock
 from cuda_agent.evaluate.environment import describe_environment
 from cuda_agent.evaluate.outside import Draw, OutsideError
 from cuda_agent.evaluate.processes import new_job, spawn
@@ -137,8 +138,17 @@ def _baseline_sides(setup: Setup, reference: LiveReference) -> list[str]:
         return ["eager"]
     if reference.compiled is None:
         setup.on_stage("baseline", "torch.compile (once per task's reference process)")
-        reference.compiled = reference.channel.ask_typed("baseline", CompileRequest(seed=secrets.randbits(62)),
-                                                         CompileReply, setup.timeouts.baseline_s).to_dict()
+        compiled = reference.channel.ask_typed("baseline", CompileRequest(seed=secrets.randbits(62)),
+                                               CompileReply, setup.timeouts.baseline_s).to_dict()
+        error = compiled.get("compile_error") or ""
+        lock = setup.timing_lock
+        if "out of memory" in error and isinstance(lock, DeviceLock) and lock.step != "alone":
+            # Beside other evaluations the memory it lacked may have been theirs: kept, this error would drop the
+            # torch.compile baseline from this task's rewards (and its cached record) for good. The evaluator's
+            # ladder runs it again apart, then alone, where an error that remains is the task's own.
+            raise Stop("error", "baseline", f"torch.compile of the reference ran out of memory beside other "
+                                            f"evaluations: {error}")
+        reference.compiled = compiled
     return ["eager", "compile"] if "compile_error" not in reference.compiled else ["eager"]
 
 
