@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -195,6 +196,45 @@ def test_a_waiting_timing_round_goes_before_new_shares():
     assert run_together(long_share, timer, late_share), "deadlock"
     assert order.index("timed") < order.index("late share")
     assert overlapping(lock.holds) == []
+
+
+def test_an_evaluation_apart_times_before_the_timings_waiting_beside_it():
+    """The memory-hungry tasks wait for the apart turn to end, so its timing is the stream's critical path: it
+    goes before timings that were waiting first (three of them here; any order among them)."""
+    lock = DeviceLock(trace=True)
+    order: list[str] = []
+    holding, release = threading.Event(), threading.Event()
+
+    def holder():
+        with lock:
+            holding.set()
+            release.wait(10)
+
+    def timer(name: str, apart: bool):
+        holding.wait()
+        with lock.apart() if apart else contextlib.nullcontext():
+            with lock:
+                order.append(name)
+
+    def waiting(count: int) -> bool:
+        deadline = time.monotonic() + 5
+        while lock._writers_waiting < count and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return lock._writers_waiting >= count
+
+    threads = [threading.Thread(target=holder)]
+    threads += [threading.Thread(target=timer, args=(f"beside {i}", False)) for i in range(3)]
+    for thread in threads:
+        thread.start()
+    assert holding.wait(5) and waiting(3)
+    threads.append(threading.Thread(target=timer, args=("apart", True)))
+    threads[-1].start()
+    assert waiting(4)
+    release.set()
+    for thread in threads:
+        thread.join(10)
+    assert order[0] == "apart" and sorted(order[1:]) == ["beside 0", "beside 1", "beside 2"], order
+    assert overlapping(lock.holds) == [] and lock._apart_waiting == 0
 
 
 def test_nested_shares_do_not_wait_behind_a_writer_and_other_locks_are_untouched():

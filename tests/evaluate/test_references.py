@@ -6,6 +6,8 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from cuda_agent.evaluate.references import ReferencePool
 
 
@@ -152,3 +154,43 @@ def test_over_the_memory_bound_the_references_that_free_it_go_not_the_small_ones
     assert pool.take("relu") is None and pool.give_back(relu, healthy=True)
     assert kept["tanh"].closed and sigmoid.closed and not kept["gelu"].closed and not kept["softmax"].closed
     assert len(pool) == 3
+
+
+def test_torch_compile_out_of_memory_beside_others_goes_the_ladder_and_is_kept_only_alone():
+    """Kept beside other evaluations, an out-of-memory compile error would drop the torch.compile baseline from the
+    task's rewards (and its cached record) for good, although the memory it lacked may have been theirs."""
+    from types import SimpleNamespace
+
+    from cuda_agent.evaluate.channel import Stop
+    from cuda_agent.evaluate.device_lock import DeviceLock
+    from cuda_agent.evaluate.protocol import CompileReply
+    from cuda_agent.evaluate.reference_process import _baseline_sides
+
+    class Channel:
+        def __init__(self, error: str):
+            self.error, self.asked = error, 0
+
+        def ask_typed(self, stage, request, reply_type, timeout):
+            self.asked += 1
+            return CompileReply(compile_error=self.error)
+
+    oom = "OutOfMemoryError: CUDA out of memory. Tried to allocate 6.00 GiB"
+    lock = DeviceLock()
+    setup = SimpleNamespace(time_compile=True, on_stage=lambda *_: None, timing_lock=lock,
+                            timeouts=SimpleNamespace(baseline_s=60))
+    reference = SimpleNamespace(compiled=None, channel=Channel(oom))
+    with pytest.raises(Stop) as stopped:
+        _baseline_sides(setup, reference)
+    assert "out of memory" in stopped.value.reason and stopped.value.stage == "baseline"
+    assert reference.compiled is None  # asked again on the next try
+    with lock.apart(), pytest.raises(Stop):
+        _baseline_sides(setup, reference)
+    with lock.alone():  # nothing else on the GPU: the task's own error, eager alone is timed
+        assert _baseline_sides(setup, reference) == ["eager"]
+    assert "out of memory" in reference.compiled["compile_error"] and reference.channel.asked == 3
+    assert _baseline_sides(setup, reference) == ["eager"] and reference.channel.asked == 3  # once per process
+    # Another error beside others, or out of memory without a shared lock, is kept at once.
+    for lock_, error in ((lock, "BackendCompilerFailed: inductor"), (threading.Lock(), oom)):
+        other = SimpleNamespace(compiled=None, channel=Channel(error))
+        assert _baseline_sides(SimpleNamespace(**{**vars(setup), "timing_lock": lock_}), other) == ["eager"]
+        assert other.compiled["compile_error"] == error

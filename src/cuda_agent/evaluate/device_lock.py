@@ -25,7 +25,10 @@ where it runs out of memory apart as well is it run alone. Tasks are remembered 
 them (``apart_keys``, ``alone_keys``) and start there from then on: a stream of them would otherwise run
 out, and push others out, every time. A task need not run out first: one whose output is ``HUNGRY_SHARE`` of
 the GPU's memory or more goes apart from its first candidate on, as soon as its reference has loaded (the
-evaluator's ``_stop_if_hungry``, before the candidate's process has put anything on the device).
+evaluator's ``_stop_if_hungry``, before the candidate's process has put anything on the device; its reference's
+torch.compile is done there, beside the others, rather than in its apart turn). The apart turns are the stream's
+critical path (every memory-hungry evaluation waits for the one apart), so an evaluation apart that wants to time
+goes before the timings waiting beside it.
 
 With ``pause`` on, a share need not hold timing off for its whole length. Inside ``pausable(workers)`` an
 evaluation only waits for its reference process (its start, torch.compile): a slot that wants to time then stops
