@@ -256,19 +256,6 @@ def test_slots_on_one_device_share_one_reference_pool():
         assert pools[0] is pools[1] and pools[0].capacity == 2
 
 
-
-def test_a_slot_starts_its_spare_candidate_processes_with_the_service():
-    """Not with its first evaluation, which waited 13-16 s for its own process beside an eight-slot H200 stream's
-    first wave; nothing is started where the slot keeps no spares (the CPU default)."""
-    from cuda_agent.service import local_service
-
-    with local_service("cpu", slots=2, prestart=1, sandbox="none") as service:
-        spares = [list(state.slot.evaluator._spare) for state in service._slots]
-        assert [len(each) for each in spares] == [1, 1] and all(each[0].alive() for each in spares)
-    assert not any(each[0].alive() for each in spares)  # stopped with the service
-    with local_service("cpu", slots=1, sandbox="none") as service:
-        assert service._slots[0].slot.evaluator._spare == []
-
 @pytest.mark.parametrize("one_per_task", [True, False])
 def test_slots_sharing_references_take_one_job_of_a_task_at_a_time(one_per_task):
     """With ``one_per_task`` a free slot passes over a job of a task another slot is evaluating (it would wait

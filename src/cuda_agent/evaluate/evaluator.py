@@ -159,15 +159,6 @@ class Evaluator:
         lock = self.timing_lock
         return list(lock.spares) if isinstance(lock, DeviceLock) else [self._spare]
 
-    def start_spares(self) -> None:
-        """Start the candidate processes ``prestart`` asks for that are not started yet (nothing without it).
-        Each evaluation ends with this; a long-lived slot calls it at once too (``local_service``), or its first
-        evaluation starts its own process: 13-16 s beside the first wave of an eight-slot H200 stream, and the
-        replacement for a memory-hungry task's discarded attempt as long for its first apart turn (2026-12-01)."""
-        setup = self._setup()
-        while len(self._spare) < self.prestart:
-            self._spare.append(start_workers(setup))
-
     @property
     def backend(self) -> str:
         return self.device
@@ -381,7 +372,9 @@ class Evaluator:
                             f"may hold together ({self.references.bound / 1024**3:.1f} GiB)")
             else:
                 self.references.forfeit(ref.reference_key(setup, task))
-            self.start_spares()  # now, so they are ready when the next evaluations come
+            while len(self._spare) < self.prestart:
+                # Started now, so they are ready when the next evaluations come.
+                self._spare.append(start_workers(setup))
 
     # -- the stages -------------------------------------------------------------------
     def _run(self, run: Evaluation, built: BuildResult, modules: dict[str, str], timed: bool) -> None:

@@ -67,9 +67,8 @@ def local_service(device: str = "auto", *, slots: int | None = None, gpus: list[
     def make_slot(i: int) -> LocalSlot:
         lock = {"timing_lock": locks[indices[i]]} if shared else {}
         lock |= {"references": pools[indices[i]]} if pools else {}
-        evaluator = Evaluator(device, gpu_index=indices[i], **(options | lock))
-        evaluator.start_spares()  # with the service, not with its first evaluation (``Evaluator.start_spares``)
-        return LocalSlot(f"local-{i}" + (f"-gpu{indices[i]}" if indices[i] is not None else ""), evaluator)
+        return LocalSlot(f"local-{i}" + (f"-gpu{indices[i]}" if indices[i] is not None else ""),
+                         Evaluator(device, gpu_index=indices[i], **(options | lock)))
 
     # Compiles wait for every GPU's timing on this host, and its timing for them (evaluate.device_lock).
     builder = Evaluator(device, **({k: v for k, v in options.items() if k not in ("timing_lock", "references")}
@@ -105,7 +104,6 @@ class _EvaluatorActor:
 
     def __init__(self, device: str, options: dict[str, Any]):
         self.evaluator = Evaluator(device, **(long_lived(device) | options))
-        self.evaluator.start_spares()
 
     def run(self, job: dict[str, Any]) -> Any:
         return execute(self.evaluator, Job.from_dict(job))
