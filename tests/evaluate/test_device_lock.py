@@ -602,3 +602,43 @@ def test_a_timing_says_how_long_it_waited_for_its_neighbours():
 
     assert run_together(neighbour, timer)
     assert 0.2 <= waited["first"] < 5 and waited["again"] == 0.0
+
+
+@pytest.mark.slow
+def test_a_hungry_stop_leaves_the_untold_candidate_process_to_the_attempt_apart(cache_dir, examples, monkeypatch):
+    """Beside another evaluator the hungry check comes as soon as the reference has loaded, before the candidate's
+    process is told anything; stopped there, the same process serves the attempt apart (it had started already),
+    and so does the reference, with torch.compile done before the apart turn. (The size test is the GPU's: here
+    it is scripted to say "hungry" at the step beside others.)"""
+    from cuda_agent import Evaluator, load_candidate, load_task
+    from cuda_agent.evaluate import Timeouts, evaluator as evaluator_module
+    from cuda_agent.evaluate.channel import Stop
+
+    task = load_task(examples / "cpu_swish" / "model.py")
+    candidate = load_candidate(examples / "cpu_swish" / "solution")
+    lock = DeviceLock()
+    options = dict(cache_dir=cache_dir, timing_lock=lock, references=1, timeouts=Timeouts(check_s=60, load_s=180))
+    taken, asked = [], []
+    real_take = evaluator_module.take_workers
+
+    def take(spare, setup):
+        taken.append(real_take(spare, setup))
+        return taken[-1]
+
+    with Evaluator("cpu", **options) as evaluator, Evaluator("cpu", **options):  # a second slot on the device
+        def hungry(loaded, ahead=lambda: None):
+            asked.append((lock.step, loaded is not None, [w.job.joinpath("task.py").exists() for w in taken]))
+            if lock.step == "shared":
+                ahead()
+                raise Stop("error", "reference", "its output (scripted) is at least 1/64 of the GPU's memory",
+                           rule=MEMORY_HUNGRY)
+
+        monkeypatch.setattr(evaluator, "_stop_if_hungry", hungry)
+        monkeypatch.setattr(evaluator_module, "take_workers", take)
+        result = evaluator.evaluate(task, candidate)
+    assert result.status == "correct" and result.reward is not None, result.reason
+    assert asked == [("shared", True, [False])]  # once, beside others, the reference loaded, the job still empty
+    assert len(taken) == 2 and taken[0] is taken[1]  # the same process, untold, served the attempt apart
+    assert "reference process kept" in " ".join(result.notes)  # and the same reference
+    assert result.durations["baseline"] < 1.0  # torch.compile was done at the stop, before the apart turn
+    assert any("evaluated apart" in note and "1/64" in note for note in result.notes), result.notes

@@ -46,7 +46,7 @@ from cuda_agent.evaluate.processes import (
 )
 from cuda_agent.evaluate.protocol import LoadReply, LoadRequest, ReadyReply, ReadyRequest, ReleaseRequest, WeightsRequest
 from cuda_agent.evaluate.quiet import GpuQuiet, quiet_after_stops
-from cuda_agent.evaluate.references import REFERENCE_MEMORY, ReferencePool, kept_references
+from cuda_agent.evaluate.references import REFERENCE_MEMORY, LiveReference, ReferencePool, kept_references
 from cuda_agent.evaluate.result import EvalResult
 from cuda_agent.evaluate.rounds import CandidateRounds, time_rounds
 from cuda_agent.evaluate.verdict import decide
@@ -141,8 +141,8 @@ class Evaluator:
             self.timing_lock.spares.append(self._spare)
         weakref.finalize(self, close_all, self._spare, self.references)
 
-    def _pausable(self, run: Evaluation) -> contextlib.AbstractContextManager:
-        """A stretch of ``run`` in which its thread only waits for its reference process (the reference's start,
+    def _pausable(self, reference: LiveReference, candidate: Any) -> contextlib.AbstractContextManager:
+        """A stretch of an evaluation in which its thread only waits for its ``reference`` process (the reference's start,
         torch.compile): another slot's timing may stop both its processes rather than wait for the stretch to
         end (``DeviceLock.pausable``, where the lock's ``pause`` is on). The candidate's process is stopped too
         (it may be loading the task onto the GPU meanwhile), which is safe only because this evaluation does
@@ -152,7 +152,7 @@ class Evaluator:
         lock = self.timing_lock
         if not isinstance(lock, DeviceLock):
             return contextlib.nullcontext()
-        return lock.pausable(run.reference.channel.worker, run.candidate.worker)
+        return lock.pausable(reference.channel.worker, candidate)
 
     def _spare_groups(self) -> list[list[Workers]]:
         """The spare candidate processes to stop while this evaluator times: every evaluator's on its device."""
@@ -265,27 +265,46 @@ class Evaluator:
             result = self._attempt(task, candidate, build_result, timed)
         return None if self._out_of_memory(result) else result
 
+    def _beside_others(self) -> bool:
+        """Whether this attempt is at the step beside any evaluation, with other evaluators on its GPU."""
+        lock = self.timing_lock
+        # ``spares``: one list per evaluator on this GPU; alone on it, nothing is beside it to run out beside.
+        return isinstance(lock, DeviceLock) and len(lock.spares) >= 2 and lock.step == "shared"
+
+    def _hungry_first(self, setup: Setup, task: Task, reference: LiveReference, candidate: Any, result: EvalResult,
+                      timed: bool) -> None:
+        """Where ``_stop_if_hungry`` may stop this attempt, it is asked as soon as the reference has loaded, before
+        the candidate's process (started meanwhile) is told anything, so that it can serve the attempt apart."""
+        if not self._beside_others():
+            return
+        if reference.loaded is None:
+            clock = time.monotonic()
+            with self._pausable(reference, candidate):
+                ref.await_loaded(setup, reference)
+            result.durations["reference"] = round(time.monotonic() - clock, 3)  # ``_load`` adds its own
+        self._stop_if_hungry(reference.loaded, (lambda: self._baselines_ahead(setup, task, reference, candidate,
+                                                                               result)) if timed else (lambda: None))
+
     def _stop_if_hungry(self, loaded: LoadReply | None, ahead: Callable[[], None] = lambda: None) -> None:
         """An attempt beside any evaluation, of a task whose output is ``HUNGRY_SHARE`` of the GPU's memory or
         more, stops here, before the candidate's inputs are written, for ``evaluate`` to run it ``apart``; having
         done ``ahead`` first (``_baselines_ahead``)."""
-        lock = self.timing_lock
-        # ``spares``: one list per evaluator on this GPU; alone on it, nothing is beside it to run out beside.
-        if (not isinstance(lock, DeviceLock) or len(lock.spares) < 2 or lock.step != "shared" or loaded is None
-                or not loaded.device_bytes or loaded.output_bytes < HUNGRY_SHARE * loaded.device_bytes):
+        if (not self._beside_others() or loaded is None or not loaded.device_bytes
+                or loaded.output_bytes < HUNGRY_SHARE * loaded.device_bytes):
             return
         ahead()
         raise Stop("error", "reference", f"its output ({loaded.output_bytes / 1024**3:.1f} GiB) is at least "
                    f"1/{round(1 / HUNGRY_SHARE)} of the GPU's memory", rule=MEMORY_HUNGRY)
 
-    def _baselines_ahead(self, run: Evaluation) -> None:
+    def _baselines_ahead(self, setup: Setup, task: Task, reference: LiveReference, candidate: Any,
+                         result: EvalResult) -> None:
         """At the hungry stop the reference is loaded and the apart turn is still to come: torch.compile it now,
         beside the others (10-18 s of the H200's GB-output tasks, which each one's first candidate otherwise spent
         holding the apart turn that the other memory-hungry tasks wait for). The reference is kept for that turn,
         so it finds its compiled model there. Running out of memory here only leaves the compile to that turn."""
         try:
-            with self._pausable(run):
-                ref.baselines_for(run.setup, self.baselines, run.task, run.reference, run.result)
+            with self._pausable(reference, candidate):
+                ref.baselines_for(setup, self.baselines, task, reference, result)
         except Stop as stop:
             if "out of memory" not in stop.reason:
                 raise
@@ -338,9 +357,12 @@ class Evaluator:
         reference = self.references.take(ref.reference_key(setup, task))
         fresh = reference is None
         brackets = None
+        told = False  # whether the candidate's process has been told anything of this evaluation
         try:
             if reference is None:
                 reference = ref.launch(setup, task)
+            self._hungry_first(setup, task, reference, workers.candidate, result, timed)
+            told = True
             job = workers.job
             (job / "task.py").write_text(task.code)
             (job / "model_new.py").write_text(candidate.model_new)
@@ -353,8 +375,13 @@ class Evaluator:
         finally:
             if brackets is not None:
                 brackets.close()
-            workers.close()
             result.output = workers.candidate.output[-8000:]
+            if told or not workers.alive():
+                workers.close()
+            else:
+                # Stopped for ``apart`` before it was told anything: the apart attempt's, started already (a new
+                # one took 15 s to start beside the first wave of an eight-slot H200 stream, 2026-12-01).
+                self._spare.insert(0, workers)
             if reference is not None:
                 # Kept only if it is loaded and answers nothing still (an evaluation that stopped early
                 # may have left a request unanswered).
@@ -382,7 +409,7 @@ class Evaluator:
         are asked between stages, about what the candidate did since they last looked."""
         setup, result = run.setup, run.result
         own = own_kernels(setup, built, result)
-        signals, threads, integrity = self._load(run, modules, timed)
+        signals, threads, integrity = self._load(run, modules)
         stop_on("load", "while model_new.py was imported", signals, threads, integrity)
 
         stop_on("verify", "", Attributed(run_checks(run, own), setup.policy))
@@ -395,7 +422,7 @@ class Evaluator:
         run.reference.channel.ask("verify", ReleaseRequest(), 60)  # hold little memory while timing
 
         clock = time.monotonic()
-        with self._pausable(run):
+        with self._pausable(run.reference, run.candidate.worker):
             baseline, key = ref.baselines_for(setup, self.baselines, run.task, run.reference, result)
         result.durations["baseline"] = round(time.monotonic() - clock, 3)
 
@@ -427,7 +454,7 @@ class Evaluator:
         result.correct = True
         decide(setup, self.baselines, rounds, baseline, key, output_bytes, result, regions.outside_factor)
 
-    def _load(self, run: Evaluation, modules: dict[str, str], timed: bool) -> tuple[Signals, NewThreads, Integrity]:
+    def _load(self, run: Evaluation, modules: dict[str, str]) -> tuple[Signals, NewThreads, Integrity]:
         """The candidate imports its code while the reference loads (or is kept); then the weights and
         the output memory. Returns the watchers of the candidate's process, started before its code."""
         setup, result, candidate, reference = run.setup, run.result, run.candidate, run.reference
@@ -464,10 +491,9 @@ class Evaluator:
         # once the reference has loaded: a reference importing, compiling and warming up beside them (CI's 2
         # cores; the GPU's own work on an H100) spread their brackets by 0.1-2 ms, which loosens every later
         # region's limit by three times that. The candidate waits for the first GO meanwhile.
-        if run.fresh:
-            with self._pausable(run):
+        if reference.loaded is None:
+            with self._pausable(reference, candidate.worker):
                 ref.await_loaded(setup, reference)
-        self._stop_if_hungry(reference.loaded, (lambda: self._baselines_ahead(run)) if timed else (lambda: None))
         calibration = None
         if brackets is not None:
             self._write_inputs(run, brackets, integrity.pid)
@@ -477,7 +503,7 @@ class Evaluator:
             with setup.timing_lock, spares_stopped(*self._spare_groups()):
                 quiet_after_stops(setup, reference.channel)
                 calibration = brackets.serve_calibration(setup.timeouts.load_s)
-        result.durations["reference"] = round(time.monotonic() - clock, 3)
+        result.durations["reference"] = round(result.durations.get("reference", 0.0) + time.monotonic() - clock, 3)
         result.notes.append(f"reference process {'started' if run.fresh else 'kept'} "
                             f"({reference.evaluations} earlier evaluation(s))")
 
