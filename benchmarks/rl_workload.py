@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import faulthandler
 import json
 import os
 import random
@@ -637,7 +638,12 @@ def main() -> None:
     if args.alone_of and (args.no_alone or args.baseline_src):
         raise SystemExit("rl_workload: --alone-of runs only the pass alone: drop --no-alone and --baseline-src")
     earlier = earlier_stream(args.alone_of) if args.alone_of else None  # a bad file is said before a service starts
+    if args.max_seconds:
+        # Every thread's stack, once, if this run is still going well past its budget: a run the device tool
+        # killed at its 10-minute limit left one line and no clue (2026-12-01, the warm-up never answered).
+        faulthandler.dump_traceback_later(1.15 * args.max_seconds + 30)
     summaries = [("this tree", run(args, earlier))]
+    faulthandler.cancel_dump_traceback_later()  # the baseline tree, if any, is a process with a budget of its own
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(summaries[0][1], indent=1))
     if args.baseline_src:
