@@ -57,7 +57,8 @@
 #                                            # stream with a carried .data/prev/src if there is one (RL_TASKS,
 #                                            # RL_CONCURRENCY, RL_PER_GPU (slots sharing the GPU, this tree; default 2),
 #                                            # RL_SECONDS: the budget of each tree's run; RL_TREE=this or
-#                                            # prev: one tree alone in this call; RL_WARMUP=cuda_gelu: one
+#                                            # prev: one tree alone in this call; RL_TREE=side: both at once,
+#                                            # each on its own GPU (kind nvidia-h200-x2); RL_WARMUP=cuda_gelu: one
 #                                            # evaluation of it before each tree's clock starts;
 #                                            # RL_ALONE_OF=ROWS.jsonl: only the pass alone of an earlier stream;
 #                                            # RL_NO_PAUSE=1: timing waits for other slots' reference starts
@@ -311,6 +312,25 @@ rl_workload)
     if [ "${RL_TREE:-both}" = prev ]; then
         [ -d .data/prev/src ] || { echo "RL_TREE=prev: carry .data/prev/src" >&2; exit 2; }
         tree=$PWD/.data/prev/src per_gpu=1 extra=(--no-alone) name=rl_workload.baseline
+    fi
+    if [ "${RL_TREE:-both}" = side ]; then
+        # Both trees in one call at once, each on its own GPU and half the host's cores (kind nvidia-h200-x2: 16 of
+        # 32 each, as the one-GPU machine has): the baseline (the carried .data/prev/src, one slot, no pass alone)
+        # on GPU 0, this tree on GPU 1. Issue 34 asks for the two side by side in one run; one after the other they
+        # do not fit a call. Each service sizes its build pool from the host's count (16 workers, not 8), and the
+        # host CPU-s per evaluation (/proc/stat) counts both: read that one from calls of one tree.
+        [ -d .data/prev/src ] || { echo "RL_TREE=side: carry .data/prev/src" >&2; exit 2; }
+        [ "$(nvidia-smi -L | wc -l)" -ge 2 ] || { echo "RL_TREE=side: needs two GPUs (kind nvidia-h200-x2)" >&2; exit 2; }
+        half=$(( $(nproc) / 2 ))
+        common=(--device cuda --kernelbench .data/kernelbench/kernelbench.jsonl --tasks "${RL_TASKS:-8}"
+                --concurrency "${RL_CONCURRENCY:-16}" --max-seconds "${RL_SECONDS:-450}" ${RL_WARMUP:+--warmup "$RL_WARMUP"})
+        PYTHONPATH=$PWD/.data/prev/src taskset -c 0-$(( half - 1 )) python3 benchmarks/rl_workload.py "${common[@]}" \
+            --gpu 0 --per-gpu 1 --no-alone --out "$OUT/rl_workload.baseline.json" > "$OUT/rl_workload.baseline.log" 2>&1 &
+        PYTHONPATH=$tree taskset -c $half-$(( 2 * half - 1 )) python3 benchmarks/rl_workload.py "${common[@]}" \
+            --gpu 1 --per-gpu "${RL_PER_GPU:-8}" --out "$OUT/rl_workload.json" "$@" > "$OUT/rl_workload.log" 2>&1 &
+        wait
+        grep -v "^USDT" "$OUT/rl_workload.baseline.log" | tail -30; grep -v "^USDT" "$OUT/rl_workload.log" | tail -40
+        exit 0
     fi
     # RL_ALONE_OF=ROWS.jsonl (an earlier call's stream, e.g. under benchmarks/results): no stream, only the pass
     # alone over its candidates, compared with its rewards (the stream and the whole pass alone do not fit one call).

@@ -142,7 +142,7 @@ class Evaluator:
         weakref.finalize(self, close_all, self._spare, self.references)
 
     def _pausable(self, reference: LiveReference, candidate: Any) -> contextlib.AbstractContextManager:
-        """A stretch of an evaluation in which its thread only waits for its ``reference`` process (the reference's start,
+        """A stretch of an evaluation in which its thread only waits for its ``reference`` process (its start,
         torch.compile): another slot's timing may stop both its processes rather than wait for the stretch to
         end (``DeviceLock.pausable``, where the lock's ``pause`` is on). The candidate's process is stopped too
         (it may be loading the task onto the GPU meanwhile), which is safe only because this evaluation does
