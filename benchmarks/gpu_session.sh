@@ -317,8 +317,9 @@ rl_workload)
         # Both trees in one call at once, each on its own GPU and half the host's cores (kind nvidia-h200-x2: 16 of
         # 32 each, as the one-GPU machine has): the baseline (the carried .data/prev/src, one slot, no pass alone)
         # on GPU 0, this tree on GPU 1. Issue 34 asks for the two side by side in one run; one after the other they
-        # do not fit a call. Each service sizes its build pool from the host's count (16 workers, not 8), and the
-        # host CPU-s per evaluation (/proc/stat) counts both: read that one from calls of one tree.
+        # do not fit a call. This tree sizes its build pool from the cores it may use (8 workers, as on the one-GPU
+        # machine); the baseline's from the host's count (16). The host CPU-s per evaluation (/proc/stat) counts
+        # both streams: read that one from calls of one tree.
         [ -d .data/prev/src ] || { echo "RL_TREE=side: carry .data/prev/src" >&2; exit 2; }
         [ "$(nvidia-smi -L | wc -l)" -ge 2 ] || { echo "RL_TREE=side: needs two GPUs (kind nvidia-h200-x2)" >&2; exit 2; }
         half=$(( $(nproc) / 2 ))

@@ -18,7 +18,7 @@ from typing import Any
 
 from cuda_agent.build.diagnostics import Diagnostic, parse_diagnostics, summarize
 from cuda_agent.build.cache import ObjectCache
-from cuda_agent.build.toolchain import GLUE_OPT, KERNEL_OPT, Toolchain, ToolchainError, detect_toolchain
+from cuda_agent.build.toolchain import GLUE_OPT, KERNEL_OPT, Toolchain, ToolchainError, detect_toolchain, usable_cpus
 from cuda_agent.candidates import Candidate, Extension
 from cuda_agent.candidates.candidate import COMPILE_SUFFIXES
 from cuda_agent.paths import cache_root
@@ -240,7 +240,7 @@ def _compile_extensions(
             pch_state["pool"] = ThreadPoolExecutor(max_workers=1)
             pch_state["future"] = pch_state["pool"].submit(_ensure_pch, toolchain, work, sandbox, limits, objects, logs,
                                                            pch_state)
-        workers = max(1, min(len(plans) or 1, jobs or os.cpu_count() or 1))
+        workers = max(1, min(len(plans) or 1, jobs or usable_cpus()))
 
         def run_unit(plan: UnitPlan) -> tuple[UnitPlan, UnitOutcome]:
             header = pch_state["future"].result() if plan.pch else None

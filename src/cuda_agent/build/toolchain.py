@@ -149,6 +149,21 @@ def find_cuda_home() -> str | None:
     return None
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on: its affinity (a container's cpuset, ``taskset``), which
+    ``os.cpu_count()`` ignores: in a pod with 8 CPUs of a 128-core host that counts 128."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # no affinity call on this platform
+        return os.cpu_count() or 1
+
+
+def default_build_workers() -> int:
+    """Candidates compiled at once beside the evaluations: half the usable CPUs (a build compiles its own
+    translation units in parallel too)."""
+    return max(1, usable_cpus() // 2)
+
+
 def visible_gpus() -> list[dict[str, str]]:
     """GPUs as nvidia-smi lists them (no CUDA context in this process)."""
     if not shutil.which("nvidia-smi"):

@@ -6,7 +6,6 @@ built, so GPUs never wait on nvcc.
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 import time
@@ -14,7 +13,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from typing import Any, Callable, Iterable, Sequence, TypeVar
 
 from cuda_agent.build import BuildResult
-from cuda_agent.build.toolchain import visible_gpus
+from cuda_agent.build.toolchain import default_build_workers, visible_gpus
 from cuda_agent.candidates import Candidate
 from cuda_agent.evaluate.evaluator import Evaluator, long_lived, resolve_device
 from cuda_agent.evaluate.result import EvalResult
@@ -102,7 +101,7 @@ def evaluate_many(
         if on_result:
             on_result(position, result)
 
-    workers = build_workers or max(1, (os.cpu_count() or 2) // 2)
+    workers = build_workers or default_build_workers()
     try:
         with ThreadPoolExecutor(max_workers=workers) as build_pool, ThreadPoolExecutor(max_workers=len(indices)) as run_pool:
             builds: dict[Future, int] = {build_pool.submit(builder.build, c): i for i, (_t, c) in enumerate(pairs)}

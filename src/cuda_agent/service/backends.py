@@ -15,6 +15,7 @@ import os
 import threading
 from typing import Any
 
+from cuda_agent.build.toolchain import default_build_workers
 from cuda_agent.evaluate import Evaluator, Policy, TimingConfig, long_lived, resolve_device
 from cuda_agent.evaluate.device_lock import DeviceLock
 from cuda_agent.evaluate.pool import device_slots
@@ -73,7 +74,7 @@ def local_service(device: str = "auto", *, slots: int | None = None, gpus: list[
     # Compiles wait for every GPU's timing on this host, and its timing for them (evaluate.device_lock).
     builder = Evaluator(device, **({k: v for k, v in options.items() if k not in ("timing_lock", "references")}
                                    | {"prestart": False} | ({"build_lock": list(locks.values())} if locks else {})))
-    workers = (max(1, (os.cpu_count() or 2) // 2) if device == "cuda" else 0) if build_workers is None else build_workers
+    workers = (default_build_workers() if device == "cuda" else 0) if build_workers is None else build_workers
     if workers:
         # What every candidate's build shares (the glue's precompiled header, binding.cpp) is built now,
         # not by the first candidates, which waited 21-23 s for it on the H100 (a cached one returns at once).
