@@ -2,6 +2,7 @@
 the evaluator, time the worker spent on it) and the evaluator's own steps, as a timeline.
 
     python benchmarks/eval_profile.py --device cuda --example cuda_gelu --evaluations 3 --gap 8 --out profile.json
+    python benchmarks/eval_profile.py --solution level1_20 --kernelbench .data/kernelbench/kernelbench.jsonl
 
 Evaluations run on one long-lived evaluator (``prestart``) with ``--gap`` seconds between them, as
 after an agent's turn; the first fills the build and baseline caches. The timeline of the last one
@@ -18,15 +19,19 @@ import json
 import time
 from pathlib import Path
 
-from common import examples, timed
+from common import ROOT, examples, timed
 
-from cuda_agent import Evaluator
+from cuda_agent import Evaluator, load_candidate
+from cuda_agent.bench.solutions import task_of
+from cuda_agent.tasks import load_tasks
 from cuda_agent.sandbox.process import WorkerProcess
 
 # The package's ``evaluate`` name is the function, so the module is reached by its full name.
 evaluator_module = importlib.import_module("cuda_agent.evaluate.evaluator")
 processes = importlib.import_module("cuda_agent.evaluate.processes")
 reference_process = importlib.import_module("cuda_agent.evaluate.reference_process")
+checks = importlib.import_module("cuda_agent.evaluate.checks")
+brackets = importlib.import_module("cuda_agent.evaluate.brackets")
 EVENTS: list[dict] = []
 _START = [0.0]
 
@@ -75,6 +80,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     parser.add_argument("--example", default="cuda_gelu")
+    parser.add_argument("--solution", default=None, metavar="FOLDER",
+                        help="a benchmarks/solutions_kb folder (level1_20) instead of --example, with --kernelbench")
+    parser.add_argument("--kernelbench", type=Path, default=None, help="kernelbench.jsonl, for --solution")
     parser.add_argument("--evaluations", type=int, default=3)
     parser.add_argument("--gap", type=float, default=8.0)
     parser.add_argument("--out", type=Path, default=None)
@@ -88,8 +96,20 @@ def main() -> None:
     for name in ("build", "toolchain_imports"):
         trace(Evaluator, name)
     trace(processes.Workers, "close")
+    for name in ("check_rerun", "compare"):
+        trace(checks, name)
+    for name in ("run_checks", "check_timed_outputs"):  # imported by name there
+        trace(evaluator_module, name)
+    trace(brackets.CandidateBrackets, "keep_checked")
 
-    [(_, task, candidate)] = list(examples(args.device, [args.example]))
+    if args.solution:
+        if args.kernelbench is None or not args.kernelbench.is_file():
+            raise SystemExit(f"eval_profile: --solution needs --kernelbench kernelbench.jsonl (got {args.kernelbench})")
+        key = task_of(Path(args.solution))
+        [task] = [t for t in load_tasks(args.kernelbench) if (t.level, t.problem_id) == key]
+        candidate = load_candidate(ROOT / "benchmarks" / "solutions_kb" / args.solution)
+    else:
+        [(_, task, candidate)] = list(examples(args.device, [args.example]))
     runs = []
     with Evaluator(args.device, prestart=True) as evaluator:
         for index in range(args.evaluations):

@@ -33,6 +33,7 @@
 #   bash benchmarks/gpu_session.sh stability # end-of-region variants: rewards and spread over repeats
 #   bash benchmarks/gpu_session.sh region_cost # a warm evaluation's steps by wall clock (SPEED_EXAMPLES, EVALUATIONS,
 #                                            # PAUSE_POLLS: the stop's poll in ms, in turn)
+#   bash benchmarks/gpu_session.sh eval_profile # one evaluation's requests as a timeline (PROFILE_SOLUTIONS=level1_20 ...)
 #   bash benchmarks/gpu_session.sh profile   # eval_speed under cProfile, this tree and a carried .data/prev/src
 #   bash benchmarks/gpu_session.sh excess    # each evaluation's brackets against their limit, this tree and carried
 #                                            # ones in turn (EXCESS_TREES="alt this": .data/alt/src, then src;
@@ -367,6 +368,15 @@ region_cost)
     python3 benchmarks/probes/region_cost_probe.py --device cuda --kernelbench .data/kernelbench/kernelbench.jsonl \
         --examples ${SPEED_EXAMPLES:-cuda_gelu} --evaluations ${EVALUATIONS:-7} --pause-poll-ms ${PAUSE_POLLS:-1 0.1} \
         --out "$OUT/region_cost.jsonl" "$@" 2>&1 | tee "$OUT/region_cost.log" | grep -v "^USDT"
+    ;;
+eval_profile)
+    # Where one evaluation's seconds go, request by request, for KernelBench solutions (PROFILE_SOLUTIONS, folders
+    # of benchmarks/solutions_kb; PROFILE_EVALUATIONS each on one evaluator, the first fills the caches).
+    for solution in ${PROFILE_SOLUTIONS:-level1_20 level1_5}; do
+        python3 benchmarks/eval_profile.py --device cuda --solution "$solution" --kernelbench .data/kernelbench/kernelbench.jsonl \
+            --evaluations "${PROFILE_EVALUATIONS:-3}" --gap 1 --out "$OUT/eval_profile_$solution.json" 2>&1 \
+            | grep -v "^USDT" | tee "$OUT/eval_profile_$solution.log" | tail -90
+    done
     ;;
 profile)
     # Where a warm re-evaluation's seconds go: eval_speed under cProfile (the evaluator's thread), this tree and
