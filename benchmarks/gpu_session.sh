@@ -369,7 +369,17 @@ region_cost)
         --examples ${SPEED_EXAMPLES:-cuda_gelu} --evaluations ${EVALUATIONS:-7} --pause-poll-ms ${PAUSE_POLLS:-1 0.1} \
         --out "$OUT/region_cost.jsonl" "$@" 2>&1 | tee "$OUT/region_cost.log" | grep -v "^USDT"
     ;;
-eval_profile)
+eval_verify_costs)
+    # The steps of one check outside the evaluator (benchmarks/verify_costs.py), with the reference's default
+    # allocator and with the candidate's (expandable segments).
+    solutions=${PROFILE_SOLUTIONS:-level1_20 level1_5 level1_22 level1_23}
+    python3 benchmarks/verify_costs.py --kernelbench .data/kernelbench/kernelbench.jsonl $solutions \
+        --out "$OUT/verify_costs.json" 2>&1 | tee "$OUT/verify_costs.log"
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 benchmarks/verify_costs.py \
+        --kernelbench .data/kernelbench/kernelbench.jsonl $solutions --out "$OUT/verify_costs_expandable.json" 2>&1 \
+        | tee "$OUT/verify_costs_expandable.log"
+    ;;
+profile)
     # Where one evaluation's seconds go, request by request, for KernelBench solutions (PROFILE_SOLUTIONS, folders
     # of benchmarks/solutions_kb; PROFILE_EVALUATIONS each on one evaluator, the first fills the caches).
     for solution in ${PROFILE_SOLUTIONS:-level1_20 level1_5}; do
