@@ -34,6 +34,7 @@
 #   bash benchmarks/gpu_session.sh region_cost # a warm evaluation's steps by wall clock (SPEED_EXAMPLES, EVALUATIONS,
 #                                            # PAUSE_POLLS: the stop's poll in ms, in turn)
 #   bash benchmarks/gpu_session.sh eval_profile # one evaluation's requests as a timeline (PROFILE_SOLUTIONS=level1_20 ...)
+#   bash benchmarks/gpu_session.sh verify_costs # one check's steps outside the evaluator (benchmarks/verify_costs.py)
 #   bash benchmarks/gpu_session.sh profile   # eval_speed under cProfile, this tree and a carried .data/prev/src
 #   bash benchmarks/gpu_session.sh excess    # each evaluation's brackets against their limit, this tree and carried
 #                                            # ones in turn (EXCESS_TREES="alt this": .data/alt/src, then src;
@@ -369,7 +370,7 @@ region_cost)
         --examples ${SPEED_EXAMPLES:-cuda_gelu} --evaluations ${EVALUATIONS:-7} --pause-poll-ms ${PAUSE_POLLS:-1 0.1} \
         --out "$OUT/region_cost.jsonl" "$@" 2>&1 | tee "$OUT/region_cost.log" | grep -v "^USDT"
     ;;
-eval_verify_costs)
+verify_costs)
     # The steps of one check outside the evaluator (benchmarks/verify_costs.py), with the reference's default
     # allocator and with the candidate's (expandable segments).
     solutions=${PROFILE_SOLUTIONS:-level1_20 level1_5 level1_22 level1_23}
@@ -379,7 +380,7 @@ eval_verify_costs)
         --kernelbench .data/kernelbench/kernelbench.jsonl $solutions --out "$OUT/verify_costs_expandable.json" 2>&1 \
         | tee "$OUT/verify_costs_expandable.log"
     ;;
-profile)
+eval_profile)
     # Where one evaluation's seconds go, request by request, for KernelBench solutions (PROFILE_SOLUTIONS, folders
     # of benchmarks/solutions_kb; PROFILE_EVALUATIONS each on one evaluator, the first fills the caches).
     for solution in ${PROFILE_SOLUTIONS:-level1_20 level1_5}; do
