@@ -97,7 +97,18 @@ def wide_sum(values: Any) -> float:
     """The sum of a real tensor, accumulated in float64 a piece at a time."""
     import torch
 
-    return math.fsum(float(torch.sum(piece, dtype=torch.float64)) for _, (piece,) in pieces(values))
+    return math.fsum(read_all([torch.sum(piece, dtype=torch.float64) for _, (piece,) in pieces(values)]))
+
+
+def read_all(scalars: list[Any]) -> list[float]:
+    """One-element tensors' values, read from the device at once: one wait for the device, not one a
+    value (a GB-sized tensor is a hundred pieces; each wait beside another process's work on the GPU is
+    a turn of its time slice)."""
+    import torch
+
+    if not scalars:
+        return []
+    return torch.stack([s.reshape(()).to(torch.float64) for s in scalars]).tolist()
 
 
 def wide_squares(values: Any, finite_only: bool = False) -> float:
@@ -105,11 +116,17 @@ def wide_squares(values: Any, finite_only: bool = False) -> float:
     ``finite_only``, non-finite values count as zero."""
     import torch
 
-    total = 0.0
-    for _, (piece,) in pieces(values):
+    def norm(piece: Any, finite: bool = False) -> Any:
         piece = piece if piece.is_floating_point() else piece.double()
-        norm = float(torch.linalg.vector_norm(piece, 2, dtype=torch.float64))
-        if finite_only and not math.isfinite(norm):
-            norm = float(torch.linalg.vector_norm(torch.where(torch.isfinite(piece), piece, 0.0), 2, dtype=torch.float64))
-        total += norm * norm
+        if finite:
+            piece = torch.where(torch.isfinite(piece), piece, 0.0)
+        return torch.linalg.vector_norm(piece, 2, dtype=torch.float64)
+
+    norms = read_all([norm(piece) for _, (piece,) in pieces(values)])
+    if finite_only and not all(math.isfinite(n) for n in norms):
+        norms = [n if math.isfinite(n) else float(norm(piece, finite=True))
+                 for n, (_, (piece,)) in zip(norms, pieces(values))]
+    total = 0.0
+    for value in norms:
+        total += value * value
     return total

@@ -182,7 +182,7 @@ class CandidateBrackets:
         (``keep_checked``) rather than handed over by its code through shared host memory."""
         return isinstance(self.reader, GpuMemory)
 
-    def keep_checked(self, described: Any, timeout_s: float) -> None:
+    def keep_checked(self, described: Any, timeout_s: float, max_bytes: int = KEEP_MAX_BYTES) -> None:
         """A checked call's output (``RunReply.described``; its allocations follow on the brackets) copied by the
         reference while the process tree is stopped, for ``CompareRequest(kept=True)``: 1 GiB through shared
         host memory cost 45-50 ms a check on the H100, a copy between the GPU's own memory a millisecond or two."""
@@ -199,9 +199,9 @@ class CandidateBrackets:
             raise Stop("failed", "verify", f"a checked output: {exc}", rule="output-memory") from None
         self._stop()
         try:
-            if reader.keep(described, KEEP_MAX_BYTES) is None:
-                raise Stop("failed", "verify", f"a checked output is larger than the {KEEP_MAX_BYTES >> 30} GiB "
-                           "the evaluator keeps a copy of, where the task's expected output is not",
+            if reader.keep(described, max_bytes) is None:
+                raise Stop("failed", "verify", f"a checked output is larger than the {max_bytes / 2**30:.3g} GiB "
+                           "the evaluator keeps a copy of (twice the task's expected output, at least 2 GiB)",
                            rule="wrong-output")
         except OutsideError as exc:
             raise Stop("failed", "verify", f"a checked output, read from outside the candidate's process: {exc}",
