@@ -237,6 +237,52 @@ def test_an_evaluation_apart_times_before_the_timings_waiting_beside_it():
     assert overlapping(lock.holds) == [] and lock._apart_waiting == 0
 
 
+def test_a_timing_lets_an_evaluation_apart_time_between_its_rounds():
+    """A timing not apart, between two rounds, lets a waiting evaluation apart time and then goes on: the apart
+    turn waits for one round, not for the holder's whole timing. Its share stays given up meanwhile (it neither
+    holds the apart one off nor is taken back), and nothing else overlaps an exclusive hold."""
+    lock = DeviceLock(trace=True)
+    events: list[str] = []
+    first_round, apart_asks = threading.Event(), threading.Event()
+
+    def holder():
+        with lock.shared():
+            with lock:
+                events.append("round 1")
+                first_round.set()
+                apart_asks.wait(5)
+                deadline = time.monotonic() + 5
+                while not lock.apart_waits and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                events.append(f"let go: {lock.let_apart_time()}")
+                events.append("round 2")
+                events.append(f"again: {lock.let_apart_time()}")  # nobody apart waits now: it keeps the device
+                events.append("round 3")
+            assert lock._mine.shares == 1  # taken back once its timing ended
+
+    def hungry():
+        first_round.wait(5)
+        with lock.apart():
+            apart_asks.set()
+            with lock:
+                events.append("apart times")
+
+    assert run_together(holder, hungry)
+    assert events == ["round 1", "apart times", "let go: True", "round 2", "again: False", "round 3"], events
+    assert overlapping(lock.holds) == [] and lock._apart_waiting == 0 and lock._writers_waiting == 0
+    assert not lock._writer and lock._readers == 0
+
+
+def test_an_evaluation_apart_or_alone_never_lets_another_go_between_its_rounds():
+    lock = DeviceLock()
+    with lock.apart(), lock:
+        lock._apart_waiting = 1  # as if another apart one waited (apart=2)
+        assert not lock.apart_waits and not lock.let_apart_time()
+        lock._apart_waiting = 0
+    with lock.alone():
+        assert not lock.let_apart_time()
+
+
 def test_nested_shares_do_not_wait_behind_a_writer_and_other_locks_are_untouched():
     lock = DeviceLock()
     with lock.shared():
@@ -642,3 +688,57 @@ def test_a_hungry_stop_leaves_the_untold_candidate_process_to_the_attempt_apart(
     assert "reference process kept" in " ".join(result.notes)  # and the same reference
     assert result.durations["baseline"] < 1.0  # torch.compile was done at the stop, before the apart turn
     assert any("evaluated apart" in note and "1/64" in note for note in result.notes), result.notes
+
+
+@pytest.mark.slow
+def test_a_cpu_evaluation_lets_a_timing_apart_go_between_its_rounds_and_keeps_its_reward(
+        cache_dir, examples, monkeypatch):
+    """While an evaluation times its rounds, a timing apart asks for the device (as a memory-hungry evaluation's
+    does once it has loaded and checked: beside others, it holds its share until then); it times between two of
+    the evaluation's rounds, whose timing then goes on with the spares stopped again. The reward is the one it got
+    with no one waiting, and no exclusive hold overlaps another. (Held at the first round's end until the apart
+    one asks, so that the interleaving is certain.)"""
+    import importlib
+
+    from cuda_agent import Evaluator, load_candidate, load_task
+    from cuda_agent.evaluate import Timeouts
+
+    rounds_module = importlib.import_module("cuda_agent.evaluate.rounds")
+    task, candidate = load_task(examples / "cpu_swish" / "model.py"), load_candidate(examples / "cpu_swish" / "solution")
+    lock = DeviceLock(pause=True, trace=True)
+    in_rounds, let = threading.Event(), []
+    real = rounds_module._let_apart_time
+
+    def held_until_apart_asks(*args):
+        if threading.current_thread().name == "timing" and not let:
+            in_rounds.set()
+            deadline = time.monotonic() + 60
+            while not lock._apart_waiting and time.monotonic() < deadline:
+                time.sleep(0.01)
+            let.append(real(*args))
+            return let[-1]
+        return real(*args)
+
+    with Evaluator("cpu", cache_dir=cache_dir, timing_lock=lock, prestart=1,
+                   timeouts=Timeouts(check_s=60, load_s=180)) as evaluator:
+        alone = evaluator.evaluate(task, candidate)
+        monkeypatch.setattr(rounds_module, "_let_apart_time", held_until_apart_asks)
+        lock.holds.clear()
+        results = {}
+
+        def timing():
+            results["timing"] = evaluator.evaluate(task, candidate)
+
+        def hungry():
+            assert in_rounds.wait(120)
+            with lock.apart(), lock:
+                time.sleep(0.3)
+
+        assert run_together(timing, hungry, timeout=300)
+    assert results["timing"].status == "correct", results["timing"].reason
+    assert results["timing"].reward == alone.reward
+    assert let and let[0] >= 0.3  # it let the apart one time (0.3 s), then went on
+    mine = [h for h in lock.holds if h[1] == "exclusive" and h[0] == "timing"]
+    [theirs] = [h for h in lock.holds if h[1] == "exclusive" and h[0] == "hungry"]
+    assert any(a[3] <= theirs[2] and theirs[3] <= b[2] for a in mine for b in mine), lock.holds
+    assert overlapping(lock.holds) == [] and lock._apart_waiting == lock._writers_waiting == 0
