@@ -2,7 +2,6 @@
 
 import math
 import random
-import time
 
 import pytest
 
@@ -121,29 +120,6 @@ def test_rounds_rotate_the_order_and_stop_once_decided():
     never = run_rounds({"candidate": side("candidate", 1.0)}, {"candidate": Plan(4, 1)}, config,
                        undecided=lambda r: True)
     assert never.count("candidate") == config.rounds_max
-
-
-def test_the_rounds_budget_leaves_out_the_time_spent_between_rounds():
-    """A timing that lets an evaluation apart time between its rounds (``DeviceLock.let_apart_time``) keeps its
-    whole budget: how many rounds it runs must not depend on what else shared the device."""
-    config = TimingConfig(rounds_min=3, rounds_max=8, budget_s=0.15)
-    waited = []
-
-    def between():
-        time.sleep(0.1)
-        waited.append(0.1)
-        return 0.1
-
-    def candidate(first, trials, count):
-        time.sleep(0.01)
-        return [1.0] * trials
-
-    rounds = run_rounds({"candidate": candidate}, {"candidate": Plan(2, 1)}, config, undecided=lambda r: True,
-                        between=between)
-    assert rounds.count("candidate") == config.rounds_max and len(waited) == config.rounds_max
-    cut = run_rounds({"candidate": candidate}, {"candidate": Plan(2, 1)}, config, undecided=lambda r: True,
-                     between=lambda: (time.sleep(0.1), 0.0)[1])  # the same waits, counted: the budget ends it
-    assert cut.count("candidate") < config.rounds_max
 
 
 def test_interleaving_cancels_a_slow_spell_that_one_sided_timing_turns_into_a_wrong_reward():

@@ -205,12 +205,9 @@ class Rounds:
 
 def run_rounds(sides: dict[str, Side], plans: dict[str, Plan], config: TimingConfig,
                undecided: Callable[[Rounds], bool], rounds: Rounds | None = None,
-               on_round: Callable[[int, Rounds], None] | None = None,
-               between: Callable[[], float] | None = None) -> Rounds:
+               on_round: Callable[[int, Rounds], None] | None = None) -> Rounds:
     """Time every side once per round, in a rotating order, for at least ``rounds_min`` rounds and
-    while ``undecided(rounds)`` holds, up to ``rounds_max`` rounds and ``budget_s`` seconds.
-    ``between`` (after each round) returns the seconds it spent not timing, which the budget does not
-    count: a round less would change the decision's confidence with what else shared the device."""
+    while ``undecided(rounds)`` holds, up to ``rounds_max`` rounds and ``budget_s`` seconds."""
     rounds = rounds or Rounds()
     started = time.monotonic()
     names = list(sides)
@@ -225,8 +222,6 @@ def run_rounds(sides: dict[str, Side], plans: dict[str, Plan], config: TimingCon
             next_call[name] += plan.trials * plan.calls
         if on_round:
             on_round(number + 1, rounds)
-        if between:
-            started += between()
     return rounds
 
 

@@ -134,7 +134,6 @@ class DeviceLock:
             self._writers_waiting -= 1
             self._apart_waiting -= apart
             self._writer = True
-            self._mine.writing = True
             self._mine.since = time.monotonic()
             stopping = list(self._windows.values())
             for window in stopping:
@@ -158,34 +157,12 @@ class DeviceLock:
             for window in stopped:
                 window.paused = False
             self._writer = False
-            self._mine.writing = False
             self._record("exclusive", self._mine.since)
             self._cond.notify_all()
             given_up = getattr(self._mine, "given_up", 0)
             self._mine.given_up = 0
             if given_up:
                 self._take_share(given_up)
-
-    @property
-    def apart_waits(self) -> bool:
-        """Whether an evaluation apart waits to time while this thread, not apart, holds the exclusive side."""
-        return (bool(self._apart_waiting) and getattr(self._mine, "writing", False)
-                and not getattr(self._mine, "apart", False) and not getattr(self._mine, "alone", 0))
-
-    def let_apart_time(self) -> bool:
-        """Between two rounds of a timing not apart: where an evaluation apart waits to time, it times now and this
-        thread waits for the exclusive side again (its share stays given up). The apart turns are the stream's
-        critical path; apart-first alone ordered only the timings still waiting, so a turn waited for the holder's
-        whole timing (9-20 s behind a small task's first evaluation or slow candidate on the H200). Whether it
-        let one go. The caller lets its spares go before and stops them again after (``rounds.time_rounds``)."""
-        with self._cond:
-            if not self.apart_waits:
-                return False
-        given_up, self._mine.given_up = getattr(self._mine, "given_up", 0), 0
-        self._release_exclusive()  # nothing given up to take back: the share stays given up
-        self._acquire_exclusive()  # behind the one apart (it goes first), with no share to give up
-        self._mine.given_up = given_up
-        return True
 
     # -- the shared side ------------------------------------------------------------------
     @contextlib.contextmanager

@@ -428,8 +428,7 @@ class Evaluator:
 
         clock = time.monotonic()
         base = secrets.randbits(62)
-        rounds, log = time_rounds(setup, run.reference.channel, baseline, result,
-                                  lambda: spares_stopped(*self._spare_groups()),
+        rounds, log = time_rounds(setup, run.reference.channel, baseline, result, spares_stopped(*self._spare_groups()),
                                   CandidateRounds(run.candidate, base, signals, integrity, run.brackets,
                                                   run.gpu_quiet, run.call_bytes,
                                                   run.reference.loaded.device_bytes if run.reference.loaded else 0))
@@ -580,7 +579,7 @@ class Evaluator:
         process also runs ``check_degenerate``'s check: the record gets ``degenerate`` (a
         ``DegenerateReport``), or ``degenerate_error`` if it could not run."""
         return ref.baseline(self._setup(), self.baselines, self.references, task, refresh, degenerate,
-                            lambda: spares_stopped(*self._spare_groups()))
+                            spares_stopped(*self._spare_groups()))
 
     def check_degenerate(self, task: Task, draws: int = 3) -> DegenerateReport:
         """Whether trivial candidates (zeros, a constant, an input, an input's mean)

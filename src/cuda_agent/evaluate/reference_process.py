@@ -10,7 +10,7 @@ import hashlib
 import os
 import secrets
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 from cuda_agent.evaluate.baseline import BaselineCache, baseline_key
 from cuda_agent.evaluate.channel import Channel, Stop
@@ -182,9 +182,9 @@ def keep_baseline(setup: Setup, cache: BaselineCache, key: str, rounds: Rounds, 
 
 
 def baseline(setup: Setup, cache: BaselineCache, pool: ReferencePool, task: Task, refresh: bool, degenerate: bool,
-             quiet: Callable[[], contextlib.AbstractContextManager]) -> dict[str, Any]:
+             quiet: contextlib.AbstractContextManager) -> dict[str, Any]:
     """``Evaluator.baseline``: the cached record, or the baselines measured now in rounds of their own
-    until each one's per-round spread is small enough (``quiet()``: entered while they are timed)."""
+    until each one's per-round spread is small enough (``quiet``: entered while they are timed)."""
     environment = describe_environment(setup.device, setup.gpu_index)
     key = baseline_key(task.digest, environment, setup.policy.to_dict(), setup.timing.to_dict(), setup.device)
     cached = None if refresh else cached_baseline(setup, cache, key)
@@ -213,7 +213,7 @@ def baseline(setup: Setup, cache: BaselineCache, pool: ReferencePool, task: Task
 
 
 def _measure_baselines(setup: Setup, cache: BaselineCache, key: str, reference: LiveReference, result: EvalResult,
-                       quiet: Callable[[], contextlib.AbstractContextManager]) -> dict[str, Any]:
+                       quiet: contextlib.AbstractContextManager) -> dict[str, Any]:
     """The baselines alone, in rounds, until each one's per-round spread is small enough."""
     baseline = _timed_baselines(setup, reference, cache=True)
     wide = lambda r: any(r.spread(side) > setup.timing.baseline_spread for side in baseline["sides"])  # noqa: E731

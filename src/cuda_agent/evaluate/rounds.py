@@ -17,7 +17,6 @@ from cuda_agent.evaluate.brackets import CandidateBrackets
 from cuda_agent.evaluate.channel import Channel, Stop
 from cuda_agent.evaluate.context import Setup
 from cuda_agent.evaluate.decide import Plan, Rounds, run_rounds, speedups, reward_settled
-from cuda_agent.evaluate.device_lock import DeviceLock
 from cuda_agent.evaluate.protocol import CalibrateReply, CalibrateRequest, CallRecord, TimeReply, TimeRequest
 from cuda_agent.evaluate.records import RECORDED_PER_REGION
 from cuda_agent.evaluate.pressure import Pressure
@@ -60,13 +59,12 @@ class CandidateRounds:
 
 
 def time_rounds(setup: Setup, reference: Channel, baseline: dict[str, Any], result: EvalResult,
-                quiet: Callable[[], contextlib.AbstractContextManager], candidate: CandidateRounds | None = None,
+                quiet: contextlib.AbstractContextManager, candidate: CandidateRounds | None = None,
                 undecided: Callable[[Rounds], bool] | None = None) -> tuple[Rounds, CandidateLog | None]:
     """Time the candidate (if any) and the baselines in interleaved rounds until every decision is
     confident (or ``undecided`` says no more are needed). Returns the rounds and what the candidate's
-    rounds left: records, outside clock. ``quiet()``: entered under the timing lock, for the rounds
-    (the spare candidate processes stopped); again after each time an evaluation apart timed between two
-    rounds (``DeviceLock.let_apart_time``)."""
+    rounds left: records, outside clock. ``quiet``: entered under the timing lock, for the rounds
+    (the spare candidate processes stopped)."""
     config = setup.timing
     fixed = {side: stats["median_ms"] for side, stats in baseline["fixed"].items()}
     sides: dict[str, Callable[[int, int, int], list[float]]] = {}
@@ -76,8 +74,7 @@ def time_rounds(setup: Setup, reference: Channel, baseline: dict[str, Any], resu
     # Work found on the GPU before a baseline's region is another process's unless the candidate's code ran.
     gpu_quiet = candidate.gpu_quiet if candidate is not None and candidate.gpu_quiet is not None else (
         GpuQuiet(reference, setup.timeouts.check_s))
-    with setup.timing_lock, contextlib.ExitStack() as spares:
-        spares.enter_context(quiet())
+    with setup.timing_lock, quiet:
         quiet_after_stops(setup, reference)
         if baseline.get("sides") and baseline.get("cache"):
             clock = time.monotonic()
@@ -117,8 +114,7 @@ def time_rounds(setup: Setup, reference: Channel, baseline: dict[str, Any], resu
         pressure = Pressure()
         sides = {side: pressure.wrap(side, call) for side, call in sides.items()}
         try:
-            run_rounds(sides, plans, config, undecided, rounds, on_round=lambda n, r: _report_round(setup, n, r),
-                       between=lambda: _let_apart_time(setup, reference, spares, quiet))
+            run_rounds(sides, plans, config, undecided, rounds, on_round=lambda n, r: _report_round(setup, n, r))
         finally:
             if candidate is not None:
                 candidate.channel.worker.resume()
@@ -146,26 +142,6 @@ def time_rounds(setup: Setup, reference: Channel, baseline: dict[str, Any], resu
             f"GPU is held before it ({log.hold_us:.0f} us{source}): the GPU waited for the host in {late['late']} of "
             f"{late['regions']} regions, and that time counts (fewer launches or less Python per call shorten it)")
     return rounds, log
-
-
-def _let_apart_time(setup: Setup, reference: Channel, spares: contextlib.ExitStack,
-                    quiet: Callable[[], contextlib.AbstractContextManager]) -> float:
-    """Between two rounds: an evaluation apart that waits to time goes now (``DeviceLock.let_apart_time``); this
-    one's candidate stands stopped meanwhile (as after every round) and its reference idle. The spares are let go
-    for that timing to stop them itself and stopped again after (the list may have changed), and the GPU's queued
-    work waited out again. The seconds it took, which the rounds' budget does not count."""
-    lock = setup.timing_lock
-    if not isinstance(lock, DeviceLock) or not lock.apart_waits:
-        return 0.0
-    clock = time.monotonic()
-    spares.close()
-    try:
-        setup.on_stage("profile", "an evaluation apart times between two rounds")
-        lock.let_apart_time()
-    finally:
-        spares.enter_context(quiet())
-    quiet_after_stops(setup, reference)
-    return time.monotonic() - clock
 
 
 def candidate_hold(setup: Setup, reference: Channel, plan: Plan, eager_host_us: float | None) -> float:
