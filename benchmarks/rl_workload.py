@@ -369,9 +369,10 @@ def summarise(args, stream: list[dict], alone: list[dict], seconds: float, cpu_s
         "alone": sum(r.get("memory_step") == "alone" for r in stream),
         # Parts of an evaluation's stages spent waiting: for the exclusive side (neighbours' shares, or their
         # stops with --pause-neighbours), for NVML to call the GPU idle before baselines are timed to be cached
-        # (with the device held), and for a candidate process to be ready. None in trees without them.
+        # (with the device held), for a candidate process to be ready, to take a share behind timings, and (the
+        # evaluations apart) for the turn of the one apart before. None in trees without them.
         **{f"{wait}_median_s": _median([r["durations"][wait] for r in stream if wait in r["durations"]])
-           for wait in ("wait_timing", "wait_idle", "wait_ready")},
+           for wait in ("wait_timing", "wait_idle", "wait_ready", "wait_share", "wait_apart")},
         "unexpected": [{"task": r["task"], "variant": r["variant"], "status": r["status"], "reason": r["reason"]}
                        for r in stream if r["status"] != r["expected"]],
         "by_variant": {v: {"n": sum(r["variant"] == v for r in stream),
@@ -402,6 +403,8 @@ def table(summaries: list[tuple[str, dict]]) -> str:
               ("waiting for the timing side, median s", "wait_timing_median_s"),
               ("waiting for NVML's idle GPU (device held), median s", "wait_idle_median_s"),
               ("waiting for a candidate process, median s", "wait_ready_median_s"),
+              ("waiting for a share behind timings, median s", "wait_share_median_s"),
+              ("waiting for the apart turn (those apart), median s", "wait_apart_median_s"),
               ("evaluated again alone (out of memory beside another)", "reran_alone"),
               ("evaluated apart from memory-hungry ones", "apart"), ("evaluated with the GPU alone", "alone"),
               ("status not as intended", "unexpected"), ("stream vs alone compared", "compared"),

@@ -604,6 +604,28 @@ def test_a_timing_says_how_long_it_waited_for_its_neighbours():
     assert 0.2 <= waited["first"] < 5 and waited["again"] == 0.0
 
 
+def test_a_share_says_how_long_it_waited_behind_timings():
+    lock = DeviceLock()
+    timing = threading.Event()
+    waited = {}
+
+    def timer():
+        with lock:
+            timing.set()
+            time.sleep(0.3)
+
+    def evaluation():
+        assert timing.wait(5)
+        with lock.shared():
+            pass
+        with lock.shared():  # no timing in the way: adds next to nothing
+            pass
+        waited["first"], waited["again"] = lock.take_share_waited(), lock.take_share_waited()
+
+    assert run_together(timer, evaluation)
+    assert 0.2 <= waited["first"] < 5 and waited["again"] == 0.0
+
+
 @pytest.mark.slow
 def test_a_hungry_stop_leaves_the_untold_candidate_process_to_the_attempt_apart(cache_dir, examples, monkeypatch):
     """Beside another evaluator the hungry check comes as soon as the reference has loaded, before the candidate's
@@ -642,3 +664,6 @@ def test_a_hungry_stop_leaves_the_untold_candidate_process_to_the_attempt_apart(
     assert "reference process kept" in " ".join(result.notes)  # and the same reference
     assert result.durations["baseline"] < 1.0  # torch.compile was done at the stop, before the apart turn
     assert any("evaluated apart" in note and "1/64" in note for note in result.notes), result.notes
+    # What the apart attempt waited for: the turn (nobody else apart: next to nothing), its share, timings.
+    assert 0 <= result.durations["wait_apart"] < 1.0
+    assert result.durations["wait_share"] >= 0 and result.durations["wait_timing"] >= 0

@@ -226,6 +226,13 @@ class DeviceLock:
         waited, self._mine.waited = getattr(self._mine, "waited", 0.0), 0.0
         return round(waited, 3)
 
+    def take_share_waited(self) -> float:
+        """Seconds this thread waited to take a share since it last asked: behind timings holding or waiting for the
+        exclusive side (waiting writers go first), at an evaluation's start and after each of its timings
+        (``durations["wait_share"]``)."""
+        waited, self._mine.share_waited = getattr(self._mine, "share_waited", 0.0), 0.0
+        return round(waited, 3)
+
     @property
     def paused(self) -> int:
         """How many evaluations' processes this thread's timing stopped (their queued GPU work may still run)."""
@@ -282,8 +289,10 @@ class DeviceLock:
             self._readers += count
             self._mine.shares += count
             return
+        asked = time.monotonic()
         while self._writer or self._writers_waiting:
             self._cond.wait()
+        self._mine.share_waited = getattr(self._mine, "share_waited", 0.0) + time.monotonic() - asked
         self._readers += count
         self._mine.shares = getattr(self._mine, "shares", 0) + count
         self._mine.share_since = time.monotonic()

@@ -233,6 +233,7 @@ class Evaluator:
         lock = self.timing_lock if isinstance(self.timing_lock, DeviceLock) else None
         if lock is not None:
             lock.take_waited()  # from here: this attempt's waits only
+            lock.take_share_waited()
         try:
             self._evaluate(task, candidate, build_result, result, timed)
         except Stop as stop:
@@ -243,6 +244,8 @@ class Evaluator:
         if lock is not None:
             # Part of the "reference" and "profile" stages, not beside them: the wait for neighbours on the device.
             result.durations["wait_timing"] = lock.take_waited()
+            # Before any stage (its start) or inside "profile" and "reference" (after a timing): behind timings.
+            result.durations["wait_share"] = lock.take_share_waited()
         return result
 
     def _attempt_alone(self, task: Task, candidate: Candidate, build_result: BuildResult | None,
@@ -261,8 +264,12 @@ class Evaluator:
         """``_attempt`` beside other evaluations but not beside another one apart (``DeviceLock.apart``); None
         where it runs out of device memory even so (whether or not others were beside it: the memory of one
         that has just ended may still be going), for the caller to run it alone."""
+        asked = time.monotonic()
         with self.timing_lock.apart():
+            waited = time.monotonic() - asked
             result = self._attempt(task, candidate, build_result, timed)
+        # Before any stage: the turn of the evaluation apart before it (the memory-hungry tasks' chain).
+        result.durations["wait_apart"] = round(waited, 3)
         return None if self._out_of_memory(result) else result
 
     def _beside_others(self) -> bool:
