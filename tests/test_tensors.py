@@ -9,7 +9,7 @@ import pytest
 
 import cuda_agent.tensors as tensors
 from cuda_agent.evaluate.compare import compare_outputs
-from cuda_agent.tensors import pieces, wide_squares, wide_sum
+from cuda_agent.tensors import pieces, read_all, wide_squares, wide_sum
 
 torch = pytest.importorskip("torch")
 
@@ -34,6 +34,16 @@ def test_pieces_of_two_tensors_are_aligned(monkeypatch):
         n = pa.numel()
         assert torch.equal(pa.reshape(-1), a.reshape(-1)[start:start + n])
         assert torch.equal(pb.reshape(-1), b.reshape(-1)[start:start + n])
+
+
+def test_read_all_gives_each_one_element_tensors_value_exactly():
+    # Counts, flags, indices and float32 maxima alike, in their order: a float64 holds each exactly.
+    values = [torch.tensor(2**40 + 1), torch.tensor(True), torch.tensor([7]), torch.tensor(0.1, dtype=torch.float32),
+              torch.tensor(float("nan")), torch.tensor(-float("inf"))]
+    read = read_all(values)
+    assert read[:4] == [2**40 + 1, 1.0, 7.0, float(torch.tensor(0.1, dtype=torch.float32))]
+    assert math.isnan(read[4]) and read[5] == -math.inf
+    assert read_all([]) == []
 
 
 def test_wide_reductions_match_one_pass_in_float64(monkeypatch):
