@@ -19,11 +19,9 @@ import json
 import time
 from pathlib import Path
 
-from common import ROOT, examples, timed
+from common import ROOT, examples, kernelbench_tasks, timed
 
 from cuda_agent import Evaluator, load_candidate
-from cuda_agent.bench.solutions import task_of
-from cuda_agent.tasks import load_tasks
 from cuda_agent.sandbox.process import WorkerProcess
 
 # The package's ``evaluate`` name is the function, so the module is reached by its full name.
@@ -103,10 +101,7 @@ def main() -> None:
     trace(brackets.CandidateBrackets, "keep_checked")
 
     if args.solution:
-        if args.kernelbench is None or not args.kernelbench.is_file():
-            raise SystemExit(f"eval_profile: --solution needs --kernelbench kernelbench.jsonl (got {args.kernelbench})")
-        key = task_of(Path(args.solution))
-        [task] = [t for t in load_tasks(args.kernelbench) if (t.level, t.problem_id) == key]
+        [task] = kernelbench_tasks(args.kernelbench, [args.solution])
         candidate = load_candidate(ROOT / "benchmarks" / "solutions_kb" / args.solution)
     else:
         [(_, task, candidate)] = list(examples(args.device, [args.example]))

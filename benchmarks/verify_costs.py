@@ -16,12 +16,12 @@ from pathlib import Path
 
 import torch
 
-from cuda_agent.bench.solutions import task_of
+from common import kernelbench_tasks
+
 from cuda_agent.evaluate.compare import compare_outputs, precision_allowance
 from cuda_agent.evaluate.shared import SharedBuffer
 from cuda_agent.evaluate.side import fingerprint, init_inputs, make_inputs, pin_precision, seed_everything
 from cuda_agent.evaluate.transfer import packed_bytes, read_outputs, write_outputs
-from cuda_agent.tasks import load_tasks
 from cuda_agent.tasks.task import exec_task_module
 from cuda_agent.tensors import tensor_bytes
 
@@ -91,10 +91,9 @@ def main() -> None:
     args = parser.parse_args()
     global DEVICE
     DEVICE = args.device
-    tasks = {(t.level, t.problem_id): t for t in load_tasks(args.kernelbench)}
     rows = {}
-    for name in args.solutions:
-        rows[name] = one_task(tasks[task_of(Path(name))], args.repeats)
+    for name, task in zip(args.solutions, kernelbench_tasks(args.kernelbench, args.solutions)):
+        rows[name] = one_task(task, args.repeats)
         if DEVICE == "cuda":
             torch.cuda.empty_cache()
         print(name, json.dumps(rows[name]), flush=True)
