@@ -237,6 +237,62 @@ def test_an_evaluation_apart_times_before_the_timings_waiting_beside_it():
     assert overlapping(lock.holds) == [] and lock._apart_waiting == 0
 
 
+def test_an_evaluation_apart_takes_its_share_after_the_timings_waiting_before_it_not_after_later_ones():
+    """Waiting timings go before new shares, but an evaluation apart (the memory-hungry chain) waits only for those
+    that asked before it: a timing asking after it waits for its share to end, and a plain share asking after that
+    timing still waits for the timing."""
+    lock = DeviceLock(trace=True)
+    order: list[str] = []
+    holding, release = threading.Event(), threading.Event()
+
+    def holder():
+        with lock:
+            holding.set()
+            release.wait(10)
+
+    def timer(name: str):
+        with lock:
+            order.append(name)
+
+    def apart_share():
+        with lock.apart():
+            with lock.shared():
+                order.append("apart share")
+                time.sleep(0.2)
+            order.append("apart share done")
+
+    def plain_share():
+        with lock.shared():
+            order.append("plain share")
+
+    def started(target, *args, until) -> threading.Thread:
+        thread = threading.Thread(target=target, args=args, name=target.__name__ + "".join(args))
+        thread.start()
+        deadline = time.monotonic() + 5
+        while not until() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert until(), f"{thread.name} is not waiting"
+        return thread
+
+    threads = [threading.Thread(target=holder)]
+    threads[0].start()
+    assert holding.wait(5)
+    threads.append(started(timer, "timed before", until=lambda: lock._writers_waiting == 1))
+    threads.append(started(apart_share, until=lambda: len(lock._apart_share_tickets) == 1))
+    threads.append(started(timer, "timed after", until=lambda: lock._writers_waiting == 2))
+    threads.append(threading.Thread(target=plain_share))
+    threads[-1].start()
+    time.sleep(0.05)
+    release.set()
+    for thread in threads:
+        thread.join(10)
+    assert not any(thread.is_alive() for thread in threads), "deadlock"
+    assert order.index("timed before") < order.index("apart share") < order.index("apart share done") \
+        < order.index("timed after") < order.index("plain share"), order
+    assert overlapping(lock.holds) == []
+    assert (lock._timing_tickets, lock._apart_share_tickets, lock._writers_waiting) == (set(), set(), 0)
+
+
 def test_nested_shares_do_not_wait_behind_a_writer_and_other_locks_are_untouched():
     lock = DeviceLock()
     with lock.shared():

@@ -7,7 +7,11 @@ load, the checks run, the timed outputs are read), and *exclusively* where what 
 be disturbed (the brackets' no-op regions and the timing rounds). An evaluation that holds it shared
 and asks for it exclusively gives up its share first and takes it back after, so two evaluations that
 both want to time never wait on each other's share. Waiting writers go first: a stream of new
-evaluations cannot keep a timing round waiting.
+evaluations cannot keep a timing round waiting. Not first before an evaluation apart (below) that asks for its
+share: it waits for the timings that were waiting when it asked, and timings that ask after it wait for it (a
+ticket each, in order of asking). Behind every waiting timing, the turns of the memory-hungry chain waited for
+whole runs of the small tasks' timings that came after them (the H200's stream, session 58: 19 s of one 36 s gap
+in the chain were in no stage of its turn).
 
 Used as a plain context manager (``with lock:``) it is the exclusive side, so it stands wherever the
 evaluator takes its ``timing_lock``; ``shared_use`` gives the shared side of a ``DeviceLock`` and nothing
@@ -85,6 +89,11 @@ class DeviceLock:
         self._writer = False
         self._writers_waiting = 0
         self._apart_waiting = 0  # of those, evaluations apart: they go first
+        # Tickets, in order of asking, of the timings waiting (``_writers_waiting`` of them) and of the evaluations
+        # apart waiting for a share: between those two, first come first served.
+        self._tickets = 0
+        self._timing_tickets: set[int] = set()
+        self._apart_share_tickets: set[int] = set()
         self._mine = threading.local()  # this thread's shares (an evaluation's thread holds at most one)
         self._grants = 0  # shares ever taken: a change during a hold means another evaluation came
         self._occupants = 0  # outermost shared holds in progress, counted while their share is given up to time
@@ -126,13 +135,17 @@ class DeviceLock:
             self._writers_waiting += 1
             apart = getattr(self._mine, "apart", False)
             self._apart_waiting += apart
-            # Shares held inside pausable stretches do not hold timing off: those are stopped instead. An
-            # evaluation apart goes before other timings: the memory-hungry tasks wait for its turn to end.
-            while (self._writer or self._readers - sum(w.shares for w in self._windows.values())
-                   or (self._apart_waiting and not apart)):
-                self._cond.wait()
-            self._writers_waiting -= 1
-            self._apart_waiting -= apart
+            ticket = self._ticket(self._timing_tickets)
+            try:
+                # Shares held inside pausable stretches do not hold timing off: those are stopped instead. An
+                # evaluation apart goes before other timings: the memory-hungry tasks wait for its turn to end.
+                while (self._writer or self._readers - sum(w.shares for w in self._windows.values())
+                       or (self._apart_waiting and not apart) or self._earlier(ticket, self._apart_share_tickets)):
+                    self._cond.wait()
+            finally:
+                self._timing_tickets.discard(ticket)
+                self._writers_waiting -= 1
+                self._apart_waiting -= apart
             self._writer = True
             self._mine.since = time.monotonic()
             stopping = list(self._windows.values())
@@ -290,12 +303,30 @@ class DeviceLock:
             self._mine.shares += count
             return
         asked = time.monotonic()
-        while self._writer or self._writers_waiting:
-            self._cond.wait()
+        if getattr(self._mine, "apart", False):
+            ticket = self._ticket(self._apart_share_tickets)
+            try:
+                while self._writer or self._earlier(ticket, self._timing_tickets):
+                    self._cond.wait()
+            finally:
+                self._apart_share_tickets.discard(ticket)
+                self._cond.notify_all()  # a timing that asked after it waits for this ticket, then for the share
+        else:
+            while self._writer or self._writers_waiting:
+                self._cond.wait()
         self._mine.share_waited = getattr(self._mine, "share_waited", 0.0) + time.monotonic() - asked
         self._readers += count
         self._mine.shares = getattr(self._mine, "shares", 0) + count
         self._mine.share_since = time.monotonic()
+
+    def _ticket(self, waiting: set[int]) -> int:
+        self._tickets += 1
+        waiting.add(self._tickets)
+        return self._tickets
+
+    @staticmethod
+    def _earlier(ticket: int, waiting: set[int]) -> bool:
+        return any(other < ticket for other in waiting)
 
     def _record(self, mode: str, since: float) -> None:
         if self.holds is not None:
