@@ -241,8 +241,8 @@ class DeviceLock:
 
     def take_share_waited(self) -> float:
         """Seconds this thread waited to take a share since it last asked: behind timings holding or waiting for the
-        exclusive side (waiting writers go first), at an evaluation's start and after each of its timings
-        (``durations["wait_share"]``)."""
+        exclusive side (waiting writers go first; for an evaluation apart, those that asked before it), at an
+        evaluation's start and after each of its timings (``durations["wait_share"]``)."""
         waited, self._mine.share_waited = getattr(self._mine, "share_waited", 0.0), 0.0
         return round(waited, 3)
 
