@@ -637,6 +637,50 @@ def test_a_cpu_slot_times_while_another_slots_reference_starts_and_both_rewards_
     assert "reference process kept" in " ".join(results["kept"].notes)
 
 
+@pytest.mark.slow
+def test_a_timing_does_not_wait_for_an_evaluation_whose_candidate_process_is_still_starting(cache_dir, examples,
+                                                                                            monkeypatch):
+    """An evaluation without a spare ready waits for its candidate's process to start (16-18 s beside an H200
+    stream's second wave): in a pausable stretch, so another slot's timing stops its processes rather than waiting
+    for it, and the evaluation is still correct (here the start is held 4 s longer, and a timing asks meanwhile)."""
+    from cuda_agent import Evaluator, load_candidate, load_task
+    from cuda_agent.evaluate import Timeouts
+    from cuda_agent.evaluate.channel import Channel
+    from cuda_agent.evaluate.protocol import ReadyRequest
+
+    task = load_task(examples / "cpu_swish" / "model.py")
+    candidate = load_candidate(examples / "cpu_swish" / "solution")
+    lock = DeviceLock(pause=True)
+    starting, timed = threading.Event(), {}
+    ask_typed = Channel.ask_typed
+
+    def slow_start(self, stage, request, reply_type, timeout_s):
+        if isinstance(request, ReadyRequest):
+            starting.set()
+            time.sleep(4)  # the process still starting
+        return ask_typed(self, stage, request, reply_type, timeout_s)
+
+    monkeypatch.setattr(Channel, "ask_typed", slow_start)
+    results = {}
+    with Evaluator("cpu", cache_dir=cache_dir, timing_lock=lock, references=1,
+                   timeouts=Timeouts(check_s=60, load_s=180)) as evaluator:
+
+        def evaluation():
+            results["starting"] = evaluator.evaluate(task, candidate)
+
+        def timer():
+            assert starting.wait(120)
+            time.sleep(0.5)
+            asked = time.monotonic()
+            with lock:
+                timed["waited"] = time.monotonic() - asked
+
+        assert run_together(evaluation, timer, timeout=300)
+    assert results["starting"].status == "correct", results["starting"].reason
+    assert timed["waited"] < 2, timed  # not the 3.5 s left of the candidate process's start
+    assert lock.stops >= 1  # it stopped the starting evaluation's processes (their share overlaps the timing)
+
+
 def test_a_timing_says_how_long_it_waited_for_its_neighbours():
     lock = DeviceLock()
     holding = threading.Event()

@@ -143,12 +143,12 @@ class Evaluator:
 
     def _pausable(self, reference: LiveReference, candidate: Any) -> contextlib.AbstractContextManager:
         """A stretch of an evaluation in which its thread only waits for its ``reference`` process (its start,
-        torch.compile): another slot's timing may stop both its processes rather than wait for the stretch to
-        end (``DeviceLock.pausable``, where the lock's ``pause`` is on). The candidate's process is stopped too
-        (it may be loading the task onto the GPU meanwhile), which is safe only because this evaluation does
-        not stop and let go of it itself inside these stretches: its own stops (outputs read from outside while
-        it stands still, its regions) interleaved with another slot's would let it run inside one. So never the
-        checks."""
+        torch.compile) or for its candidate's process to finish starting: another slot's timing may stop both its
+        processes rather than wait for the stretch to end (``DeviceLock.pausable``, where the lock's ``pause`` is
+        on). The candidate's process is stopped too (it may be loading the task onto the GPU meanwhile, or still
+        starting CUDA), which is safe only because this evaluation does not stop and let go of it itself inside
+        these stretches: its own stops (outputs read from outside while it stands still, its regions) interleaved
+        with another slot's would let it run inside one. So never the checks."""
         lock = self.timing_lock
         if not isinstance(lock, DeviceLock):
             return contextlib.nullcontext()
@@ -472,7 +472,13 @@ class Evaluator:
         # is over.
         brackets = run.brackets
         asked = time.monotonic()
-        ready = candidate.ask_typed("load", ReadyRequest(bell=brackets is not None), ReadyReply, setup.timeouts.load_s)
+        # A candidate process still starting (no spare ready: 16-18 s beside the second wave of an eight-slot H200
+        # stream) is waited for in a pausable stretch: held as a plain share, that wait held every slot's timing off
+        # (the apart turn's among them: 21 s of its wait for the timing side, session 59). Nothing of the candidate's
+        # has run in it yet; spares still starting are stopped the same way while anything is timed.
+        with self._pausable(reference, candidate.worker):
+            ready = candidate.ask_typed("load", ReadyRequest(bell=brackets is not None), ReadyReply,
+                                        setup.timeouts.load_s)
         # Part of the "reference" stage: a candidate process still starting (no spare ready) costs this much.
         result.durations["wait_ready"] = round(time.monotonic() - asked, 3)
         signals = Signals(candidate)
