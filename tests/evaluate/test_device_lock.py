@@ -27,6 +27,20 @@ def run_together(*functions, timeout: float = 10) -> bool:
     return not any(t.is_alive() for t in threads)
 
 
+
+def exclusive_holder(lock: DeviceLock) -> tuple[threading.Thread, threading.Event, threading.Event]:
+    """A started thread holding ``lock``'s exclusive side from ``holding`` until ``release`` is set."""
+    holding, release = threading.Event(), threading.Event()
+
+    def holder():
+        with lock:
+            holding.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=holder, name="holder")
+    thread.start()
+    return thread, holding, release
+
 def test_shares_overlap_and_timing_has_the_device_alone():
     lock = DeviceLock(trace=True)
     both_in = threading.Barrier(2, timeout=5)
@@ -203,12 +217,7 @@ def test_an_evaluation_apart_times_before_the_timings_waiting_beside_it():
     goes before timings that were waiting first (three of them here; any order among them)."""
     lock = DeviceLock(trace=True)
     order: list[str] = []
-    holding, release = threading.Event(), threading.Event()
-
-    def holder():
-        with lock:
-            holding.set()
-            release.wait(10)
+    held, holding, release = exclusive_holder(lock)
 
     def timer(name: str, apart: bool):
         holding.wait()
@@ -222,10 +231,10 @@ def test_an_evaluation_apart_times_before_the_timings_waiting_beside_it():
             time.sleep(0.01)
         return lock._writers_waiting >= count
 
-    threads = [threading.Thread(target=holder)]
-    threads += [threading.Thread(target=timer, args=(f"beside {i}", False)) for i in range(3)]
+    threads = [threading.Thread(target=timer, args=(f"beside {i}", False)) for i in range(3)]
     for thread in threads:
         thread.start()
+    threads.append(held)
     assert holding.wait(5) and waiting(3)
     threads.append(threading.Thread(target=timer, args=("apart", True)))
     threads[-1].start()
@@ -243,12 +252,7 @@ def test_an_evaluation_apart_takes_its_share_after_the_timings_waiting_before_it
     timing still waits for the timing."""
     lock = DeviceLock(trace=True)
     order: list[str] = []
-    holding, release = threading.Event(), threading.Event()
-
-    def holder():
-        with lock:
-            holding.set()
-            release.wait(10)
+    held, holding, release = exclusive_holder(lock)
 
     def timer(name: str):
         with lock:
@@ -274,8 +278,7 @@ def test_an_evaluation_apart_takes_its_share_after_the_timings_waiting_before_it
         assert until(), f"{thread.name} is not waiting"
         return thread
 
-    threads = [threading.Thread(target=holder)]
-    threads[0].start()
+    threads = [held]
     assert holding.wait(5)
     threads.append(started(timer, "timed before", until=lambda: lock._writers_waiting == 1))
     threads.append(started(apart_share, until=lambda: len(lock._apart_share_tickets) == 1))
