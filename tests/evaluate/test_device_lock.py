@@ -227,9 +227,9 @@ def test_an_evaluation_apart_times_before_the_timings_waiting_beside_it():
 
     def waiting(count: int) -> bool:
         deadline = time.monotonic() + 5
-        while lock._writers_waiting < count and time.monotonic() < deadline:
+        while len(lock._timing_tickets) < count and time.monotonic() < deadline:
             time.sleep(0.01)
-        return lock._writers_waiting >= count
+        return len(lock._timing_tickets) >= count
 
     threads = [threading.Thread(target=timer, args=(f"beside {i}", False)) for i in range(3)]
     for thread in threads:
@@ -280,9 +280,9 @@ def test_an_evaluation_apart_takes_its_share_after_the_timings_waiting_before_it
 
     threads = [held]
     assert holding.wait(5)
-    threads.append(started(timer, "timed before", until=lambda: lock._writers_waiting == 1))
+    threads.append(started(timer, "timed before", until=lambda: len(lock._timing_tickets) == 1))
     threads.append(started(apart_share, until=lambda: len(lock._apart_share_tickets) == 1))
-    threads.append(started(timer, "timed after", until=lambda: lock._writers_waiting == 2))
+    threads.append(started(timer, "timed after", until=lambda: len(lock._timing_tickets) == 2))
     threads.append(threading.Thread(target=plain_share))
     threads[-1].start()
     time.sleep(0.05)
@@ -293,7 +293,7 @@ def test_an_evaluation_apart_takes_its_share_after_the_timings_waiting_before_it
     assert order.index("timed before") < order.index("apart share") < order.index("apart share done") \
         < order.index("timed after") < order.index("plain share"), order
     assert overlapping(lock.holds) == []
-    assert (lock._timing_tickets, lock._apart_share_tickets, lock._writers_waiting) == (set(), set(), 0)
+    assert (lock._timing_tickets, lock._apart_share_tickets, lock._apart_waiting) == (set(), set(), 0)
 
 
 def test_nested_shares_do_not_wait_behind_a_writer_and_other_locks_are_untouched():

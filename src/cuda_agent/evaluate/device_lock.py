@@ -87,12 +87,11 @@ class DeviceLock:
         self._cond = threading.Condition()
         self._readers = 0
         self._writer = False
-        self._writers_waiting = 0
-        self._apart_waiting = 0  # of those, evaluations apart: they go first
-        # Tickets, in order of asking, of the timings waiting (``_writers_waiting`` of them) and of the evaluations
-        # apart waiting for a share: between those two, first come first served.
+        # Tickets, in order of asking, of the timings waiting and of the evaluations apart waiting for a share:
+        # between those two, first come first served.
         self._tickets = 0
         self._timing_tickets: set[int] = set()
+        self._apart_waiting = 0  # of the timings waiting, evaluations apart: they go first
         self._apart_share_tickets: set[int] = set()
         self._mine = threading.local()  # this thread's shares (an evaluation's thread holds at most one)
         self._grants = 0  # shares ever taken: a change during a hold means another evaluation came
@@ -132,7 +131,6 @@ class DeviceLock:
                 self._record("shared", self._mine.share_since)
                 self._cond.notify_all()
             self._mine.given_up = given_up
-            self._writers_waiting += 1
             apart = getattr(self._mine, "apart", False)
             self._apart_waiting += apart
             ticket = self._ticket(self._timing_tickets)
@@ -144,7 +142,6 @@ class DeviceLock:
                     self._cond.wait()
             finally:
                 self._timing_tickets.discard(ticket)
-                self._writers_waiting -= 1
                 self._apart_waiting -= apart
             self._writer = True
             self._mine.since = time.monotonic()
@@ -312,7 +309,7 @@ class DeviceLock:
                 self._apart_share_tickets.discard(ticket)
                 self._cond.notify_all()  # a timing that asked after it waits for this ticket, then for the share
         else:
-            while self._writer or self._writers_waiting:
+            while self._writer or self._timing_tickets:
                 self._cond.wait()
         self._mine.share_waited = getattr(self._mine, "share_waited", 0.0) + time.monotonic() - asked
         self._readers += count
