@@ -52,13 +52,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import ROOT, examples  # noqa: E402
+from common import ROOT, examples, kernelbench_tasks  # noqa: E402
 
 import cuda_agent  # noqa: E402
 from cuda_agent import load_candidate  # noqa: E402
 from cuda_agent.bench.solutions import task_of  # noqa: E402
 from cuda_agent.service import Job, local_service  # noqa: E402
-from cuda_agent.tasks import load_tasks  # noqa: E402
 
 SOLUTIONS = ROOT / "benchmarks" / "solutions_kb"
 VARIANTS = ("honest", "slow", "wrong", "broken")
@@ -168,13 +167,9 @@ def task_set(device: str, kernelbench: Path | None, limit: int | None) -> list[t
         if kernelbench is None or not kernelbench.is_file():
             raise SystemExit(f"rl_workload: --kernelbench {kernelbench} is not a file; pass kernelbench.jsonl "
                              "(or set KERNELBENCH_DATA to its folder).")
-        tasks = {(t.level, t.problem_id): t for t in load_tasks(kernelbench)}
-        found = []
-        for folder in sorted(SOLUTIONS.glob("level*"), key=lambda p: task_of(Path(p.name)) or (0, 0)):
-            key = task_of(Path(folder.name))
-            if key not in tasks:
-                raise SystemExit(f"rl_workload: {kernelbench} has no task {key} for {folder.name}.")
-            found.append((folder.name, tasks[key], load_candidate(folder)))
+        folders = sorted(SOLUTIONS.glob("level*"), key=lambda p: task_of(Path(p.name)) or (0, 0))
+        tasks = kernelbench_tasks(kernelbench, [folder.name for folder in folders])
+        found = [(folder.name, task, load_candidate(folder)) for folder, task in zip(folders, tasks)]
     return found[:limit] if limit else found
 
 
