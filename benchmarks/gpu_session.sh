@@ -69,7 +69,8 @@
 #                                            # RL_APART=N: memory-hungry evaluations at once)
 #   bash benchmarks/gpu_session.sh edit_to_reward # issue 34: source to reward after a one-line kernel edit, this
 #                                            # tree beside a carried .data/prev/src (EDITS, SPEED_EXAMPLES), then
-#                                            # the shared GPU's out-of-memory rerun (tests/gpu/test_gpu_device_lock.py)
+#                                            # the shared GPU's out-of-memory rerun (tests/gpu/test_gpu_device_lock.py);
+#                                            # EDIT_TREE=this: this tree's edits only
 #   bash benchmarks/gpu_session.sh train_demo # cuda-agent train demo --device cuda (TRAIN_STEPS), into $OUT/train_demo
 #   bash benchmarks/gpu_session.sh train_tests      # the training stages on the GPU (tests/gpu/test_gpu_train.py)
 #   bash benchmarks/gpu_session.sh train_throughput # 0.5B/1.5B generation, evaluation and update at 32k
@@ -344,10 +345,12 @@ rl_workload)
         | tee "$OUT/$name.log" | grep -v "^USDT" | tail -60
     ;;
 edit_to_reward)
-    baseline=""; [ -d .data/prev/src ] && baseline="--baseline-src .data/prev/src"
+    # EDIT_TREE=this: this tree only and no device-lock test after it (~140 s for the two examples), to share a call.
+    baseline=""; [ -d .data/prev/src ] && [ "${EDIT_TREE:-both}" != this ] && baseline="--baseline-src .data/prev/src"
     python3 benchmarks/edit_to_reward.py --device cuda --examples ${SPEED_EXAMPLES:-cuda_gelu cuda_row_softmax} \
         --edits "${EDITS:-3}" --out "$OUT/edit_to_reward.json" $baseline "$@" 2>&1 | tee "$OUT/edit_to_reward.log" \
         | grep -v "^USDT" | tail -30
+    [ "${EDIT_TREE:-both}" = this ] && exit 0
     python3 -m pytest -m gpu -q -s -p no:cacheprovider --timeout 300 -rf tests/gpu/test_gpu_device_lock.py 2>&1 \
         | tee "$OUT/gpu_device_lock.log" | tail -15
     ;;

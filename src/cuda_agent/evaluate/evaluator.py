@@ -406,9 +406,13 @@ class Evaluator:
                             f"may hold together ({self.references.bound / 1024**3:.1f} GiB)")
             else:
                 self.references.forfeit(ref.reference_key(setup, task))
-            while len(self._spare) < self.prestart:
-                # Started now, so they are ready when the next evaluations come.
-                self._spare.append(start_workers(setup))
+            self._top_up(setup, self.prestart)  # started now, so they are ready when the next evaluations come
+
+    def _top_up(self, setup: Setup, count: int) -> None:
+        """Candidate processes started ahead until this evaluator holds ``count``. Called inside its device share: a
+        timing, which stops every slot's spares, reads these lists only while no slot holds one."""
+        while len(self._spare) < count:
+            self._spare.append(start_workers(setup))
 
     # -- the stages -------------------------------------------------------------------
     def _run(self, run: Evaluation, built: BuildResult, modules: dict[str, str], timed: bool) -> None:
@@ -417,6 +421,10 @@ class Evaluator:
         setup, result = run.setup, run.result
         own = own_kernels(setup, built, result)
         signals, threads, integrity = self._load(run, modules)
+        # One spare is started now, once this evaluation's own processes are up, not only as it ends: the next
+        # evaluation takes the oldest spare at once, and one started at the end was the one it waited for (21-22 s
+        # each, three of the second wave of an eight-slot H200 stream, 24 starting together; session 59).
+        self._top_up(setup, min(1, self.prestart))
         stop_on("load", "while model_new.py was imported", signals, threads, integrity)
 
         stop_on("verify", "", Attributed(run_checks(run, own), setup.policy))
