@@ -27,6 +27,13 @@ def run_together(*functions, timeout: float = 10) -> bool:
     return not any(t.is_alive() for t in threads)
 
 
+def eventually(condition, timeout: float = 5) -> bool:
+    """Whether ``condition()`` holds within ``timeout`` seconds (another thread gets there meanwhile)."""
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return condition()
+
 
 def exclusive_holder(lock: DeviceLock) -> tuple[threading.Thread, threading.Event, threading.Event]:
     """A started thread holding ``lock``'s exclusive side from ``holding`` until ``release`` is set."""
@@ -40,6 +47,7 @@ def exclusive_holder(lock: DeviceLock) -> tuple[threading.Thread, threading.Even
     thread = threading.Thread(target=holder, name="holder")
     thread.start()
     return thread, holding, release
+
 
 def test_shares_overlap_and_timing_has_the_device_alone():
     lock = DeviceLock(trace=True)
@@ -226,10 +234,7 @@ def test_an_evaluation_apart_times_before_the_timings_waiting_beside_it():
                 order.append(name)
 
     def waiting(count: int) -> bool:
-        deadline = time.monotonic() + 5
-        while len(lock._timing_tickets) < count and time.monotonic() < deadline:
-            time.sleep(0.01)
-        return len(lock._timing_tickets) >= count
+        return eventually(lambda: len(lock._timing_tickets) >= count)
 
     threads = [threading.Thread(target=timer, args=(f"beside {i}", False)) for i in range(3)]
     for thread in threads:
@@ -272,10 +277,7 @@ def test_an_evaluation_apart_takes_its_share_after_the_timings_waiting_before_it
     def started(target, *args, until) -> threading.Thread:
         thread = threading.Thread(target=target, args=args, name=target.__name__ + "".join(args))
         thread.start()
-        deadline = time.monotonic() + 5
-        while not until() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert until(), f"{thread.name} is not waiting"
+        assert eventually(until), f"{thread.name} is not waiting"
         return thread
 
     threads = [held]
@@ -625,9 +627,7 @@ def test_a_cpu_slot_times_while_another_slots_reference_starts_and_both_rewards_
             results["sleepy"] = second.evaluate(sleepy, candidate)
 
         def timing():
-            deadline = time.monotonic() + 60
-            while not lock._windows and time.monotonic() < deadline:  # the other's reference is starting
-                time.sleep(0.05)
+            eventually(lambda: lock._windows, timeout=60)  # the other's reference is starting
             results["kept"] = first.evaluate(task, candidate)
 
         assert run_together(starting, timing, timeout=300)
