@@ -16,7 +16,7 @@ from cuda_agent.evaluate.channel import Stop
 from cuda_agent.evaluate.outside import OutsideError, ProcessMemory as OutsideReader, describe
 from cuda_agent.evaluate.policy import TimingConfig
 from cuda_agent.evaluate.records import OUTPUT_VALUES, positions
-from cuda_agent.evaluate.region_clock import Overhead, judge, overhead
+from cuda_agent.evaluate.region_clock import FLOOR_MS, Overhead, judge, overhead, span_ms, times
 from cuda_agent.evaluate.regions import (CONT, GO, HEADER, Bell, BellError, BellFailed, Ringer, decode_calls, encode_calls,
                                          thread_times)
 from cuda_agent.evaluate.timing import time_round
@@ -173,145 +173,109 @@ def test_no_datagram_in_time_is_an_error_naming_the_region():
     bell.close()
 
 
-def test_the_judgement_passes_agreeing_clocks_and_fails_a_forged_time():
+def _bracket(outside_ms: float, *, let_go_ms: float = 0.0, waited_ms: float = 0.0, cpu_ms: float = 0.0,
+             after_us: float = 0.0, blind_ms: float = 0.0):
+    """A region GO at 1 ms, DONE ``outside_ms`` later; let go ``let_go_ms`` before GO; on a GPU probed ``blind_ms``
+    after DONE for ``after_us``."""
     from cuda_agent.evaluate.regions import Bracket
 
-    def bracket(outside_ms: float) -> Bracket:
-        return Bracket(0, 0, 0, 1_000_000, 1_000_000 + int(outside_ms * 1e6))
+    done = 1_000_000 + int(outside_ms * 1e6)
+    return Bracket(0, 0, 0, 1_000_000, done, waited_ns=int(waited_ms * 1e6), let_go_ns=int(let_go_ms * 1e6),
+                   thread_cpu_ns=int(cpu_ms * 1e6), after_done_us=after_us,
+                   probed_ns=done + int(blind_ms * 1e6) if after_us or blind_ms else 0)
 
-    cost = overhead([bracket(0.05 + 0.001 * i) for i in range(5)], [0.0] * 5, hold_us=0.0)
+
+def test_a_regions_time_is_the_evaluators_whatever_the_process_reported():
+    """The reward's time is the bracket less the brackets' own cost calibrated before the candidate's code loaded;
+    the candidate's own report is a diagnostic (``agreement``): a forged report changes no time."""
+    cost = overhead([_bracket(0.05 + 0.001 * i) for i in range(5)], [0.0] * 5, hold_us=0.0)
     assert isinstance(cost, Overhead) and cost.median_ms == pytest.approx(0.052)
-    honest = judge([bracket(2.05)] * 9, [2.0] * 9, cost, 0.0, slack=0.05, region_us=20)
-    assert honest.ok and honest.agreement == pytest.approx(0.999, abs=0.01)
-    forged = judge([bracket(2.05)] * 9, [1.0] * 9, cost, 0.0, slack=0.05, region_us=20)
-    assert not forged.ok and forged.agreement == pytest.approx(2.0, abs=0.01)
-    # Run-queue waits over-counted while the brackets' cost was measured (a busy host) cannot make it
-    # smaller than the harness's own CPU time there.
-    busy = [Bracket(0, 0, 0, 1_000_000, 1_000_000 + 2_000_000, waited_ns=1_990_000, cpu_ns=40_000) for _ in range(5)]
+    assert times([_bracket(2.052)] * 3, cost, 0.0) == pytest.approx([2.0] * 3)
+    honest = judge([_bracket(2.052)] * 9, [2.0] * 9, cost, 0.0)
+    forged = judge([_bracket(2.052)] * 9, [1.0] * 9, cost, 0.0)
+    assert honest.outside_ms == forged.outside_ms == pytest.approx(2.0)
+    assert honest.agreement == pytest.approx(1.0) and forged.agreement == pytest.approx(2.0)
+    # A region whose hold is longer than the calibration's is that much less.
+    assert times([_bracket(2.552)], cost, 500.0) == pytest.approx([2.0])
+    # Never zero or negative: a region within the cost's noise of it is at the floor (and refused by its allowance).
+    assert times([_bracket(0.01)], cost, 0.0) == [FLOOR_MS]
+
+
+def test_a_region_runs_from_its_let_go_to_the_end_of_its_work_seen_from_outside():
+    """Work done between the let-go and GO, or left on the GPU after DONE (a helper thread's launch, a hook on the
+    harness's own thread, another stream or context), is inside the region by construction: the span starts at the
+    let-go and ends where the probe after the stop ends; and it is never shorter than the timing thread's CPU time
+    from the let-go to its stop (a hook that works on it after DONE)."""
+    cost = overhead([_bracket(0.05, let_go_ms=0.08, after_us=20.0, blind_ms=0.05) for _ in range(9)], [0.0] * 9, 0.0)
+    assert cost.median_ms == pytest.approx(0.05 + 0.08 + 0.05 + 0.02)
+    assert cost.blind_ms == pytest.approx(0.05) and cost.allowance_ms == pytest.approx(0.05)
+    honest = _bracket(2.05, let_go_ms=0.08, after_us=20.0, blind_ms=0.05)
+    assert span_ms(honest) - cost.median_ms == pytest.approx(2.0)
+    # The same calls with a fifth of their work finished after DONE: the probe waits for it.
+    deferred = _bracket(1.65, let_go_ms=0.08, after_us=420.0, blind_ms=0.05)
+    assert times([deferred], cost, 0.0)[0] == pytest.approx(2.0)
+    # Work at the let-go (GO long after it) is counted too.
+    early = _bracket(1.65, let_go_ms=0.48, after_us=20.0, blind_ms=0.05)
+    assert times([early], cost, 0.0)[0] == pytest.approx(2.0)
+    # The timing thread ran 3 ms from its let-go to its stop: the region lasted at least that.
+    assert span_ms(_bracket(1.0, cpu_ms=3.0)) == pytest.approx(3.0)
+
+
+def test_the_cost_is_calibrated_without_run_queue_waits_and_a_region_is_wall_time():
+    """The no-op regions run beside the reference process's start: their waits for a CPU say nothing of the
+    brackets, and are left out of the cost (never below the harness's CPU time there). A timed region is wall time,
+    waits included, as the baselines' (timed by the reference's clock) are."""
+    busy = [_bracket(2.0, waited_ms=1.99, cpu_ms=0.04) for _ in range(5)]
     assert overhead(busy, [0.0] * 5, hold_us=0.0).median_ms == pytest.approx(0.04)
-    # A region whose hold is longer than the calibration's is allowed that much more.
-    held = judge([bracket(2.55)] * 9, [2.0] * 9, cost, 500.0, slack=0.05, region_us=20)
-    assert held.ok
+    quiet = overhead([_bracket(0.05)] * 9, [0.0] * 9, 0.0)
+    assert times([_bracket(3.05, waited_ms=1.0)], quiet, 0.0) == pytest.approx([3.0])
 
 
-def test_within_the_limit_the_outside_clock_wins_past_its_noise():
-    """A report short of the brackets by less than the limit passes, but with ``outside_wins`` the candidate's times
-    are taken up to the brackets' less their tolerance (region_us and three spreads, no slack): what a forgery gains
-    is that tolerance, not the slack. Agreeing clocks are left alone."""
-    from cuda_agent.evaluate.regions import Bracket
+def test_the_allowance_and_uncertainty_are_stated_and_refused_past_half_a_reward_line():
+    """Every result states what the clock leaves unseen (the window before the GPU's probe) and how far its cost may
+    be off, as shares of a region; over ``allowance_max`` or ``uncertainty_max`` the evaluation is refused as an
+    error (no reward either way), never decided."""
+    def judged(cost):
+        return SimpleNamespace(cost=cost, judge=lambda hold_us: judge([_bracket(2.2, after_us=20, blind_ms=0.05)] * 9,
+                                                                      [2.0] * 9, cost, hold_us))
 
-    def bracket(outside_ms: float) -> Bracket:
-        return Bracket(0, 0, 0, 1_000_000, 1_000_000 + int(outside_ms * 1e6))
-
-    cost = overhead([bracket(0.05 + 0.001 * (i % 3)) for i in range(9)], [0.0] * 9, hold_us=0.0)
-    tolerance = 0.05 + 3 * cost.spread_ms
-    honest = judge([bracket(1.07)] * 9, [1.0] * 9, cost, 0.0, slack=0.1, region_us=50, outside_wins=True)
-    assert honest.ok and honest.tolerance_ms == pytest.approx(tolerance) and honest.outside_factor == 1.0
-    # A 1.0 ms region reported as 0.88: within the limit (0.1 x 0.88 + 0.05 + noise), so it passes.
-    forged = judge([bracket(1.05)] * 9, [0.88] * 9, cost, 0.0, slack=0.1, region_us=50, outside_wins=True)
-    assert forged.ok and forged.excess_ms == pytest.approx(0.12, abs=2e-3)
-    assert forged.outside_factor == pytest.approx(1 + (forged.excess_ms - tolerance) / 0.88)
-    assert 0.88 * forged.outside_factor == pytest.approx(1.0 - tolerance, abs=2e-3)
-    assert forged.margin == pytest.approx((tolerance - forged.excess_ms) / 0.88)
-    # Without it the report stands, and the room a forgery has is the limit's.
-    believed = judge([bracket(1.05)] * 9, [0.88] * 9, cost, 0.0, slack=0.1, region_us=50)
-    assert believed.ok and believed.outside_factor == 1.0
-    assert believed.margin == pytest.approx((believed.limit_ms - believed.excess_ms) / 0.88)
     setup = SimpleNamespace(device="cuda", timing=TimingConfig())
-    regions = Regions(SimpleNamespace(cost=cost, judge=lambda hold_us, slack, region_us, outside_wins: forged), 0.0,
-                      setup, SimpleNamespace(timing={}))
-    assert regions.outside_factor == 1.0  # not judged yet
-    assert regions.check("profile", "") == [] and regions.outside_factor == forged.outside_factor
+    quiet = overhead([_bracket(0.05 + 0.001 * (i % 3), after_us=20, blind_ms=0.02) for i in range(9)], [0.0] * 9, 0.0)
+    result = SimpleNamespace(timing={})
+    assert Regions(judged(quiet), 0.0, setup, result).check("profile", "") == []
+    stated = result.timing["regions"]
+    assert stated["allowance"] == pytest.approx(0.02 / stated["outside_ms"], rel=1e-3)
+    assert 0 < stated["uncertainty"] < 0.01 and "resolution" in stated
+    blind = overhead([_bracket(0.05, after_us=20, blind_ms=0.2)] * 9, [0.0] * 9, 0.0)
+    with pytest.raises(Stop) as stopped:
+        Regions(judged(blind), 0.0, setup, SimpleNamespace(timing={})).check("profile", "")
+    assert stopped.value.status == "error" and "allowance" in stopped.value.reason
+    noisy = overhead([_bracket(0.05 + 0.1 * i) for i in range(9)], [0.0] * 9, 0.0)
+    with pytest.raises(Stop) as stopped:
+        Regions(judged(noisy), 0.0, setup, SimpleNamespace(timing={})).check("profile", "")
+    assert stopped.value.status == "error" and "uncertainty" in stopped.value.reason
 
 
-def test_each_bound_is_judged_against_its_own_spread():
-    """A host busy in bursts while the brackets were calibrated spreads the wall clock by milliseconds and the
-    timing thread's CPU time hardly at all: a forgery the loose wall bound lets through, the CPU bound fails."""
-    from cuda_agent.evaluate.regions import Bracket
+def test_regions_are_sized_for_the_clock_for_every_side():
+    """Regions last as long as the clock needs for its allowance, uncertainty and resolution targets (from the
+    calibration), at least ``region_ms`` and at most ``region_max_ms``; the baselines' as long as the candidate's."""
+    from cuda_agent.evaluate.rounds import sized
 
-    def bracket(outside_ms: float, cpu_ms: float) -> Bracket:
-        return Bracket(0, 0, 0, 1_000_000, 1_000_000 + int(outside_ms * 1e6), cpu_ns=int(cpu_ms * 1e6))
-
-    bursty = [bracket(0.05 + 0.5 * i, 0.04 + 0.001 * i) for i in range(9)]  # wall spread ~1.5 ms
-    cost = overhead(bursty, [0.0] * 9, hold_us=0.0)
-    assert cost.spread_ms > 1.0 and cost.cpu_spread_ms < 0.01
-    # Reported a third of what ran on the timing thread: the wall bound's limit (3 x 1.5 ms) covers it.
-    forged = judge([bracket(4.0, 3.9)] * 9, [1.3] * 9, cost, 0.0, slack=0.1, region_us=50)
-    assert forged.excess_ms <= forged.limit_ms and forged.cpu_excess_ms > forged.cpu_limit_ms
-    assert not forged.ok and forged.margin < 0
-    honest = judge([bracket(4.0, 3.9)] * 9, [3.85] * 9, cost, 0.0, slack=0.1, region_us=50)
-    assert honest.ok and 0 < honest.margin < 0.2
-    # Work off the timing thread (its CPU time small) leaves the wall bound to decide.
-    off_thread = judge([bracket(4.0, 0.3)] * 9, [1.3] * 9, overhead([bracket(0.05, 0.04)] * 9, [0.0] * 9, 0.0),
-                       0.0, slack=0.1, region_us=50)
-    assert off_thread.cpu_excess_ms < 0 and not off_thread.ok
+    config = TimingConfig()
+    blind = overhead([_bracket(0.05, after_us=20, blind_ms=0.07)] * 9, [0.0] * 9, 0.0)
+    assert sized(config, SimpleNamespace(cost=blind)).region_ms == pytest.approx(0.07 / config.allowance_target)
+    quiet = overhead([_bracket(0.05)] * 9, [0.0] * 9, 0.0)
+    assert sized(config, SimpleNamespace(cost=quiet)).region_ms == config.region_ms
+    noisy = overhead([_bracket(0.05 + 0.5 * i) for i in range(9)], [0.0] * 9, 0.0)
+    assert sized(config, SimpleNamespace(cost=noisy)).region_ms == config.region_max_ms
+    assert sized(config, None) is config
 
 
-def test_the_let_go_is_judged_apart_where_it_is_not_in_the_cpu_bound():
-    """On a GPU the timing thread's CPU time between the let-go and GO is not in the CPU bound (its wake-ups spread
-    short regions' bounds) but judged on its own against the no-op regions': a candidate that spins there on work
-    it launched fails (breach "let-go"), the honest wake-up passes; not judged apart, the same brackets pass."""
-    from cuda_agent.evaluate.regions import Bracket
-
-    def bracket(let_go_cpu_ms: float) -> Bracket:
-        return Bracket(0, 0, 0, 1_000_000, 1_300_000, cpu_ns=200_000, let_go_cpu_ns=int(let_go_cpu_ms * 1e6))
-
-    cost = overhead([bracket(0.07 + 0.002 * (i % 3)) for i in range(9)], [0.1] * 9, hold_us=0.0)
-    assert cost.let_go_cpu_ms == pytest.approx(0.072) and cost.let_go_cpu_spread_ms < 0.01
-    honest = judge([bracket(0.08)] * 9, [0.2] * 9, cost, 0.0, slack=0.1, region_us=50, let_go_apart=True)
-    assert honest.ok and honest.let_go_limit_ms > 0
-    spun = judge([bracket(0.43)] * 9, [0.2] * 9, cost, 0.0, slack=0.1, region_us=50, let_go_apart=True)
-    assert spun.breached == "let-go" and spun.let_go_excess_ms == pytest.approx(0.358)
-    assert judge([bracket(0.43)] * 9, [0.2] * 9, cost, 0.0, slack=0.1, region_us=50).ok
-
-def test_gpu_work_left_past_done_is_judged_against_the_no_op_regions_probes():
-    """On a GPU a region's DONE is the worker's word: the reference's probe after it (the process stopped) waits for
-    what the region left queued. Judged against the no-op regions' probes: an honest region's probe waits as theirs
-    did and passes; one that said DONE with its kernel still running (red team done-sent-early-gpu, its reported
-    time scaled to the shortened bracket) fails as "after-done", though the wall bound passes it. The room a forgery
-    still has counts the blind window from the last datagram to the probe."""
-    from cuda_agent.evaluate.regions import Bracket
-
-    def bracket(outside_ms: float, after_us: float, blind_ms: float = 0.2) -> Bracket:
-        done = 1_000_000 + int(outside_ms * 1e6)
-        return Bracket(0, 0, 0, 1_000_000, done, after_done_us=after_us, probed_ns=done + int(blind_ms * 1e6))
-
-    cost = overhead([bracket(0.05, 200.0 + 5 * (i % 3)) for i in range(9)], [0.0] * 9, hold_us=0.0)
-    assert cost.after_done_ms == pytest.approx(0.205) and cost.after_done_regions == 9
-    assert cost.after_done_spread_ms < 0.01
-    honest = judge([bracket(0.55, 210.0)] * 9, [0.5] * 9, cost, 0.0, slack=0.1, region_us=50)
-    assert honest.ok and honest.after_done_limit_ms > 0 and honest.blind_ms == pytest.approx(0.2)
-    assert honest.past_done_excess_ms == pytest.approx(honest.excess_ms + 0.005)
-    assert honest.margin == pytest.approx((honest.limit_ms - honest.past_done_excess_ms + honest.blind_ms) / 0.5)
-    # The harness's tail after its last synchronise, as the no-op regions had it, is room too: a DONE of the
-    # candidate's own, sent while its kernel runs, skips it.
-    tailed = overhead([bracket(0.05, 200.0 + 5 * (i % 3)) for i in range(9)], [0.0] * 9, 0.0, tail_ms=0.07)
-    with_tail = judge([bracket(0.55, 210.0)] * 9, [0.5] * 9, tailed, 0.0, slack=0.1, region_us=50)
-    assert with_tail.tail_ms == 0.07 and with_tail.margin == pytest.approx(honest.margin + 0.07 / 0.5)
-    early = judge([bracket(0.3, 480.0)] * 9, [0.25] * 9, cost, 0.0, slack=0.1, region_us=50)
-    assert early.excess_ms <= early.limit_ms and early.breached == "after-done"
-    assert early.after_done_excess_ms == pytest.approx(0.275)
-    # The adaptive form (red team done-sent-late-gpu): a 0.5 ms region reported as 0.35, its DONE sent 0.1
-    # ms before its kernel ended, 0.02 ms before the probe: what the probe finds (0.08 ms) is under its own limit
-    # and the shortened bracket under the wall bound's, but not both together.
-    adaptive = judge([bracket(0.45, 285.0, blind_ms=0.02)] * 9, [0.35] * 9, cost, 0.0, slack=0.1, region_us=50)
-    assert adaptive.excess_ms <= adaptive.limit_ms
-    assert adaptive.after_done_excess_ms == pytest.approx(0.08)
-    assert adaptive.after_done_excess_ms <= adaptive.after_done_limit_ms
-    assert adaptive.breached == "past-done" and adaptive.past_done_excess_ms == pytest.approx(0.13)
-    judged = SimpleNamespace(cost=cost, judge=lambda hold_us, slack, region_us, outside_wins: adaptive)
-    setup = SimpleNamespace(device="cuda", timing=TimingConfig())
-    (breach,) = Regions(judged, 0.0, setup, SimpleNamespace(timing={})).check("profile", "")
-    assert breach.rule == "clock" and "ended later than they said" in breach.reason and "0.130 ms short" in breach.reason
-    # Brackets that were never probed (the CPU backend, a GPU not read from outside) are not judged by it.
-    unprobed = [Bracket(0, 0, 0, 1_000_000, 1_300_000) for _ in range(9)]
-    assert judge(unprobed, [0.25] * 9, overhead(unprobed, [0.0] * 9, 0.0), 0.0, 0.1, 50).after_done_limit_ms == 0
-
-
-def test_after_a_gpu_regions_done_the_gpu_is_probed_then_the_process_stopped():
+def test_after_a_gpu_regions_done_the_process_is_stopped_then_the_gpu_probed():
     """The probe is worth something only for work still queued when it is launched, and only if nothing more can be
-    queued while it waits: before GO the reference is asked for it (``before_go``); as soon as DONE is in it is rung
-    and the processes the last stop found are stopped (``at_done``); after the bracket is made its answer is taken,
+    queued while it waits: before GO the reference is asked for it (``before_go``); as soon as DONE is in the
+    processes the last stop found are stopped and then it is rung (``at_done``): whatever a helper thread or a hook
+    launched after DONE is queued before it; after the bracket is made its answer is taken,
     the tree walked for any other process and the stop awaited; then its calls are read; it is let go on once, after
     all of it. A region that goes no further has its probe called off and the answer taken."""
     from cuda_agent.evaluate.brackets import CandidateBrackets
@@ -365,7 +329,7 @@ def test_after_a_gpu_regions_done_the_gpu_is_probed_then_the_process_stopped():
     at_done, before_go = brackets._probes(7, 5.0)
     before_go(0)
     at_done(0)
-    assert events == ["arm 5.0", "ring", "stop known"]
+    assert events == ["arm 5.0", "stop known", "ring"]
     brackets._reader_for(0, 1, probe=7)(bracket)
     assert events[3:] == ["answer", "stop", "read", "resume"]
     assert (bracket.after_done_us, bracket.probed_ns, bracket.asked_ns) == (250.0, 123, 99)
@@ -460,42 +424,6 @@ def test_a_description_pointing_nowhere_cannot_be_read():
         reader.close()
     finally:
         os.kill(pid, signal.SIGKILL)
-
-
-def test_brackets_too_loose_to_bound_a_region_refuse_to_decide():
-    """Both bounds' calibrations spread by more than half a region (a host and GPU busy while the no-op regions
-    ran): no reward either way, an error that says why, not a decision on the candidate's own clock."""
-    from types import SimpleNamespace
-
-    from cuda_agent.evaluate.channel import Stop
-    from cuda_agent.evaluate.policy import TimingConfig
-    from cuda_agent.evaluate.regions import Bracket
-    from cuda_agent.evaluate.watchers import Regions
-
-    def bracket(outside_ms: float, cpu_ms: float) -> Bracket:
-        return Bracket(0, 0, 0, 1_000_000, 1_000_000 + int(outside_ms * 1e6), cpu_ns=int(cpu_ms * 1e6))
-
-    loose = overhead([bracket(0.05 + 0.1 * i, 0.04 + 0.1 * i) for i in range(9)], [0.0] * 9, hold_us=0.0)
-    tight = overhead([bracket(0.05 + 0.001 * i, 0.04 + 0.001 * i) for i in range(9)], [0.0] * 9, hold_us=0.0)
-    regions = [bracket(0.9, 0.85)] * 9
-    assert judge(regions, [0.4] * 9, loose, 0.0, slack=0.1, region_us=50).spread_share > 0.5
-    assert judge(regions, [0.4] * 9, tight, 0.0, slack=0.1, region_us=50).spread_share < 0.05
-
-    class Judged:
-        def __init__(self, cost, reported_ms):
-            self.cost, self.reported_ms = cost, reported_ms
-
-        def judge(self, hold_us, slack, region_us, outside_wins):
-            return judge(regions, [self.reported_ms] * 9, self.cost, hold_us, slack, region_us)
-
-    setup = SimpleNamespace(device="cuda", timing=TimingConfig())
-    result = SimpleNamespace(timing={})
-    with pytest.raises(Stop) as stopped:
-        Regions(Judged(loose, 0.4), 0.0, setup, result).check("profile", "")
-    assert stopped.value.status == "error" and "could not check the timing" in stopped.value.reason
-    assert result.timing["regions"]["spread_share"] > 0.5
-    assert Regions(Judged(tight, 0.82), 0.0, setup, result).check("profile", "") == []
-    assert [b.rule for b in Regions(Judged(tight, 0.4), 0.0, setup, result).check("profile", "")] == ["clock"]
 
 
 def test_the_round_clock_judges_only_gross_excess_where_the_brackets_judged_every_region():

@@ -1049,24 +1049,30 @@ V3_CASES = [
     Case("timing-module-name-swapped-runtime", "Harness objects written (class 2)",
          cpp_prelude=QUARTER_SPEED_TIME, binding="swap_time(); auto y = torch::empty_like(xc);",
          runtime=True, rule="monkeypatch", reason="cuda_agent.evaluate.bound.perf_counter_ns was replaced"),
-    Case("scaled-samples-method-runtime", "Forged samples the round clock cannot resolve (class 3)",
-         cpp_prelude=SCALED_SAMPLES, binding="scale_samples(); auto y = torch::empty_like(xc);",
-         runtime=True, rule="clock"),
     Case("outputs-computed-ahead-of-the-region-runtime", "Work moved before the region (between regions)",
          cpp_prelude=computed_ahead("1.5 * (x * torch.sigmoid(x))"), binding=return_computed_ahead("xc", KERNEL_CALL),
          runtime=True, status="incorrect", rule="timed-output"),
-    # The written values themselves computed on after the let-go, before GO, with the extension's own kernel (bit
-    # for bit what the checks compute): the CPU bound counts the timing thread's CPU time from the let-go
-    # (``Bell.cpu_from_let_go``).
-    Case("outputs-computed-at-the-let-go-runtime", "Work moved before the region (between regions)",
-         cpp_prelude=PYTHON_FROM_CPP + AT_THE_LET_GO.replace("OUTPUT", "sys.modules['cuda_extension'].scaled_swish(x, 1.5)"),
-         binding=return_computed_ahead("xc", KERNEL_CALL), task=SWISH_SMALL, runtime=True, rule="clock"),
-    Case("done-sent-early-runtime", "Forged samples the round clock cannot resolve (class 3)",
-         cpp_prelude=SCALED_SAMPLES + DONE_EARLY,
-         binding="scale_samples(); auto y = torch::empty_like(xc); done_early(xc, y);", task=SWISH_HALF,
-         runtime=True, rule="clock", reason="shorter than the evaluator's own"),
+
 ]
 CASES += V3_CASES
+# Cases that change what the candidate's process reports, or move work to where its own clock does not see it, but
+# not where the evaluator's does: its time is the evaluator's (evaluate.region_clock), so each is correct at its true
+# cost, or rejected; never rewarded above its honest twin (the same solution on the same task, unmodified).
+TRUE_COST_CASES = [
+    # Every sample the harness reports scaled to 0.3x: the report is a diagnostic.
+    Case("scaled-samples-method-runtime", "Forged samples the round clock cannot resolve (class 3)",
+         cpp_prelude=SCALED_SAMPLES, binding="scale_samples(); auto y = torch::empty_like(xc);", runtime=True),
+    # The written values computed on after the let-go, before GO, with the extension's own kernel (bit for bit what
+    # the checks compute): a region starts at its let-go.
+    Case("outputs-computed-at-the-let-go-runtime", "Work moved before the region (between regions)",
+         cpp_prelude=PYTHON_FROM_CPP + AT_THE_LET_GO.replace("OUTPUT", "sys.modules['cuda_extension'].scaled_swish(x, 1.5)"),
+         binding=return_computed_ahead("xc", KERNEL_CALL), task=SWISH_SMALL, runtime=True),
+    # DONE sent by the candidate before its work is done, its samples scaled: the work left runs on the timing
+    # thread, whose CPU time up to its stop after DONE a region lasts at least.
+    Case("done-sent-early-runtime", "Forged samples the round clock cannot resolve (class 3)",
+         cpp_prelude=SCALED_SAMPLES + DONE_EARLY,
+         binding="scale_samples(); auto y = torch::empty_like(xc); done_early(xc, y);", task=SWISH_HALF, runtime=True),
+]
 
 
 @pytest.fixture(scope="module")
@@ -1135,6 +1141,45 @@ def test_hacking_candidate_is_rejected_for_the_right_reason(case, evaluator, sol
     assert result.rule == case.rule, detail
     if case.reason:
         assert case.reason in (result.reason or ""), detail
+
+
+def no_gain(case: Case, evaluator: Evaluator, solution: Path, examples: Path, tmp_path: Path, honest: dict,
+            tolerance: float = 0.25) -> None:
+    """``case`` rejected with a named rule, or correct at no reward above its honest twin's and no faster than it by
+    more than the stated allowance and ``tolerance`` (the timing noise of a busy host between two evaluations; a
+    gain within it would be no reward line's worth on a quiet one). ``honest``: twins already evaluated, by task."""
+    policy = evaluator.policy.with_(static_checks=not case.runtime, **case.policy)
+    judge = Evaluator("cpu", policy=policy, cache_dir=evaluator.cache_dir, timeouts=evaluator.timeouts,
+                      memory_limit=evaluator.memory_limit, sandbox=evaluator.sandbox, references=evaluator.references)
+    task = make_task(case, examples, tmp_path)
+    if case.task not in honest:
+        honest[case.task] = judge.evaluate(task, load_candidate(solution))
+    twin = honest[case.task]
+    result = judge.evaluate(task, make_candidate(case, solution, tmp_path / case.name))
+    detail = f"{result.summary()}\n{result.traceback or ''}\n{result.output[-2000:]}\nhonest twin:\n{twin.summary()}"
+    print(detail)
+    if result.status == "error" or twin.status == "error":
+        pytest.skip(f"no verdict on this host now (evaluate again): {detail}")
+    if result.status != "correct":
+        assert result.rule and result.reward == -1.0, detail
+        return
+    assert twin.status == "correct", detail
+    allowance = (result.timing.get("regions") or {}).get("allowance", 0.0)
+    ratio = result.times["candidate"]["median_ms"] / twin.times["candidate"]["median_ms"]
+    assert ratio >= (1 - allowance) * (1 - tolerance), f"{ratio:.3f} of the honest twin's time\n{detail}"
+    # A reward above the twin's only where the two times are within a busy host's noise of each other.
+    assert result.reward <= twin.reward or ratio >= 1 - tolerance / 5, detail
+
+
+@pytest.fixture(scope="module")
+def honest_twins() -> dict:
+    return {}
+
+
+@pytest.mark.parametrize("case", TRUE_COST_CASES, ids=[c.name for c in TRUE_COST_CASES])
+def test_a_candidate_that_moves_its_work_where_its_own_clock_cannot_see_is_timed_at_its_true_cost(
+        case, evaluator, solution, examples, tmp_path, honest_twins):
+    no_gain(case, evaluator, solution, examples, tmp_path, honest_twins)
 
 
 def test_the_precision_exploit_passes_the_paper_preset(evaluator, solution, examples, tmp_path):

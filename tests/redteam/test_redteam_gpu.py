@@ -335,19 +335,6 @@ CASES = [
     Case("bound-elapsed-swapped-runtime", "Harness objects written (class 2)", forward=GOOD,
          cpp_prelude=BOUND_ELAPSED_SWAP, binding="swap_bound_elapsed(); auto y = torch::empty_like(x);",
          runtime=True, rule="monkeypatch", reason="cuda_agent.evaluate.bound.CUDA.elapsed was replaced"),
-    # Work at the let-go, before GO: the first half of each written input's output computed there with the
-    # extension's own kernel, the thread spinning until it is done (so that GO finds the GPU idle), the second half
-    # in the region: a 2x fake that stays above the speed-of-light floor (the whole output at the let-go is
-    # `implausible-speedup`). The timing thread's CPU time counts from the let-go on a GPU too
-    # (``Bell.cpu_from_let_go``).
-    Case("outputs-computed-at-the-let-go-gpu-runtime", "Work moved before the region (between regions)", forward=GOOD,
-         cpp_prelude=PYTHON_FROM_CPP + AT_THE_LET_GO.replace("ready = {}", SPUN).replace(
-             "OUTPUT", "spun(first_half(x))"),
-         binding=SECOND_HALF, runtime=True, rule="clock"),
-    # Class 3: the candidate side's round answers with its samples at 30%.
-    Case("scaled-samples-method-runtime", "Forged samples the round clock cannot resolve (class 3)", forward=GOOD,
-         cpp_prelude=SCALED_SAMPLES, binding="scale_samples(); auto y = torch::empty_like(x);",
-         runtime=True, rule="clock"),
     # Class 1: the probe read from the timing loop's frame, a quarter of each timed output computed and the
     # probed positions. The timed outputs are read from outside the process now (evaluate.vmm): there is no
     # probe in it to read, and the positions read are three quarters wrong.
@@ -405,36 +392,7 @@ def test_hacking_candidate_is_rejected_on_the_gpu(case, gelu, cache_dir, tmp_pat
 # CUDA 11).
 DONE_EARLY_CASE = Case("done-sent-early-gpu-runtime", "Forged samples the round clock cannot resolve (class 3)",
                        forward=GOOD, cpp_prelude=SCALED_SAMPLES.replace("0.3 * t", "0.55 * t") + DONE_EARLY,
-                       binding=gelu_then("done_early"), runtime=True, rule="clock")
-
-
-def closed_early(case: Case, gelu, cache_dir, tmp_path, most_reward: float = 1.0):
-    """A case that closes its regions with its own DONE, evaluated on the gelu example: it must build and run and
-    earn no more than ``most_reward`` (the honest solution's 1.0). Its summary is printed: which bound caught it, and
-    by how much, is the point (the GPU session's log keeps it)."""
-    task, solution = gelu
-    evaluator = Evaluator("cuda", cache_dir=cache_dir)
-    evaluator.policy = evaluator.policy.with_(static_checks=False)
-    result = evaluator.evaluate(task, make_candidate(case, solution, tmp_path / case.name, scaled=False,
-                                                     binding=GELU_BINDING, kernel_call=GELU_ALLOC))
-    detail = f"{result.summary()}\n{result.traceback or ''}\n{result.output[-2000:]}"
-    print(detail)
-    print("regions:", json.dumps(result.timing.get("regions") or {}))
-    assert result.compiled and result.status != "error", detail
-    assert result.reward <= most_reward, detail
-    return result, detail
-
-
-def test_a_region_closed_by_the_candidates_own_done(gelu, cache_dir, tmp_path):
-    """docs/SECURITY.md, "A region closed by the worker's word". It earned reward 3 on the H200 (1.59x, 2026-11-28)
-    while the brackets believed DONE; with the GPU probed after each DONE it failed as `clock` once and was `correct`
-    at reward 1.0 once (its process stopped at its own DONE, the harness's end event came after the stop). It must
-    build and run and never earn more than the honest solution; rejected as `clock` it passes. Not rejected, it is an
-    xfail carrying the evaluation's summary: a DONE sent once the end event is recorded, the kernel ending within
-    the window before the probe (0.6-0.8 ms on the H200), is not seen yet."""
-    result, detail = closed_early(DONE_EARLY_CASE, gelu, cache_dir, tmp_path)
-    if (result.status, result.rule) != ("failed", "clock"):
-        pytest.xfail(f"a region closed by the candidate's own DONE is not rejected: {detail}")
+                       binding=gelu_then("done_early"), runtime=True)
 
 
 # The adaptive form of the case above (docs/SECURITY.md, "The adaptive attack against it"): DONE sent late enough
@@ -479,14 +437,7 @@ DONE_LATE = python_xy("done_late", LATE_PY)
 def late_case(forged_ms: str) -> Case:
     return Case("done-sent-late-gpu-runtime", "Forged samples the round clock cannot resolve (class 3)", forward=GOOD,
                 cpp_prelude=SCALED_SAMPLES.replace("0.3 * t", forged_ms) + DONE_LATE,
-                binding=gelu_then("done_late"), runtime=True, rule="clock")
-
-
-@pytest.mark.parametrize("forged_ms", ["0.36", "0.40"])
-def test_a_region_closed_late_by_the_candidates_own_done(forged_ms, gelu, cache_dir, tmp_path):
-    """The adaptive DONE (above), timed from the region's first launch: it must earn no more than the honest
-    solution (``closed_early``), rejected as `clock` or timed by the outside clock."""
-    closed_early(late_case(forged_ms), gelu, cache_dir, tmp_path)
+                binding=gelu_then("done_late"), runtime=True)
 
 
 # A report forged by a little, within the wall bound's limit (10% of the region, 0.05 ms and three spreads): on
@@ -500,16 +451,53 @@ WITHIN_THE_LIMIT = Case("scaled-within-the-limit-runtime", "Forged samples the r
                         binding="scale_samples(); auto y = torch::empty_like(x);", runtime=True)
 
 
-def test_a_report_forged_within_the_limit_gains_no_more_than_the_stated_margin(gelu, cache_dir, tmp_path):
+# Work at the let-go, before GO: the first half of each written input's output computed there with the extension's
+# own kernel, the thread spinning until it is done (so that GO finds the GPU idle), the second half in the region: a
+# 2x fake where the region started at GO. A region starts at its let-go.
+AT_THE_LET_GO_GPU = Case("outputs-computed-at-the-let-go-gpu-runtime", "Work moved before the region (between regions)",
+                         forward=GOOD, cpp_prelude=PYTHON_FROM_CPP + AT_THE_LET_GO.replace("ready = {}", SPUN).replace(
+                             "OUTPUT", "spun(first_half(x))"), binding=SECOND_HALF, runtime=True)
+# Class 3: the candidate side's round answers with its samples at 30%.
+SCALED = Case("scaled-samples-method-runtime", "Forged samples the round clock cannot resolve (class 3)", forward=GOOD,
+              cpp_prelude=SCALED_SAMPLES, binding="scale_samples(); auto y = torch::empty_like(x);", runtime=True)
+# Cases that forge what the candidate's process reports, or end its regions by its own word: its time is the
+# evaluator's (evaluate.region_clock), so each is correct at its true cost or rejected, never above its honest twin.
+TRUE_COST_CASES = [SCALED, AT_THE_LET_GO_GPU, DONE_EARLY_CASE, late_case("0.36"), late_case("0.40"), WITHIN_THE_LIMIT]
+
+
+@pytest.fixture(scope="module")
+def honest_gelu(gelu, cache_dir):
+    task, solution = gelu
+    return Evaluator("cuda", cache_dir=cache_dir).evaluate(task, load_candidate(solution))
+
+
+def gpu_no_gain(case: Case, gelu, cache_dir, tmp_path, twin) -> None:
+    """``case`` on the gelu example rejected with a named rule, or correct no faster than its honest twin ``twin``
+    by more than the stated allowance (and 2% of noise between evaluations) and at no higher reward. Its summary and
+    clock record are printed: the GPU session's log keeps them."""
     task, solution = gelu
     evaluator = Evaluator("cuda", cache_dir=cache_dir)
-    honest = evaluator.evaluate(task, load_candidate(solution))
-    forged, detail = closed_early(WITHIN_THE_LIMIT, gelu, cache_dir, tmp_path, most_reward=3.0)
-    assert honest.status == "correct", honest.summary()
-    if forged.status == "correct":
-        margin = forged.timing["regions"]["margin"]
-        ratio = forged.times["candidate"]["median_ms"] / honest.times["candidate"]["median_ms"]
-        assert ratio >= (1 - margin) * 0.98, f"{ratio:.3f} against a margin of {margin:.3f}\n{detail}"
+    evaluator.policy = evaluator.policy.with_(static_checks=False, **case.policy)
+    result = evaluator.evaluate(task, make_candidate(case, solution, tmp_path / case.name, scaled=False,
+                                                     binding=GELU_BINDING, kernel_call=GELU_ALLOC))
+    detail = f"{result.summary()}\n{result.traceback or ''}\n{result.output[-2000:]}\nhonest twin:\n{twin.summary()}"
+    print(detail)
+    print("regions:", json.dumps(result.timing.get("regions") or {}))
+    assert twin.status == "correct", detail
+    assert result.compiled and result.status != "error", detail
+    if result.status != "correct":
+        assert result.rule and result.reward == -1.0, detail
+        return
+    allowance = (result.timing.get("regions") or {}).get("allowance", 0.0)
+    ratio = result.times["candidate"]["median_ms"] / twin.times["candidate"]["median_ms"]
+    assert ratio >= (1 - allowance) * 0.98, f"{ratio:.3f} of the honest twin's time\n{detail}"
+    assert result.reward <= twin.reward or ratio >= 0.99, detail
+
+
+@pytest.mark.parametrize("case", TRUE_COST_CASES, ids=[c.name for c in TRUE_COST_CASES])
+def test_a_forged_report_or_a_region_ended_by_its_own_word_is_timed_at_its_true_cost(case, gelu, cache_dir, tmp_path,
+                                                                                  honest_gelu):
+    gpu_no_gain(case, gelu, cache_dir, tmp_path, honest_gelu)
 
 
 def test_a_swapped_event_type_entry_changes_no_time(gelu, cache_dir, tmp_path):

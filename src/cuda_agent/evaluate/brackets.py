@@ -21,7 +21,7 @@ from cuda_agent.evaluate.outside import (Armed, Draw, GpuInputWriter, GpuMemory,
 from cuda_agent.evaluate.protocol import CallRecord
 from cuda_agent.evaluate.records import RECORDED_PER_REGION
 from cuda_agent.evaluate.timing import trial_seed
-from cuda_agent.evaluate.region_clock import Overhead, RegionClock, judge, overhead
+from cuda_agent.evaluate.region_clock import Overhead, RegionClock, judge, overhead, times
 from cuda_agent.evaluate.regions import (
     Bell, BellError, BellFailed, BellUnreadable, Bracket, Chunk, decode_calls, thread_times,
 )
@@ -235,11 +235,16 @@ class CandidateBrackets:
     def add(self, brackets: list[Bracket], samples: list[float], calls: int) -> None:
         self.timed.extend((bracket, sample * calls) for bracket, sample in zip(brackets, samples))
 
-    def judge(self, hold_us: float, slack: float, region_us: float, outside_wins: bool = False) -> RegionClock | None:
+    def times(self, brackets: list[Bracket], hold_us: float) -> list[float]:
+        """Each region's time by the evaluator's clock (``region_clock.times``): what the reward is computed from."""
+        if self.cost is None:
+            raise Stop("error", "profile", "the region brackets were not calibrated before the candidate's code loaded")
+        return times(brackets, self.cost, hold_us)
+
+    def judge(self, hold_us: float) -> RegionClock | None:
         if self.cost is None or not self.timed:
             return None
-        return judge([b for b, _ in self.timed], [r for _, r in self.timed], self.cost, hold_us, slack, region_us,
-                     let_go_apart=not self.bell.cpu_from_let_go, outside_wins=outside_wins)
+        return judge([b for b, _ in self.timed], [r for _, r in self.timed], self.cost, hold_us)
 
     def _alive(self) -> bool:
         return self.worker.proc.poll() is None
@@ -321,9 +326,11 @@ class CandidateBrackets:
             self.armed = reader.after_done(within_s)
 
         def at_done(region: int) -> None:
+            # Stopped first, then probed: whatever the candidate's threads launch after DONE (a helper thread, a
+            # hook on the harness's own thread) is queued before the probe, which then waits for it.
+            self.worker.stop_known()
             if self.armed is not None:
                 self.asked_ns = self.armed.ring()
-            self.worker.stop_known()
         return at_done, before_go
 
     def _reader_for(self, first: int, calls: int, probe: int | None,
@@ -349,10 +356,13 @@ class CandidateBrackets:
                     self.reader.take(bracket.chunks)  # type: ignore[union-attr]
                 described = self._calls_of(bracket.region, first, calls, bracket.payload) if self.outside else []
                 if probe is None or self.reader is None:
+                    if stopped:
+                        self._stopped_cpu(bracket)
                     return
                 if not stopped:
                     self._stop()
                     stopped = True
+                self._stopped_cpu(bracket)
                 if self.stopped_check is not None:
                     self.stopped_check()
                 chosen = secrets.SystemRandom().sample(described, min(len(described), RECORDED_PER_REGION))
@@ -365,6 +375,12 @@ class CandidateBrackets:
                 if stopped:
                     self.worker.resume()
         return between
+
+    def _stopped_cpu(self, bracket: Bracket) -> None:
+        """The timing thread's CPU time up to its stop after DONE, where it is more than up to DONE: work its hooks
+        did after the harness said DONE (asleep first, so that the read at DONE missed it) is the region's."""
+        if self.thread is not None and bracket.cpu_start_ns:
+            bracket.thread_cpu_ns = max(bracket.thread_cpu_ns, self.thread()[0] - bracket.cpu_start_ns)
 
     def _keep(self, call: dict[str, Any] | None) -> None:
         self.kept_call = None

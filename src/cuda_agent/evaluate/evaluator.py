@@ -467,7 +467,7 @@ class Evaluator:
                 Clock(log.walls_ms, log.claimed_ms, log.empty_ms, log.plan.trials, setup.timing, result, regions))
         result.durations["verify"] += round(time.monotonic() - clock, 3)
         result.correct = True
-        decide(setup, self.baselines, rounds, baseline, key, output_bytes, result, regions.outside_factor)
+        decide(setup, self.baselines, rounds, baseline, key, output_bytes, result)
 
     def _load(self, run: Evaluation, modules: dict[str, str]) -> tuple[Signals, NewThreads, Integrity]:
         """The candidate imports its code while the reference loads (or is kept); then the weights and

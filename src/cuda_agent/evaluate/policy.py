@@ -125,6 +125,9 @@ PRESETS = {
 
 
 BASELINE_HOLDS = ("first-call", "adaptive", "fixed")
+# Settings of the outside clock's limits on the candidate's own report, kept in older records and configs: the
+# evaluator's clock now times the candidate itself, so they mean nothing and are dropped when read.
+RETIRED_TIMING = ("region_slack", "region_us", "outside_wins", "region_spread_max")
 
 
 @dataclass(frozen=True)
@@ -164,11 +167,9 @@ class TimingConfig:
     rounds_max: int = 40
     round_ms: float = 10.0
     round_trials: tuple[int, int] = (4, 100)
-    # What the outside clock cannot resolve is a fixed time a region (its tolerance, the probe's blind window, the
-    # harness's tail: 0.13-0.18 ms on the H200), so a forged report gains that share of each region: 13-18% of
-    # cuda_gelu's 1.04 ms regions at region_ms 1 (a 0.40 ms report of a 0.52 ms call earned reward 3), half of it
-    # at 2 (its stated margin 0.15 -> 0.05; the same forgery fails as `clock`). The price: more calls a round, a warm
-    # gelu evaluation +8.4% against the issue's tree where it was +4.9% (benchmarks/RESULTS.md, 2026-11-29).
+    # The shortest region a side's calls are grouped into. Regions are made longer where the evaluator's clock needs
+    # it (``allowance_target`` and the two below, from the brackets' calibration), up to ``region_max_ms``: what
+    # the outside clock cannot see or resolve is a fixed time a region, so a longer region leaves a smaller share.
     region_ms: float = 2.0
     max_calls: int = 100
     region_bytes: int = 2 << 30  # the most a region's calls keep alive together (inputs and outputs)
@@ -214,24 +215,21 @@ class TimingConfig:
     clock_trial_us: float = 50.0
     clock_noise: float = 3.0
     clock_harness_share: float = 0.5
-    # Each of the candidate's timed regions is opened and closed by the evaluator (evaluate.regions): the
-    # region as its process reported it may fall short of the evaluator's bracket, less the brackets' own
-    # cost measured before its code loaded, by region_slack of the region plus region_us (plus three times
-    # that cost's own spread), in the median over regions; more fails as ``clock``. On the CPU backend the
-    # timed calls' outputs are read from outside the stopped process there (evaluate.outside).
-    # Where even the tighter bound's calibrated spread (three times it) is more than region_spread_max of the
-    # median region, the brackets bound nothing worth a reward: the evaluation is refused as an error (no
-    # reward; evaluate it again on a quieter host) rather than decided on the candidate's own clock.
-    # Within that limit the outside clock still wins (``outside_wins``): where the wall bound saw more than the
-    # reported regions by more than region_us and three times its spread (the limit less its slack), the
-    # candidate's times are taken up by the difference. A forged report then gains that tolerance (and on a GPU
-    # the window before the probe after DONE and the harness's tail), not the slack: on cuda_gelu's 1.03 ms regions
-    # the stated margin went from 0.32 to 0.13-0.17 (docs/SECURITY.md, "The outside clock wins within the limit too").
+    # Each of the candidate's timed regions is opened and closed by the evaluator (evaluate.regions), and its time
+    # is the evaluator's (evaluate.region_clock): the candidate's own report is a diagnostic. What that clock leaves
+    # unseen (on a GPU, the window from DONE to the probe's launch: its ``allowance``) and how far its calibrated
+    # cost may be off (``uncertainty``) are stated in every result as shares of the median region. Regions are
+    # sized so that each is at most ``allowance_target`` and ``uncertainty_target`` and the calibration's spread at
+    # most ``resolution_target`` of a region, up to ``region_max_ms``; an evaluation whose allowance is still over
+    # ``allowance_max`` (half the reward's 5% line) or whose uncertainty is over ``uncertainty_max`` is refused as an
+    # error (no reward: the host or GPU was too busy to time it; evaluate again).
     brackets: bool = True
-    region_slack: float = 0.10
-    region_us: float = 50.0
-    outside_wins: bool = True
-    region_spread_max: float = 0.5
+    allowance_target: float = 0.0125
+    uncertainty_target: float = 0.0125
+    resolution_target: float = 0.01
+    region_max_ms: float = 20.0
+    allowance_max: float = 0.025
+    uncertainty_max: float = 0.025
     # CPU backend: the most of a baseline's timing in which some task on the host waited for a CPU
     # (evaluate.pressure). The baselines run in the trusted reference with the candidate stopped, so a
     # stall there is other work on the host, and it slows eager's threads more than a one-thread kernel:
@@ -259,6 +257,10 @@ class TimingConfig:
             raise ValueError("TimingConfig needs 3 <= rounds_min <= rounds_max (a speedup's interval needs rounds).")
         if not 2 <= self.round_trials[0] <= self.round_trials[1]:
             raise ValueError("TimingConfig.round_trials is (min, max) trials per round, min at least 2.")
+        if not 0 < self.allowance_target <= self.allowance_max < 1 or not 0 < self.uncertainty_target <= self.uncertainty_max < 1:
+            raise ValueError("TimingConfig: 0 < allowance_target <= allowance_max < 1, and the same for uncertainty.")
+        if not 0 < self.resolution_target < 1 or not self.region_ms <= self.region_max_ms <= 1000:
+            raise ValueError("TimingConfig: 0 < resolution_target < 1 and region_ms <= region_max_ms <= 1000.")
         if not 0 < self.pressure_max <= 1:
             raise ValueError("TimingConfig.pressure_max is a share of the baselines' timing, above 0 and at most 1.")
         if not 0.5 <= self.confidence < 1:
@@ -276,7 +278,7 @@ class TimingConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "TimingConfig":
-        data = dict(data)
+        data = {k: v for k, v in data.items() if k not in RETIRED_TIMING}
         if "round_trials" in data:
             data["round_trials"] = tuple(data["round_trials"])
         return cls(**data)

@@ -91,6 +91,12 @@ class Bracket:
     # meanwhile (in ``cpu_ns`` too where the bell counts from the let-go: ``Bell.cpu_from_let_go``).
     let_go_ns: int = 0
     let_go_cpu_ns: int = 0
+    let_go_waited_ns: int = 0  # the timing thread's run-queue wait meanwhile
+    # The timing thread's CPU time from the let-go (GO where nothing was written) to its stop after DONE (to DONE
+    # until the stop is read: ``cpu_start_ns`` is where it counts from, the thread's total then). Work the harness's
+    # own thread does after its DONE, before the stop, is in it.
+    thread_cpu_ns: int = 0
+    cpu_start_ns: int = 0
     # On a GPU read from outside: the reference's probe once the worker was stopped after DONE (``quiet.after_done``),
     # its wait (the region's GPU work still queued, up to a time slice) and when it was launched. Work that ended
     # between DONE and the launch is not seen (``blind_ms``).
@@ -196,9 +202,9 @@ class Bell:
             if before_go is not None:
                 before_go(region)
             let_go_ns = 0
-            let_go_cpu = None
+            let_go_cpu = let_go_waited = None
             if let_go is not None:
-                let_go_cpu = thread()[0]  # stopped: the kernel's account of it is up to date
+                let_go_cpu, let_go_waited = thread()  # stopped: the kernel's account of it is up to date
                 let_go()
                 let_go_ns = time.time_ns()
             cpu_before, waited_before = thread()
@@ -223,7 +229,10 @@ class Bell:
                                   cpu_after - cpu_from, looked_up=looked_up,
                                   new_chunks=len(chunks), chunks=chunks,
                                   let_go_ns=go_ns - let_go_ns if let_go_ns else 0,
-                                  let_go_cpu_ns=cpu_before - let_go_cpu if let_go_cpu is not None else 0)
+                                  let_go_cpu_ns=cpu_before - let_go_cpu if let_go_cpu is not None else 0,
+                                  let_go_waited_ns=waited_before - let_go_waited if let_go_waited is not None else 0,
+                                  thread_cpu_ns=cpu_after - (let_go_cpu if let_go_cpu is not None else cpu_before),
+                                  cpu_start_ns=let_go_cpu if let_go_cpu is not None else cpu_before)
                 brackets.append(bracket)
                 held_from = time.time_ns()
                 if between is not None:

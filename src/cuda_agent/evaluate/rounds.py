@@ -10,7 +10,7 @@ import contextlib
 import math
 import secrets
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from cuda_agent.evaluate.brackets import CandidateBrackets
@@ -19,6 +19,7 @@ from cuda_agent.evaluate.context import Setup
 from cuda_agent.evaluate.decide import Plan, Rounds, run_rounds, speedups, reward_settled
 from cuda_agent.evaluate.protocol import CalibrateReply, CalibrateRequest, CallRecord, TimeReply, TimeRequest
 from cuda_agent.evaluate.records import RECORDED_PER_REGION
+from cuda_agent.evaluate.policy import TimingConfig
 from cuda_agent.evaluate.pressure import Pressure
 from cuda_agent.evaluate.quiet import GpuQuiet, quiet_after_stops
 from cuda_agent.evaluate.result import EvalResult
@@ -92,6 +93,7 @@ def time_rounds(setup: Setup, reference: Channel, baseline: dict[str, Any], resu
             warmed = candidate.channel.ask_typed("profile", request, CalibrateReply, setup.timeouts.profile_s)
             pause(candidate.channel)
             estimate = _positive(warmed.estimate_ms, "warm-up time")
+            config = sized(config, candidate.brackets)
             plans["candidate"] = plan = Plan.for_call(estimate, config, _positive(warmed.call_ms, "call time"),
                                                       candidate.call_bytes, candidate.device_bytes)
             log = CandidateLog(plan, outside=candidate.brackets is not None and candidate.brackets.outside)
@@ -142,6 +144,15 @@ def time_rounds(setup: Setup, reference: Channel, baseline: dict[str, Any], resu
             f"GPU is held before it ({log.hold_us:.0f} us{source}): the GPU waited for the host in {late['late']} of "
             f"{late['regions']} regions, and that time counts (fewer launches or less Python per call shorten it)")
     return rounds, log
+
+
+def sized(config: TimingConfig, brackets: CandidateBrackets | None) -> TimingConfig:
+    """``config`` with regions as long as the evaluator's clock needs (``Overhead.region_ms_for``), for every side:
+    the baselines' regions last as long as the candidate's."""
+    if brackets is None or brackets.cost is None:
+        return config
+    needed = brackets.cost.region_ms_for(config.allowance_target, config.uncertainty_target, config.resolution_target)
+    return replace(config, region_ms=min(config.region_max_ms, max(config.region_ms, needed)))
 
 
 def candidate_hold(setup: Setup, reference: Channel, plan: Plan, eager_host_us: float | None) -> float:
@@ -223,6 +234,8 @@ def _candidate_side(setup: Setup, candidate: CandidateRounds, log: CandidateLog,
             if bracketed is None or len(bracketed) != trials:
                 raise Stop("failed", "profile", "the timing reply came without its regions' brackets", rule="forged-reply")
             brackets.add(bracketed, samples, calls)
+            # The evaluator's clock times the candidate (``region_clock``); its process's samples stay a diagnostic.
+            samples = [t / calls for t in brackets.times(bracketed, log.hold_us if setup.device == "cuda" else 0.0)]
             # The round's clock counts the candidate's time only: what the evaluator did between its regions
             # (stopping it, reading outputs from outside: 5-20 ms a region on a 2-core host) is not, and the
             # empty round has none of it; left in, an honest CPU candidate came within 2% of the limit.

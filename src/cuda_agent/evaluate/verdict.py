@@ -16,15 +16,9 @@ from cuda_agent.evaluate.watchers import Plausibility, stop_on
 
 
 def decide(setup: Setup, cache: BaselineCache, rounds: Rounds, baseline: dict[str, Any], key: str,
-           output_bytes: int, result: EvalResult, outside_factor: float = 1.0) -> None:
-    """Times, speedups with their intervals, the reward: each decision from the rounds. ``outside_factor``
-    (``watchers.Regions``): the evaluator's clock saw the candidate's regions longer than its process reported,
-    past the clock's noise; its times are taken up by that much before anything is decided."""
+           output_bytes: int, result: EvalResult) -> None:
+    """Times, speedups with their intervals, the reward: each decision from the rounds."""
     method = setup.timing.method
-    if outside_factor > 1.0:
-        rounds = rounds.scaled("candidate", outside_factor)
-        result.notes.append(f"the evaluator's own clock saw the candidate's timed regions {outside_factor - 1:.1%} "
-                            f"longer than its process reported, past the clock's noise: its times are the evaluator's")
     result.times["candidate"] = rounds.stats("candidate", method).to_dict()
     for side in BASELINES:
         if side in baseline["fixed"]:

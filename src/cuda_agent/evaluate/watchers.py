@@ -234,13 +234,14 @@ class Clock:
 
 
 class Regions:
-    """The regions the candidate's process reported against the evaluator's brackets (``region_clock.judge``):
-    where the two disagree the brackets win, and a reported time shorter than they allow is forged. Within that
-    limit they win too (``outside_factor``): the candidate's times are what the brackets saw, less their noise."""
+    """The candidate's regions by the evaluator's clock (``region_clock.judge``), which its times are: stated in the
+    result beside what its process reported, and refused (no reward either way) where what that clock leaves unseen
+    or uncertain is more than ``allowance_max`` or ``uncertainty_max`` of a region, which a candidate could not have
+    caused: the clock was calibrated before its code loaded, and the regions were sized for it."""
 
     def __init__(self, brackets: Any, hold_us: float | None, setup: Any, result: EvalResult):
         self.brackets, self.result = brackets, result
-        self.verdict: Any = None  # the brackets' RegionClock, set by check once they judged every region
+        self.verdict: Any = None  # the brackets' RegionClock, set by check once every region was timed
         self.hold_us = (hold_us or 0.0) if setup.device == "cuda" else 0.0
         self.timing = setup.timing
 
@@ -248,55 +249,25 @@ class Regions:
     def judged(self) -> bool:
         return self.verdict is not None
 
-    @property
-    def outside_factor(self) -> float:
-        return self.verdict.outside_factor if self.verdict is not None and self.verdict.ok else 1.0
-
     def check(self, stage: str, when: str) -> list[Breach]:
         if self.brackets is None:
             return []
-        verdict = self.brackets.judge(self.hold_us, self.timing.region_slack, self.timing.region_us,
-                                      self.timing.outside_wins)
+        verdict = self.brackets.judge(self.hold_us)
         if verdict is None:
             return []
         self.verdict = verdict
         self.result.timing = self.result.timing | {"regions": verdict.to_dict() | {"overhead": self.brackets.cost.to_dict()}}
-        if verdict.ok and verdict.spread_share > self.timing.region_spread_max:
-            # Not the candidate's doing (its code had not loaded when the spread was measured), so no reward
-            # either way: a forged report could pass by this much.
-            raise Stop("error", "profile", f"the evaluator's own clock could not check the timing: its brackets "
-                       f"moved by {verdict.spread_share:.0%} of a timed region when calibrated (limit "
-                       f"{self.timing.region_spread_max:.0%}), so a forged time could pass; the host or GPU was busy "
-                       f"with other work: evaluate again when it is quieter")
-        if verdict.ok:
-            return []
-        if verdict.breached == "let-go":
-            return [Breach("clock", f"the candidate's process spent {verdict.let_go_cpu_ms:.3f} ms of its timing "
-                           f"thread's CPU time between being let go with the written inputs and the start of each region "
-                           f"(median over {verdict.regions} regions), {verdict.let_go_excess_ms:.3f} ms more than before "
-                           f"its code loaded (limit {verdict.let_go_limit_ms:.3f} ms): work done outside the brackets")]
-        if verdict.breached == "after-done":
-            return [Breach("clock", f"the candidate's regions left work running on the GPU after saying they were done: "
-                           f"a probe of the evaluator's, launched once its processes were stopped after each DONE, "
-                           f"waited {verdict.after_done_ms:.3f} ms (median over {verdict.regions} regions), "
-                           f"{verdict.after_done_excess_ms:.3f} ms more than after the regions timed before its code "
-                           f"loaded (limit {verdict.after_done_limit_ms:.3f} ms): its regions were longer than bracketed")]
-        if verdict.breached == "past-done":
-            return [Breach("clock", f"the candidate's regions ended later than they said: each bracket (to its DONE) "
-                           f"with what the evaluator's probe found still running on the GPU after it added, the "
-                           f"reported regions were {verdict.past_done_excess_ms:.3f} ms short of it (median over "
-                           f"{verdict.regions} regions: reported {verdict.reported_ms:.3f} ms; bracket "
-                           f"{verdict.outside_ms:.3f} ms; the probe waited {verdict.after_done_ms:.3f} ms; limit "
-                           f"{verdict.limit_ms:.3f} ms)")]
-        by_wall = verdict.breached == "wall"
-        excess, limit = (verdict.excess_ms, verdict.limit_ms) if by_wall else (verdict.cpu_excess_ms, verdict.cpu_limit_ms)
-        return [Breach("clock", f"the candidate's process reported its timed regions {excess:.3f} ms shorter "
-                       f"than the evaluator's own {'brackets' if by_wall else 'account of its timing thread'} allow "
-                       f"(median over {verdict.regions} regions: reported {verdict.reported_ms:.3f} ms; bracket "
-                       f"{verdict.outside_ms:.3f} ms, of which its timing thread waited for a CPU {verdict.waited_ms:.3f} "
-                       f"ms and ran {verdict.cpu_ms:.3f} ms; the brackets' own cost {verdict.overhead_ms:.3f} ms; "
-                       f"limit {limit:.3f} ms)")]
-
+        for what, share, limit, why in (
+                ("allowance", verdict.allowance, self.timing.allowance_max,
+                 "the window after each region's DONE that its probe of the GPU cannot see"),
+                ("uncertainty", verdict.uncertainty, self.timing.uncertainty_max,
+                 "how far the brackets' own cost, measured before the candidate's code loaded, may be off")):
+            if share > limit:
+                raise Stop("error", "profile", f"the evaluator's own clock cannot time these regions closely enough: "
+                           f"its {what} ({why}) is {share:.1%} of a {verdict.outside_ms:.3f} ms region (limit "
+                           f"{limit:.1%}, regions at most {self.timing.region_max_ms:g} ms); the host or GPU was busy "
+                           f"with other work: evaluate again when it is quieter")
+        return []
 
 class Plausibility:
     """Results no honest kernel can reach: beyond the policy's speedup ceiling, or faster than writing
