@@ -75,10 +75,15 @@ def local_service(device: str = "auto", *, slots: int | None = None, gpus: list[
     builder = Evaluator(device, **({k: v for k, v in options.items() if k not in ("timing_lock", "references")}
                                    | {"prestart": False} | ({"build_lock": list(locks.values())} if locks else {})))
     workers = (default_build_workers() if device == "cuda" else 0) if build_workers is None else build_workers
+    # The symbol audit's probe (and with it what every candidate's build shares: the glue's precompiled header,
+    # binding.cpp) is built now, not by the first candidates, which waited 21-23 s for it on the H100 (a cached
+    # one returns at once). Its own namespace in the cache keeps it apart from every candidate's objects, and each
+    # evaluator builds it before its first candidate (``Evaluator.build``). With build workers (a GPU host) on a
+    # thread, which their builds wait for; without (the CPU backend: the slots build) before the first job.
     if workers:
-        # What every candidate's build shares (the glue's precompiled header, binding.cpp) is built now,
-        # not by the first candidates, which waited 21-23 s for it on the H100 (a cached one returns at once).
         threading.Thread(target=_prepare, args=(builder,), name="build-prepare", daemon=True).start()
+    else:
+        _prepare(builder)
     return EvalService(make_slot, len(indices), queue_size=queue_size, job_timeout_s=job_timeout_s,
                        builder=builder.build, build_workers=workers, on_reply=on_reply,
                        one_per_task=bool(pools) and len(set(indices)) < len(indices),
