@@ -77,13 +77,10 @@ def local_service(device: str = "auto", *, slots: int | None = None, gpus: list[
     workers = (default_build_workers() if device == "cuda" else 0) if build_workers is None else build_workers
     # The symbol audit's probe (and with it what every candidate's build shares: the glue's precompiled header,
     # binding.cpp) is built now, not by the first candidates, which waited 21-23 s for it on the H100 (a cached
-    # one returns at once). Its own namespace in the cache keeps it apart from every candidate's objects, and each
-    # evaluator builds it before its first candidate (``Evaluator.build``). With build workers (a GPU host) on a
-    # thread, which their builds wait for; without (the CPU backend: the slots build) before the first job.
-    if workers:
-        threading.Thread(target=_prepare, args=(builder,), name="build-prepare", daemon=True).start()
-    else:
-        _prepare(builder)
+    # one returns at once). On a thread, so the service answers at once; what keeps the audit apart from every
+    # candidate is not this order but the probe's own namespace in the cache, and every evaluator (a build
+    # worker's or a slot's) builds the probe before its first candidate anyway (``Evaluator.build``).
+    threading.Thread(target=_prepare, args=(builder,), name="build-prepare", daemon=True).start()
     return EvalService(make_slot, len(indices), queue_size=queue_size, job_timeout_s=job_timeout_s,
                        builder=builder.build, build_workers=workers, on_reply=on_reply,
                        one_per_task=bool(pools) and len(set(indices)) < len(indices),
