@@ -157,6 +157,12 @@ def _remote_evaluator(args: argparse.Namespace, policy: Policy):
 def cmd_serve(args: argparse.Namespace) -> int:
     """An evaluation service: local slots (or Ray actors with --ray) behind an HTTP front."""
     from cuda_agent.service import local_service, make_server, ray_service
+    from cuda_agent.service.http import is_loopback
+    from cuda_agent.service.messages import TOKEN_ENV
+
+    if not (args.token or os.environ.get(TOKEN_ENV)) and not is_loopback(args.host):
+        raise ValueError(f"--host {args.host} reaches beyond this machine, so the service needs a token: pass --token "
+                         f"TOKEN or set {TOKEN_ENV} (clients set {TOKEN_ENV} to the same value), or serve on 127.0.0.1")
 
     if args.per_gpu < 1:
         raise ValueError(f"--per-gpu must be at least 1 (local slots sharing each GPU), not {args.per_gpu}")
@@ -179,7 +185,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         service = local_service(args.device, slots=args.slots, gpus=args.gpus, per_gpu=args.per_gpu, **common,
                                 **options)
     try:
-        server = make_server(service, args.host, args.port)
+        server = make_server(service, args.host, args.port, token=args.token or os.environ.get(TOKEN_ENV))
     except OSError:
         service.close()  # its slots are running already
         raise
@@ -719,6 +725,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 for "
                                                        "other machines)")
     p.add_argument("--port", type=int, default=8470, help="port (default 8470; 0 picks a free one, printed at start)")
+    p.add_argument("--token", default=None,
+                   help="bearer token every request must carry (default $CUDA_AGENT_SERVICE_TOKEN); required with a "
+                        "--host beyond the loopback. Clients set CUDA_AGENT_SERVICE_TOKEN")
     p.add_argument("--slots", type=int, default=None,
                    help="evaluators: default one per GPU (cuda) or 1 (cpu); with --ray, actors (default: the cluster's GPUs)")
     p.add_argument("--gpus", type=int, nargs="+", default=None, help="GPU indices to serve on (default: all visible)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 
@@ -22,14 +23,63 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"  # the repository's bundled examples
 
 
+# The only variables of the evaluator's environment that reach a sandboxed process (a worker, a compiler,
+# a linker, the agent's shell), each with why it is needed there. Nothing else passes: the evaluator's
+# environment holds what a trainer or an agent was given (API keys, tokens, service URLs, credentials),
+# and whatever a candidate's process can read reaches the policy's trajectories. None of these is a
+# secret; a variable is added here only when an evaluation needs it and it names no secret or service.
+PASSED_ENV: dict[str, str] = {
+    "PATH": "compilers, nvcc's host compiler, ncu and the agent's shell commands are found on it",
+    "LANG": "the locale of compiler messages and Python's text encoding",
+    "LANGUAGE": "as LANG",
+    "TZ": "timestamps in logs",
+    "CUDA_HOME": "the CUDA toolkit (nvcc, headers, libraries) for the compilers, torch and Triton",
+    "CUDA_PATH": "as CUDA_HOME",
+    "CUDA_VISIBLE_DEVICES": "which GPU the evaluation uses (the evaluator sets it per slot as well)",
+    "CUDA_DEVICE_ORDER": "how CUDA_VISIBLE_DEVICES indices map to GPUs",
+    "CUDA_MODULE_LOADING": "lazy loading of CUDA modules (start-up time and memory)",
+    "NVIDIA_VISIBLE_DEVICES": "a container runtime's GPU selection",
+    "NVIDIA_DRIVER_CAPABILITIES": "a container runtime's driver features",
+    "LD_LIBRARY_PATH": "the driver's and the toolkit's libraries where the loader's cache does not list them",
+    "TORCH_CUDA_ARCH_LIST": "the architectures torch builds for (the builder reads it in the evaluator too)",
+    "PYTORCH_CUDA_ALLOC_CONF": "the operator's allocator settings (a candidate's is replaced on a GPU)",
+    "PYTORCH_NVML_BASED_CUDA_CHECK": "how torch asks whether CUDA is available without a context",
+    "TRITON_PTXAS_PATH": "Triton's ptxas where the toolkit's is not found (torch.compile baselines)",
+    "TRITON_LIBCUDA_PATH": "Triton's libcuda where the loader's cache does not list it",
+    "TORCHINDUCTOR_COMPILE_THREADS": "torch.compile's worker threads for the baselines on a small host",
+    "OMP_NUM_THREADS": "the threads torch's CPU kernels use: the same for the reference and the candidate",
+    "MKL_NUM_THREADS": "as OMP_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS": "as OMP_NUM_THREADS",
+    "VIRTUAL_ENV": "the agent's shell finds the evaluator's Python environment",
+    "CONDA_PREFIX": "as VIRTUAL_ENV",
+}
+PASSED_ENV_PREFIXES: tuple[str, ...] = ("LC_",)  # the locale's categories, as LANG
+
+
+def passed_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The allowlisted part (PASSED_ENV, PASSED_ENV_PREFIXES) of ``environ`` (the evaluator's own by
+    default): the base of every sandboxed process's environment."""
+    environ = os.environ if environ is None else environ
+    return {name: value for name, value in environ.items()
+            if name in PASSED_ENV or name.startswith(PASSED_ENV_PREFIXES)}
+
+
+def compiler_env() -> dict[str, str]:
+    """The environment of a sandboxed compiler or linker: the allowlist, with its temporary files in
+    the sandbox's private /tmp and no home of the evaluator's."""
+    return passed_env() | {"HOME": "/tmp", "TMPDIR": "/tmp"}
+
+
 def worker_env(home: Path, inductor_cache: Path | None = None) -> dict[str, str]:
-    """The environment of a sandboxed worker process running this package. The sandbox leaves only
-    ``home`` (and ``inductor_cache``, when given) writable, so every cache goes there."""
+    """The environment of a sandboxed worker process running this package: the allowlist
+    (``passed_env``) and what the worker needs. The sandbox leaves only ``home`` (and
+    ``inductor_cache``, when given) writable, so every cache goes there."""
     # Never an MPS client: its contexts would run beside other processes' instead of taking turns with them, and the
     # GPU quiet probe (``evaluate.quiet``) and the timing's device to itself rest on taking turns. The sandbox's
-    # private /tmp hides MPS's default pipe directory; one named in the environment is dropped here.
-    env = {name: value for name, value in os.environ.items() if not name.startswith("CUDA_MPS_")}
-    env["PYTHONPATH"] = str(PACKAGE_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    # private /tmp hides MPS's default pipe directory; none of its variables is on the allowlist.
+    env = passed_env()
+    # The package first, then the evaluator's own path entries (paths, not secrets: where torch may live).
+    env["PYTHONPATH"] = str(PACKAGE_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
     env["PYTHONUNBUFFERED"] = "1"
     for name in ("HOME", "TMPDIR", "TRITON_CACHE_DIR", "CUDA_CACHE_PATH", "TORCH_EXTENSIONS_DIR"):
         env[name] = str(home)

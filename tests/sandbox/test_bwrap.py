@@ -74,7 +74,9 @@ for path in [{str(forbidden / 'no.txt')!r}, {str(tmp_path / 'sibling.txt')!r}, '
         assert result.ok, result.output
         assert (job / "in-cwd.txt").read_text() == "a"
         assert (extra / "ok.txt").read_text() == "b"
-        assert f"denied {forbidden / 'no.txt'} EROFS" in result.output
+        # Outside the job's read view the directory does not exist at all (ENOENT); in the host view, EROFS.
+        assert (f"denied {forbidden / 'no.txt'} ENOENT" in result.output
+                or f"denied {forbidden / 'no.txt'} EROFS" in result.output), result.output
         assert "denied /etc/cuda-agent-test EROFS" in result.output
         assert not (forbidden / "no.txt").exists()
         # tmp_path itself is under the host's /tmp, hidden by the sandbox's private /tmp:
@@ -82,6 +84,50 @@ for path in [{str(forbidden / 'no.txt')!r}, {str(tmp_path / 'sibling.txt')!r}, '
         assert not (tmp_path / "sibling.txt").exists()
     finally:
         shutil.rmtree(forbidden)
+
+
+def test_the_job_reads_only_its_view_not_the_hosts_files(tmp_path):
+    """A file planted in the evaluator's home and in the repository (beside the package, not in it) is not
+    there for the job; the job's own readable paths, the interpreter, torch and the compilers are."""
+    planted = [outside_dir() / "planted-secret.txt", Path(__file__).resolve().parents[2] / ".planted-secret.txt"]
+    shown = tmp_path / "shown"
+    shown.mkdir()
+    (shown / "ok.txt").write_text("visible")
+    try:
+        for path in planted:
+            path.write_text("PLANTED-HOST-SECRET")
+        code = f"""
+for path in {[str(p) for p in planted]!r} + ['/etc/shadow', {str(shown / 'ok.txt')!r}]:
+    try:
+        print('read', path, open(path).read())
+    except OSError as e:
+        print('denied', path, type(e).__name__)
+import torch, shutil
+print('torch', torch.__version__, 'g++', bool(shutil.which('g++')))
+"""
+        result = run_command([PY, "-c", code], cwd=tmp_path, sandbox=SANDBOX, readable=[shown],
+                             limits=Limits(timeout_s=120))
+        assert result.ok, result.output
+        assert "PLANTED-HOST-SECRET" not in result.output
+        for path in planted:
+            assert f"denied {path} FileNotFoundError" in result.output, result.output
+        assert "denied /etc/shadow FileNotFoundError" in result.output
+        assert f"read {shown / 'ok.txt'} visible" in result.output
+        assert "g++ True" in result.output
+        view = bwrap_module.job_view_paths()
+        assert not [p for p in view if p in ("/", "/root", "/home", "/work", "/etc", "/var", "/opt")], view
+    finally:
+        for path in planted:
+            path.unlink(missing_ok=True)
+        shutil.rmtree(planted[0].parent, ignore_errors=True)
+
+
+def test_the_host_view_is_the_whole_file_system_read_only(tmp_path):
+    sandbox = BwrapSandbox(read_view="host")
+    result = run_command(["cat", "/etc/hostname"], cwd=tmp_path, sandbox=sandbox)
+    assert result.ok, result.output
+    with pytest.raises(ValueError, match="read_view"):
+        BwrapSandbox(read_view="everything")
 
 
 def test_no_network_but_unix_sockets_work(tmp_path):

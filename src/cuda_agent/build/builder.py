@@ -19,13 +19,17 @@ from typing import Any
 from cuda_agent.build.diagnostics import Diagnostic, parse_diagnostics, summarize
 from cuda_agent.build.cache import ObjectCache
 from cuda_agent.build.toolchain import GLUE_OPT, KERNEL_OPT, Toolchain, ToolchainError, detect_toolchain, usable_cpus
-from cuda_agent.candidates import Candidate, Extension
+from cuda_agent.candidates import Candidate, CandidateError, Extension, check_extension
 from cuda_agent.candidates.candidate import COMPILE_SUFFIXES
 from cuda_agent.paths import cache_root
 from cuda_agent.sandbox import Limits, LocalSandbox, Sandbox, run_command
 
 DEFAULT_COMPILE_TIMEOUT_S = 300.0
 LOG_LIMIT = 64 * 1024
+# The symbol audit's probe extension is built into a cache of its own under the cache directory, which
+# candidate builds read (its precompiled header and binding.cpp are theirs too) but never write: no
+# candidate's compile can stand in for an object the audit's allowlist is read from.
+PROBE_NAMESPACE = "probe"
 
 # Exactly the headers SKILL.md tells a binding file to include (and binding_registry.h includes), so the
 # .gch is what every glue unit parses first anyway. An include guard, not #pragma once: g++ warns
@@ -121,12 +125,18 @@ def build(
     sandbox: Sandbox | None = None,
     timeout_s: float = DEFAULT_COMPILE_TIMEOUT_S,
     jobs: int | None = None,
+    namespace: str | None = None,
 ) -> BuildResult:
     """Compile (and with ``mode="link"``, link) every extension of ``candidate``.
 
     Two caches under ``cache_dir``: ``builds/<key>`` holds whole results (an unchanged candidate is
     never rebuilt, not even linked), ``objects/`` holds one object per translation unit (an edit to
-    one file recompiles that file and links; see cache.py and docs/BUILD.md).
+    one file recompiles that file and links; see cache.py and docs/BUILD.md). ``namespace`` puts both
+    under ``cache_dir/<namespace>`` (PROBE_NAMESPACE: the audit's probe, kept apart from candidates).
+
+    Isolation: every compile runs in a private directory, the only one its sandbox may write; sources,
+    placed objects and the precompiled header are read-only to every sandbox; objects reach the shared
+    cache only as copies the evaluator makes after the compiler exited (cache.py).
     """
     if mode not in ("link", "compile"):
         raise ValueError(f"unknown build mode {mode!r}; use 'link' or 'compile'.")
@@ -146,7 +156,9 @@ def build(
                 error=f"the CPU backend cannot build CUDA sources ({', '.join(cuda_files)}); "
                 "use kernels/*.cpp or run with --device cuda.",
             )
-    root = (cache_dir or cache_root()) / "builds"
+    base = cache_dir or cache_root()
+    store = base / namespace if namespace else base
+    root = store / "builds"
     final = root / key
     cached = _load_cached(final)
     if cached is not None:
@@ -158,7 +170,8 @@ def build(
     work = Path(tempfile.mkdtemp(prefix=f"{key}-", dir=root))
     try:
         units: list[dict[str, Any]] = []
-        objects = ObjectCache((cache_dir or cache_root()) / "objects")
+        probe_objects = ObjectCache(base / PROBE_NAMESPACE / "objects")
+        objects = probe_objects if namespace == PROBE_NAMESPACE else ObjectCache(store / "objects", seed=probe_objects)
         result = _compile_all(candidate, toolchain, mode, work, sandbox or LocalSandbox(), timeout_s, jobs, objects, units)
         result.units = units
         result.key = key
@@ -179,12 +192,13 @@ def build(
 def prepare(backend: str, **options: Any) -> BuildResult:
     """Build what every candidate of ``backend`` shares before the first one arrives: the glue's
     precompiled header and ``binding.cpp`` (module cuda_extension), by building the toolchain probe,
-    the same minimal extension the evaluator's symbol audit builds anyway. On a fresh cache this moves
-    ~30 CPU-s out of the first candidate's build; afterwards it returns the cached probe at once.
+    the same minimal extension the evaluator's symbol audit builds anyway, in its own namespace
+    (PROBE_NAMESPACE), whose objects candidate builds reuse read-only. On a fresh cache this moves ~30
+    CPU-s out of the first candidate's build; afterwards it returns the cached probe at once.
     ``options`` as for ``build``."""
     from cuda_agent.build.probe import probe_candidate
 
-    return build(probe_candidate(backend), backend, **options)
+    return build(probe_candidate(backend), backend, namespace=PROBE_NAMESPACE, **options)
 
 
 def compile_only(candidate: Candidate, backend: str, **options: Any) -> BuildResult:
@@ -223,16 +237,13 @@ def _compile_extensions(
     logs: list[str] = []
     limits = Limits(timeout_s=timeout_s, output_bytes=4 * 1024 * 1024)
     for ext in candidate.extensions:
-        src_root = work / "src" / ext.name
-        obj_root = work / "obj" / ext.name
-        for rel, text in ext.sources.items():
-            path = src_root / rel
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
         try:
-            plans = [plan_unit(ext, rel, toolchain, src_root, obj_root / (rel.replace("/", "__") + ".o"))
+            check_extension(ext, "build")
+            src_root = _write_sources(ext, work / "src" / ext.name)
+            plans = [plan_unit(ext, rel, toolchain, src_root, work / "obj" / ext.name / object_name(rel))
                      for rel in ext.compile_units]
-        except ToolchainError as exc:
+            _refuse_shared_objects(ext, plans)
+        except (ToolchainError, CandidateError) as exc:
             return BuildResult(ok=False, backend=toolchain.backend, key="", error=str(exc))
         if any(p.pch for p in plans) and "future" not in pch_state:
             # On its own thread, so the kernels compile while the header does (the first build of a
@@ -268,13 +279,14 @@ def _compile_extensions(
                 result.diagnostics.append(Diagnostic("error", result.error))
             break
         if mode == "link":
-            output = work / "lib" / f"{ext.name}.so"
+            # The linker writes only its own directory: the placed objects are the cache's entries.
+            output = work / "lib" / ext.name / f"{ext.name}.so"
             output.parent.mkdir(parents=True, exist_ok=True)
             try:
                 argv = toolchain.link_command([p.obj for p in plans], output, ext.uses_cuda, ext.ldflags)
             except ToolchainError as exc:
                 return BuildResult(ok=False, backend=toolchain.backend, key="", error=str(exc))
-            proc = run_command(argv, cwd=work, limits=limits, sandbox=sandbox, writable=(work,))
+            proc = run_command(argv, cwd=output.parent, limits=limits, sandbox=sandbox, readable=(work,))
             result.cpu_s = _add_cpu(result.cpu_s, proc.cpu_s)
             logs.append(f"$ link {ext.name}\n{proc.output}")
             result.diagnostics += parse_diagnostics(proc.output, str(work) + "/")
@@ -294,6 +306,39 @@ def _compile_extensions(
 _INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*([<"])([^>"\n]+)[>"]', re.M)
 _OTHER_INCLUDE = re.compile(r'^[ \t]*#[ \t]*(include(?![ \t]*[<"])|include_next|import)|__has_include', re.M)
 _DEFINE_FIRST = re.compile(r'^[ \t]*#[ \t]*(define|undef|pragma)\b', re.M)
+
+
+def object_name(rel: str) -> str:
+    """The object file of unit ``rel``: a readable stem and a hash of the whole relative path, so no
+    two units of an extension share one (``kernels/x.cpp`` and a root ``kernels__x.cpp`` did)."""
+    stem = re.sub(r"[^A-Za-z0-9_.-]", "_", posixpath.basename(rel))[:64]
+    return f"{stem}.{hashlib.sha256(rel.encode()).hexdigest()[:16]}.o"
+
+
+def _refuse_shared_objects(ext: Extension, plans: list["UnitPlan"]) -> None:
+    seen: dict[Path, str] = {}
+    for plan in plans:
+        if plan.obj in seen:
+            raise ToolchainError(f"{ext.name}: units {seen[plan.obj]} and {plan.rel} would compile to the same object "
+                                 f"{plan.obj.name}; rename one of them.")
+        seen[plan.obj] = plan.rel
+
+
+def _write_sources(ext: Extension, src_root: Path) -> Path:
+    """Each source at ``src_root/rel``, refusing any that would land outside ``src_root`` (the paths
+    were checked where they entered; this holds even where they were not)."""
+    src_root.mkdir(parents=True, exist_ok=True)
+    root = os.path.realpath(src_root)
+    for rel, text in ext.sources.items():
+        path = src_root / rel
+        if not os.path.realpath(path).startswith(root + os.sep):
+            raise CandidateError(f"{ext.name}: source path {rel!r} resolves outside the build's source directory; "
+                                 "give a relative path inside the workspace layout.")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not os.path.realpath(path.parent).startswith(root):
+            raise CandidateError(f"{ext.name}: source path {rel!r} resolves outside the build's source directory.")
+        path.write_text(text)
+    return src_root
 
 
 def is_glue(rel: str) -> bool:
@@ -427,21 +472,32 @@ def _object(
         with objects.lock(plan.key, wait_s=limits.timeout_s):
             cached = objects.lookup(plan.key)  # built by whoever held the lock
             if cached is None:
-                argv = _unit_argv(ext, plan.rel, toolchain, src_root, plan.obj, pch_header if plan.pch else None, plan.glue)
-                proc = run_command(argv, cwd=src_root, limits=limits, sandbox=sandbox, writable=(work,))
+                # A directory of its own, the only one this compile's sandbox may write: no compile can
+                # write another unit's object, the placed objects or the sources.
+                private = Path(tempfile.mkdtemp(prefix="unit-", dir=_units_dir(work)))
+                produced = private / "object.o"
+                argv = _unit_argv(ext, plan.rel, toolchain, src_root, produced, pch_header if plan.pch else None, plan.glue)
+                proc = run_command(argv, cwd=private, limits=limits, sandbox=sandbox, readable=(work,))
                 if not proc.ok:
                     return UnitOutcome(False, False, proc.output, str(src_root), proc.seconds, proc.describe_failure(),
                                        proc.cpu_s)
                 record = {"unit": plan.rel, "module": ext.name, "seconds": round(proc.seconds, 3),
                           "output": proc.output, "source_root": str(src_root)}
                 try:
-                    objects.publish(plan.key, plan.obj, record)
+                    objects.place(objects.publish(plan.key, produced, record), plan.obj)
                 except OSError:
-                    pass  # an unwritable cache costs reuse, not this build: the object is in place
+                    # An unwritable cache costs reuse, not this build: the evaluator's own copy is linked.
+                    shutil.copyfile(produced, plan.obj)
                 return UnitOutcome(True, False, proc.output, str(src_root), proc.seconds, cpu_s=proc.cpu_s)
     objects.place(cached, plan.obj)
     # Warnings the compile printed are replayed, so a reused unit reports what a fresh one would.
     return UnitOutcome(True, True, cached.record.get("output", ""), cached.record.get("source_root", str(src_root)))
+
+
+def _units_dir(work: Path) -> Path:
+    units = work / "units"
+    units.mkdir(exist_ok=True)
+    return units
 
 
 # -- the glue's precompiled header ------------------------------------------------------------------
@@ -456,7 +512,7 @@ def _ensure_pch(toolchain: Toolchain, work: Path, sandbox: Sandbox, limits: Limi
     """``work/pch/cuda_agent_pch.h`` with its .gch beside it, built once per toolchain and shared
     through the object cache; None when it cannot be built (the glue then parses the headers)."""
     key = pch_key(toolchain)
-    folder = work / "pch"
+    folder = work / "pch"  # read-only to every sandbox: the .gch placed here is the cache's entry
     folder.mkdir(parents=True, exist_ok=True)
     header = folder / PCH_NAME
     header.write_text(PCH_TEXT)
@@ -466,8 +522,12 @@ def _ensure_pch(toolchain: Toolchain, work: Path, sandbox: Sandbox, limits: Limi
         with objects.lock(key, wait_s=limits.timeout_s):
             cached = objects.lookup(key)
             if cached is None:
-                proc = run_command(toolchain.pch_command(header, gch), cwd=folder, limits=limits, sandbox=sandbox,
-                                   writable=(work,))
+                private = Path(tempfile.mkdtemp(prefix="pch-", dir=_units_dir(work)))
+                own_header = private / PCH_NAME
+                own_header.write_text(PCH_TEXT)
+                produced = private / (PCH_NAME + ".gch")
+                proc = run_command(toolchain.pch_command(own_header, produced), cwd=private, limits=limits,
+                                   sandbox=sandbox, readable=(work,))
                 if state is not None:
                     state["cpu_s"] = proc.cpu_s
                 if not proc.ok:
@@ -475,11 +535,12 @@ def _ensure_pch(toolchain: Toolchain, work: Path, sandbox: Sandbox, limits: Limi
                     return None
                 logs.append(f"$ precompile {PCH_NAME}\n{proc.output}")
                 try:
-                    objects.publish(key, gch, {"unit": PCH_NAME, "module": None, "seconds": round(proc.seconds, 3),
-                                               "output": proc.output, "source_root": str(folder)})
+                    cached = objects.publish(key, produced, {"unit": PCH_NAME, "module": None,
+                                                             "seconds": round(proc.seconds, 3), "output": proc.output,
+                                                             "source_root": str(folder)})
                 except OSError:
-                    pass
-                return header
+                    shutil.copyfile(produced, gch)
+                    return header
     objects.place(cached, gch)
     return header
 

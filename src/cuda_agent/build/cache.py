@@ -15,6 +15,17 @@ can see an object without its record or a record of another compile's object. A 
 the object's size (and, for objects, its sha256) against the record before use, so an entry damaged
 afterwards (a full disk, a half-copied network share) is recompiled rather than linked.
 
+Why the bytes are copied, never linked: the compiler writes its output inside a build sandbox, and a
+file a sandbox could write (or still holds open, or reaches through another link) must never be the
+shared entry. ``publish`` runs after the compiler has exited, copies the bytes into a file of its own,
+hashes that copy, and renames it into place, so what the record's sha256 covers is what every later
+build links. ``place`` hard-links an entry into a build's work directory only where every sandbox of
+that build sees it read-only (see builder.py).
+
+Namespaces: the symbol audit's probe extension is built into a cache of its own (``probe/`` beside
+``objects/``), which candidate builds may read (``seed``) but never publish to, so nothing a candidate
+compiles can stand in for an object the audit's allowlist is read from.
+
 Why a lock as well: two builds of the same unit at once would both compile and one would throw its
 object away; the lock makes the second wait for the first and reuse its object. The lock is only an
 economy. Correctness rests on the rename, so where flock does not work (some network file systems) or
@@ -49,14 +60,25 @@ class CachedObject:
 
 
 class ObjectCache:
-    def __init__(self, root: Path):
+    """``seed``: a read-only cache consulted after this one misses (the probe's namespace, whose
+    objects every candidate build may reuse but never writes)."""
+
+    def __init__(self, root: Path, seed: "ObjectCache | None" = None):
         self.root = Path(root)
+        self.seed = seed
 
     def entry(self, key: str) -> Path:
         return self.root / key[:2] / key
 
     def lookup(self, key: str) -> CachedObject | None:
-        """The published object of ``key`` when its record and bytes agree; None otherwise."""
+        """The published object of ``key`` when its record and bytes agree (here, else in ``seed``);
+        None otherwise."""
+        found = self._lookup(key)
+        if found is None and self.seed is not None:
+            found = self.seed.lookup(key)
+        return found
+
+    def _lookup(self, key: str) -> CachedObject | None:
         entry = self.entry(key)
         try:
             record = json.loads((entry / "record.json").read_text())
@@ -74,18 +96,20 @@ class ObjectCache:
         return CachedObject(key, path, record)
 
     def publish(self, key: str, produced: Path, record: dict[str, Any]) -> CachedObject:
-        """Store ``produced`` under ``key``; when another build published it first, theirs is kept
-        (same key, same inputs) and returned."""
+        """Store a copy of ``produced`` under ``key`` (call it only once the process that wrote it has
+        exited); when another build published it first, theirs is kept (same key, same inputs) and
+        returned. The copy is the evaluator's own file: its sha256 is taken from the copy, never from
+        a file a sandbox could still change."""
         tmp_root = self.root / "tmp"
         tmp_root.mkdir(parents=True, exist_ok=True)
         staged = Path(tempfile.mkdtemp(prefix=key[:16] + "-", dir=tmp_root))
         try:
-            _link_or_copy(produced, staged / "object")
+            shutil.copyfile(produced, staged / "object")
             with open(staged / "object", "rb") as f:
                 os.fsync(f.fileno())
             size = (staged / "object").stat().st_size
-            full = dict(record, key=key, bytes=size, sha256=_sha256(staged / "object") if size <= HASH_LIMIT_BYTES else None,
-                        created=time.time(), host=socket.gethostname())
+            full = dict(record, key=key, bytes=size, sha256=_sha256(staged / "object"), created=time.time(),
+                        host=socket.gethostname())
             with open(staged / "record.json", "w") as f:
                 json.dump(full, f, indent=1)
                 f.flush()
@@ -97,7 +121,7 @@ class ObjectCache:
             except OSError as exc:
                 if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
                     raise
-                existing = self.lookup(key)
+                existing = self._lookup(key)
                 if existing is not None:
                     return existing
                 # A damaged entry: move it aside (a rename, so a concurrent reader sees old or none)
@@ -112,7 +136,7 @@ class ObjectCache:
                     os.rename(staged, entry)
                 except OSError:
                     pass
-            published = self.lookup(key)
+            published = self._lookup(key)
             if published is None:
                 raise OSError(f"the object cache at {self.root} did not keep {key}; check that the directory is writable "
                               "and the disk not full.")
@@ -155,7 +179,8 @@ class ObjectCache:
 
     def place(self, cached: CachedObject, target: Path) -> None:
         """Put the cached object at ``target`` for the compiler or linker: a hard link (no copy; the
-        sandbox may not see the cache directory itself, e.g. under a private /tmp)."""
+        sandbox may not see the cache directory itself, e.g. under a private /tmp). ``target`` must lie
+        where every sandbox sees it read-only: a link is the entry itself."""
         target.parent.mkdir(parents=True, exist_ok=True)
         _link_or_copy(cached.path, target)
 

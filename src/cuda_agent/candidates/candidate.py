@@ -16,6 +16,14 @@ FIXED_FILES = ("binding.cpp", "binding_registry.h")
 COMPILE_SUFFIXES = (".cu", ".cpp", ".cc", ".cxx")
 SOURCE_SUFFIXES = COMPILE_SUFFIXES + (".h", ".hpp", ".cuh", ".inl")
 MAX_SOURCE_BYTES = 4 * 1024 * 1024
+# Bounds on what a candidate may carry (over the service's wire above all): generous for any real
+# extension, small enough that a job cannot exhaust the builder's disk or a path's length limits.
+MAX_SOURCE_FILES = 256
+MAX_EXTENSIONS = 16
+MAX_PATH_CHARS = 200
+MAX_PATH_PARTS = 8
+MAX_FLAGS = 64
+MAX_FLAG_CHARS = 512
 
 
 class CandidateError(ValueError):
@@ -79,6 +87,76 @@ class Candidate:
             "extensions": {e.name: e.compile_units for e in self.extensions},
             "notes": list(self.notes),
         }
+
+
+def check_source_path(rel: Any, where: str = "candidate") -> str:
+    """``rel`` when it names a file inside an extension's source root: a relative POSIX path of at most
+    MAX_PATH_PARTS plain parts (no ``..``, ``.``, empty part, backslash, NUL or control character, no
+    leading ``/`` or ``~``) with a source suffix. The builder writes each source at ``src_root/rel``, so
+    anything else could write outside the build's directory."""
+    if not isinstance(rel, str) or not rel:
+        raise CandidateError(f"{where}: a source path must be a non-empty string, got {rel!r}.")
+    problem = None
+    parts = rel.split("/")
+    if len(rel) > MAX_PATH_CHARS:
+        problem = f"longer than {MAX_PATH_CHARS} characters"
+    elif rel.startswith(("/", "~")):
+        problem = "absolute"
+    elif any(ord(c) < 32 or c in "\\\x7f" for c in rel):
+        problem = "holds a NUL, control character or backslash"
+    elif any(part in ("", ".", "..") for part in parts):
+        problem = "has an empty, '.' or '..' part"
+    elif len(parts) > MAX_PATH_PARTS:
+        problem = f"is more than {MAX_PATH_PARTS} directories deep"
+    elif not rel.endswith(SOURCE_SUFFIXES):
+        problem = f"does not end in one of {', '.join(SOURCE_SUFFIXES)}"
+    if problem:
+        raise CandidateError(f"{where}: source path {rel[:MAX_PATH_CHARS]!r} {problem}; give a relative path inside "
+                             "the workspace layout, e.g. kernels/my_kernel.cu.")
+    return rel
+
+
+def check_extension(ext: Extension, where: str = "candidate") -> Extension:
+    """``ext`` when its name is a Python identifier (it names the module, its build and library
+    directories) and its sources and flags are within the bounds; raises CandidateError naming the
+    problem otherwise."""
+    if not isinstance(ext.name, str) or not ext.name.isidentifier() or not ext.name.isascii() or len(ext.name) > 64:
+        raise CandidateError(f"{where}: extension name {str(ext.name)[:80]!r} must be an ASCII Python identifier of at "
+                             "most 64 characters (it is the module's name).")
+    if not isinstance(ext.sources, dict) or not ext.sources:
+        raise CandidateError(f"{where}: extension {ext.name} has no sources.")
+    if len(ext.sources) > MAX_SOURCE_FILES:
+        raise CandidateError(f"{where}: extension {ext.name} has {len(ext.sources)} sources, over {MAX_SOURCE_FILES}.")
+    total = 0
+    for rel, text in ext.sources.items():
+        check_source_path(rel, f"{where}: extension {ext.name}")
+        if not isinstance(text, str):
+            raise CandidateError(f"{where}: source {rel} of {ext.name} must be text, got {type(text).__name__}.")
+        total += len(text)
+    if total > MAX_SOURCE_BYTES:
+        raise CandidateError(f"{where}: extension {ext.name}'s sources total {total} characters, over {MAX_SOURCE_BYTES}.")
+    for kind in ("cflags", "cuda_cflags", "ldflags"):
+        flags = getattr(ext, kind)
+        if len(flags) > MAX_FLAGS or not all(isinstance(f, str) and len(f) <= MAX_FLAG_CHARS and "\x00" not in f
+                                             for f in flags):
+            raise CandidateError(f"{where}: extension {ext.name}'s {kind} must be at most {MAX_FLAGS} strings of at most "
+                                 f"{MAX_FLAG_CHARS} characters without NUL.")
+    return ext
+
+
+def check_candidate(candidate: Candidate, where: str = "candidate") -> Candidate:
+    """``candidate`` when every extension passes ``check_extension``, there are at most MAX_EXTENSIONS
+    of them with distinct names, and ``model_new`` is text within MAX_SOURCE_BYTES."""
+    if not isinstance(candidate.model_new, str) or len(candidate.model_new) > MAX_SOURCE_BYTES:
+        raise CandidateError(f"{where}: model_new must be text of at most {MAX_SOURCE_BYTES} characters.")
+    if len(candidate.extensions) > MAX_EXTENSIONS:
+        raise CandidateError(f"{where}: {len(candidate.extensions)} extensions, over {MAX_EXTENSIONS}.")
+    names = [e.name for e in candidate.extensions]
+    if len(set(names)) != len(names):
+        raise CandidateError(f"{where}: two extensions share a name ({', '.join(sorted(names))}); each names its module.")
+    for ext in candidate.extensions:
+        check_extension(ext, where)
+    return candidate
 
 
 def fixed_file(name: str) -> str:

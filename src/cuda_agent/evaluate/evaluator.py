@@ -17,12 +17,14 @@ import contextlib
 import os
 import secrets
 import shutil
+import threading
 import time
 import weakref
 from pathlib import Path
 from typing import Any, Callable
 
 from cuda_agent.build import BuildResult, build
+from cuda_agent.build.builder import PROBE_NAMESPACE
 from cuda_agent.build.probe import probe_candidate
 from cuda_agent.candidates import Candidate
 from cuda_agent.evaluate import reference_process as ref
@@ -121,6 +123,8 @@ class Evaluator:
         self.on_stage = on_stage or (lambda stage, detail: None)
         self.baselines = BaselineCache(self.cache_dir / "baselines")
         self._probe_imports: frozenset[str] | None = None
+        self._probe: BuildResult | None = None
+        self._probe_lock = threading.Lock()
         # With ``prestart``, each evaluation ends by topping up the candidate processes started ahead
         # (torch imported, CUDA up: a process takes 6-8 s to start on the H200, longer than a warm
         # evaluation, so back-to-back evaluations need several in flight); close() stops them.
@@ -170,10 +174,34 @@ class Evaluator:
                      self.idle_wait_s, self.timing_lock, self.on_stage)
 
     def build(self, candidate: Candidate) -> BuildResult:
+        # The audit's probe first, so it is built before any candidate of this evaluator (and, in its own
+        # namespace of the cache, apart from every candidate's objects).
+        if candidate.extensions:
+            self.build_probe()
+        return self._build(candidate)
+
+    def _build(self, candidate: Candidate, namespace: str | None = None) -> BuildResult:
         # A compile waits for the timing of evaluators sharing ``build_lock``, and their timing for it.
         with shared_use(self.build_lock, occupy=False):
             return build(candidate, self.backend, cache_dir=self.cache_dir, sandbox=self.sandbox,
-                         timeout_s=self.timeouts.build_s)
+                         timeout_s=self.timeouts.build_s, namespace=namespace)
+
+    def build_probe(self) -> BuildResult:
+        """The symbol audit's probe extension (``build.probe``), built once per evaluator in the cache's
+        probe namespace, which candidate builds read but never write (``build.PROBE_NAMESPACE``). Called
+        before the first candidate's build; ``eval`` and ``serve`` call it at start-up."""
+        with self._probe_lock:
+            if self._probe is None:
+                self.on_stage("build", "toolchain probe: a minimal extension, built once per cache before any "
+                                       "candidate, tells the symbol audit what the toolchain itself imports")
+                clock = time.monotonic()
+                probe = self._build(probe_candidate(self.backend), PROBE_NAMESPACE)
+                if probe.ok and not probe.cached:
+                    self.on_stage("build", f"toolchain probe built in {time.monotonic() - clock:.0f} s (cached from now on)")
+                if not probe.ok:
+                    return probe  # not kept: the next call tries again, and the audit reports it
+                self._probe = probe
+            return self._probe
 
     # -- one evaluation -----------------------------------------------------------
     def evaluate(self, task: Task, candidate: Candidate, build_result: BuildResult | None = None, *,
@@ -576,15 +604,10 @@ class Evaluator:
 
     def toolchain_imports(self) -> frozenset[str]:
         """What a minimal extension built here imports (torch's headers, the toolchain): built
-        once per cache (the build cache keys it by compiler, torch and CUDA), read once per evaluator."""
+        once per cache, in its own namespace (the build cache keys it by compiler, torch and CUDA), read
+        once per evaluator."""
         if self._probe_imports is None:
-            # Said aloud: on a fresh cache this build is a silent pause of ~30 s after the candidate's.
-            self.on_stage("build", "one-time toolchain probe: a minimal extension, built once per cache, "
-                                   "tells the symbol audit what the toolchain itself imports")
-            clock = time.monotonic()
-            probe = self.build(probe_candidate(self.backend))
-            if probe.ok and not probe.cached:
-                self.on_stage("build", f"toolchain probe built in {time.monotonic() - clock:.0f} s (cached from now on)")
+            probe = self.build_probe()
             if not probe.ok:
                 raise Stop("error", "build", f"the toolchain probe extension does not build: {probe.error}")
             self._probe_imports = imported_symbols([Path(p) for p in probe.modules.values()])

@@ -170,12 +170,65 @@ DEFAULT_TMPFS_BYTES = 4 * 1024**3  # /tmp and /dev/shm each; charged to the job'
 
 
 _PRIVATE_MOUNTS = ("/tmp", "/dev/shm", "/run", "/var/run")
+READ_VIEWS = ("job", "host")
+READ_VIEW_ENV = "CUDA_AGENT_SANDBOX_VIEW"
 
 
 def _private_interpreter_paths() -> list[str]:
     """This interpreter's prefixes that a private mount would hide inside the sandbox."""
     paths = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
     return sorted(p for p in paths if any(p == m or p.startswith(m + "/") for m in _PRIVATE_MOUNTS))
+
+
+# The job's read view (``read_view="job"``): what a compiler, a Python worker with torch, the CUDA
+# toolchain and the agent's shell need, and nothing else of the host. The host's other directories (the
+# evaluator's home and its credentials, other jobs, the cache, the repository, /var, /opt, /srv, /mnt)
+# are not mounted at all. The caller adds each job's own paths (cwd, ``writable``, ``readable``).
+_SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
+                 "/sys")  # /sys: CUDA's device topology, torch's CPU detection (read-only, as before)
+# Files and directories of /etc a job reads: users and groups (uid lookups), the loader's cache, locale
+# and time zone data, compiler alternatives, the shell's start-up files, GPU vendor files. Not /etc as a
+# whole: shadow files, keys and service configurations live there too.
+_ETC_ENTRIES = ("passwd", "group", "nsswitch.conf", "hosts", "host.conf", "ld.so.cache", "ld.so.conf", "ld.so.conf.d",
+                "localtime", "timezone", "alternatives", "os-release", "lsb-release", "debian_version", "mime.types",
+                "locale.alias", "locale.conf", "default/locale", "bash.bashrc", "profile", "profile.d", "inputrc",
+                "terminfo", "magic", "magic.mime", "nvidia", "OpenCL", "vulkan", "glvnd", "gprofng.rc")
+
+
+def job_view_paths() -> list[str]:
+    """The host paths every job of ``read_view="job"`` may read, besides its own: ``_SYSTEM_PATHS``,
+    ``_ETC_ENTRIES``, the running interpreter (its prefixes, the directories of its site-packages, so
+    torch and the CUDA wheels), this package, and the toolchain (the CUDA toolkit, the C++ compiler,
+    Nsight Compute) wherever it is installed."""
+    from cuda_agent.paths import PACKAGE_ROOT
+
+    paths = [*_SYSTEM_PATHS, *(f"/etc/{e}" for e in _ETC_ENTRIES), *glob.glob("/etc/python3*")]
+    paths += [sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(sys.executable)]
+    paths += [p for p in sys.path if p and ("site-packages" in p or "dist-packages" in p)]
+    paths.append(str(PACKAGE_ROOT))
+    homes = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
+    for tool in ("nvcc", "g++", "c++", "ncu", os.environ.get("CXX"), os.environ.get("CUDA_AGENT_NCU")):
+        found = shutil.which(tool) if tool else None
+        if found:
+            real = os.path.realpath(found)
+            homes.append(os.path.dirname(real))
+            if os.path.basename(os.path.dirname(real)) == "bin":
+                homes.append(os.path.dirname(os.path.dirname(real)))  # the toolkit's prefix (include/, lib64/)
+    paths += [h for h in homes if h]
+    return _existing_tops(paths)
+
+
+def _existing_tops(paths: Sequence[str]) -> list[str]:
+    """Each existing path once, as itself and (where a link) as its target; a path inside another
+    listed one is left out (the outer bind shows it), so binds never hide each other."""
+    found: list[str] = []
+    for path in paths:
+        for candidate in (os.path.abspath(path), os.path.realpath(path)):
+            if os.path.lexists(candidate) and candidate not in found:
+                found.append(candidate)
+    def inside(p: str, q: str) -> bool:
+        return p != q and p.startswith(q.rstrip("/") + "/") and not os.path.islink(q)
+    return sorted(p for p in found if not any(inside(p, q) for q in found))
 
 
 class SandboxUnavailable(RuntimeError):
@@ -353,7 +406,9 @@ class BwrapSandbox:
     """Runs each job in a bubblewrap sandbox; see the module docstring for what that means.
 
     ``max_pids`` and ``tmpfs_bytes`` bound the number of tasks (threads included;
-    cgroups only) and the size of each private tmpfs. ``cgroup_parent`` overrides
+    cgroups only) and the size of each private tmpfs. ``read_view``: ``"job"`` (the default) mounts
+    only ``job_view_paths()`` and the job's own paths; ``"host"`` the whole host read-only (the
+    view before; for a host where the job view lacks something, with ``$CUDA_AGENT_SANDBOX_VIEW``). ``cgroup_parent`` overrides
     the detection of the cgroup under which per-job cgroups are created (for a
     delegated cgroup); ``use_cgroups=False`` turns cgroups off.
     """
@@ -367,7 +422,12 @@ class BwrapSandbox:
         tmpfs_bytes: int = DEFAULT_TMPFS_BYTES,
         use_cgroups: bool = True,
         cgroup_parent: Path | None = None,
+        read_view: str | None = None,
     ) -> None:
+        self.read_view = read_view or os.environ.get(READ_VIEW_ENV) or "job"
+        if self.read_view not in READ_VIEWS:
+            raise ValueError(f"unknown read_view {self.read_view!r} (from {READ_VIEW_ENV} or the argument); use "
+                             f"{' or '.join(READ_VIEWS)}")
         self.bwrap = _bwrap_executable()
         _check_bwrap(self.bwrap)
         self._seccomp = _seccomp_program()
@@ -380,6 +440,7 @@ class BwrapSandbox:
         else:
             self._cgroup_parent, self.cgroup_note = _probe_cgroups()
         self.cgroups_available = self._cgroup_parent is not None
+        self._view = job_view_paths() if self.read_view == "job" else []
         self._cgroups: list[Path] = []
         self._lock = threading.Lock()
         self._finalizer = weakref.finalize(self, _remove_cgroups, self._cgroups, self._lock)
@@ -393,7 +454,16 @@ class BwrapSandbox:
         readable: Sequence[Path] = (), read_only: Sequence[Path] = (),
     ) -> list[str]:
         """The full command line for one job."""
-        args = [self.bwrap, *_COMMON_FLAGS, "--ro-bind", "/", "/", "--dev", "/dev"]
+        if self.read_view == "host":
+            args = [self.bwrap, *_COMMON_FLAGS, "--ro-bind", "/", "/", "--dev", "/dev"]
+        else:
+            args = [self.bwrap, *_COMMON_FLAGS]
+            for path in self._view:
+                if os.path.islink(path):
+                    args += ["--symlink", os.readlink(path), path]
+                else:
+                    args += ["--ro-bind", path, path]
+            args += ["--dev", "/dev"]
         if gpu:
             for node in sorted(glob.glob("/dev/nvidia*")):
                 args += ["--dev-bind", node, node]
@@ -408,7 +478,7 @@ class BwrapSandbox:
             args += ["--remount-ro", "/proc"]
         size = str(self.tmpfs_bytes)
         args += ["--size", size, "--tmpfs", "/tmp", "--size", size, "--tmpfs", "/dev/shm", "--tmpfs", "/run"]
-        if os.path.isdir("/var/run") and not os.path.islink("/var/run"):
+        if self.read_view == "host" and os.path.isdir("/var/run") and not os.path.islink("/var/run"):
             args += ["--tmpfs", "/var/run"]
         # Read-only binds first: /tmp and /dev/shm are private, so inputs that live
         # there must be bound back; writable binds may sit inside them. The running
@@ -420,6 +490,8 @@ class BwrapSandbox:
         # After the writable binds, so these read-only binds cover the paths inside them.
         for path in read_only:
             args += ["--ro-bind", str(path), str(path)]
+        if self.read_view == "job":
+            args += ["--remount-ro", "/"]  # the root bwrap made holds only mount points: nothing to write there
         args += ["--chdir", str(cwd)]
         if seccomp_fd is not None:
             args += ["--seccomp", str(seccomp_fd)]

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence
 
+from cuda_agent.paths import compiler_env
+
 DEFAULT_OUTPUT_LIMIT = 2 * 1024 * 1024
 TAIL_BYTES = 16 * 1024
 # Between looks at a tree being stopped: a stop lands in 0.1-1 ms (a torch process's 20 threads each take it);
@@ -333,11 +335,13 @@ def run_command(
     writable: Sequence[Path] = (),
     readable: Sequence[Path] = (),
 ) -> ProcessResult:
-    """Run one command to completion under the limits; ``writable`` as in ``Sandbox.spawn``."""
+    """Run one command to completion under the limits; ``writable`` as in ``Sandbox.spawn``. Without
+    ``env`` the command gets ``paths.compiler_env()``: the allowlisted variables only, never the
+    evaluator's whole environment."""
     sandbox = sandbox or LocalSandbox()
     start = time.monotonic()
     proc = sandbox.spawn(
-        argv, cwd=cwd, env=env or dict(os.environ), limits=limits, gpu=gpu, writable=tuple(writable),
+        argv, cwd=cwd, env=env or compiler_env(), limits=limits, gpu=gpu, writable=tuple(writable),
         readable=tuple(readable),
     )
     capture = _OutputCapture(proc, limits.output_bytes)

@@ -75,10 +75,12 @@ def local_service(device: str = "auto", *, slots: int | None = None, gpus: list[
     builder = Evaluator(device, **({k: v for k, v in options.items() if k not in ("timing_lock", "references")}
                                    | {"prestart": False} | ({"build_lock": list(locks.values())} if locks else {})))
     workers = (default_build_workers() if device == "cuda" else 0) if build_workers is None else build_workers
-    if workers:
-        # What every candidate's build shares (the glue's precompiled header, binding.cpp) is built now,
-        # not by the first candidates, which waited 21-23 s for it on the H100 (a cached one returns at once).
-        threading.Thread(target=_prepare, args=(builder,), name="build-prepare", daemon=True).start()
+    # The symbol audit's probe (and with it what every candidate's build shares: the glue's precompiled header,
+    # binding.cpp) is built now, not by the first candidates, which waited 21-23 s for it on the H100 (a cached
+    # one returns at once). On a thread, so the service answers at once; what keeps the audit apart from every
+    # candidate is not this order but the probe's own namespace in the cache, and every evaluator (a build
+    # worker's or a slot's) builds the probe before its first candidate anyway (``Evaluator.build``).
+    threading.Thread(target=_prepare, args=(builder,), name="build-prepare", daemon=True).start()
     return EvalService(make_slot, len(indices), queue_size=queue_size, job_timeout_s=job_timeout_s,
                        builder=builder.build, build_workers=workers, on_reply=on_reply,
                        one_per_task=bool(pools) and len(set(indices)) < len(indices),

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 import urllib.error
 import urllib.request
@@ -15,16 +16,19 @@ from cuda_agent.evaluate import Policy, TimingConfig
 from cuda_agent.evaluate.counters import CounterReport
 from cuda_agent.evaluate.degenerate import DegenerateReport
 from cuda_agent.evaluate.result import EvalResult
-from cuda_agent.service.messages import Job, Reply, ServiceError
+from cuda_agent.service.messages import TOKEN_ENV, Job, Reply, ServiceError
 
 
 class RemoteEvaluator:
     """An evaluator at ``url`` (``cuda-agent serve``). Its device, policy and timing are the service's;
-    a full queue is waited out (the service answers 503), up to ``timeout_s`` per job."""
+    a full queue is waited out (the service answers 503), up to ``timeout_s`` per job. ``token``: the
+    service's bearer token (default ``$CUDA_AGENT_SERVICE_TOKEN``), needed where it serves beyond the loopback."""
 
-    def __init__(self, url: str, timeout_s: float = 3600.0):
+    def __init__(self, url: str, timeout_s: float = 3600.0, token: str | None = None):
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
+        token = token if token is not None else os.environ.get(TOKEN_ENV)
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         info = self._get("/info")
         self.device: str = info["device"]
         self.policy = Policy(**{k: tuple(v) if isinstance(v, list) else v for k, v in info["policy"].items()})
@@ -33,8 +37,14 @@ class RemoteEvaluator:
 
     def _get(self, path: str) -> Any:
         try:
-            with urllib.request.urlopen(self.url + path, timeout=30) as response:
+            with urllib.request.urlopen(urllib.request.Request(self.url + path, headers=self._headers),
+                                        timeout=30) as response:
                 return json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            if exc.code == 401:
+                raise ServiceError(f"the evaluation service at {self.url} needs its token: set {TOKEN_ENV} (or pass "
+                                   "token=) to the value it was started with", "input") from None
+            raise ServiceError(f"the evaluation service at {self.url} answered HTTP {exc.code} to {path}", "internal") from None
         except urllib.error.URLError as exc:
             raise ServiceError(f"no evaluation service at {self.url} ({getattr(exc, 'reason', exc)}); start one with "
                                "`cuda-agent serve --port P` and pass --remote http://HOST:P", "lost") from None
@@ -57,7 +67,8 @@ class RemoteEvaluator:
         deadline = time.monotonic() + self.timeout_s
         wait = 0.5
         while True:
-            request = urllib.request.Request(self.url + "/jobs", data=body, headers={"Content-Type": "application/json"})
+            request = urllib.request.Request(self.url + "/jobs", data=body,
+                                             headers={"Content-Type": "application/json"} | self._headers)
             try:
                 with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
                     reply = Reply.from_dict(json.loads(response.read()))

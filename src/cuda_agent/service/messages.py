@@ -13,9 +13,14 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from cuda_agent.candidates import Candidate
-from cuda_agent.candidates.candidate import Extension
+from cuda_agent.candidates import Candidate, check_candidate
+from cuda_agent.candidates.candidate import MAX_EXTENSIONS, MAX_SOURCE_BYTES, Extension
 from cuda_agent.tasks import Task
+
+# The bearer token a service bound beyond the loopback requires (``serve --token`` or this variable) and its
+# clients send (``RemoteEvaluator(token=...)`` or this variable). Never passed to a sandboxed process
+# (``paths.PASSED_ENV``).
+TOKEN_ENV = "CUDA_AGENT_SERVICE_TOKEN"
 
 OPS = ("evaluate", "verify", "build", "baseline", "degenerate", "counters")
 # What a failed reply's ``kind`` says, so a client can tell what to do about it.
@@ -27,8 +32,13 @@ def task_to_wire(task: Task) -> dict[str, Any]:
             "problem_id": task.problem_id, "metadata": task.metadata}
 
 
+MAX_NAME_CHARS = 1024  # a task's name, source and a candidate's kind and origin: labels, never paths
+
+
 def task_from_wire(data: dict[str, Any]) -> Task:
     _require(data, ("name", "code", "source"), "task")
+    _text(data, ("name", "source"), "task", MAX_NAME_CHARS)
+    _text(data, ("code",), "task", MAX_SOURCE_BYTES)
     return Task(name=data["name"], code=data["code"], source=data["source"], level=data.get("level"),
                 problem_id=data.get("problem_id"), metadata=dict(data.get("metadata") or {}))
 
@@ -39,12 +49,29 @@ def candidate_to_wire(candidate: Candidate) -> dict[str, Any]:
 
 
 def candidate_from_wire(data: dict[str, Any]) -> Candidate:
+    """The candidate a job carries, every path and name in it checked (``candidates.check_candidate``:
+    relative source paths inside the layout, identifiers for extension names, bounded sizes and counts):
+    the builder writes each source under its own directory, so a path is what a job could aim with."""
     _require(data, ("model_new", "kind", "origin", "extensions"), "candidate")
-    extensions = tuple(Extension(name=e["name"], sources=dict(e["sources"]), cflags=tuple(e.get("cflags", ())),
-                                 cuda_cflags=tuple(e.get("cuda_cflags", ())), ldflags=tuple(e.get("ldflags", ())))
-                       for e in data["extensions"])
-    return Candidate(model_new=data["model_new"], extensions=extensions, kind=data["kind"], origin=data["origin"],
-                     notes=tuple(data.get("notes", ())))
+    _text(data, ("kind", "origin"), "candidate", MAX_NAME_CHARS)
+    wire = data["extensions"]
+    if not isinstance(wire, list) or len(wire) > MAX_EXTENSIONS:
+        raise ValueError(f"a job's candidate extensions must be a list of at most {MAX_EXTENSIONS} objects")
+    extensions = []
+    for e in wire:
+        _require(e, ("name", "sources"), "candidate extension")
+        if not isinstance(e["sources"], dict):
+            raise ValueError("a candidate extension's 'sources' maps relative paths to source text")
+        flags = {k: e.get(k, ()) for k in ("cflags", "cuda_cflags", "ldflags")}
+        if not all(isinstance(v, (list, tuple)) for v in flags.values()):
+            raise ValueError("a candidate extension's cflags, cuda_cflags and ldflags are lists of strings")
+        extensions.append(Extension(name=e["name"], sources=dict(e["sources"]),
+                                    **{k: tuple(v) for k, v in flags.items()}))
+    notes = data.get("notes", ())
+    if not isinstance(notes, (list, tuple)) or len(notes) > 64 or not all(isinstance(n, str) for n in notes):
+        raise ValueError("a job's candidate notes are a list of at most 64 strings")
+    return check_candidate(Candidate(model_new=data["model_new"], extensions=tuple(extensions), kind=data["kind"],
+                                     origin=data["origin"], notes=tuple(n[:MAX_NAME_CHARS] for n in notes)), "a job's candidate")
 
 
 def _require(data: Any, keys: tuple[str, ...], what: str) -> None:
@@ -53,6 +80,13 @@ def _require(data: Any, keys: tuple[str, ...], what: str) -> None:
     missing = [k for k in keys if k not in data]
     if missing:
         raise ValueError(f"a job's {what} lacks {', '.join(missing)}; send what service.messages.{what}_to_wire writes")
+
+
+def _text(data: dict[str, Any], keys: tuple[str, ...], what: str, limit: int) -> None:
+    for key in keys:
+        value = data[key]
+        if not isinstance(value, str) or len(value) > limit or "\x00" in value:
+            raise ValueError(f"a job's {what} {key} must be a string of at most {limit} characters without NUL")
 
 
 def _times(data: Any) -> dict[str, float] | None:

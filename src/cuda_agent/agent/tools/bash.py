@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from cuda_agent.agent.shell import BackgroundJob, CommandResult, Shell
 from cuda_agent.agent.tools.registry import Tool, ToolError, ToolResult, object_schema, register
 from cuda_agent.agent.tools.text import clip
+from cuda_agent.paths import PASSED_ENV, passed_env  # noqa: F401 - PASSED_ENV re-exported by agent.tools
 from cuda_agent.sandbox import Sandbox
 
 if TYPE_CHECKING:
@@ -21,14 +22,10 @@ MAX_RUNNING_JOBS = 16
 MAX_TIMEOUT_S = 3600.0
 NO_OUTPUT, NO_NEW_OUTPUT = "(no output)\n", "(no new output)\n"
 
-# Host variables worth keeping in the sandbox. Everything else (API keys above all) stays out
-# unless the caller passes it in ``env``.
-PASSED_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "CUDA_HOME", "CUDA_PATH", "CUDA_VISIBLE_DEVICES",
-              "LD_LIBRARY_PATH", "TORCH_CUDA_ARCH_LIST", "VIRTUAL_ENV", "CONDA_PREFIX")
-
-
 def default_env() -> dict[str, str]:
-    env = {name: os.environ[name] for name in PASSED_ENV if name in os.environ}
+    # The host variables every sandboxed process may get (``paths.PASSED_ENV``); everything else (API keys
+    # above all) stays out unless the caller passes it in ``env``.
+    env = passed_env()
     # The interpreter running the agent is the one with torch; `python` in the shell should find it.
     bin_dir = os.path.dirname(sys.executable)
     path = env.get("PATH", os.defpath)
