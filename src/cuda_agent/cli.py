@@ -1077,6 +1077,10 @@ def _on_interrupt(kept: str):
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass  # already gone
+        # Its scratch folders (evaluation jobs, reference homes, synth scratch) go with it, as on a normal finish.
+        from cuda_agent import scratch
+
+        scratch.remove_all()
         os._exit(INTERRUPTED)
 
     return stop
