@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -66,6 +67,7 @@ def main() -> None:
     parser.add_argument("--quiet-reward", type=float, default=1.0,
                         help="the quiet host's reward, where no evaluation here had a verdict without busy processes")
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(1))  # the busy processes go with it (finally)
     root = ROOT / "examples" / args.example
     task, candidate = load_task(root / "model.py"), load_candidate(root / "solution")
     rows = []
