@@ -201,10 +201,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     def on_reply(job, reply) -> None:
         result = reply.result if reply.ok and isinstance(reply.result, dict) else {}
-        outcome = (f"{result.get('status')} reward {result.get('reward')}" if "status" in result
-                   else "ok" if reply.ok else f"{reply.kind}: {reply.error}")
+        outcome = ("no verdict (reward none)" if result.get("status") == "error" else
+                   f"{result.get('status')} reward {result.get('reward')}") if "status" in result \
+            else "ok" if reply.ok else f"{reply.kind}: {reply.error}"
+        evaluations = f", {result['attempts']} evaluations" if result.get("attempts", 1) > 1 else ""
         say(f"[{time.strftime('%H:%M:%S')}] {job.describe()} -> {outcome} ({reply.slot}, {reply.seconds:.1f} s, "
-            f"attempt {reply.attempts})")
+            f"attempt {reply.attempts}{evaluations})")
 
     common = {"queue_size": args.queue_size, "job_timeout_s": args.job_timeout, "on_reply": on_reply}
     if args.ray:
