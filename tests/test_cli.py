@@ -398,3 +398,36 @@ def test_out_of_memory_names_the_limit_and_the_flag(tmp_path, capsys, examples, 
     # Refused before the reference allocates anything: the task's size is taken on the meta device.
     assert code == 1 and "needs at least 16.0 GiB" in captured.out, captured.out
     assert "more than the 2.0 GiB each evaluation process may use: raise it with --memory-limit GIB" in captured.out
+
+
+def test_exit_statuses_tell_a_no_verdict_from_a_failure_and_help_says_so(capsys):
+    from cuda_agent.cli import EXIT_NO_VERDICT, exit_status
+
+    assert [exit_status(s) for s in ("correct", "incorrect", "failed", "error")] == [0, 1, 1, EXIT_NO_VERDICT]
+    assert EXIT_NO_VERDICT not in (0, 1, 2, 130)
+    for command in ("eval", "example", "bench"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        text = " ".join(capsys.readouterr().out.split())
+        assert "3 no verdict" in text or "3 some entries ended without a verdict" in text, command
+        assert "--retries" in text
+
+
+def test_eval_without_a_verdict_exits_3_with_what_to_do(capsys, examples, monkeypatch):
+    """The evaluator's answer is scripted (the host busy while timing): exit 3, not a wrong kernel's 1, and one
+    line saying what to do."""
+    from cuda_agent.evaluate.result import EvalResult
+
+    def undecided(self, task, candidate, build_result=None, *, timed=True):
+        return EvalResult(task=task.to_dict(), candidate={}, device="cpu", policy={}, timing={}, status="error",
+                          stage="profile", reward=None, attempts=3,
+                          reason="the host was busy: evaluate again when the host is quieter")
+
+    monkeypatch.setattr(Evaluator, "evaluate", undecided)
+    code = main(["eval", str(examples / "cpu_swish" / "model.py"), str(examples / "cpu_swish" / "solution"),
+                 "--device", "cpu", "--retries", "2"])
+    captured = capsys.readouterr()
+    assert code == 3
+    assert "reward: none (no verdict)" in captured.out
+    assert "no verdict after 3 attempts" in captured.err and "nothing is wrong with the kernel" in captured.err
+    assert main(["eval", "x.py", "y", "--retries", "-1"]) == 2

@@ -21,7 +21,9 @@ def interrupt_midway(argv: list[str], cwd: Path, ready=lambda children, err: len
                      limit_s: float = 240.0) -> tuple[int, str, float, list[int]]:
     """Run ``cuda-agent argv`` until ``ready(children, stderr so far)``, send SIGINT; its exit status,
     stderr, the seconds it took to exit after the signal and the processes it had started then."""
-    env = os.environ | {"PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    # A temporary directory of its own: what the command leaves there is what an interruption left behind.
+    (cwd / "tmp").mkdir(exist_ok=True)
+    env = os.environ | {"PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "TMPDIR": str(cwd / "tmp")}
     err_path = cwd / "stderr.txt"
     with err_path.open("w") as err:
         proc = subprocess.Popen([sys.executable, "-m", "cuda_agent.cli", *argv], cwd=cwd, env=env,
@@ -62,6 +64,22 @@ def assert_stopped(code: int, err: str, seconds: float, children: list[int], out
     assert seconds < 15, f"{seconds:.1f} s to stop"
     time.sleep(0.5)
     assert not [pid for pid in children if alive(pid)], "processes it started outlived it"
+    left = sorted(p.name for p in (out.parent / "tmp").glob("cuda-agent-*")) if (out.parent / "tmp").is_dir() else []
+    assert not [name for name in left if name.startswith(("cuda-agent-job-", "cuda-agent-ref-", "cuda-agent-synth-"))], left
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_eval_and_leaves_no_scratch(tmp_path, examples, cache_dir):
+    out = tmp_path / "out"  # eval keeps nothing: the line says so; its parent holds the temporary directory
+    out.mkdir()
+    code, err, seconds, children = interrupt_midway(
+        ["eval", str(examples / "cpu_swish" / "model.py"), str(examples / "cpu_swish" / "solution"), "--device", "cpu",
+         "--cache-dir", str(cache_dir)], tmp_path, ready=lambda children, err: "reference" in err or "load" in err)
+    assert code == 130 and "Traceback" not in err, err
+    time.sleep(0.5)
+    left = [p.name for p in (tmp_path / "tmp").glob("cuda-agent-*") if p.name.startswith(("cuda-agent-job-",
+                                                                                          "cuda-agent-ref-"))]
+    assert not left, left
 
 
 @pytest.mark.slow

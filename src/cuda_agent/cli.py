@@ -18,7 +18,8 @@ from cuda_agent.build import build, compile_only
 from cuda_agent.candidates import Candidate, CandidateError, load_candidate
 from cuda_agent.evaluate import Evaluator, Policy, TimingConfig, Timeouts, long_lived, resolve_device
 from cuda_agent.evaluate.policy import PRESETS
-from cuda_agent.evaluate.result import EvalResult
+from cuda_agent.evaluate.result import BUSY, BUSY_ADVICE, EvalResult
+from cuda_agent.evaluate.retry import RetryPolicy
 from cuda_agent.evaluate.counters import times_of, unavailable
 from cuda_agent.evaluate.evaluator import default_memory_limit
 from cuda_agent.evaluate.device_lock import DeviceLock
@@ -27,7 +28,13 @@ from cuda_agent.sandbox import SANDBOX_CHOICES, SandboxUnavailable
 from cuda_agent.service.messages import ServiceError
 from cuda_agent.tasks import TaskError, load_task, load_tasks
 
-# Errors in what the user gave (files, settings, the machine): one line and exit status 2, no traceback.
+# Exit statuses: a verdict of correct, a candidate's failure (incorrect, failed), an error in what the user gave
+# (files, settings, the machine: one line, no traceback), no verdict (the evaluator could not decide; not the
+# candidate's doing), and Ctrl-C (``INTERRUPTED``).
+EXIT_CORRECT, EXIT_FAILURE, EXIT_USAGE, EXIT_NO_VERDICT = 0, 1, 2, 3
+EXIT_CODES = (f"exit status: {EXIT_CORRECT} correct, {EXIT_FAILURE} the candidate failed (incorrect, failed), "
+              f"{EXIT_USAGE} a usage error, {EXIT_NO_VERDICT} no verdict (the evaluator could not decide: a busy host, "
+              "or the task or harness failed; no reward, and not the candidate's failure), 130 interrupted")
 USER_ERRORS = (TaskError, CandidateError, SandboxUnavailable, BackendError, ServiceError, ValueError, OSError)
 GIB = 1024**3
 REMOTE_PROGRESS_S = 5.0  # how often `eval --remote` says what the service is doing
@@ -73,6 +80,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             timeouts=_timeouts(args),
             memory_limit=_memory_limit(args),
             on_stage=_status_line(args.json),
+            retry=_retry(args),
         )
     except USER_ERRORS as exc:
         if args.json:
@@ -98,7 +106,34 @@ def cmd_eval(args: argparse.Namespace) -> int:
             f"the default is half this machine's RAM, {default_memory_limit() / GIB:.1f} GiB); a task that needs more "
             "than the machine has does not fit it" if limit else
             "cuda-agent: note: no memory limit was set (--memory-limit 0): the machine itself ran out")
-    return 0 if result.status == "correct" else 1
+    if result.no_verdict:
+        tries = f" after {_plural(result.attempts, 'attempt')}" if result.attempts > 1 else ""
+        say(f"cuda-agent: no verdict{tries}: " + (BUSY_ADVICE if result.no_verdict_kind == BUSY else
+                                                  f"the task or the evaluator failed, not the candidate ({result.reason})"))
+    return exit_status(result.status)
+
+
+def exit_status(status: str | None) -> int:
+    """The exit status of an evaluation's status (``EXIT_CODES``)."""
+    if status == "correct":
+        return EXIT_CORRECT
+    return EXIT_NO_VERDICT if status == "error" else EXIT_FAILURE
+
+
+def _retry(args: argparse.Namespace) -> RetryPolicy:
+    """``--retries``: evaluations again after one without a verdict for a busy host."""
+    retries = getattr(args, "retries", None)
+    if retries is None:
+        return RetryPolicy()
+    if retries < 0:
+        raise ValueError(f"--retries is how many times to evaluate again, 0 or more, not {retries}.")
+    return RetryPolicy(attempts=retries + 1)
+
+
+def add_retries_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--retries", type=int, default=None, metavar="N",
+                   help="evaluate again up to N times when the host or GPU was too busy to decide, waiting for a "
+                        f"quieter moment between tries (default {RetryPolicy().attempts - 1}; 0: never)")
 
 
 def _memory_limit(args: argparse.Namespace) -> int:
@@ -172,10 +207,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     def on_reply(job, reply) -> None:
         result = reply.result if reply.ok and isinstance(reply.result, dict) else {}
-        outcome = (f"{result.get('status')} reward {result.get('reward')}" if "status" in result
-                   else "ok" if reply.ok else f"{reply.kind}: {reply.error}")
+        outcome = ("no verdict (reward none)" if result.get("status") == "error" else
+                   f"{result.get('status')} reward {result.get('reward')}") if "status" in result \
+            else "ok" if reply.ok else f"{reply.kind}: {reply.error}"
+        evaluations = f", {result['attempts']} evaluations" if result.get("attempts", 1) > 1 else ""
         say(f"[{time.strftime('%H:%M:%S')}] {job.describe()} -> {outcome} ({reply.slot}, {reply.seconds:.1f} s, "
-            f"attempt {reply.attempts})")
+            f"attempt {reply.attempts}{evaluations})")
 
     common = {"queue_size": args.queue_size, "job_timeout_s": args.job_timeout, "on_reply": on_reply}
     if args.ray:
@@ -303,7 +340,7 @@ def cmd_example(args: argparse.Namespace) -> int:
         task=str(root / "model.py"), candidate=str(root / "solution"), device=device, policy="fair",
         checks=None, atol=None, rtol=None, reward=None, timing="auto", cache_dir=args.cache_dir,
         no_compile=False, json=args.json, sandbox=args.sandbox, timeout=args.timeout, remote=None, counters=False,
-        memory_limit=args.memory_limit,
+        memory_limit=args.memory_limit, retries=args.retries,
     )
     return cmd_eval(ns)
 
@@ -421,7 +458,7 @@ def cmd_baselines(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from cuda_agent.bench.baselines import read_table
     from cuda_agent.bench.report import write_report
-    from cuda_agent.bench.run import run_agent_bench, run_bench, seed_baselines
+    from cuda_agent.bench.run import read_results, run_agent_bench, run_bench, seed_baselines, without_verdict
     from cuda_agent.bench.solutions import find_solutions
     from cuda_agent.paths import cache_root
 
@@ -465,7 +502,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 f"{row['status']}{speed}{reason}")
 
     options = {"policy": policy, "sandbox": args.sandbox, "cache_dir": cache_dir, "timeouts": _timeouts(args),
-               "memory_limit": _memory_limit(args)}
+               "memory_limit": _memory_limit(args), "retry": _retry(args)}
     if args.baselines:
         # The table's baselines stand (a run over all of KernelBench compiles and times none again); the
         # candidate alone is timed in rounds. Without a table, baselines are timed beside each candidate.
@@ -484,7 +521,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     write_report(args.out, exclude_degenerate=args.exclude_degenerate)
     print((args.out / "report.md").read_text().split("\n## ")[0])
     print(f"reports in {args.out}: report.md, metrics.json, levels.csv, per_task.csv, *.png", file=sys.stderr)
-    return 0
+    undecided = without_verdict(read_results(args.out))
+    if undecided:
+        # Not failures: a rerun of the same command evaluates exactly these again.
+        say(f"cuda-agent: {_plural(len(undecided), 'entry', 'entries')} ended without a verdict (not failures; "
+            f"{BUSY_ADVICE}); run the same command again to evaluate them again")
+        return EXIT_NO_VERDICT
+    return EXIT_CORRECT
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -572,14 +615,19 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_train_demo(args: argparse.Namespace) -> int:
-    from cuda_agent.train.demo import DemoConfig, run_demo
+    from cuda_agent.train.demo import DemoConfig, NoVerdictStep, run_demo
 
     device = resolve_device(args.device)
     config = DemoConfig(device=device, batch=args.batch, seed=args.seed)
-    rows = run_demo(args.out, steps=args.steps, config=config, quiet=args.quiet)
+    try:
+        rows = run_demo(args.out, steps=args.steps, config=config, quiet=args.quiet)
+    except NoVerdictStep as exc:
+        say(f"cuda-agent: {exc}")
+        return EXIT_NO_VERDICT
     first, last = rows[0]["reward_mean"], rows[-1]["reward_mean"]
-    menu = json.loads((args.out / "menu.json").read_text())
-    rewards = ", ".join(f"{name} {entry['reward']:+.2f}" for name, entry in menu.items())
+    menu = json.loads((args.out / "menu.json").read_text()) if (args.out / "menu.json").exists() else {}
+    rewards = ", ".join(f"{name} {entry['reward']:+.2f}" if entry.get("reward") is not None else f"{name} none"
+                        for name, entry in menu.items()) or "none evaluated"
     print(f"{len(rows)} steps: mean reward {first:+.2f} at step 1, {last:+.2f} at step {len(rows)} "
           f"(fast answered {rows[-1]['answers'].get('fast', 0):.0%}); the candidates' rewards: {rewards}; "
           f"{args.out / 'metrics.jsonl'}, {args.out / 'curves.png'}, {args.out / 'rewards.png'}")
@@ -691,7 +739,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("eval", help="evaluate a candidate against a task", description="Evaluate a candidate against a task: "
-                       "build, verify, time against eager and torch.compile, reward.")
+                       "build, verify, time against eager and torch.compile, reward.", epilog=EXIT_CODES)
     p.add_argument("task", help="the task: a .py file (KernelBench format), or TABLE#LEVEL/ID / TABLE#NAME")
     p.add_argument("candidate", help="candidate directory (model_new.py + kernels/) or KernelBench-style .py")
     add_device_option(p)
@@ -718,6 +766,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_timeout_option(p)
     add_memory_option(p)
     add_sandbox_option(p)
+    add_retries_option(p)
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("serve", help="run an evaluation service: evaluators behind a queue and an HTTP front")
@@ -768,7 +817,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_tasks)
 
     p = sub.add_parser("example", help="evaluate a bundled example (the CPU one when no GPU is visible)",
-                       description="Evaluate a bundled example. Examples: " + ", ".join(_example_names()) + ".")
+                       description="Evaluate a bundled example. Examples: " + ", ".join(_example_names()) + ".",
+                       epilog=EXIT_CODES)
     p.add_argument("name", nargs="?", default=None, choices=_example_names() or None, metavar="NAME",
                    help="which example: " + ", ".join(_example_names())
                         + " (default: cuda_gelu on a GPU, cpu_swish elsewhere)")
@@ -778,6 +828,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_timeout_option(p)
     add_memory_option(p)
     add_sandbox_option(p)
+    add_retries_option(p)
     p.set_defaults(func=cmd_example)
 
     p = sub.add_parser("degenerate", help="flag tasks that zeros, a constant or an input passes")
@@ -849,7 +900,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_sandbox_option(p)
     p.set_defaults(func=cmd_baselines, kept=_continue(lambda a: f"the tasks timed so far are in {a.out}"))
 
-    p = sub.add_parser("bench", help="evaluate a solution set over KernelBench tasks; the paper's metrics, reports, plots")
+    p = sub.add_parser("bench", help="evaluate a solution set over KernelBench tasks; the paper's metrics, reports, plots",
+                       epilog=f"exit status: {EXIT_CORRECT} every entry has a verdict (correct or not), {EXIT_USAGE} a "
+                              f"usage error, {EXIT_NO_VERDICT} some entries ended without a verdict (a busy host, or "
+                              "the harness failed: not failures; the same command evaluates them again), 130 "
+                              "interrupted")
     p.add_argument("source", help="the tasks: KernelBench dir or .jsonl/.parquet table (or HF dataset name); "
                                   "TABLE#LEVEL/ID picks one")
     p.add_argument("--solutions", type=Path, default=None,
@@ -884,6 +939,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_timeout_option(p)
     add_memory_option(p)
     add_sandbox_option(p)
+    add_retries_option(p)
     p.set_defaults(func=cmd_bench, kept=_continue(lambda a: f"finished entries are in {a.out}/results.jsonl"))
 
     p = sub.add_parser("report", help="remake a benchmark run's reports and plots")
@@ -1032,6 +1088,10 @@ def _on_interrupt(kept: str):
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass  # already gone
+        # Its scratch folders (evaluation jobs, reference homes, synth scratch) go with it, as on a normal finish.
+        from cuda_agent import scratch
+
+        scratch.remove_all()
         os._exit(INTERRUPTED)
 
     return stop
@@ -1064,7 +1124,7 @@ def main(argv: list[str] | None = None) -> int:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return 0
         print(f"cuda-agent: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     finally:
         # main() is called in-process by tests and scripts: leave their handlers as they were.
         for sig, handler in (previous or {}).items():

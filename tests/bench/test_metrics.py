@@ -68,3 +68,11 @@ def test_from_result_and_bad_input():
     with pytest.raises(ValueError, match="unknown status"):
         TaskOutcome(1, 1, "great")
     assert geomean([]) is None and geomean([0.0, -1.0]) is None and geomean([2.0, 8.0]) == pytest.approx(4.0)
+
+
+def test_no_verdict_is_counted_apart_and_never_as_a_pass():
+    table = {(1, 1): TaskOutcome(1, 1, "correct", 1.2, 1.1), (1, 2): TaskOutcome(1, 2, "error"),
+             (1, 3): TaskOutcome(1, 3, "failed")}
+    overall = metrics(table)["overall"]
+    assert overall["no_verdict"] == 1 and overall["status"]["failed"] == 1 and overall["status"]["error"] == 1
+    assert overall["pass_rate"] == pytest.approx(1 / 3)

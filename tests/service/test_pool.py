@@ -290,3 +290,62 @@ def test_slots_sharing_references_take_one_job_of_a_task_at_a_time(one_per_task)
         starts = [(task, i) for i, (_, task, what) in enumerate(log) if what == "start"]
         ends = [i for i, (_, task, what) in enumerate(log) if what == "end" and task == "a"]
         assert starts[-1][0] == "a" and starts[-1][1] > ends[0]  # a's second job after its first ended
+
+
+BUSY_REASON = "the host was busy with other work while the baselines were timed: evaluate again when the host is quieter"
+
+
+class UndecidedOnce(ScriptedSlot):
+    """An evaluation slot: the first evaluation of all has no verdict for a busy host, every other is correct."""
+
+    first = [True]
+
+    def run(self, job, built=None):
+        self.log.append((self.name, job.id))
+        if self.first[0]:
+            self.first[0] = False
+            return {"status": "error", "reason": BUSY_REASON, "reward": None, "attempts": 1}
+        return {"status": "correct", "reward": 1.0, "attempts": 1, "slot": self.name}
+
+
+def evaluate_job():
+    from cuda_agent.candidates import Candidate
+
+    return Job("evaluate", TASK, Candidate(model_new="class ModelNew: pass", extensions=(), kind="python", origin="x"))
+
+
+def test_a_no_verdict_goes_back_to_the_queue_for_another_slot_and_counts_its_attempts():
+    log = []
+    UndecidedOnce.first = [True]
+    with EvalService(lambda i: UndecidedOnce(f"s{i}", None, log), 2, verdict_backoff_s=0.05) as service:
+        reply = service.run(evaluate_job(), timeout=20)
+        counts = service.stats()["counts"]
+    assert reply.ok and reply.result["status"] == "correct" and reply.result["reward"] == 1.0
+    names = [name for name, _ in log]
+    assert reply.result["attempts"] == 2 and len(names) == 2 and names[0] != names[1]  # the other slot took it
+    assert counts["no_verdict_retried"] == 1
+
+
+def test_a_no_verdict_that_stays_is_answered_as_one_after_the_budget():
+    class Busy(ScriptedSlot):
+        def run(self, job, built=None):
+            self.log.append(self.name)
+            return {"status": "error", "reason": BUSY_REASON, "reward": None, "attempts": 1}
+
+    log = []
+    with EvalService(lambda i: Busy(f"s{i}", None, log), 1, verdict_retries=2, verdict_backoff_s=0.01) as service:
+        reply = service.run(evaluate_job(), timeout=20)
+    assert reply.ok and reply.result["status"] == "error" and reply.result["reward"] is None
+    assert reply.result["attempts"] == 3 and len(log) == 3
+
+
+def test_a_failure_or_a_harness_error_is_answered_at_once():
+    class Harness(ScriptedSlot):
+        def run(self, job, built=None):
+            self.log.append(self.name)
+            return {"status": "error", "reason": "the toolchain probe extension does not build", "reward": None}
+
+    log = []
+    with EvalService(lambda i: Harness(f"s{i}", None, log), 2, verdict_backoff_s=0.01) as service:
+        reply = service.run(evaluate_job(), timeout=20)
+    assert reply.result["status"] == "error" and len(log) == 1

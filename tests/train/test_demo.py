@@ -58,3 +58,31 @@ def test_a_stopped_run_resumes_to_the_same_next_step(learned, tmp_path):
     # Another config is refused, naming the setting.
     assert main(["train", "demo", "--device", "cpu", "--out", str(again), "--steps", "4", "--batch", "8",
                  "--quiet"]) == 2
+
+
+def test_menu_rewards_keep_only_verdicts_and_drop_an_older_runs_none(tmp_path, monkeypatch):
+    """A no-verdict is no reward for that answer in this step, evaluated again in the next, and never stored; a
+    None an older run stored is dropped on reading, so a rerun goes on."""
+    from cuda_agent.evaluate.result import EvalResult
+    from cuda_agent.train.demo import MenuRewards
+
+    path = tmp_path / "menu.json"
+    older = json.dumps({"fast": {"reward": None, "status": "error"}, "slow": {"reward": 1.0, "status": "correct"}})
+    path.write_text(older)
+    answers = iter(["error", "correct"])
+
+    class Scripted:
+        def evaluate(self, task, candidate):
+            status = next(answers)
+            return EvalResult(task={}, candidate={}, device="cpu", policy={}, timing={}, status=status,
+                              reward=None if status == "error" else 3.0,
+                              reason="busy: evaluate again when the host is quieter" if status == "error" else None)
+
+    menu = {"fast": tmp_path, "slow": tmp_path}
+    rewards = MenuRewards(path, None, menu, Scripted)
+    monkeypatch.setattr("cuda_agent.train.demo.load_candidate", lambda path: None)
+    assert rewards.reward("slow") == 1.0
+    assert rewards.reward("fast") is None and rewards.reward("fast") is None  # asked once in the step
+    assert path.read_text() == older  # nothing written for a no-verdict
+    rewards.next_step()
+    assert rewards.reward("fast") == 3.0 and json.loads(path.read_text())["fast"]["reward"] == 3.0

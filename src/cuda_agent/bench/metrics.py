@@ -4,7 +4,10 @@ Per level and overall (pooled over tasks, i.e. weighted by each level's task
 count, as the paper does):
 
 - ``pass_rate``: correct / tasks. Every task of the level counts in the
-  denominator: a task with no solution or a harness error is not passed.
+  denominator: a task with no solution or no verdict is not passed.
+- ``no_verdict``: tasks whose best entry has no verdict (status ``error``: the
+  evaluator could not decide, a busy host or a harness error): counted apart,
+  never as the solution's failure; a rerun of the run evaluates them again.
 - ``faster_eager@t`` / ``faster_compile@t``: share of *all* tasks that are correct
   and faster than the baseline by more than ``t`` (t = 1.0, and 1.05: the
   paper's reward threshold).
@@ -110,6 +113,7 @@ def summarize(outcomes: list[TaskOutcome], thresholds: tuple[float, ...] = THRES
     correct = [o for o in outcomes if o.correct]
     row: dict[str, Any] = {"tasks": n, "correct": len(correct), "pass_rate": len(correct) / n if n else None,
                            "degenerate": sum(o.degenerate for o in outcomes),
+                           "no_verdict": sum(o.status == "error" for o in outcomes),
                            "status": {s: sum(o.status == s for o in outcomes) for s in STATUS_ORDER}}
     for baseline in ("eager", "compile"):
         speedups = [getattr(o, f"speedup_{baseline}") for o in correct]

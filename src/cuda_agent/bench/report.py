@@ -135,7 +135,7 @@ def render_markdown(table: RunTable, report: dict[str, Any]) -> str:
                          f"{_fmt(paper['faster_eager'], 'p')} | {_fmt(paper['faster_compile'], 'p')} | "
                          f"{_fmt(paper['geomean_eager'], 'geomean')} | {_fmt(paper['geomean_compile'], 'geomean')} |")
     status = report["overall"]["status"]
-    lines += ["", "## Outcomes", "", "| " + " | ".join(status) + " |", "|" + "---:|" * len(status),
+    lines += ["", "## Outcomes", "", "| " + " | ".join("no verdict" if s == "error" else s for s in status) + " |", "|" + "---:|" * len(status),
               "| " + " | ".join(str(v) for v in status.values()) + " |"]
     correct = sorted((o for o in table.outcomes.values() if o.correct), key=lambda o: -(o.speedup_compile or 0))
     if correct:
@@ -144,7 +144,15 @@ def render_markdown(table: RunTable, report: dict[str, Any]) -> str:
             entry = table.best_rows[o.key].get("entry", "")
             lines.append(f"| {o.name}{' (degenerate)' if o.degenerate else ''} | {_fmt(o.speedup_eager, 'geomean')} | "
                          f"{_fmt(o.speedup_compile, 'geomean')} | {entry} |")
-    wrong = [o for o in table.outcomes.values() if o.status in ("incorrect", "failed", "error")]
+    wrong = [o for o in table.outcomes.values() if o.status in ("incorrect", "failed")]
+    undecided = [o for o in table.outcomes.values() if o.status == "error"]
+    if undecided:
+        lines += ["", f"## Without a verdict ({len(undecided)}; not failures: the same command evaluates them again)",
+                  "", "| task | attempts | stage | reason |", "|---|---:|---|---|"]
+        for o in undecided:
+            row = table.best_rows[o.key]
+            reason = (row.get("reason") or "").replace("|", "\\|").replace("\n", " ")[:160]
+            lines.append(f"| {o.name} | {row.get('attempts', 1)} | {row.get('stage') or '-'} | {reason} |")
     if wrong:
         lines += ["", "## Not correct", "", "| task | status | stage | reason |", "|---|---|---|---|"]
         for o in wrong:

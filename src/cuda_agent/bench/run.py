@@ -4,8 +4,8 @@ A run directory holds ``run.json`` (what was asked: tasks, solutions, device,
 policy) and ``results.jsonl``, one line per evaluated entry: the task, the
 entry's path relative to the solution set and the evaluation core's full
 record. A rerun with the same directory evaluates only the entries not yet in
-``results.jsonl`` or recorded there as an ``error`` (harness trouble, such as a
-reference out of memory: evaluated again); a rerun asking for something else is
+``results.jsonl`` or recorded there as an ``error`` (no verdict: a busy host, or
+harness trouble such as a reference out of memory: evaluated again); a rerun asking for something else is
 refused, naming the difference. Reports are made from the directory (``bench.report``).
 
 Without a baselines table, each evaluation times the baselines in rounds
@@ -134,6 +134,11 @@ def run_bench(run_dir: Path, tasks: list[Task], solutions: SolutionSet, device: 
         evaluate_many(pairs, device, gpus=gpus, on_result=lambda i, result: write({"entry": entries[i]} | result.to_dict()),
                       **(evaluator_options or {}))
     return written
+
+
+def without_verdict(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows of entries that ended without a verdict (status ``error``): counted apart from failures."""
+    return [row for row in rows if row.get("status") == "error"]
 
 
 def drop_errors(run_dir: Path) -> list[dict[str, Any]]:

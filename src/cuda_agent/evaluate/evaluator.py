@@ -50,6 +50,7 @@ from cuda_agent.evaluate.protocol import LoadReply, LoadRequest, ReadyReply, Rea
 from cuda_agent.evaluate.quiet import GpuQuiet, quiet_after_stops
 from cuda_agent.evaluate.references import REFERENCE_MEMORY, LiveReference, ReferencePool, kept_references
 from cuda_agent.evaluate.result import EvalResult
+from cuda_agent.evaluate.retry import RetryPolicy, with_retries
 from cuda_agent.evaluate.rounds import CandidateRounds, time_rounds
 from cuda_agent.evaluate.verdict import decide
 from cuda_agent.evaluate.watchers import Attributed, Clock, Integrity, NewThreads, Regions, Signals, stop_on
@@ -98,8 +99,11 @@ class Evaluator:
         references: int | ReferencePool | None = None,
         reference_memory: int = REFERENCE_MEMORY,
         on_stage: StageCallback | None = None,
+        retry: RetryPolicy | None = None,
     ):
         self.device = resolve_device(device)
+        # An evaluation without a verdict for a busy host is tried again within this budget (``evaluate.retry``).
+        self.retry = retry or RetryPolicy()
         self.policy = policy or Policy()
         self.timing = (timing or TimingConfig()).resolved(self.device)
         self.cache_dir = Path(cache_dir) if cache_dir else cache_root()
@@ -207,8 +211,21 @@ class Evaluator:
     def evaluate(self, task: Task, candidate: Candidate, build_result: BuildResult | None = None, *,
                  timed: bool = True) -> EvalResult:
         """Build, verify and (``timed``) time ``candidate`` on ``task``: the rewarded record. With
-        ``timed=False`` (``verify``) the record says whether it is correct, with no times and no reward."""
+        ``timed=False`` (``verify``) the record says whether it is correct, with no times and no reward. Without a
+        verdict for a busy host it is evaluated again, up to ``retry.attempts`` times (the result's ``attempts``)."""
         started = time.monotonic()
+
+        def again(number: int, result: EvalResult) -> None:
+            self.on_stage("retry", f"attempt {number} had no verdict (the host or GPU was busy): evaluating again "
+                                   f"once it is quieter ({number + 1} of {self.retry.attempts})")
+
+        result = with_retries(lambda: self._evaluate_once(task, candidate, build_result, timed), self.retry, again)
+        result.durations["total"] = round(time.monotonic() - started, 3)
+        self.on_stage("done", f"{result.status}, reward {result.reward}")
+        return result
+
+    def _evaluate_once(self, task: Task, candidate: Candidate, build_result: BuildResult | None,
+                       timed: bool) -> EvalResult:
         lock = self.timing_lock
         if not isinstance(lock, DeviceLock):
             result = self._attempt(task, candidate, build_result, timed)
@@ -244,8 +261,6 @@ class Evaluator:
             result = self._attempt_alone(task, candidate, build_result, timed)
             result.notes.append(f"evaluated again with the GPU alone: it ran out of memory apart from other "
                                 f"memory-hungry ones too, apart since {lock.apart_keys[task.digest]}")
-        result.durations["total"] = round(time.monotonic() - started, 3)
-        self.on_stage("done", f"{result.status}, reward {result.reward}")
         return result
 
     def _attempt(self, task: Task, candidate: Candidate, build_result: BuildResult | None, timed: bool) -> EvalResult:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from cuda_agent import scratch
 from cuda_agent.build import BuildResult
 from cuda_agent.evaluate.context import Setup
 from cuda_agent.evaluate.references import ReferencePool
@@ -49,7 +50,7 @@ def new_job(work_dir: Path | None, prefix: str = "cuda-agent-job-") -> Path:
     """A job directory for the task and each process's own directory. Each process writes only
     its own directory: the candidate cannot touch the task file or the state dict the
     reference reads."""
-    job = Path(tempfile.mkdtemp(prefix=prefix, dir=work_dir))
+    job = scratch.made(Path(tempfile.mkdtemp(prefix=prefix, dir=work_dir)))
     (job / "reference").mkdir()
     return job
 

@@ -7,9 +7,34 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 # status: "correct" (verified; timed), "incorrect" (ran, wrong outputs),
-# "failed" (build, load, crash, timeout, rule broken) or "error" (the harness
-# or the task failed, not the candidate: no reward is given).
+# "failed" (build, load, crash, timeout, rule broken) or "error": no verdict (the
+# evaluator could not decide, through nothing the candidate did: no reward is given).
 STATUSES = ("correct", "incorrect", "failed", "error")
+NO_VERDICT = "error"  # the status of an evaluation without a verdict
+
+# Why an evaluation has no verdict (``EvalResult.no_verdict_kind``):
+BUSY = "busy"  # the host or GPU had other work while it was timed: the same evaluation again may decide
+HARNESS = "harness"  # the task, the toolchain or the harness itself failed: evaluating again does not help
+# Every refusal for other work on the host or GPU says what to do with these words (evaluate.rounds,
+# evaluate.watchers, evaluate.quiet); the retry and every consumer tell the kinds apart by them.
+BUSY_PHRASE = "evaluate again"
+BUSY_ADVICE = ("the host was busy while timing; nothing is wrong with the kernel: evaluate again, "
+               "or raise --retries, or quiet the host")
+
+
+def no_verdict_kind(status: str | None, reason: str | None) -> str | None:
+    """``BUSY`` or ``HARNESS`` for an evaluation without a verdict (status ``error``); None for a verdict."""
+    if status != NO_VERDICT:
+        return None
+    return BUSY if BUSY_PHRASE in (reason or "") else HARNESS
+
+
+def no_reward_reason(record: dict[str, Any]) -> str:
+    """One line saying why an evaluation record carries no reward: its kind and reason, and the attempts made."""
+    kind = no_verdict_kind(record.get("status"), record.get("reason")) or HARNESS
+    attempts = record.get("attempts") or 1
+    tries = f" after {attempts} attempts" if attempts > 1 else ""
+    return f"no verdict ({kind}{tries}): {record.get('reason') or 'the evaluation did not finish'}"
 
 
 @dataclass
@@ -46,6 +71,20 @@ class EvalResult:
     # GPU, when asked for (``eval --counters``, the agent's profile): ``CounterReport.to_dict()`` of one
     # profiled call. Advice for the agent; the reward never reads it.
     counters: dict[str, Any] | None = None
+    # How many times it was evaluated: more than 1 where earlier attempts had no verdict for a busy host
+    # (``evaluate.retry``); what was built and verified is reused by each attempt (the build cache).
+    attempts: int = 1
+
+    @property
+    def no_verdict(self) -> bool:
+        """The evaluator could not decide: no reward, and not the candidate's failure."""
+        return self.status == NO_VERDICT
+
+    @property
+    def no_verdict_kind(self) -> str | None:
+        """``BUSY`` (evaluate again, on a quieter host) or ``HARNESS`` (the task or harness failed); None with a
+        verdict."""
+        return no_verdict_kind(self.status, self.reason)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -120,5 +159,11 @@ class EvalResult:
             lines.append(f"coverage: {a['coverage']:.1%} of forward's GPU time in the candidate's own kernels "
                          f"({a['own_launches']} launch(es) of {a['defined']} defined)")
         lines.extend(f"note: {note}" for note in self.notes)
-        lines.append(f"reward: {self.reward}")
+        if self.no_verdict:
+            tries = f" after {self.attempts} attempts" if self.attempts > 1 else ""
+            lines.append(f"no verdict{tries}: " + (BUSY_ADVICE if self.no_verdict_kind == BUSY else
+                                                    "the task or the evaluator failed, not the candidate"))
+            lines.append("reward: none (no verdict)")
+        else:
+            lines.append(f"reward: {self.reward}" + (f" (attempt {self.attempts})" if self.attempts > 1 else ""))
         return "\n".join(lines)

@@ -29,12 +29,13 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from cuda_agent.agent.session import AgentConfig, EpisodeSession, SessionOutcome
+from cuda_agent.evaluate.result import no_reward_reason
 from cuda_agent.tasks import Task, TaskError, load_tasks
 from cuda_agent.train.single_turn import FAILURE_REWARD, SingleTurnOutcome, score_reply, single_turn_messages
 from cuda_agent.train.verl.evaluators import lend_evaluator
 
 __all__ = ["FAILURE_REWARD", "TASK_COLUMNS", "EvaluatorOptions", "ToolEpisode", "completion_text", "load_task_rows",
-           "score_completion", "score_completions", "single_turn_messages", "task_columns", "task_from_row"]
+           "score_completion", "score_completions", "score_outcomes", "single_turn_messages", "task_columns", "task_from_row"]
 
 TASK_COLUMNS = ("name", "code", "source", "level", "problem_id")  # the columns a row carries its task in
 
@@ -95,21 +96,27 @@ def completion_text(completion: Any) -> str:
 def score_completion(task: Task, completion: Any, options: EvaluatorOptions) -> SingleTurnOutcome:
     """One single-turn reply (text or chat messages) scored for ``task``: parsed into a candidate and evaluated
     (``score_reply``) by an evaluator lent for the call, in a scratch folder removed afterwards. Its ``reward``
-    is the failure reward when the reply writes no usable candidate."""
+    is the failure reward when the reply writes no usable candidate, None when the evaluation has no verdict."""
     with options.lend() as evaluator, tempfile.TemporaryDirectory(prefix="cuda-agent-reply-") as where:
         return score_reply(task, completion_text(completion), evaluator, Path(where))
 
 
 def score_completions(tasks: Sequence[Task], completions: Sequence[Any], options: EvaluatorOptions,
-                      workers: int = 4) -> list[float]:
+                      workers: int = 4) -> list[float | None]:
     """The single-turn reward of each completion for its task (the failure reward when it writes no usable
-    candidate), ``workers`` at a time: builds and checks overlap; timed regions never do (one timing lock,
-    or the service's scheduling)."""
+    candidate, None without a verdict), ``workers`` at a time: builds and checks overlap; timed regions never
+    do (one timing lock, or the service's scheduling)."""
+    return [outcome.reward for outcome in score_outcomes(tasks, completions, options, workers)]
+
+
+def score_outcomes(tasks: Sequence[Task], completions: Sequence[Any], options: EvaluatorOptions,
+                   workers: int = 4) -> list[SingleTurnOutcome]:
+    """``score_completions`` with each outcome whole: its reward and the reason (a no-verdict's among them)."""
     if len(tasks) != len(completions):
         raise ValueError(f"{len(tasks)} tasks for {len(completions)} completions")
 
-    def one(pair: tuple[Task, Any]) -> float:
-        return score_completion(*pair, options).reward
+    def one(pair: tuple[Task, Any]) -> SingleTurnOutcome:
+        return score_completion(*pair, options)
 
     if options.evaluator is not None and not _shareable(options.evaluator):
         workers = 1  # a local Evaluator keeps per-evaluation processes: one caller at a time
@@ -183,10 +190,26 @@ class ToolEpisode:
         return self.outcome
 
     @property
-    def reward(self) -> float:
-        """The episode's reward: the final evaluation's (the failure reward without one)."""
-        reward = self.finish().reward
+    def reward(self) -> float | None:
+        """The episode's reward: the final evaluation's (the failure reward for a workspace that does not load);
+        None where that evaluation has no verdict (``reason`` says why)."""
+        final = self.finish().final
+        if final.get("status") == "error":
+            return None
+        reward = final.get("reward")
         return FAILURE_REWARD if reward is None else float(reward)
+
+    @property
+    def no_verdict(self) -> bool:
+        return self.reward is None
+
+    @property
+    def reason(self) -> str:
+        """Why the episode earned what it did: the final evaluation's status, or why it has no reward."""
+        final = self.finish().final
+        if final.get("status") == "error":
+            return no_reward_reason(final)
+        return str(final.get("status")) + (f" ({final['rule']})" if final.get("rule") else "")
 
     def close(self) -> None:
         stack = getattr(self, "_stack", None)

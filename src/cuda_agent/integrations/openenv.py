@@ -4,7 +4,8 @@ HTTP/WebSocket protocol. Checked against openenv 0.10.0 (docs/INTEGRATIONS.md).
     KernelAction       a tool call: ``tool`` (one of the episode's tools, or ``finish``) and its ``arguments``
     KernelObservation  ``content`` (a tool's output; at reset, SKILL.md and the task), ``messages`` and ``tools`` at
                        reset (the opening chat and the tools' schemas, as our loop sends them to a model),
-                       ``error``; ``done`` and ``reward`` once the episode ends
+                       ``error``; ``done`` and ``reward`` once the episode ends (``reward`` None where the final
+                       evaluation has no verdict: ``metadata["no_verdict"]`` and ``metadata["reason"]`` say why)
     KernelState        the episode id, step count, task, whether it is done and its reward
     KernelEnv          ``reset(task=NAME | seed=N)`` opens a fresh workspace for a task of the server's task set,
                        ``step(action)`` runs one tool call; ``finish`` (or the step limit) closes the tools and
@@ -40,8 +41,7 @@ except ImportError as exc:  # pragma: no cover - the message is the point
     raise ImportError(f"the OpenEnv adapter needs openenv ({exc}): pip install 'cuda-agent[openenv]'") from exc
 
 from cuda_agent.agent.session import AgentConfig
-from cuda_agent.integrations.core import (FAILURE_REWARD, EvaluatorOptions, ToolEpisode, score_completion,
-                                          single_turn_messages)
+from cuda_agent.integrations.core import EvaluatorOptions, ToolEpisode, score_completion, single_turn_messages
 from cuda_agent.tasks import Task, TaskError, load_tasks
 
 ENV_NAME = "cuda_agent"
@@ -72,7 +72,8 @@ class KernelObservation(Observation):
 class KernelState(State):
     task: str = ""
     done: bool = False
-    reward: Optional[float] = None
+    reward: Optional[float] = None  # None once done: no verdict (``reason`` says why), never the failure reward
+    reason: str = ""  # why the ended episode earned what it did
 
 
 class _OverTasks:
@@ -141,12 +142,12 @@ class KernelEnv(_OverTasks, Environment[KernelAction, KernelObservation, KernelS
 
     def _finish(self, content: str, error: bool = False) -> KernelObservation:
         outcome = self.episode.finish()
-        reward = FAILURE_REWARD if outcome.reward is None else float(outcome.reward)
-        self._state.done, self._state.reward = True, reward
+        reward = self.episode.reward  # None: no verdict, no reward (the metadata's reason says why)
+        self._state.done, self._state.reward, self._state.reason = True, reward, self.episode.reason
         summary = outcome.final.get("status", "")
-        return KernelObservation(content=content or f"final evaluation: {summary}", error=error,
+        return KernelObservation(content=content or f"final evaluation: {self.episode.reason}", error=error,
                                  task=self._state.task, status=summary, done=True, reward=reward,
-                                 metadata={"final": _brief(outcome.final)})
+                                 metadata=_outcome_metadata(outcome.final, reward, self.episode.reason))
 
     def close(self) -> None:
         self._close()
@@ -180,14 +181,20 @@ class KernelReplyEnv(_OverTasks, Environment[ReplyAction, KernelObservation, Ker
             raise RuntimeError("no episode in progress: call reset first")
         self._state.step_count += 1
         outcome = score_completion(self.tasks[self._state.task], action.reply, self.options)
-        self._state.done, self._state.reward = True, outcome.reward
+        self._state.done, self._state.reward, self._state.reason = True, outcome.reward, outcome.reason
         return KernelObservation(content=f"evaluation: {outcome.reason}", task=self._state.task,
                                  status=outcome.status, done=True, reward=outcome.reward,
-                                 metadata={"final": _brief(outcome.evaluation or {}), "reason": outcome.reason})
+                                 metadata=_outcome_metadata(outcome.evaluation or {}, outcome.reward, outcome.reason))
+
+
+def _outcome_metadata(final: dict[str, Any], reward: float | None, reason: str) -> dict[str, Any]:
+    """An ended episode's metadata: the final evaluation in brief and why it earned what it did; ``no_verdict``
+    where the reward is None because the evaluator could not decide (not the failure reward)."""
+    return {"final": _brief(final), "reason": reason, "no_verdict": reward is None}
 
 
 def _brief(final: dict[str, Any]) -> dict[str, Any]:
-    keys = ("status", "reward", "speedup_eager", "speedup_compile", "reason", "rule")
+    keys = ("status", "reward", "speedup_eager", "speedup_compile", "reason", "rule", "attempts")
     return {k: final.get(k) for k in keys if k in final}
 
 

@@ -6,7 +6,9 @@ environment for multi-turn GRPO. Checked against trl 1.16.0 (docs/INTEGRATIONS.m
                         functions and to an environment's ``reset`` as keyword arguments
     KernelReward        a reward function: ``(prompts, completions, **columns) -> rewards``; each completion
                         parsed into a candidate and evaluated for the task of its row (local evaluators, or the
-                        service), ``workers`` at a time
+                        service), ``workers`` at a time; ``None`` for a sample whose evaluation has no verdict
+                        (TRL leaves a sample every reward function gave None out of the group's baseline, with
+                        advantage 0), the reason logged
     KernelEnvironment   for ``GRPOTrainer(environment_factory=KernelEnvironment.factory(...))``, TRL's documented
                         path for multi-turn tool episodes: ``reset(**row)`` opens the task's workspace and returns
                         SKILL.md and the task (appended to the prompt's user message), our tools are its methods,
@@ -34,8 +36,12 @@ except ImportError as exc:  # pragma: no cover - the message is the point
     raise ImportError(f"the TRL adapter needs trl and datasets ({exc}): pip install 'cuda-agent[trl]'") from exc
 
 from cuda_agent.agent.session import SYSTEM_PROMPT, AgentConfig
+import logging
+
 from cuda_agent.integrations.core import (FAILURE_REWARD, EvaluatorOptions, ToolEpisode, load_task_rows,
-                                          score_completions, task_from_row)
+                                          score_outcomes, task_from_row)
+
+log = logging.getLogger(__name__)
 from cuda_agent.integrations.tool_functions import tool_function, tool_schemas
 
 
@@ -54,7 +60,8 @@ def tasks_to_dataset(source: str | Path, *, levels: Iterable[int] | None = None,
 class KernelReward:
     """TRL's custom reward function: called as ``reward(prompts=..., completions=..., name=[...], code=[...],
     ...)`` with the batch's dataset columns; returns one float per completion (the failure reward, -1, for a
-    reply without a usable candidate)."""
+    reply without a usable candidate), or ``None`` for one whose evaluation has no verdict: TRL's convention for
+    a sample a reward function does not score. ``no_verdict`` counts them; each reason is logged."""
 
     __name__ = "kernel_reward"  # TRL logs each reward function under its __name__
 
@@ -62,11 +69,19 @@ class KernelReward:
                  sandbox: str = "auto", evaluator: Any = None, workers: int = 4):
         self.options = EvaluatorOptions(service, device, policy, sandbox, evaluator)
         self.workers = workers
+        self.no_verdict = 0  # samples given no reward so far
+        self.reasons: list[str] = []  # why, the latest last (the last 100)
 
-    def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **columns: Any) -> list[float]:
+    def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **columns: Any) -> list[float | None]:
         keys = [k for k in ("name", "code", "source", "level", "problem_id", "extra_info") if k in columns]
         tasks = [task_from_row({k: columns[k][i] for k in keys}) for i in range(len(completions))]
-        return score_completions(tasks, completions, self.options, workers=self.workers)
+        outcomes = score_outcomes(tasks, completions, self.options, workers=self.workers)
+        for task, outcome in zip(tasks, outcomes):
+            if outcome.no_verdict:
+                self.no_verdict += 1
+                self.reasons = (self.reasons + [f"{task.name}: {outcome.reason}"])[-100:]
+                log.warning("kernel_reward: no reward for a completion of %s: %s", task.name, outcome.reason)
+        return [outcome.reward for outcome in outcomes]
 
 
 class KernelEnvironment:
@@ -95,12 +110,22 @@ class KernelEnvironment:
         messages = self.episode.open()
         return messages[-1]["content"]
 
-    def get_reward(self) -> float:
+    def get_reward(self) -> float | None:
         """The episode's reward: the tools are closed and the workspace evaluated (the failure reward, -1, for a
-        workspace that does not load or a ModelNew that is not correct)."""
+        workspace that does not load or a ModelNew that is not correct; None, TRL's "not scored", where the
+        evaluation has no verdict: ``reason`` says why)."""
         if self.episode is None:
             return FAILURE_REWARD
-        return self.episode.reward
+        reward = self.episode.reward
+        if reward is None:
+            log.warning("KernelEnvironment: no reward for the episode of %s: %s", self.episode.task.name,
+                        self.episode.reason)
+        return reward
+
+    @property
+    def reason(self) -> str | None:
+        """Why the last episode earned what it did (a no-verdict's reason among them)."""
+        return self.episode.reason if self.episode is not None and self.episode.outcome is not None else None
 
     def _call(self, name: str, arguments: dict[str, Any]) -> str:
         if self.episode is None:

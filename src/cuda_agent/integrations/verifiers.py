@@ -10,7 +10,11 @@ and ``Env`` subclasses its ``__all__`` exports; the package ``cuda_agent_kernels
 
     KernelTaskset  the tasks of ``tasks`` (a task file, a folder of them, KernelBench, JSONL/parquet, a hub
                    dataset), one ``KernelTask`` each; its data carries the task (``name``, ``code``, ...)
-    KernelTask     the reward: ``kernel_reward``, the closing evaluation's (what ``run_episode`` gives)
+    KernelTask     the reward: ``kernel_reward``, the closing evaluation's (what ``run_episode`` gives); where that
+                   evaluation has no verdict (the evaluator could not decide) there is no reward: the state says
+                   so (``no_verdict``, ``reason``), the program ends with exit code 3 and the reason on stderr
+                   (verifiers records the rollout's program as failed), and ``kernel_reward`` is NaN, not a
+                   number a trainer could learn from, never the failure reward
     KernelHarness  the program the model runs in, the taskset's default: our episode (a fresh workspace, our
                    tools, the closing trusted evaluation) with every model call sent to verifiers' interception
                    endpoint, so verifiers records the trace (and, for prime-rl, its tokens) and applies its
@@ -30,6 +34,7 @@ for in-process callers (one that is safe to share between the worker's concurren
 from __future__ import annotations
 
 import asyncio
+import math
 import tempfile
 from pathlib import Path
 from typing import Any, ClassVar, Iterator
@@ -43,6 +48,7 @@ except ImportError as exc:  # pragma: no cover - the message is the point
 from cuda_agent.agent.llm import OpenAIChat
 from cuda_agent.agent.loop import run_episode
 from cuda_agent.agent.session import AgentConfig
+from cuda_agent.evaluate.result import no_reward_reason
 from cuda_agent.integrations.core import (FAILURE_REWARD, EvaluatorOptions, score_completion,
                                           single_turn_messages, task_columns, task_from_row)
 from cuda_agent.tasks import TaskError, load_tasks
@@ -68,6 +74,11 @@ class KernelState(vf.State):
     reward: float | None = None
     status: str | None = None
     end_reason: str | None = None
+    no_verdict: bool = False  # the closing evaluation had no verdict: no reward (``reason`` says why)
+    reason: str | None = None
+
+
+NO_VERDICT_EXIT = 3  # the program's exit code where the closing evaluation has no verdict (as ``cuda-agent eval``'s)
 
 
 class KernelTask(vf.Task[KernelData, KernelState]):
@@ -78,7 +89,10 @@ class KernelTask(vf.Task[KernelData, KernelState]):
 
     @vf.reward
     async def kernel_reward(self, trace: vf.Trace) -> float:
-        """The closing evaluation's reward; the failure reward when the episode never reached it."""
+        """The closing evaluation's reward; the failure reward when the episode never reached it; NaN (no
+        score) when it had no verdict."""
+        if trace.state.no_verdict:
+            return math.nan
         reward = trace.state.reward
         return FAILURE_REWARD if reward is None else float(reward)
 
@@ -138,6 +152,8 @@ class KernelHarness(vf.Harness[KernelHarnessConfig]):
         trace.state.reward = episode.reward
         trace.state.status = episode.final.get("status")
         trace.state.end_reason = episode.end_reason
+        if trace.state.status == "error":
+            return _no_verdict(trace, no_reward_reason(episode.final))
         return vf.ProgramResult(exit_code=0, stdout=f"final evaluation: {trace.state.status}", stderr="")
 
     def _options(self) -> EvaluatorOptions:
@@ -152,6 +168,8 @@ class KernelHarness(vf.Harness[KernelHarnessConfig]):
         trace.state.reward = outcome.reward
         trace.state.status = outcome.status
         trace.state.end_reason = "single_turn"
+        if outcome.no_verdict:
+            return _no_verdict(trace, outcome.reason)
         return vf.ProgramResult(exit_code=0, stdout=f"single-turn reply: {outcome.reason}", stderr="")
 
     def _episode(self, task, model: str, endpoint: str, secret: str):
@@ -165,6 +183,12 @@ class KernelHarness(vf.Harness[KernelHarnessConfig]):
                                                                        dir=config.workdir) as where:
             return run_episode(task, backend, evaluator, Path(where), config=agent, model=model,
                                sandbox=config.sandbox)
+
+
+def _no_verdict(trace: vf.Trace, reason: str) -> vf.ProgramResult:
+    """The rollout's end where its evaluation had no verdict: no reward, the reason on the state and stderr."""
+    trace.state.reward, trace.state.no_verdict, trace.state.reason = None, True, reason
+    return vf.ProgramResult(exit_code=NO_VERDICT_EXIT, stdout="", stderr=reason)
 
 
 class KernelEnvConfig(vf.EnvConfig):

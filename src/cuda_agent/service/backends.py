@@ -18,6 +18,7 @@ from typing import Any
 from cuda_agent.build.toolchain import default_build_workers
 from cuda_agent.evaluate import Evaluator, Policy, TimingConfig, long_lived, resolve_device
 from cuda_agent.evaluate.device_lock import DeviceLock
+from cuda_agent.evaluate.retry import RetryPolicy
 from cuda_agent.evaluate.pool import device_slots
 from cuda_agent.evaluate.references import REFERENCE_MEMORY, ReferencePool, kept_references
 from cuda_agent.service.messages import Job
@@ -56,7 +57,8 @@ def local_service(device: str = "auto", *, slots: int | None = None, gpus: list[
         indices = [gpu for gpu in device_slots(device, gpus) for _ in range(per_gpu)]
     else:
         indices = [None] * max(1, slots or 1)
-    options = long_lived(device) | options
+    # The queue retries an evaluation without a verdict (on another slot where there is one): its slots do not.
+    options = long_lived(device) | options | {"retry": RetryPolicy.none()}
     # Every GPU gets a DeviceLock, one slot or several: the build workers take its shared side (below).
     shared = (device == "cuda" or len(set(indices)) < len(indices)) and "timing_lock" not in options
     locks = {index: DeviceLock(pause=pause_neighbours, apart=apart) for index in set(indices)} if shared else {}
@@ -106,7 +108,7 @@ class _EvaluatorActor:
     """A Ray actor that owns one evaluator (and, on a GPU node, one GPU)."""
 
     def __init__(self, device: str, options: dict[str, Any]):
-        self.evaluator = Evaluator(device, **(long_lived(device) | options))
+        self.evaluator = Evaluator(device, **(long_lived(device) | options | {"retry": RetryPolicy.none()}))
 
     def run(self, job: dict[str, Any]) -> Any:
         return execute(self.evaluator, Job.from_dict(job))

@@ -9,6 +9,10 @@ machine and on a cluster. What it promises a client:
   (``overloaded``), so a burst cannot grow memory without bound;
 - **a job is never lost**: a slot that dies with a job (its actor or node gone, ``SlotLost``) is
   replaced and the job goes back to the front of the queue, up to ``retries`` times;
+- **no verdict is given up on lightly**: an evaluation without a verdict for a busy host (``result.BUSY``) goes
+  back to the queue after a back-off, up to ``verdict_retries`` times, for another slot where there is one; its
+  result's ``attempts`` counts the evaluations. The slots' evaluators do not retry themselves (``RetryPolicy.none``),
+  so a slot never sits in a back-off while the queue waits;
 - **and never answered twice**: a job's future is set once; a late answer from a slot given up
   on (timed out, lost) is dropped;
 - **per-job timeouts**: a job a slot holds past ``job_timeout_s`` fails as ``timeout`` and the slot
@@ -34,6 +38,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
+from cuda_agent.evaluate.result import BUSY, no_verdict_kind
 from cuda_agent.service.messages import Job, Reply, ServiceError
 
 RATE_WINDOW_S = 60.0  # evaluations per second are counted over this window
@@ -43,6 +48,8 @@ RATE_WINDOW_S = 60.0  # evaluations per second are counted over this window
 AFFINITY_SCAN = 64
 AFFINITY_TASKS = 8  # tasks a slot is taken to hold (the evaluator's reference pool keeps a few)
 AFFINITY_WAIT_S = 10.0
+VERDICT_RETRIES = 2  # evaluations again of a job without a verdict for a busy host
+VERDICT_BACKOFF_S = 5.0  # before the first of them; doubled for each one after
 
 
 class SlotLost(RuntimeError):
@@ -96,6 +103,10 @@ class _Entry:
     submitted: float
     built: Any = None
     attempts: int = 0
+    evaluations: int = 0  # of an evaluate or verify job: its evaluations so far
+    undecided: int = 0  # those that ended without a verdict for a busy host
+    avoid: str | None = None  # the slot whose evaluation had no verdict: another one takes it where there is one
+    requeued: float = 0.0
 
 
 @dataclass
@@ -118,7 +129,8 @@ class EvalService:
                  job_timeout_s: float = 3600.0, retries: int = 2,
                  builder: Callable[[Any], Any] | None = None, build_workers: int = 0,
                  info: dict[str, Any] | None = None, on_reply: Callable[[Job, Reply], None] | None = None,
-                 one_per_task: bool = False):
+                 one_per_task: bool = False, verdict_retries: int = VERDICT_RETRIES,
+                 verdict_backoff_s: float = VERDICT_BACKOFF_S):
         if slots < 1:
             raise ValueError("the service needs at least one slot")
         if queue_size < 1:
@@ -127,6 +139,7 @@ class EvalService:
         self.queue_size = queue_size
         self.job_timeout_s = job_timeout_s
         self.retries = retries
+        self.verdict_retries, self.verdict_backoff_s = verdict_retries, verdict_backoff_s
         self.info = dict(info or {})
         self.on_reply = on_reply or (lambda job, reply: None)
         self.one_per_task = one_per_task
@@ -255,7 +268,8 @@ class EvalService:
                 state = self._slots[index]
                 entry = None
                 while not self._closed and (entry := self._take(state) if self._pending else None) is None:
-                    self._lock.wait()
+                    # Woken at least each second while jobs wait: one passed over here may become this slot's.
+                    self._lock.wait(1.0 if self._pending else None)
                 if entry is None:
                     return
                 state.job, state.since = entry.job.describe(), time.monotonic()
@@ -270,6 +284,17 @@ class EvalService:
             if outcome is None:
                 continue
             kind, value = outcome
+            if kind == "ok" and self._undecided(entry, value):
+                if entry.undecided <= self.verdict_retries:
+                    self.counts["no_verdict_retried"] += 1
+                    entry.avoid = state.slot.name
+                    delay = self.verdict_backoff_s * 2 ** (entry.undecided - 1)
+                    timer = threading.Timer(delay, self._requeue, args=(entry,))
+                    timer.daemon = True
+                    timer.start()
+                    continue
+            if kind == "ok" and entry.evaluations > 1:
+                value["attempts"] = entry.evaluations
             if kind == "ok":
                 state.done += 1
                 self._answer(entry, Reply(entry.job.id, True, result=value, slot=state.slot.name,
@@ -295,14 +320,42 @@ class EvalService:
             if not self._replace(index):
                 return
 
+    @staticmethod
+    def _undecided(entry: _Entry, value: Any) -> bool:
+        """Whether an evaluation's result has no verdict for a busy host (counted on the entry)."""
+        if entry.job.op not in ("evaluate", "verify") or not isinstance(value, dict):
+            return False
+        entry.evaluations += 1
+        if no_verdict_kind(value.get("status"), value.get("reason")) != BUSY:
+            return False
+        entry.undecided += 1
+        return True
+
+    def _requeue(self, entry: _Entry) -> None:
+        """A job whose evaluation had no verdict, back at the front of the queue after its back-off."""
+        with self._lock:
+            if self._closed:
+                closed = True
+            else:
+                closed = False
+                entry.requeued = time.monotonic()
+                self._pending.appendleft(entry)
+                self._lock.notify_all()
+        if closed:
+            self._answer(entry, Reply(entry.job.id, False, error="the service closed before the job ran", kind="lost"))
+
     def _take(self, state: _SlotState) -> _Entry | None:
         """The next job for a free slot (lock held): one of a task it served recently, else the first; with
         ``one_per_task``, none of a task another slot is evaluating (None: only such jobs wait)."""
         busy = {s.task for s in self._slots if s.task is not None} if self.one_per_task else set()
+        others = len(self._slots) > 1
         free = [(position, entry) for position, entry in itertools.islice(enumerate(self._pending), AFFINITY_SCAN)
-                if entry.job.task is None or entry.job.task.digest not in busy]
+                if (entry.job.task is None or entry.job.task.digest not in busy)
+                # a job without a verdict here goes to another slot, unless none has taken it for a while
+                and not (others and entry.avoid == state.slot.name
+                         and time.monotonic() - entry.requeued < AFFINITY_WAIT_S)]
         if not free:
-            return None  # the head is always free without ``one_per_task``: only jobs of busy tasks wait
+            return None  # only jobs of busy tasks wait (``one_per_task``), or ones this slot had no verdict for
         if state.tasks and time.monotonic() - free[0][1].submitted < AFFINITY_WAIT_S:
             for position, entry in free:
                 if entry.job.task is not None and entry.job.task.digest in state.tasks:

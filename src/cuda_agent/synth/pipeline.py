@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from cuda_agent.scratch import made
 from cuda_agent.evaluate.policy import Policy
 from cuda_agent.jsonl import read_jsonl
 from cuda_agent.paths import PACKAGE_ROOT, cache_root, worker_env
@@ -232,7 +233,7 @@ class Synthesis:
         # a process's first torch.compile built inductor's precompiled header again (26 s against 3-6 s on
         # 2 CPU cores), once per run and worker; the cache is content-keyed and safe to share between processes.
         inductor = Path(self.config.cache_dir or cache_root()) / "inductor"
-        scratch = Path(tempfile.mkdtemp(prefix="cuda-agent-synth-"))
+        scratch = made(Path(tempfile.mkdtemp(prefix="cuda-agent-synth-")))  # removed on Ctrl-C too
         screeners: queue.Queue[Screener] = queue.Queue()
         if self.config.ray:
             from cuda_agent.synth.ray_pool import ray_screeners

@@ -37,12 +37,13 @@ import torch
 
 from cuda_agent.candidates import load_candidate
 from cuda_agent.evaluate import Evaluator, Policy, long_lived
+from cuda_agent.evaluate.result import no_reward_reason
 from cuda_agent.paths import EXAMPLES
 from cuda_agent.tasks import load_task
 from cuda_agent.train.models import critic_from_actor
 from cuda_agent.train.ppo import PPOConfig, PPOTrainer
 from cuda_agent.train.rollout import Rollout, RolloutBatch
-from cuda_agent.train.run import RunDir, plot_metrics
+from cuda_agent.train.run import RunDir, plot_metrics, write_atomic
 
 # The example per device, the call its solution makes, and torch's own version of it.
 EXAMPLE = {
@@ -119,29 +120,47 @@ def make_actor(tokenizer: Any, seed: int) -> Any:
     return transformers.AutoModelForCausalLM.from_config(config)
 
 
+class NoVerdictStep(RuntimeError):
+    """A step in which no sampled answer got a reward: every evaluation it asked for had no verdict."""
+
+
 class MenuRewards:
-    """The evaluator's result for each menu name, evaluated on first use and kept in ``path``."""
+    """The evaluator's result for each menu name, evaluated on first use and kept in ``path``. Only verdicts are
+    kept: an evaluation without one (a busy host) gives that answer no reward in this step (``undecided``, cleared
+    by ``next_step``) and is evaluated again in the next; a no-verdict an older run kept is dropped on reading."""
 
     def __init__(self, path: Path, task: Any, menu: dict[str, Path], evaluator: Callable[[], Evaluator],
                  on_stage: Callable[[str], None] = lambda line: None):
         self.path, self.task, self.menu, self.evaluator, self.on_stage = path, task, menu, evaluator, on_stage
-        self.results: dict[str, dict[str, Any]] = json.loads(path.read_text()) if path.exists() else {}
+        kept = json.loads(path.read_text()) if path.exists() else {}
+        self.results: dict[str, dict[str, Any]] = {name: entry for name, entry in kept.items()
+                                                   if entry.get("reward") is not None and entry.get("status") != "error"}
+        self.undecided: dict[str, str] = {}  # answer -> why its evaluation in this step had no verdict
         self._evaluator: Evaluator | None = None
 
-    def reward(self, answer: str) -> float:
+    def next_step(self) -> None:
+        self.undecided.clear()
+
+    def reward(self, answer: str) -> float | None:
+        """The answer's reward: -1 for a name off the menu, None where its evaluation had no verdict."""
         if answer not in self.menu:
             return -1.0
+        if answer in self.undecided:
+            return None
         if answer not in self.results:
             self._evaluator = self._evaluator or self.evaluator()
             self.on_stage(f"evaluating the {answer!r} candidate with the real evaluator")
             result = self._evaluator.evaluate(self.task, load_candidate(self.menu[answer]))
             status = next((line.strip() for line in result.summary().splitlines() if line.strip().startswith("status")),
                           result.status)
+            if result.no_verdict:
+                self.undecided[answer] = no_reward_reason(result.to_dict())
+                self.on_stage(f"  {answer}: no reward in this step ({self.undecided[answer]}); evaluated again next step")
+                return None
             self.results[answer] = {"reward": result.reward, "status": result.status, "rule": result.rule,
                                     "summary": status}
-            self.path.write_text(json.dumps(self.results, indent=1))
-            reward = "none" if result.reward is None else f"{result.reward:+.2f}"
-            self.on_stage(f"  {answer}: reward {reward}, {status}")
+            write_atomic(self.path, json.dumps(self.results, indent=1))
+            self.on_stage(f"  {answer}: reward {result.reward:+.2f}, {status}")
         return float(self.results[answer]["reward"])
 
     def close(self) -> None:
@@ -195,7 +214,8 @@ def _train(run: Any, config: DemoConfig, steps: int, done: int, sampler: Any, pr
            say: Callable[[str], None]) -> None:
     for step in range(done + 1, steps + 1):
         started = time.perf_counter()
-        rollouts, answers, evaluate_s, clipped = [], [], 0.0, 0
+        rewards.next_step()
+        rollouts, answers, evaluate_s, clipped, undecided = [], [], 0.0, 0, 0
         for _ in range(config.batch):
             output = sampler.generate(prompt, config.max_new_tokens)
             answer = (tokenizer.decode(output.ids, skip_special_tokens=True).split() or [""])[0]
@@ -204,13 +224,21 @@ def _train(run: Any, config: DemoConfig, steps: int, done: int, sampler: Any, pr
             evaluate_s += time.perf_counter() - clock
             clipped += output.finish_reason == "length"
             answers.append(answer)
+            if reward is None:
+                undecided += 1  # no verdict: no reward, so the sample is left out of the update
+                continue
             rollouts.append(Rollout(tuple(prompt), tuple(output.ids), (1,) * len(output.ids), tuple(output.logprobs),
                                     reward))
+        if not rollouts:
+            raise NoVerdictStep(f"step {step}: no sampled answer got a reward (the host was too busy to decide: "
+                                f"{'; '.join(rewards.undecided.values())}); nothing of the run is lost: run the same "
+                                "command again once the host is quieter")
         rollout_s = time.perf_counter() - started - evaluate_s
         metrics = trainer.step(RolloutBatch.collate(rollouts, pad_id=tokenizer.pad_token_id))
         values = [r.reward for r in rollouts]
         line = {
             "reward_mean": sum(values) / len(values),
+            "no_verdict": undecided,
             "reward_shares": {name: answers.count(name) / len(answers) for name in menu} | {
                 "other": sum(a not in menu for a in answers) / len(answers)},
             "pass_rate": sum(v > 0 for v in values) / len(values),

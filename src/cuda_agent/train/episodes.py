@@ -39,7 +39,7 @@ class EpisodeOutcome:
     agent's trajectory line, with token trace; single-turn: the reply and its evaluation)."""
 
     task: str
-    reward: float
+    reward: float | None  # None: its evaluation had no verdict; it has no rollouts, so nothing trains on it
     rollouts: list[Rollout]
     status: str
     turns: int = 1
@@ -193,8 +193,9 @@ class EpisodeRunner:
         text = self.tokenizer.decode(out.ids, skip_special_tokens=True)
         folder.mkdir(parents=True, exist_ok=True)
         outcome = score_reply(task, text, timed, folder)
+        # Without a verdict the reply has no reward: dropped from the batch (counted as ``no_verdict``).
         rollouts = [Rollout(tuple(prompt), tuple(out.ids), (1,) * len(out.ids), tuple(out.logprobs), outcome.reward)] \
-            if out.ids else []
+            if out.ids and not outcome.no_verdict else []
         status = outcome.evaluation["status"] if outcome.evaluation else "no-candidate"
         return EpisodeOutcome(task.name, outcome.reward, rollouts, status, 1, out.finish_reason == "length", len(out.ids),
                               seconds, timed.seconds,
@@ -210,11 +211,14 @@ class EpisodeRunner:
         config = AgentConfig(max_turns=self.max_turns, context_tokens=self.context_tokens,
                              wall_clock_s=self.wall_clock_s)
         episode = run_episode(task, chat, timed, folder, config=config, model=self.model_name, sandbox=self.sandbox)
-        reward = FAILURE_REWARD if episode.reward is None else float(episode.reward)
-        try:
-            rollouts = rollouts_from_trace(episode.record.get("tokens", []), reward)
-        except RolloutError:
-            rollouts = []
+        if episode.final.get("status") == "error":
+            reward, rollouts = None, []  # no verdict: no reward, so nothing of the episode trains (``no_verdict``)
+        else:
+            reward = FAILURE_REWARD if episode.reward is None else float(episode.reward)
+            try:
+                rollouts = rollouts_from_trace(episode.record.get("tokens", []), reward)
+            except RolloutError:
+                rollouts = []
         return EpisodeOutcome(task.name, reward, rollouts, str(episode.final.get("status")), len(episode.record["turns"]),
                               generation.clipped, generation.tokens, generation.seconds, timed.seconds,
                               episode.record)

@@ -3,7 +3,9 @@
 The reply holds the files of the agent's workspace as fenced blocks, each after a line naming its path
 (``### model_new.py``, then a fenced block). A reply with one unnamed Python block is read as a
 KernelBench-style ``ModelNew`` file with ``load_inline`` sources. A reply that yields no candidate earns
-the failure reward, as an incorrect one does.
+the failure reward, as an incorrect one does. An evaluation without a verdict (the evaluator could not decide:
+a busy host) earns no reward at all: ``None``, with the reason, which every consumer passes on in its own
+library's way and never as the failure reward.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 
 from cuda_agent.candidates import Candidate, CandidateError, load_candidate
 from cuda_agent.candidates.candidate import SOURCE_SUFFIXES
+from cuda_agent.evaluate.result import no_reward_reason
 from cuda_agent.tasks import Task
 
 FAILURE_REWARD = -1.0
@@ -94,9 +97,14 @@ def candidate_from_reply(text: str, where: Path | None = None) -> Candidate:
 
 @dataclass(frozen=True)
 class SingleTurnOutcome:
-    reward: float
+    reward: float | None  # None: no verdict (no reward; ``reason`` says why), never the failure reward
     reason: str  # why the reply earned what it did
     evaluation: dict[str, Any] | None = None  # the evaluator's result, when there was a candidate
+
+    @property
+    def no_verdict(self) -> bool:
+        """The evaluator could not decide: the sample has no reward (masked or dropped by a trainer)."""
+        return self.reward is None
 
     @property
     def status(self) -> str:
@@ -105,12 +113,15 @@ class SingleTurnOutcome:
 
 
 def score_reply(task: Task, text: str, evaluator: Any, where: Path) -> SingleTurnOutcome:
-    """Parse a reply and evaluate what it writes; the failure reward when it writes nothing usable."""
+    """Parse a reply and evaluate what it writes; the failure reward when it writes nothing usable, no reward
+    (``None``) when the evaluation has no verdict."""
     try:
         candidate = candidate_from_reply(text, where)
     except CandidateError as exc:
         return SingleTurnOutcome(FAILURE_REWARD, f"no candidate: {exc}")
     result = evaluator.evaluate(task, candidate)
+    if result.no_verdict:
+        return SingleTurnOutcome(None, no_reward_reason(result.to_dict()), result.to_dict())
     reward = FAILURE_REWARD if result.reward is None else float(result.reward)
     return SingleTurnOutcome(reward, result.status if result.rule is None else f"{result.status} ({result.rule})",
                              result.to_dict())

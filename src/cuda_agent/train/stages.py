@@ -244,10 +244,13 @@ class _PrecisionBackend:
 
 
 def episode_metrics(outcomes: list[EpisodeOutcome]) -> dict[str, Any]:
-    rewards = [o.reward for o in outcomes]
-    n = max(len(outcomes), 1)
+    """The step's episode metrics. Episodes without a verdict (reward None) are counted (``no_verdict``) and left
+    out of every reward figure: they have no reward, and no rollout trains on them."""
+    rewards = [o.reward for o in outcomes if o.reward is not None]
+    n = max(len(rewards), 1)
     return {
         "episodes": len(outcomes),
+        "no_verdict": len(outcomes) - len(rewards),
         "reward_mean": sum(rewards) / n,
         "reward_shares": {str(v): sum(r == v for r in rewards) / n for v in REWARDS},
         "pass_rate": sum(r > 0 for r in rewards) / n,
@@ -258,6 +261,11 @@ def episode_metrics(outcomes: list[EpisodeOutcome]) -> dict[str, Any]:
         "generate_seconds": sum(o.generate_seconds for o in outcomes),
         "evaluate_seconds": sum(o.evaluate_seconds for o in outcomes),
     }
+
+
+def _reward(outcome: EpisodeOutcome) -> str:
+    """An episode's reward as a progress line says it: none where it had no verdict."""
+    return "none (no verdict: not trained on)" if outcome.reward is None else f"{outcome.reward:+g}"
 
 
 def _identity(config: StageConfig) -> dict[str, Any]:
@@ -362,7 +370,7 @@ def run_ppo(config: StageConfig, out: Path, single_turn: bool, *, say: Say = _st
 
                 def show(index: int, outcome: EpisodeOutcome) -> None:
                     finished[0] += 1
-                    say(f"step {step} episode {finished[0]}/{len(step_tasks)}: {outcome.task} reward {outcome.reward:+g} "
+                    say(f"step {step} episode {finished[0]}/{len(step_tasks)}: {outcome.task} reward {_reward(outcome)} "
                         f"({outcome.status}, {outcome.generated_tokens} tokens, {outcome.turns} turn(s))")
 
                 outcomes = [o for o in runner.run(step_tasks, show) if o is not None]
@@ -433,7 +441,7 @@ def run_collect(config: StageConfig, out: Path, *, say: Say = _stderr,
             def keep(index: int, outcome: EpisodeOutcome) -> None:
                 with lock:
                     append_jsonl(path, outcome.record | {"episode_index": base + index})
-                say(f"round {step} episode {base + index}: {outcome.task} reward {outcome.reward:+g} "
+                say(f"round {step} episode {base + index}: {outcome.task} reward {_reward(outcome)} "
                     f"({outcome.status}, {outcome.turns} turns)")
 
             outcomes = [o for o in runner.run(step_tasks, keep, skip=skip) if o is not None]

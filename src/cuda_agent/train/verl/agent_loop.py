@@ -54,6 +54,7 @@ from cuda_agent.agent.tokens import TokenOutput
 from cuda_agent.train.episodes import EpisodeOutcome, EpisodeRunner
 from cuda_agent.train.verl.data import AGENT_NAME, task_from_extra_info
 from cuda_agent.train.verl.evaluators import lend_evaluator
+from cuda_agent.train.verl.reward import NO_VERDICT_SCORE
 
 # The loop's own context budget guesses tokens from characters; the backend counts the real ones against
 # verl's lengths, so the guess must never be what ends an episode (or drops turns, which starts a new sequence).
@@ -200,11 +201,15 @@ class CudaAgentLoop(AgentLoopBase):
                                    num_preempted=-1 if backend.num_preempted is None else backend.num_preempted)
         # verl's tool loop's keys (verl stacks extra fields across the batch), and why the episode ended.
         extra = dict(backend.extra_fields, turn_scores=[], tool_rewards=[], status=outcome.status,
-                     end_reason=record.get("end_reason"))
+                     end_reason=record.get("end_reason"), no_verdict=outcome.reward is None)
+        if outcome.reward is None:
+            # No verdict, no reward: verl needs a number, so the episode scores NO_VERDICT_SCORE with every response
+            # token masked out, and none of its tokens takes part in the loss.
+            mask = [0] * len(mask)
         return AgentLoopOutput(
             prompt_ids=prompt, response_ids=response, response_mask=mask,
             response_logprobs=None if backend.logprobs_missing else logprobs,
-            reward_score=outcome.reward,
+            reward_score=NO_VERDICT_SCORE if outcome.reward is None else outcome.reward,
             # verl counts chat turns: user, assistant and tool messages (the system prompt is none).
             num_turns=sum(m.get("role") != "system" for m in record.get("messages", [])),
             metrics=metrics, extra_fields=extra)

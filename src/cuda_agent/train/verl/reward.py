@@ -15,6 +15,7 @@ verl's reward managers call it with keywords (``data_source``, ``solution_str``:
 
 from __future__ import annotations
 
+import logging
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -23,16 +24,25 @@ from cuda_agent.train.single_turn import score_reply
 from cuda_agent.train.verl.data import task_from_extra_info
 from cuda_agent.train.verl.evaluators import lend_evaluator
 
+log = logging.getLogger(__name__)
+NO_VERDICT_SCORE = 0.0  # verl needs a number: a no-verdict sample's, between the failure reward and any success
+
 
 def compute_score(data_source: Any, solution_str: str, ground_truth: Any, extra_info: dict[str, Any] | None = None,
                   *, service: str | None = None, device: str = "auto", policy: str = "fair", sandbox: str = "auto",
                   evaluator: Any = None, **kwargs: Any) -> dict[str, float]:
     """``score``: the reward (the failure reward for a reply without a usable candidate); ``acc``: 1.0 when the
-    candidate is correct (verl reports ``acc`` per data source)."""
+    candidate is correct (verl reports ``acc`` per data source); ``no_verdict``: 1.0 where the evaluation had
+    no verdict. verl's reward managers write ``score`` into a tensor, so it must be a number: a no-verdict
+    sample scores 0.0, neither the failure reward nor a success, and verl logs ``no_verdict`` per data source
+    (the reason goes to the log)."""
     task = task_from_extra_info(extra_info)
     with lend_evaluator(service, device=device, policy=policy, sandbox=sandbox, evaluator=evaluator) as judge, \
             tempfile.TemporaryDirectory(prefix="cuda-agent-reply-") as where:
         outcome = score_reply(task, solution_str, judge, Path(where))
     correct = outcome.evaluation is not None and outcome.evaluation.get("status") == "correct"
-    # Always both keys: verl stacks each key of the reward's extra info across the whole batch.
-    return {"score": outcome.reward, "acc": 1.0 if correct else 0.0}
+    if outcome.no_verdict:
+        log.warning("compute_score: no reward for a reply to %s: %s", task.name, outcome.reason)
+    # Always every key: verl stacks each key of the reward's extra info across the whole batch.
+    return {"score": NO_VERDICT_SCORE if outcome.no_verdict else outcome.reward, "acc": 1.0 if correct else 0.0,
+            "no_verdict": 1.0 if outcome.no_verdict else 0.0}
