@@ -1157,9 +1157,11 @@ def deferral_prelude(denominator: int, *parts: str) -> str:
     return f"#define TAIL_DENOMINATOR {denominator}\n" + DEFERRED_TAILS + "".join(parts)
 
 
-# CPU: the deferred tails computed with the example's kernel.
+# CPU: the deferred tails computed with the example's kernel. Each finisher defines ``tails_pending()`` and
+# ``finish_tails()``, which the hooks below call.
 FINISH_SWISH_TAILS = r"""
 extern "C" void scaled_swish_launch(const float* x, float* y, int64_t n, float scale);
+static bool tails_pending() { std::lock_guard<std::mutex> g(tails_lock); return !tails.empty(); }
 static void finish_tails() {
   for (auto& t : take_tails())
     scaled_swish_launch(t.x.data_ptr<float>() + t.from, t.y.data_ptr<float>() + t.from, t.x.numel() - t.from, t.scale);
@@ -1187,8 +1189,7 @@ C_PROFILE = r"""
 static int tails_profile(PyObject*, PyFrameObject*, int what, PyObject* arg) {
   if (what != PyTrace_C_RETURN || arg == nullptr || !PyCFunction_Check(arg)) return 0;
   if (std::strcmp(reinterpret_cast<PyCFunctionObject*>(arg)->m_ml->ml_name, "send") != 0) return 0;
-  { std::lock_guard<std::mutex> g(tails_lock); if (tails.empty()) return 0; }
-  finish_tails();
+  if (tails_pending()) finish_tails();
   return 0;
 }
 static void hook_the_timing_thread() {
@@ -1212,7 +1213,7 @@ static void hook_the_timing_thread() {
   if (hooked) return;
   hooked = true;
   python_helper(SETPROFILE_PY)(pybind11::cpp_function([] { finish_tails(); }),
-                               pybind11::cpp_function([] { std::lock_guard<std::mutex> g(tails_lock); return !tails.empty(); }));
+                               pybind11::cpp_function([] { return tails_pending(); }));
 }
 """
 # sys.monitoring (3.12+): a C_RETURN callback of a free tool id (C_RETURN comes with the CALL events), the tails run
@@ -1235,7 +1236,7 @@ static void hook_the_timing_thread() {
   if (hooked) return;
   hooked = true;
   python_helper(MONITORING_PY)(pybind11::cpp_function([] { finish_tails(); }),
-                               pybind11::cpp_function([] { std::lock_guard<std::mutex> g(tails_lock); return !tails.empty(); }));
+                               pybind11::cpp_function([] { return tails_pending(); }));
 }
 """
 # Finished by torch's own thread pools, no thread of the extension's: the region's last call hands at::launch (the
