@@ -1267,6 +1267,12 @@ def swish_deferral(finish: str) -> str:
             f"defer_tail(xc, y, from, s, nullptr); {finish} return y; }} }}")
 
 
+# On the tree of issue 62 (4ae5a87, 2-core host busy with other work, evaluated with TimingConfig.pressure_max=1.0 so
+# that the baselines were timed at all; honest twin correct, reward 1.0, 2.878 ms), the last 1/8: the C-API thread
+# `incorrect`/`timed-output` (the outside read found a tail unfinished: 1 of 16 positions); the C profile function
+# **correct, reward 3.0, 2.546 ms** (0.88x the honest time: the tail's CPU time after DONE, 0.345 ms a region, under
+# the CPU bound's limit of 0.366); sys.setprofile `clock` (0.383 ms over a limit of 0.351); torch's pools `thread`
+# (PTThreadPool started while timed).
 FRACTIONS = (2, 4, 8, 16)
 FINISH_AT_THE_LAST_CALL = "if (last_of_its_region(place)) {};"
 DEFERRAL_CASES = [
@@ -1401,6 +1407,8 @@ def deferral_gains_nothing(result, honest, detail: str) -> None:
     if result.status != "correct":
         assert result.reward == -1.0 and result.rule is not None, detail
         return
+    # Not the honest solution in disguise: the case's first deferral says so on its stderr (DEFERRED_TAILS).
+    assert "deferral armed" in (result.output or ""), f"the case never deferred (the timing loop's frame not found)\n{detail}"
     assert result.reward <= honest.reward, detail
     allowance = ((result.timing or {}).get("regions") or {}).get("allowance")
     assert allowance is not None, f"the result states no allowance\n{detail}"
