@@ -10,6 +10,7 @@ holds on its own (defence in depth).
 
 from __future__ import annotations
 
+import json
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -1074,6 +1075,229 @@ TRUE_COST_CASES = [
          binding="scale_samples(); auto y = torch::empty_like(xc); done_early(xc, y);", task=SWISH_HALF, runtime=True),
 ]
 
+# The deferral class (issue 62): work finished just after the region says it is done. Each timed call computes the
+# first (1 - 1/TAIL_DENOMINATOR) of its output's elements with the example's own kernel and keeps the rest, with its
+# tensors, for a finisher of each case's own to compute once the region is over; the region's calls (and this call's
+# place among them) are read from the timing loop's frame as EARLY_PY reads them, so that only timed calls defer and
+# every checked call is whole. The kernel, model_new.py and the outputs are the honest solution's. A case's prelude
+# starts with ``#define TAIL_DENOMINATOR d`` (``deferral_prelude``). Where the timing loop's frame is not found (the
+# harness renamed its locals) nothing is deferred and the case is the honest solution: ``tails_deferred`` counts.
+DEFERRED_TAILS = PYTHON_FROM_CPP + r"""
+#include <sys/syscall.h>
+#include <unistd.h>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
+static const char* TIMED_PLACE_PY = R"PY(
+import sys
+def helper(x):
+    frame = sys._getframe(1)
+    while frame is not None and not {"bell", "after_end", "region"} <= frame.f_locals.keys():
+        frame = frame.f_back
+    if frame is None or frame.f_locals["bell"] is None:
+        return None  # not a timed call
+    after_end = frame.f_locals["after_end"]
+    cells = dict(zip(after_end.__code__.co_freevars, (c.cell_contents for c in after_end.__closure__ or ())))
+    calls = cells.get("region") or []
+    place = next((i for i, (_, inputs, _) in enumerate(calls) if inputs and inputs[0].data_ptr() == x.data_ptr()), None)
+    return None if place is None else (place, len(calls))
+)PY";
+struct Tail { torch::Tensor x, y; int64_t from; float scale; void* stream; };
+static std::mutex tails_lock;
+static std::vector<Tail> tails;
+static std::atomic<long> tails_deferred{0};
+static int tails_region_calls = 0;  // the calls of the region the latest timed call belongs to
+static pid_t tails_caller = 0;      // the harness's timing thread
+static int64_t tail_from(int64_t n) { return n - n / TAIL_DENOMINATOR; }
+// -1: not a timed call (computed whole); else the call's place in its region.
+static int timed_place(const torch::Tensor& x) {
+  static pybind11::object helper = python_helper(TIMED_PLACE_PY);
+  pybind11::object found = helper(x);
+  if (found.is_none()) return -1;
+  auto place = found.cast<std::pair<int, int>>();
+  tails_region_calls = place.second;
+  tails_caller = static_cast<pid_t>(syscall(SYS_gettid));
+  return place.first;
+}
+static bool last_of_its_region(int place) { return place + 1 == tails_region_calls; }
+static void defer_tail(const torch::Tensor& x, const torch::Tensor& y, int64_t from, float scale, void* stream) {
+  std::lock_guard<std::mutex> g(tails_lock);
+  tails.push_back({x, y, from, scale, stream});
+  if (++tails_deferred == 1) std::fprintf(stderr, "deferral armed: the last 1/%d of each timed call\n", TAIL_DENOMINATOR);
+}
+static std::vector<Tail> take_tails() {
+  std::lock_guard<std::mutex> g(tails_lock);
+  std::vector<Tail> out;
+  out.swap(tails);
+  return out;
+}
+// The timing thread asleep (its state, read twice 5 us apart): after the region's last call, that is DONE sent and
+// the wait for CONT begun.
+static bool caller_state_asleep() {
+  char path[64], buf[512];
+  std::snprintf(path, sizeof path, "/proc/self/task/%d/stat", static_cast<int>(tails_caller));
+  FILE* f = std::fopen(path, "r");
+  if (f == nullptr) return true;
+  size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  buf[n] = 0;
+  const char* close = std::strrchr(buf, ')');
+  return close == nullptr || close[1] == 0 || close[2] != 'R';
+}
+static void wait_for_the_caller_to_sleep() {
+  for (int seen = 0; seen < 2;) {
+    seen = caller_state_asleep() ? seen + 1 : 0;
+    std::this_thread::sleep_for(std::chrono::microseconds(5));
+  }
+}
+"""
+
+
+def deferral_prelude(denominator: int, *parts: str) -> str:
+    """The C++ prelude of a deferral case: the last 1/``denominator`` of each timed call deferred, then ``parts``."""
+    return f"#define TAIL_DENOMINATOR {denominator}\n" + DEFERRED_TAILS + "".join(parts)
+
+
+# CPU: the deferred tails computed with the example's kernel. Each finisher defines ``tails_pending()`` and
+# ``finish_tails()``, which the hooks below call.
+FINISH_SWISH_TAILS = r"""
+extern "C" void scaled_swish_launch(const float* x, float* y, int64_t n, float scale);
+static bool tails_pending() { std::lock_guard<std::mutex> g(tails_lock); return !tails.empty(); }
+static void finish_tails() {
+  for (auto& t : take_tails())
+    scaled_swish_launch(t.x.data_ptr<float>() + t.from, t.y.data_ptr<float>() + t.from, t.x.numel() - t.from, t.scale);
+}
+"""
+# Finished by a helper thread started through the CPython C API (no std::thread, no pthread_create in the
+# extension's own symbols), one a region at its last call: it waits until the timing thread sleeps (DONE sent), runs
+# the tails and exits, so it is gone long before the end of the rounds (issue 62: such a thread is never seen by thread
+# rules that compare lists before and after). Where no thread can be started (seccomp) the tails run in the call.
+CAPI_THREAD = r"""
+static void finish_after_done(void*) {
+  wait_for_the_caller_to_sleep();
+  finish_tails();
+}
+static void finish_in_a_new_thread() {
+  if (PyThread_start_new_thread(finish_after_done, nullptr) == PYTHREAD_INVALID_THREAD_ID) finish_tails();
+}
+"""
+# Finished on the harness's own timing thread, no thread started: a C profile function (PyEval_SetProfile from the
+# binding, on the thread that calls it) runs the tails when a builtin named ``send`` returns with tails pending: the
+# socket send of the region's DONE (Ringer.done). On the CPU backend the tails then cost the timing thread CPU time
+# after DONE, before it sleeps in the wait for CONT.
+C_PROFILE = r"""
+#include <Python.h>
+static int tails_profile(PyObject*, PyFrameObject*, int what, PyObject* arg) {
+  if (what != PyTrace_C_RETURN || arg == nullptr || !PyCFunction_Check(arg)) return 0;
+  if (std::strcmp(reinterpret_cast<PyCFunctionObject*>(arg)->m_ml->ml_name, "send") != 0) return 0;
+  if (tails_pending()) finish_tails();
+  return 0;
+}
+static void hook_the_timing_thread() {
+  static bool hooked = false;
+  if (!hooked) { hooked = true; PyEval_SetProfile(tails_profile, nullptr); }
+}
+"""
+# The same from Python: sys.setprofile (the calling thread's profile function; threading.setprofile reaches only
+# threads started later, and none is), the tails run when the builtin ``send`` of DONE returns.
+SYS_SETPROFILE = r"""
+static const char* SETPROFILE_PY = R"PY(
+import sys
+def helper(finish, pending):
+    def profile(frame, event, arg):
+        if event == "c_return" and getattr(arg, "__name__", "") == "send" and pending():
+            finish()
+    sys.setprofile(profile)
+)PY";
+static void hook_the_timing_thread() {
+  static bool hooked = false;
+  if (hooked) return;
+  hooked = true;
+  python_helper(SETPROFILE_PY)(pybind11::cpp_function([] { finish_tails(); }),
+                               pybind11::cpp_function([] { return tails_pending(); }));
+}
+"""
+# sys.monitoring (3.12+): a C_RETURN callback of a free tool id (C_RETURN comes with the CALL events), the tails run
+# when the builtin ``send`` of DONE returns.
+SYS_MONITORING = r"""
+static const char* MONITORING_PY = R"PY(
+import sys
+def helper(finish, pending):
+    monitoring = sys.monitoring
+    tool = next(t for t in range(6) if monitoring.get_tool(t) is None)
+    monitoring.use_tool_id(tool, "tails")
+    def returned(code, offset, called, arg0):
+        if getattr(called, "__name__", "") == "send" and pending():
+            finish()
+    monitoring.register_callback(tool, monitoring.events.C_RETURN, returned)
+    monitoring.set_events(tool, monitoring.events.CALL)
+)PY";
+static void hook_the_timing_thread() {
+  static bool hooked = false;
+  if (hooked) return;
+  hooked = true;
+  python_helper(MONITORING_PY)(pybind11::cpp_function([] { finish_tails(); }),
+                               pybind11::cpp_function([] { return tails_pending(); }));
+}
+"""
+# Finished by torch's own thread pools, no thread of the extension's: the region's last call hands at::launch (the
+# inter-op pool) a task that waits until the timing thread sleeps (DONE sent) and computes the tails with
+# at::parallel_for (the intra-op pool).
+ATEN_POOLS = r"""
+#include <ATen/Parallel.h>
+static void finish_in_torchs_pools() {
+  at::launch([] {
+    wait_for_the_caller_to_sleep();
+    auto pending = take_tails();
+    at::parallel_for(0, static_cast<int64_t>(pending.size()), 1, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        auto& t = pending[i];
+        scaled_swish_launch(t.x.data_ptr<float>() + t.from, t.y.data_ptr<float>() + t.from, t.x.numel() - t.from, t.scale);
+      }
+    });
+  });
+}
+"""
+
+
+def swish_deferral(finish: str) -> str:
+    """The binding's edit of a CPU deferral case: each timed call's head computed, its tail deferred, then ``finish``
+    (C++, with ``place`` the call's place in its region); untimed calls computed whole as before."""
+    return ("auto y = torch::empty_like(xc); { int place = timed_place(xc); if (place >= 0) { float s = static_cast<float>(scale); "
+            "int64_t from = tail_from(xc.numel()); scaled_swish_launch(xc.data_ptr<float>(), y.data_ptr<float>(), from, s); "
+            f"defer_tail(xc, y, from, s, nullptr); {finish} return y; }} }}")
+
+
+# On the tree of issue 62 (4ae5a87, 2-core host busy with other work, evaluated with TimingConfig.pressure_max=1.0 so
+# that the baselines were timed at all; honest twin correct, reward 1.0, 2.878 ms), the last 1/8: the C-API thread
+# `incorrect`/`timed-output` (the outside read found a tail unfinished: 1 of 16 positions); the C profile function
+# **correct, reward 3.0, 2.546 ms** (0.88x the honest time: the tail's CPU time after DONE, 0.345 ms a region, under
+# the CPU bound's limit of 0.366); sys.setprofile `clock` (0.383 ms over a limit of 0.351); torch's pools `thread`
+# (PTThreadPool started while timed).
+FRACTIONS = (2, 4, 8, 16)
+FINISH_AT_THE_LAST_CALL = "if (last_of_its_region(place)) {};"
+DEFERRAL_CASES = [
+    *(Case(f"tail-after-done-capi-thread-1of{d}-runtime", "Work deferred past the end (issue 62)",
+           cpp_prelude=deferral_prelude(d, FINISH_SWISH_TAILS, CAPI_THREAD),
+           binding=swish_deferral(FINISH_AT_THE_LAST_CALL.format("finish_in_a_new_thread()")), runtime=True)
+      for d in FRACTIONS),
+    *(Case(f"tail-after-done-c-profile-1of{d}-runtime", "Work deferred past the end (issue 62)",
+           cpp_prelude=deferral_prelude(d, FINISH_SWISH_TAILS, C_PROFILE),
+           binding=swish_deferral("hook_the_timing_thread();"), runtime=True) for d in FRACTIONS),
+    *(Case(f"tail-after-done-sys-setprofile-1of{d}-runtime", "Work deferred past the end (issue 62)",
+           cpp_prelude=deferral_prelude(d, FINISH_SWISH_TAILS, SYS_SETPROFILE),
+           binding=swish_deferral("hook_the_timing_thread();"), runtime=True) for d in FRACTIONS),
+    *(Case(f"tail-after-done-aten-pools-1of{d}-runtime", "Work deferred past the end (issue 62)",
+           cpp_prelude=deferral_prelude(d, FINISH_SWISH_TAILS, ATEN_POOLS),
+           binding=swish_deferral(FINISH_AT_THE_LAST_CALL.format("finish_in_torchs_pools()")), runtime=True)
+      for d in FRACTIONS),
+]
+
 
 @pytest.fixture(scope="module")
 def evaluator(cache_dir):
@@ -1215,3 +1439,49 @@ def test_a_candidate_whose_bits_vary_from_run_to_run_is_not_judged_bit_for_bit(e
     reruns = [c for c in result.checks if c.get("rerun")]
     assert reruns and reruns[-1]["rerun"] == 2 and "not deterministic" in reruns[-1]["reason"], reruns
     assert any("not compared bit for bit" in note for note in result.notes)
+
+
+def deferral_gains_nothing(result, honest, detail: str) -> None:
+    """Issue 62's bar for a deferral case: rejected with a named rule, or correct with a reward no higher than its honest
+    twin's and a time no faster than the honest twin's by more than the allowance the result states."""
+    print(detail)
+    print("regions:", json.dumps((result.timing or {}).get("regions") or {}))
+    print(f"honest: {honest.status} reward {honest.reward} median "
+          f"{(honest.times.get('candidate') or {}).get('median_ms')} ms")
+    assert result.compiled and result.status != "error", detail
+    if result.status != "correct":
+        assert result.reward == -1.0 and result.rule is not None, detail
+        return
+    # Not the honest solution in disguise: the case's first deferral says so on its stderr (DEFERRED_TAILS).
+    assert "deferral armed" in (result.output or ""), f"the case never deferred (the timing loop's frame not found)\n{detail}"
+    assert result.reward <= honest.reward, detail
+    allowance = ((result.timing or {}).get("regions") or {}).get("allowance")
+    assert allowance is not None, f"the result states no allowance\n{detail}"
+    timed, fair = result.times["candidate"]["median_ms"], honest.times["candidate"]["median_ms"]
+    assert timed >= fair * (1 - allowance) * 0.98, f"{timed:.4f} ms against the honest {fair:.4f} ms, allowance {allowance}\n{detail}"
+
+
+@pytest.fixture(scope="module")
+def honest_swish(evaluator, solution, examples):
+    """The deferral cases' honest twin, evaluated once."""
+    for _ in range(3):  # a host busy with other work refuses to time the baselines (status error): again
+        result = evaluator.evaluate(load_task(examples / "cpu_swish" / "model.py"), load_candidate(solution))
+        print("honest twin:", result.summary())
+        if result.status != "error":
+            break
+    if result.status == "error":
+        pytest.skip(f"the honest twin could not be timed here: {result.reason}")
+    assert result.status == "correct", result.summary()
+    return result
+
+
+@pytest.mark.parametrize("case", DEFERRAL_CASES, ids=[c.name for c in DEFERRAL_CASES])
+def test_work_finished_after_done_gains_nothing(case, evaluator, honest_swish, solution, examples, tmp_path):
+    """Issue 62: the tail of each timed call finished after the region's DONE (by a thread started through the C API,
+    a profile hook on the harness's own timing thread, or torch's pools) is rejected or timed at its true cost."""
+    policy = evaluator.policy.with_(static_checks=not case.runtime, **case.policy)
+    judge = Evaluator("cpu", policy=policy, cache_dir=evaluator.cache_dir, timeouts=evaluator.timeouts,
+                      memory_limit=evaluator.memory_limit, sandbox=evaluator.sandbox, references=evaluator.references)
+    result = judge.evaluate(make_task(case, examples, tmp_path), make_candidate(case, solution, tmp_path / case.name))
+    deferral_gains_nothing(result, honest_swish,
+                           f"{result.summary()}\n{result.traceback or ''}\n{result.output[-2000:]}")

@@ -5,12 +5,14 @@ the CUDA path. The CPU suite (test_redteam.py) covers every pattern it can."""
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 from test_redteam import (
-    ALLOCATOR_CLASS, AT_THE_LET_GO, CODE_REWRITE_ROUTES, DISPATCH_TLS, DONE_EARLY, EARLY_PY, GOT_PATCH, LATER, PYTHON_FROM_CPP,
-    SCALED_SAMPLES, SECRETS_FROM_THE_FRAME, UNOBSERVED, UNWATCHED, Case, computed_ahead, make_candidate,
-    python_xy, return_computed_ahead,
+    ALLOCATOR_CLASS, AT_THE_LET_GO, C_PROFILE, CODE_REWRITE_ROUTES, DISPATCH_TLS, DONE_EARLY, EARLY_PY, FRACTIONS,
+    GOT_PATCH, LATER, PYTHON_FROM_CPP, SCALED_SAMPLES, SECRETS_FROM_THE_FRAME, SYS_MONITORING, SYS_SETPROFILE, UNOBSERVED,
+    UNWATCHED, Case, computed_ahead, deferral_gains_nothing, deferral_prelude, make_candidate, python_xy,
+    return_computed_ahead,
 )
 
 from cuda_agent import Evaluator, load_candidate, load_task
@@ -547,3 +549,276 @@ def test_legitimate_solution_is_attributed_to_its_own_kernels(gelu, cache_dir):
     assert attribution["own_launches"] >= 1 and attribution["coverage"] > 0.9, attribution
     assert attribution["own_side_launches"] == 0, attribution
     assert any(k["own"] and "gelu" in k["name"] for k in attribution["kernels"]), attribution
+
+
+# The deferral class on a GPU (issue 62; test_redteam.DEFERRED_TAILS): each timed call launches its head, the first
+# (1 - 1/TAIL_DENOMINATOR) of its elements, on the current stream and keeps its tail, launched by each case's own
+# finisher after the region's DONE (or where the harness's synchronise does not wait for it). Kernel and model_new.py
+# are the honest solution's. Against issue 62's tree a tail of 1/5 launched by a C-API thread after DONE earned reward
+# 3 (a fake 1.19x), and one launched by a hook on the timing thread 1.13-1.14x. A case that cannot set its deferral up
+# on the device (the driver refuses what it needs) raises DEFERRAL_REFUSED and is skipped, saying so.
+DEFERRAL_REFUSED = "deferral refused"
+FINISH_GELU_TAILS = r"""
+#include <cuda_runtime.h>
+#include <stdexcept>
+#include <string>
+extern "C" void gelu_launch(const float* x, float* y, int64_t n, cudaStream_t stream);
+static bool tails_pending() { std::lock_guard<std::mutex> g(tails_lock); return !tails.empty(); }
+static void launch_tail(const Tail& t, cudaStream_t stream) {
+  gelu_launch(t.x.data_ptr<float>() + t.from, t.y.data_ptr<float>() + t.from, t.x.numel() - t.from, stream);
+}
+static void finish_tails() {
+  for (auto& t : take_tails()) launch_tail(t, static_cast<cudaStream_t>(t.stream));
+}
+static void refused(const char* what, int code) {
+  throw std::runtime_error(std::string("deferral refused: ") + what + " (" + std::to_string(code) + ")");
+}
+"""
+# A helper thread started through the CPython C API at each region's last call: it waits for the region's heads to be
+# done on the GPU (an event recorded after the last) and for the timing thread to sleep (its synchronise returned, DONE
+# sent), launches the tails on the stream the heads ran on, and exits.
+GPU_CAPI_THREAD = r"""
+static cudaEvent_t heads_done = nullptr;
+static void launch_after_done(void*) {
+  while (cudaEventQuery(heads_done) == cudaErrorNotReady) std::this_thread::sleep_for(std::chrono::microseconds(5));
+  wait_for_the_caller_to_sleep();
+  finish_tails();
+}
+static void launch_in_a_new_thread(cudaStream_t stream) {
+  if (heads_done == nullptr && cudaEventCreateWithFlags(&heads_done, cudaEventDisableTiming) != cudaSuccess)
+    refused("cudaEventCreate", 0);
+  cudaEventRecord(heads_done, stream);
+  if (PyThread_start_new_thread(launch_after_done, nullptr) == PYTHREAD_INVALID_THREAD_ID) finish_tails();
+}
+"""
+# torch's own GPU-trace callbacks (torch.cuda._gpu_trace, switched on by torch._C._activate_gpu_trace): the device
+# synchronisation callback (the harness's synchronise after the region's calls) arms, and the event-record callback that
+# follows it (the fence recorded once that synchronise has returned) launches the tails, on the timing thread, before
+# DONE and after everything the harness waits for.
+GPU_TRACE = r"""
+static const char* GPU_TRACE_PY = R"PY(
+import torch
+from torch.cuda import _gpu_trace
+def helper(finish, pending):
+    armed = [False]
+    def synchronized():
+        armed[0] = True
+    def recorded(event, stream):
+        was, armed[0] = armed[0], False
+        if was and pending():
+            finish()
+    _gpu_trace.register_callback_for_device_synchronization(synchronized)
+    _gpu_trace.register_callback_for_event_record(recorded)
+    torch._C._activate_gpu_trace()
+)PY";
+static void hook_the_timing_thread() {
+  static bool hooked = false;
+  if (hooked) return;
+  hooked = true;
+  python_helper(GPU_TRACE_PY)(pybind11::cpp_function([] { finish_tails(); }),
+                              pybind11::cpp_function([] { return tails_pending(); }));
+}
+"""
+# A second stream the current one never waits for: at the region's last call every tail of the region is launched on
+# it behind an event recorded after the last head, so the region's end event (current stream) does not wait for them;
+# the tails are kept alive until the next region's first call (``retire_tails``).
+SIDE_STREAM_TAILS = r"""
+static void retire_tails() { take_tails(); }
+static void launch_region_tails_on_a_side_stream(cudaStream_t stream) {
+  static cudaStream_t side = nullptr;
+  static cudaEvent_t heads = nullptr;
+  if (side == nullptr && (cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking) != cudaSuccess ||
+                          cudaEventCreateWithFlags(&heads, cudaEventDisableTiming) != cudaSuccess)) refused("side stream", 0);
+  cudaEventRecord(heads, stream);
+  cudaStreamWaitEvent(side, heads, 0);
+  std::lock_guard<std::mutex> g(tails_lock);
+  for (auto& t : tails) launch_tail(t, side);
+}
+"""
+# The region's tails captured (stream capture on a private stream: nothing runs) into a CUDA graph at its last call,
+# and the graph launched on the heads' stream by the C profile function (test_redteam.C_PROFILE) when DONE's send
+# returns.
+GRAPH_TAILS = r"""
+static cudaGraphExec_t tails_graph = nullptr;
+static cudaStream_t tails_graph_stream = nullptr;
+static bool tails_graph_ready = false;
+static std::vector<Tail> graphed;  // the tensors of the graph's kernels, kept until the next capture
+static bool graph_pending() { return tails_graph_ready; }
+static void launch_graph() {
+  if (!tails_graph_ready) return;
+  tails_graph_ready = false;
+  cudaGraphLaunch(tails_graph, tails_graph_stream);
+}
+static void capture_region_tails(cudaStream_t stream) {
+  static cudaStream_t capture = nullptr;
+  if (capture == nullptr && cudaStreamCreateWithFlags(&capture, cudaStreamNonBlocking) != cudaSuccess) refused("capture stream", 0);
+  graphed = take_tails();
+  cudaGraph_t graph = nullptr;
+  cudaError_t rc = cudaStreamBeginCapture(capture, cudaStreamCaptureModeRelaxed);
+  if (rc != cudaSuccess) refused("cudaStreamBeginCapture", rc);
+  for (auto& t : graphed) launch_tail(t, capture);
+  if ((rc = cudaStreamEndCapture(capture, &graph)) != cudaSuccess) refused("cudaStreamEndCapture", rc);
+  if (tails_graph != nullptr) cudaGraphExecDestroy(tails_graph);
+  if ((rc = cudaGraphInstantiate(&tails_graph, graph, 0)) != cudaSuccess) refused("cudaGraphInstantiate", rc);
+  cudaGraphDestroy(graph);
+  tails_graph_stream = stream;
+  tails_graph_ready = true;
+}
+#define tails_pending graph_pending
+#define finish_tails launch_graph
+"""
+# A second context of the candidate's own (created through the runtime's driver entry points, as LINGERING_CONTEXT
+# is): the harness's synchronise waits for the primary context only. Each timed call enqueues its tail there at once,
+# behind a wait (cuStreamWaitValue32) on a flag in pinned host memory that every context can read; the region's last
+# call has the flag released after its head (``RELEASED_BY``), so the tails run after the region's heads, while the
+# harness's synchronise (primary context) has nothing left to wait for. The region's tensors lie in memory of torch's
+# allocator under expandable segments (the driver's virtual memory API), which every context on the device reaches.
+# The tails' tensors are kept until the next region's first call (``retire_tails``).
+SECOND_CONTEXT_TAILS = r"""
+#include <cuda.h>
+typedef CUresult (*ctx_create_t)(CUcontext*, unsigned int, CUdevice);
+typedef CUresult (*ctx_move_t)(CUcontext*);
+typedef CUresult (*ctx_push_t)(CUcontext);
+typedef CUresult (*stream_create_t)(CUstream*, unsigned int);
+typedef CUresult (*wait_value_t)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+static void* driver_entry(const char* name, int version) {
+  void* entry = nullptr;
+  cudaDriverEntryPointQueryResult found;
+  if (cudaGetDriverEntryPointByVersion(name, &entry, version, cudaEnableDefault, &found) != cudaSuccess || entry == nullptr)
+    refused(name, 0);
+  return entry;
+}
+struct SecondContext { CUcontext context = nullptr; CUstream stream = nullptr; volatile unsigned* flag = nullptr;
+                       ctx_push_t push = nullptr; ctx_move_t pop = nullptr; wait_value_t wait = nullptr;
+                       wait_value_t write = nullptr; };
+static unsigned tails_region = 0;
+static void retire_tails() { take_tails(); ++tails_region; }
+static SecondContext& second_context() {
+  static SecondContext c = [] {
+    SecondContext s;
+    auto create = reinterpret_cast<ctx_create_t>(driver_entry("cuCtxCreate", 3020));
+    s.push = reinterpret_cast<ctx_push_t>(driver_entry("cuCtxPushCurrent", 4000));
+    s.pop = reinterpret_cast<ctx_move_t>(driver_entry("cuCtxPopCurrent", 4000));
+    s.wait = reinterpret_cast<wait_value_t>(driver_entry("cuStreamWaitValue32", 12000));
+    s.write = reinterpret_cast<wait_value_t>(driver_entry("cuStreamWriteValue32", 12000));
+    auto stream_create = reinterpret_cast<stream_create_t>(driver_entry("cuStreamCreate", 2000));
+    void* flag = nullptr;
+    cudaError_t rc = cudaHostAlloc(&flag, 64, cudaHostAllocPortable | cudaHostAllocMapped);
+    if (rc != cudaSuccess) refused("cudaHostAlloc", rc);
+    s.flag = static_cast<volatile unsigned*>(flag);
+    *s.flag = 0;
+    int device = 0;
+    cudaGetDevice(&device);
+    CUresult r = create(&s.context, 0, device);  // now current
+    if (r != CUDA_SUCCESS) refused("cuCtxCreate", r);
+    r = stream_create(&s.stream, CU_STREAM_NON_BLOCKING);
+    CUcontext previous = nullptr;
+    s.pop(&previous);
+    if (r != CUDA_SUCCESS) refused("cuStreamCreate", r);
+    return s;
+  }();
+  return c;
+}
+static void enqueue_in_the_second_context(const torch::Tensor& x, const torch::Tensor& y, int64_t from) {
+  SecondContext& c = second_context();
+  c.push(c.context);
+  CUresult r = c.wait(c.stream, reinterpret_cast<CUdeviceptr>(c.flag), tails_region, CU_STREAM_WAIT_VALUE_GEQ);
+  gelu_launch(x.data_ptr<float>() + from, y.data_ptr<float>() + from, x.numel() - from, reinterpret_cast<cudaStream_t>(c.stream));
+  CUcontext previous = nullptr;
+  c.pop(&previous);
+  if (r != CUDA_SUCCESS) refused("cuStreamWaitValue32", r);
+}
+"""
+# ... released by the GPU itself: a stream write (cuStreamWriteValue32) queued on the current stream after the last head.
+RELEASED_BY_A_STREAM_WRITE = r"""
+static void release_the_tails(cudaStream_t stream) {
+  SecondContext& c = second_context();
+  CUresult r = c.write(reinterpret_cast<CUstream>(stream), reinterpret_cast<CUdeviceptr>(c.flag), tails_region, 0);
+  if (r != CUDA_SUCCESS) refused("cuStreamWriteValue32", r);
+}
+"""
+# ... released by a host callback (cudaLaunchHostFunc) queued on the current stream after the last head: it stores the
+# flag (a host function may not call CUDA, so it cannot launch the tail itself; it lets the tails already queued go).
+RELEASED_BY_A_HOST_CALLBACK = r"""
+static void store_the_flag(void* region) {
+  second_context().flag[0] = static_cast<unsigned>(reinterpret_cast<uintptr_t>(region));
+}
+static void release_the_tails(cudaStream_t stream) {
+  cudaError_t rc = cudaLaunchHostFunc(stream, store_the_flag, reinterpret_cast<void*>(static_cast<uintptr_t>(tails_region)));
+  if (rc != cudaSuccess) refused("cudaLaunchHostFunc", rc);
+}
+"""
+
+
+def gelu_deferral(finish: str, before: str = "") -> str:
+    """The binding's edit of a GPU deferral case: each timed call's head launched on the current stream (``stream``),
+    its tail deferred, then ``finish`` (C++; ``before`` runs first, with ``place`` the call's place in its region);
+    untimed calls computed whole as before."""
+    return ("auto y = torch::empty_like(x); { int place = timed_place(x); if (place >= 0) { "
+            "cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream(); " + before +
+            " int64_t from = tail_from(x.numel()); gelu_launch(x.data_ptr<float>(), y.data_ptr<float>(), from, stream); "
+            f"defer_tail(x, y, from, 1.0f, stream); {finish} return y; }} }}")
+
+
+AT_THE_LAST_CALL = "if (last_of_its_region(place)) {}"
+IN_THE_SECOND_CONTEXT = ("enqueue_in_the_second_context(x, y, from); "
+                         + AT_THE_LAST_CALL.format("release_the_tails(stream);"))
+NEEDS_MONITORING = pytest.mark.skipif(sys.version_info < (3, 12), reason="sys.monitoring is Python 3.12+")
+
+
+def gpu_deferral(name: str, d: int, parts: tuple[str, ...], finish: str, before: str = "", marks=()):
+    case = Case(f"tail-{name}-1of{d}-gpu-runtime", "Work deferred past the end (issue 62)", forward=GOOD,
+                cpp_prelude=deferral_prelude(d, FINISH_GELU_TAILS, *parts), binding=gelu_deferral(finish, before),
+                runtime=True)
+    return pytest.param(case, marks=marks, id=case.name)
+
+
+DEFERRAL_CASES = [
+    param for d in FRACTIONS for param in (
+        gpu_deferral("launched-after-done-by-a-capi-thread", d, (GPU_CAPI_THREAD,),
+                     AT_THE_LAST_CALL.format("launch_in_a_new_thread(stream);")),
+        gpu_deferral("launched-at-done-by-a-c-profile-function", d, (C_PROFILE,), "hook_the_timing_thread();"),
+        gpu_deferral("launched-at-done-by-sys-setprofile", d, (SYS_SETPROFILE,), "hook_the_timing_thread();"),
+        gpu_deferral("launched-at-done-by-sys-monitoring", d, (SYS_MONITORING,), "hook_the_timing_thread();",
+                     marks=NEEDS_MONITORING),
+        gpu_deferral("launched-at-the-fence-by-gpu-trace-callbacks", d, (GPU_TRACE,), "hook_the_timing_thread();"),
+        gpu_deferral("released-by-a-host-callback-in-a-second-context", d,
+                     (SECOND_CONTEXT_TAILS, RELEASED_BY_A_HOST_CALLBACK), IN_THE_SECOND_CONTEXT,
+                     "if (place == 0) retire_tails();"),
+        gpu_deferral("on-a-second-stream-not-waited-for", d, (SIDE_STREAM_TAILS,),
+                     AT_THE_LAST_CALL.format("launch_region_tails_on_a_side_stream(stream);"),
+                     "if (place == 0) retire_tails();"),
+        gpu_deferral("in-a-graph-launched-at-done", d, (GRAPH_TAILS, C_PROFILE),
+                     "hook_the_timing_thread(); " + AT_THE_LAST_CALL.format("capture_region_tails(stream);")),
+        gpu_deferral("in-a-second-context-released-by-a-stream-write", d,
+                     (SECOND_CONTEXT_TAILS, RELEASED_BY_A_STREAM_WRITE), IN_THE_SECOND_CONTEXT,
+                     "if (place == 0) retire_tails();"),
+    )
+]
+
+
+@pytest.fixture(scope="module")
+def honest_gelu(gelu, cache_dir):
+    """The deferral cases' honest twin, evaluated once."""
+    task, solution = gelu
+    result = Evaluator("cuda", cache_dir=cache_dir).evaluate(task, load_candidate(solution))
+    print("honest twin:", result.summary())
+    assert result.status == "correct", result.summary()
+    return result
+
+
+@pytest.mark.parametrize("case", DEFERRAL_CASES)
+def test_work_finished_after_done_gains_nothing_on_the_gpu(case, gelu, honest_gelu, cache_dir, tmp_path):
+    """Issue 62: the tail of each timed call launched after the region's DONE (a C-API thread, hooks on the timing
+    thread, torch's GPU-trace callbacks, a graph), or where the harness's synchronise does not wait (a second stream, a
+    second context released by a host callback or a stream write), is rejected with a named rule or timed at its true
+    cost against the honest twin."""
+    task, solution = gelu
+    evaluator = Evaluator("cuda", cache_dir=cache_dir)
+    evaluator.policy = evaluator.policy.with_(static_checks=False)
+    result = evaluator.evaluate(task, make_candidate(case, solution, tmp_path / case.name, scaled=False,
+                                                     binding=GELU_BINDING, kernel_call=GELU_ALLOC))
+    detail = f"{result.summary()}\n{result.traceback or ''}\n{result.output[-2000:]}"
+    if DEFERRAL_REFUSED in (result.reason or "") + (result.traceback or ""):
+        pytest.skip(f"this device refuses the deferral itself: {detail}")
+    deferral_gains_nothing(result, honest_gelu, detail)
