@@ -52,6 +52,7 @@ def main() -> None:
     parser.add_argument("--kernelbench", type=Path, default=None, help="kernelbench.jsonl (for the KernelBench solutions)")
     parser.add_argument("--compile", action="store_true", help="time torch.compile too")
     parser.add_argument("--only", nargs="*", default=None, help="solution names to run")
+    parser.add_argument("--skip", nargs="*", default=(), help="solution names to leave out")
     parser.add_argument("--release", type=Path, default=None,
                         help="the CUDA Agent release's agent_workdir (its axpby workspace is evaluated as it is)")
     parser.add_argument("--out", type=Path, required=True, help="JSON lines, one per solution, appended as they finish")
@@ -63,7 +64,7 @@ def main() -> None:
     solutions = honest_solutions(args.device, args.kernelbench)
     if args.release is not None:
         solutions.insert(0, ("axpby", load_task(args.release / "model.py"), args.release))
-    solutions = [s for s in solutions if not args.only or s[0] in args.only]
+    solutions = [s for s in solutions if (not args.only or s[0] in args.only) and s[0] not in args.skip]
     print(f"{len(solutions)} honest solutions", flush=True)
     cache = Path(tempfile.mkdtemp(prefix="cuda-agent-agreement-"))
     rows = []

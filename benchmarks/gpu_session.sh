@@ -11,8 +11,9 @@
 #   bash benchmarks/gpu_session.sh issue31   # trust v3: timing/integrity tests, the GPU reads from outside and the
 #                                            # quiet probe, the v3 red team (REDTEAM_K), brackets on 8 solutions
 #                                            # (AGREEMENT_ONLY: names, or none; AGREEMENT_REPEATS: evaluations of each)
-#   bash benchmarks/gpu_session.sh outside_clock # the evaluator's own clock: its tests, the red team's timing cases,
-#                                            # every honest solution and the release's axpby (CLOCK_REPEATS, CLOCK_ONLY)
+#   bash benchmarks/gpu_session.sh outside_clock # the evaluator's own clock: its tests, the red team's timing cases
+#                                            # (CLOCK_REDTEAM=1, REDTEAM_K), the release's axpby and the examples
+#                                            # (CLOCK_EXAMPLE_REPEATS), every other honest solution (CLOCK_REPEATS)
 #   bash benchmarks/gpu_session.sh agreement # the trust v3 red-team cases, then the region brackets' agreement for
 #                                            # every honest solution (AGREEMENT_REDTEAM=0: the agreement alone; ~25 s
 #                                            # a solution on the H200; extra arguments to clock_agreement.py: --only NAMES)
@@ -203,19 +204,27 @@ issue31)
         | grep -v "^USDT"
     ;;
 outside_clock)
-    # The evaluator's own clock: its GPU tests, the red team's timing cases (REDTEAM_K; CLOCK_REDTEAM=0: none), then
-    # every honest solution and the CUDA Agent release's axpby (carry .data/ca_release/agent_workdir), CLOCK_REPEATS
-    # evaluations each (CLOCK_ONLY: names), with the Markdown table of benchmarks/RESULTS.md at the end.
-    python3 -m pytest -m gpu -q -s -p no:cacheprovider tests/gpu/test_gpu_timing.py tests/evaluate/test_outside_gpu.py \
-        tests/evaluate/test_regions.py 2>&1 | tee "$OUT/timing_tests.log" | grep -E "^(FAILED|ERROR)|passed|failed"
-    if [ "${CLOCK_REDTEAM:-1}" != 0 ]; then
+    # The evaluator's own clock: its GPU tests, the red team's timing cases (CLOCK_REDTEAM=1; REDTEAM_K), the CUDA
+    # Agent release's axpby (carry .data/ca_release/agent_workdir) and the examples CLOCK_EXAMPLE_REPEATS times each,
+    # then every other honest solution CLOCK_REPEATS times (CLOCK_ONLY: names), each with its Markdown table.
+    python3 -m pytest -m gpu -q -s -p no:cacheprovider tests/evaluate/test_outside_gpu.py tests/evaluate/test_regions.py \
+        2>&1 | tee "$OUT/timing_tests.log" | grep -E "^(FAILED|ERROR)|passed|failed"
+    if [ "${CLOCK_REDTEAM:-0}" != 0 ]; then
         python3 -m pytest -m gpu -q -s -p no:cacheprovider --timeout 300 -rf tests/redteam/test_redteam_gpu.py \
             -k "${REDTEAM_K:-true_cost}" 2>&1 | tee "$OUT/gpu_redteam.log" \
-            | grep -E "^(FAILED|ERROR|XPASS)|passed|failed|xfail|^status|^ *candidate:|timed by|honest twin"
+            | grep -E "^(FAILED|ERROR|XPASS)|passed|failed|xfail|^status|^ *candidate:|timed by|honest: |^regions"
     fi
-    python3 benchmarks/clock_agreement.py --device cuda --kernelbench .data/kernelbench/kernelbench.jsonl \
-        --release .data/ca_release/agent_workdir --repeats "${CLOCK_REPEATS:-3}" ${CLOCK_ONLY:+--only $CLOCK_ONLY} \
-        --out "$OUT/outside_clock.jsonl" 2>&1 | tee "$OUT/outside_clock.log" | grep -v "^USDT"
+    examples="axpby cuda_gelu cuda_row_softmax cuda_bias_scale_tanh"
+    if [ "${CLOCK_EXAMPLE_REPEATS:-10}" != 0 ]; then
+        python3 benchmarks/clock_agreement.py --device cuda --release .data/ca_release/agent_workdir --only $examples \
+            --repeats "${CLOCK_EXAMPLE_REPEATS:-10}" --out "$OUT/outside_clock_examples.jsonl" 2>&1 \
+            | tee "$OUT/outside_clock_examples.log" | grep -v "^USDT"
+    fi
+    if [ "${CLOCK_REPEATS:-1}" != 0 ]; then
+        python3 benchmarks/clock_agreement.py --device cuda --kernelbench .data/kernelbench/kernelbench.jsonl \
+            --repeats "${CLOCK_REPEATS:-1}" --skip $examples ${CLOCK_ONLY:+--only $CLOCK_ONLY} \
+            --out "$OUT/outside_clock.jsonl" 2>&1 | tee "$OUT/outside_clock.log" | grep -v "^USDT"
+    fi
     ;;
 agreement)
     # The red team's trust v3 cases (about 170 s on the H200; AGREEMENT_REDTEAM=0 leaves them out), then the

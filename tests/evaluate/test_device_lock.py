@@ -344,13 +344,16 @@ def test_two_cpu_slots_of_the_service_never_time_beside_each_others_work(cache_d
 
 def test_a_cpu_build_uses_the_device_its_evaluators_time_on(cache_dir, examples):
     """An agent's compile (``Evaluator.build``) on the CPU backend takes the shared side: another episode's
-    timing waits for it, not runs beside it (which the CPU pressure check would refuse)."""
+    timing waits for it, not runs beside it (which the CPU pressure check would refuse). So does the symbol audit's
+    probe, built before the evaluator's first candidate."""
     from cuda_agent import Evaluator, load_candidate
 
     lock = DeviceLock(trace=True)
     evaluator = Evaluator("cpu", cache_dir=cache_dir, timing_lock=lock)
     assert evaluator.build(load_candidate(examples / "cpu_swish" / "solution")).ok
-    assert [mode for _, mode, _, _ in lock.holds] == ["shared"]
+    assert [mode for _, mode, _, _ in lock.holds] == ["shared", "shared"]  # the probe, then the candidate
+    assert evaluator.build(load_candidate(examples / "cpu_swish" / "solution")).ok
+    assert [mode for _, mode, _, _ in lock.holds] == ["shared"] * 3  # the probe once per evaluator
 
 
 def test_evaluations_apart_take_turns_beside_shared_ones():

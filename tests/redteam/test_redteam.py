@@ -1367,45 +1367,6 @@ def test_hacking_candidate_is_rejected_for_the_right_reason(case, evaluator, sol
         assert case.reason in (result.reason or ""), detail
 
 
-def no_gain(case: Case, evaluator: Evaluator, solution: Path, examples: Path, tmp_path: Path, honest: dict,
-            tolerance: float = 0.25) -> None:
-    """``case`` rejected with a named rule, or correct at no reward above its honest twin's and no faster than it by
-    more than the stated allowance and ``tolerance`` (the timing noise of a busy host between two evaluations; a
-    gain within it would be no reward line's worth on a quiet one). ``honest``: twins already evaluated, by task."""
-    policy = evaluator.policy.with_(static_checks=not case.runtime, **case.policy)
-    judge = Evaluator("cpu", policy=policy, cache_dir=evaluator.cache_dir, timeouts=evaluator.timeouts,
-                      memory_limit=evaluator.memory_limit, sandbox=evaluator.sandbox, references=evaluator.references)
-    task = make_task(case, examples, tmp_path)
-    if case.task not in honest:
-        honest[case.task] = judge.evaluate(task, load_candidate(solution))
-    twin = honest[case.task]
-    result = judge.evaluate(task, make_candidate(case, solution, tmp_path / case.name))
-    detail = f"{result.summary()}\n{result.traceback or ''}\n{result.output[-2000:]}\nhonest twin:\n{twin.summary()}"
-    print(detail)
-    if result.status == "error" or twin.status == "error":
-        pytest.skip(f"no verdict on this host now (evaluate again): {detail}")
-    if result.status != "correct":
-        assert result.rule and result.reward == -1.0, detail
-        return
-    assert twin.status == "correct", detail
-    allowance = (result.timing.get("regions") or {}).get("allowance", 0.0)
-    ratio = result.times["candidate"]["median_ms"] / twin.times["candidate"]["median_ms"]
-    assert ratio >= (1 - allowance) * (1 - tolerance), f"{ratio:.3f} of the honest twin's time\n{detail}"
-    # A reward above the twin's only where the two times are within a busy host's noise of each other.
-    assert result.reward <= twin.reward or ratio >= 1 - tolerance / 5, detail
-
-
-@pytest.fixture(scope="module")
-def honest_twins() -> dict:
-    return {}
-
-
-@pytest.mark.parametrize("case", TRUE_COST_CASES, ids=[c.name for c in TRUE_COST_CASES])
-def test_a_candidate_that_moves_its_work_where_its_own_clock_cannot_see_is_timed_at_its_true_cost(
-        case, evaluator, solution, examples, tmp_path, honest_twins):
-    no_gain(case, evaluator, solution, examples, tmp_path, honest_twins)
-
-
 def test_the_precision_exploit_passes_the_paper_preset(evaluator, solution, examples, tmp_path):
     """The paper's fixed 1e-2 tolerance lets zeros through for small outputs; the default does not. Verified
     only: a question of the checks, and an untimed evaluation cannot be refused by a busy host's timing (CI
@@ -1441,9 +1402,10 @@ def test_a_candidate_whose_bits_vary_from_run_to_run_is_not_judged_bit_for_bit(e
     assert any("not compared bit for bit" in note for note in result.notes)
 
 
-def deferral_gains_nothing(result, honest, detail: str) -> None:
-    """Issue 62's bar for a deferral case: rejected with a named rule, or correct with a reward no higher than its honest
-    twin's and a time no faster than the honest twin's by more than the allowance the result states."""
+def gains_nothing(result, honest, detail: str, marker: str | None = None) -> None:
+    """Issue 62's bar for a case that moves its work where its own clock does not see it: rejected with a named rule, or
+    correct with a reward no higher than its honest twin's and a time no faster than the honest twin's by more than the
+    allowance the result states. ``marker``: what the case prints on its stderr once it has done what it tries."""
     print(detail)
     print("regions:", json.dumps((result.timing or {}).get("regions") or {}))
     print(f"honest: {honest.status} reward {honest.reward} median "
@@ -1452,8 +1414,8 @@ def deferral_gains_nothing(result, honest, detail: str) -> None:
     if result.status != "correct":
         assert result.reward == -1.0 and result.rule is not None, detail
         return
-    # Not the honest solution in disguise: the case's first deferral says so on its stderr (DEFERRED_TAILS).
-    assert "deferral armed" in (result.output or ""), f"the case never deferred (the timing loop's frame not found)\n{detail}"
+    # Not the honest solution in disguise.
+    assert marker is None or marker in (result.output or ""), f"the case never did what it tries ({marker!r})\n{detail}"
     assert result.reward <= honest.reward, detail
     allowance = ((result.timing or {}).get("regions") or {}).get("allowance")
     assert allowance is not None, f"the result states no allowance\n{detail}"
@@ -1462,26 +1424,44 @@ def deferral_gains_nothing(result, honest, detail: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def honest_swish(evaluator, solution, examples):
-    """The deferral cases' honest twin, evaluated once."""
-    for _ in range(3):  # a host busy with other work refuses to time the baselines (status error): again
-        result = evaluator.evaluate(load_task(examples / "cpu_swish" / "model.py"), load_candidate(solution))
-        print("honest twin:", result.summary())
-        if result.status != "error":
-            break
-    if result.status == "error":
-        pytest.skip(f"the honest twin could not be timed here: {result.reason}")
-    assert result.status == "correct", result.summary()
-    return result
+def honest_twins(evaluator, solution, examples, tmp_path_factory):
+    """The honest solution on each case's task, evaluated once (``twin(case)``)."""
+    found: dict = {}
+
+    def twin(case: Case):
+        if case.task not in found:
+            task = make_task(case, examples, tmp_path_factory.mktemp("twin"))
+            for _ in range(3):  # a host busy with other work refuses to time the baselines (status error): again
+                result = evaluator.evaluate(task, load_candidate(solution))
+                print("honest twin:", result.summary())
+                if result.status != "error":
+                    break
+            if result.status == "error":
+                pytest.skip(f"the honest twin could not be timed here: {result.reason}")
+            assert result.status == "correct", result.summary()
+            found[case.task] = result
+        return found[case.task]
+    return twin
 
 
-@pytest.mark.parametrize("case", DEFERRAL_CASES, ids=[c.name for c in DEFERRAL_CASES])
-def test_work_finished_after_done_gains_nothing(case, evaluator, honest_swish, solution, examples, tmp_path):
-    """Issue 62: the tail of each timed call finished after the region's DONE (by a thread started through the C API,
-    a profile hook on the harness's own timing thread, or torch's pools) is rejected or timed at its true cost."""
+def evaluate_case(case: Case, evaluator, solution, examples, tmp_path):
     policy = evaluator.policy.with_(static_checks=not case.runtime, **case.policy)
     judge = Evaluator("cpu", policy=policy, cache_dir=evaluator.cache_dir, timeouts=evaluator.timeouts,
                       memory_limit=evaluator.memory_limit, sandbox=evaluator.sandbox, references=evaluator.references)
     result = judge.evaluate(make_task(case, examples, tmp_path), make_candidate(case, solution, tmp_path / case.name))
-    deferral_gains_nothing(result, honest_swish,
-                           f"{result.summary()}\n{result.traceback or ''}\n{result.output[-2000:]}")
+    return result, f"{result.summary()}\n{result.traceback or ''}\n{result.output[-2000:]}"
+
+
+@pytest.mark.parametrize("case", TRUE_COST_CASES, ids=[c.name for c in TRUE_COST_CASES])
+def test_a_candidate_that_moves_its_work_where_its_own_clock_cannot_see_is_timed_at_its_true_cost(
+        case, evaluator, honest_twins, solution, examples, tmp_path):
+    result, detail = evaluate_case(case, evaluator, solution, examples, tmp_path)
+    gains_nothing(result, honest_twins(case), detail)
+
+
+@pytest.mark.parametrize("case", DEFERRAL_CASES, ids=[c.name for c in DEFERRAL_CASES])
+def test_work_finished_after_done_gains_nothing(case, evaluator, honest_twins, solution, examples, tmp_path):
+    """Issue 62: the tail of each timed call finished after the region's DONE (by a thread started through the C API,
+    a profile hook on the harness's own timing thread, or torch's pools) is rejected or timed at its true cost."""
+    result, detail = evaluate_case(case, evaluator, solution, examples, tmp_path)
+    gains_nothing(result, honest_twins(case), detail, marker="deferral armed")

@@ -11,7 +11,7 @@ import pytest
 from test_redteam import (
     ALLOCATOR_CLASS, AT_THE_LET_GO, C_PROFILE, CODE_REWRITE_ROUTES, DISPATCH_TLS, DONE_EARLY, EARLY_PY, FRACTIONS,
     GOT_PATCH, LATER, PYTHON_FROM_CPP, SCALED_SAMPLES, SECRETS_FROM_THE_FRAME, SYS_MONITORING, SYS_SETPROFILE, UNOBSERVED,
-    UNWATCHED, Case, computed_ahead, deferral_gains_nothing, deferral_prelude, make_candidate, python_xy,
+    UNWATCHED, Case, computed_ahead, gains_nothing, deferral_prelude, make_candidate, python_xy,
     return_computed_ahead,
 )
 
@@ -397,23 +397,10 @@ DONE_EARLY_CASE = Case("done-sent-early-gpu-runtime", "Forged samples the round 
                        binding=gelu_then("done_early"), runtime=True)
 
 
-# The adaptive form of the case above (docs/SECURITY.md, "The adaptive attack against it"): DONE sent late enough
-# that what is left of the kernel when the probe launches stays under the probe's limit, and every sample forged to
-# 0.36 ms (0.69x of the honest 0.52; the end event, recorded once the process is let go, would say more). The
-# region's last call launches its kernel onto the idle GPU, sleeps (a spin would be in its timing thread's CPU time)
-# until LEFT_S of it is left, then sends DONE. On the H200 (2026-11-28) with one call a region (the 2 GiB cap):
-# forged to 0.29 ms (0.55x) it failed as `clock` once (wall bound 0.189 ms short, limit 0.135) and earned reward 3
-# once; forged to 0.36 ms (0.69x, a 1.41x fake) it earned reward 3 (the wall bound 0.010 ms short, limit 0.128; the
-# probe found nothing left): the floor docs/SECURITY.md states, reached. With regions of the calls a share of the
-# GPU's memory holds (TimingConfig.region_memory_share: two calls) the same fixed limits are a smaller share; with
-# its DONE timed from the region's first launch and the outside clock winning within the limit (session 51) it failed
-# as `clock` forged to 0.36 ms and earned reward 3 forged to 0.40 (timed 0.41-0.42 ms: the harness's tail overlapped);
-# with a noisier calibration (0.05 ms spread) both earned reward 3; with the region's allocations exported before the
-# harness's synchronise (a shorter tail) and a quiet calibration (0.006-0.016 ms) both failed as `clock`. With regions
-# of 2 ms (TimingConfig.region_ms, four calls; 2026-11-29) the fixed part of the limit is half the share of a region:
-# both failed as `clock` (wall bound 0.44-0.46 ms short, limit 0.18-0.29), so the case is no longer an xfail.
-# Run first (2026-11-28) as a profile function that sent DONE at the harness's synchronise, after the end event: the
-# profile function cost the timing thread so much (2.7 ms regions, 0.19x) that the attack defeated itself.
+# The adaptive form of the case above: DONE sent late enough that little of the region's last kernel is left when it
+# is sent, every sample forged (0.36 or 0.40 ms of the honest 0.52). The region's last call launches its kernel onto
+# the idle GPU, sleeps (a spin would be in its timing thread's CPU time) until LEFT_S of it is left, then sends DONE.
+# The process is stopped at DONE and the probe after the stop waits for what is left.
 LATE_PY = EARLY_PY + r"""
 import time
 KERNEL_S, LEFT_S = 520e-6, 120e-6  # the honest kernel on the H200; what is left of the region's work at DONE
@@ -442,12 +429,8 @@ def late_case(forged_ms: str) -> Case:
                 binding=gelu_then("done_late"), runtime=True)
 
 
-# A report forged by a little, within the wall bound's limit (10% of the region, 0.05 ms and three spreads): on
-# cuda_gelu's 1.03 ms regions of two calls, 0.88 of each sample passes it and earns reward 3 (0.46 ms is under 0.95 x
-# eager's 0.51) where the report is believed. The outside clock wins within the limit too (TimingConfig.outside_wins):
-# past the brackets' noise the candidate is timed as they saw it, so what a forgery gains is at most the margin the
-# result states (``regions.margin``: on the H200, 2026-11-28, the calibration's spread left 0.21 of a region). On
-# 2 ms regions of four calls (2026-11-29) the same 0.88 failed as `clock` (wall bound 0.279 ms short, limit 0.277).
+# A report forged by a little (0.88 of each sample): within what an allowance on the candidate's own report would let
+# through, and so worth a reward line where the report is believed.
 WITHIN_THE_LIMIT = Case("scaled-within-the-limit-runtime", "Forged samples the round clock cannot resolve (class 3)",
                         forward=GOOD, cpp_prelude=SCALED_SAMPLES.replace("0.3 * t", "0.88 * t"),
                         binding="scale_samples(); auto y = torch::empty_like(x);", runtime=True)
@@ -474,26 +457,13 @@ def honest_gelu(gelu, cache_dir):
 
 
 def gpu_no_gain(case: Case, gelu, cache_dir, tmp_path, twin) -> None:
-    """``case`` on the gelu example rejected with a named rule, or correct no faster than its honest twin ``twin``
-    by more than the stated allowance (and 2% of noise between evaluations) and at no higher reward. Its summary and
-    clock record are printed: the GPU session's log keeps them."""
+    """``case`` on the gelu example, judged by ``test_redteam.gains_nothing`` against its honest twin ``twin``."""
     task, solution = gelu
     evaluator = Evaluator("cuda", cache_dir=cache_dir)
     evaluator.policy = evaluator.policy.with_(static_checks=False, **case.policy)
     result = evaluator.evaluate(task, make_candidate(case, solution, tmp_path / case.name, scaled=False,
                                                      binding=GELU_BINDING, kernel_call=GELU_ALLOC))
-    detail = f"{result.summary()}\n{result.traceback or ''}\n{result.output[-2000:]}\nhonest twin:\n{twin.summary()}"
-    print(detail)
-    print("regions:", json.dumps(result.timing.get("regions") or {}))
-    assert twin.status == "correct", detail
-    assert result.compiled and result.status != "error", detail
-    if result.status != "correct":
-        assert result.rule and result.reward == -1.0, detail
-        return
-    allowance = (result.timing.get("regions") or {}).get("allowance", 0.0)
-    ratio = result.times["candidate"]["median_ms"] / twin.times["candidate"]["median_ms"]
-    assert ratio >= (1 - allowance) * 0.98, f"{ratio:.3f} of the honest twin's time\n{detail}"
-    assert result.reward <= twin.reward or ratio >= 0.99, detail
+    gains_nothing(result, twin, f"{result.summary()}\n{result.traceback or ''}\n{result.output[-2000:]}")
 
 
 @pytest.mark.parametrize("case", TRUE_COST_CASES, ids=[c.name for c in TRUE_COST_CASES])
@@ -797,16 +767,6 @@ DEFERRAL_CASES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def honest_gelu(gelu, cache_dir):
-    """The deferral cases' honest twin, evaluated once."""
-    task, solution = gelu
-    result = Evaluator("cuda", cache_dir=cache_dir).evaluate(task, load_candidate(solution))
-    print("honest twin:", result.summary())
-    assert result.status == "correct", result.summary()
-    return result
-
-
 @pytest.mark.parametrize("case", DEFERRAL_CASES)
 def test_work_finished_after_done_gains_nothing_on_the_gpu(case, gelu, honest_gelu, cache_dir, tmp_path):
     """Issue 62: the tail of each timed call launched after the region's DONE (a C-API thread, hooks on the timing
@@ -821,4 +781,4 @@ def test_work_finished_after_done_gains_nothing_on_the_gpu(case, gelu, honest_ge
     detail = f"{result.summary()}\n{result.traceback or ''}\n{result.output[-2000:]}"
     if DEFERRAL_REFUSED in (result.reason or "") + (result.traceback or ""):
         pytest.skip(f"this device refuses the deferral itself: {detail}")
-    deferral_gains_nothing(result, honest_gelu, detail)
+    gains_nothing(result, honest_gelu, detail, marker="deferral armed")
