@@ -32,6 +32,7 @@ for the process without a new task of it (``io_uring``'s workers: the sandbox's 
 from __future__ import annotations
 
 import errno
+import resource
 
 BAN_THREADS_ENV = "CUDA_AGENT_BAN_THREADS"  # set by the evaluator for candidate workers
 
@@ -64,6 +65,9 @@ def forbid_new_tasks() -> str | None:
             except OSError:  # not a syscall on this architecture (fork and vfork on AArch64)
                 pass
         program.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")
+        # The kernel dumps core on SIGSYS: no core file (on a GPU host, of a process of many GiB) is written
+        # for a process it ends. The hard limit too, so the candidate's code cannot raise it again.
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         program.load()
     except (OSError, RuntimeError, ValueError) as exc:
         return f"the filter could not be installed: {exc}"
