@@ -664,6 +664,10 @@ CASES = [
          binding="auto y = torch::empty_like(xc); { std::thread t(finish_half, new Half{xc.data_ptr<float>(), "
                  "y.data_ptr<float>(), xc.numel(), static_cast<float>(scale)}); t.join(); return y; }",
          runtime=True, rule="thread", reason=SECCOMP),
+    # A thread started and joined by a static constructor, as the extension is imported: before any call.
+    Case("native-thread-at-load-runtime", "Thread / process deferral",
+         cpp_prelude=SHORT_LIVED + "static int started_at_load = [] { std::thread([] {}).join(); return 0; }();",
+         binding=KERNEL_CALL, runtime=True, rule="thread", reason=SECCOMP),
     # fork, the child gone at once.
     Case("native-fork-runtime", "Thread / process deferral", cpp_prelude=SHORT_LIVED,
          binding="{ pid_t child = fork(); if (child == 0) _exit(0); if (child > 0) waitpid(child, nullptr, 0); } "
