@@ -99,6 +99,9 @@ def test_end_to_end_correct(example, evaluator):
     assert timing["threads"]["main_ms"] > 0 and timing["threads"]["others_ms"] >= 0
     # The candidate's process ran with its code locked (sandbox.nocode) wherever libseccomp is installed.
     assert not [n for n in result.notes if "code pages not locked" in n] or importlib.util.find_spec("pyseccomp") is None
+    # And no new thread or process could start in it once its code began to load (sandbox.nothreads).
+    assert any("refused by the kernel from its load on" in n for n in result.notes) or \
+        importlib.util.find_spec("pyseccomp") is None, result.notes
     for which in ("candidate", "eager", "compile"):
         stats = result.times[which]
         rounds = result.decision["rounds"]
@@ -319,21 +322,44 @@ def test_memory_taken_a_little_at_a_time_fails_as_memory(example, evaluator, tmp
     assert evaluator.evaluate(task, load_candidate(solution)).status == "correct"
 
 
-def test_a_thread_started_only_on_unwatched_calls_is_seen_from_outside(example, evaluator, tmp_path):
+SLY_THREAD = (
+    "from torch.utils._python_dispatch import _get_current_dispatch_mode_stack\n"
+    "if not _get_current_dispatch_mode_stack() and not torch.autograd._profiler_enabled():\n"
+    "    import threading, time\n"
+    "    threading.Thread(target=time.sleep, args=(30,), name='cuda-EvtHandlr', daemon=True).start()\n"
+    "return cuda_extension.scaled_swish(x, self.scale)")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("pyseccomp") is None, reason="no seccomp bindings: no thread ban")
+def test_a_thread_started_only_on_unwatched_calls_ends_the_process(example, evaluator, tmp_path):
     """The in-process guard watches the checked calls only; a candidate that tells them apart (the
-    dispatch mode stack, the profiler) and starts its thread on the others is caught by counting
-    threads from outside, whatever the thread calls itself."""
+    dispatch mode stack, the profiler) and starts its thread on the others is ended by the kernel as the
+    thread starts (sandbox.nothreads), whatever the thread calls itself."""
     task, solution = example
-    sly = variant(tmp_path, solution, (
-        "from torch.utils._python_dispatch import _get_current_dispatch_mode_stack\n"
-        "if not _get_current_dispatch_mode_stack() and not torch.autograd._profiler_enabled():\n"
-        "    import threading, time\n"
-        "    threading.Thread(target=time.sleep, args=(30,), name='cuda-EvtHandlr', daemon=True).start()\n"
-        "return cuda_extension.scaled_swish(x, self.scale)"), name="sly-thread")
-    result = runtime_only(evaluator).evaluate(task, sly)
+    result = runtime_only(evaluator).evaluate(task, variant(tmp_path, solution, SLY_THREAD, name="sly-thread"))
     assert result.status == "failed" and result.rule == "thread", result.summary()
-    assert "seen from outside" in result.reason and result.stage == "profile"
+    assert "which the kernel refused (seccomp)" in result.reason and result.stage == "profile", result.summary()
+    assert any("refused by the kernel from its load on" in note for note in result.notes), result.notes
     assert evaluator.evaluate(task, load_candidate(solution)).status == "correct"
+
+
+def test_without_the_thread_ban_a_thread_is_seen_from_outside(example, evaluator, tmp_path, monkeypatch):
+    """Where the ban is not installed (here: not asked for), the thread is still counted from outside, and
+    the result's notes say the ban was off."""
+    from cuda_agent.evaluate import processes
+
+    task, solution = example
+    monkeypatch.setattr(processes, "BAN_THREADS_ENV", "CUDA_AGENT_NOT_THE_BAN")
+    judge = runtime_only(evaluator)
+    judge._spare = []  # processes started without the ban, closed here
+    try:
+        result = judge.evaluate(task, variant(tmp_path, solution, SLY_THREAD, name="sly-thread"))
+    finally:
+        while judge._spare:
+            judge._spare.pop().close()
+    assert result.status == "failed" and result.rule == "thread", result.summary()
+    assert "seen from outside" in result.reason and result.stage == "profile", result.summary()
+    assert any("not refused by the kernel" in note and "not asked" in note for note in result.notes), result.notes
 
 
 def test_a_timing_reply_that_offers_another_last_call_is_forged(example, evaluator, tmp_path):

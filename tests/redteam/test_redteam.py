@@ -511,6 +511,24 @@ DISPATCH_TLS = "#include <c10/core/impl/TorchDispatchModeTLS.h>\n"
 # Neither the dispatch mode nor the profiler on: what a timed call looks like from inside, told apart from
 # every check (the records catch such a candidate; no in-process observer does).
 UNOBSERVED = UNWATCHED + " && !torch::profiler::impl::profilerEnabled()"
+# The second half of a call's output, computed by a thread of its own (``finish_half``): the cases whose
+# thread or process is gone before anything could list it.
+SHORT_LIVED = DISPATCH_TLS + r"""
+#include <torch/csrc/profiler/orchestration/observer.h>
+#include <Python.h>
+#include <pythread.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <thread>
+struct Half { const float* x; float* y; int64_t n; float s; };
+static void finish_half(void* arg) {
+  auto* h = static_cast<Half*>(arg);
+  scaled_swish_launch(h->x, h->y, h->n, h->s);
+  delete h;
+}
+"""
+# What the evaluator says of a candidate's process the kernel ended (sandbox.nothreads).
+SECCOMP = "which the kernel refused (seccomp)"
 # torch's own sigmoid, reached through Python by a name spelled at run time, on the calls no dispatch
 # mode watches: the profiled check looks like them now, and its profile shows torch's operators.
 THROUGH_PYTHON = DISPATCH_TLS + r"""
@@ -632,7 +650,30 @@ CASES = [
     Case("child-process-runtime", "Thread / process deferral",
          prelude="import subprocess",
          forward="subprocess.Popen(['sleep', '5'])\nreturn cuda_extension.scaled_swish(x, self.scale)",
-         runtime=True, rule="subprocess"),
+         runtime=True, rule="thread", reason=SECCOMP),
+    # Threads and processes that are gone before any list of threads is read: the kernel ends the process
+    # as one starts (sandbox.nothreads). The second half of each timed call finished by a thread started
+    # through the C API, which exits as soon as it is done.
+    Case("native-c-api-thread-runtime", "Thread / process deferral", cpp_prelude=SHORT_LIVED,
+         binding="auto y = torch::empty_like(xc); if (" + UNOBSERVED + ") { int64_t n = xc.numel(), half = n / 2; "
+                 "float s = static_cast<float>(scale); scaled_swish_launch(xc.data_ptr<float>(), y.data_ptr<float>(), "
+                 "half, s); PyThread_start_new_thread(finish_half, new Half{xc.data_ptr<float>() + half, "
+                 "y.data_ptr<float>() + half, n - half, s}); return y; }",
+         runtime=True, rule="thread", reason=SECCOMP),
+    # A std::thread joined at once: no work left running, but a thread no list of threads would ever show.
+    Case("native-joined-thread-runtime", "Thread / process deferral", cpp_prelude=SHORT_LIVED,
+         binding="auto y = torch::empty_like(xc); { std::thread t(finish_half, new Half{xc.data_ptr<float>(), "
+                 "y.data_ptr<float>(), xc.numel(), static_cast<float>(scale)}); t.join(); return y; }",
+         runtime=True, rule="thread", reason=SECCOMP),
+    # A thread started and joined by a static constructor, as the extension is imported: before any call.
+    Case("native-thread-at-load-runtime", "Thread / process deferral",
+         cpp_prelude=SHORT_LIVED + "static int started_at_load = [] { std::thread([] {}).join(); return 0; }();",
+         binding=KERNEL_CALL, runtime=True, rule="thread", reason=SECCOMP),
+    # fork, the child gone at once.
+    Case("native-fork-runtime", "Thread / process deferral", cpp_prelude=SHORT_LIVED,
+         binding="{ pid_t child = fork(); if (child == 0) _exit(0); if (child > 0) waitpid(child, nullptr, 0); } "
+                 "auto y = torch::empty_like(xc);",
+         runtime=True, rule="thread", reason=SECCOMP),
     Case("tensor-subclass", "Lazy tensor / subclass",
          prelude="class Lazy(torch.Tensor):\n    pass",
          forward="return cuda_extension.scaled_swish(x, self.scale).as_subclass(Lazy)", rule="tensor-subclass"),
@@ -732,7 +773,7 @@ CASES = [
                  "y.data_ptr<float>(), half, s); auto* l = later(); { std::lock_guard<std::mutex> g(l->m); "
                  "l->job = [xc, y, half, n, s] { scaled_swish_launch(xc.data_ptr<float>() + half, "
                  "y.data_ptr<float>() + half, n - half, s); }; l->ready = true; } l->cv.notify_one(); return y; }",
-         runtime=True, rule="thread", reason="seen from outside"),
+         runtime=True, rule="thread", reason=SECCOMP),
     Case("native-phase-detection-runtime", "Checked-vs-timed phase detection",
          cpp_prelude=LATER,
          binding="auto y = torch::empty_like(xc); static int64_t unwatched = 0; "

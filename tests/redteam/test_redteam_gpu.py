@@ -10,8 +10,8 @@ import sys
 import pytest
 from test_redteam import (
     ALLOCATOR_CLASS, AT_THE_LET_GO, C_PROFILE, CODE_REWRITE_ROUTES, DISPATCH_TLS, DONE_EARLY, EARLY_PY, FRACTIONS,
-    GOT_PATCH, LATER, PYTHON_FROM_CPP, SCALED_SAMPLES, SECRETS_FROM_THE_FRAME, SYS_MONITORING, SYS_SETPROFILE, UNOBSERVED,
-    UNWATCHED, Case, computed_ahead, gains_nothing, deferral_prelude, make_candidate, python_xy,
+    GOT_PATCH, LATER, PYTHON_FROM_CPP, SCALED_SAMPLES, SECCOMP, SECRETS_FROM_THE_FRAME, SYS_MONITORING, SYS_SETPROFILE,
+    UNOBSERVED, UNWATCHED, Case, computed_ahead, deferral_prelude, gains_nothing, make_candidate, python_xy,
     return_computed_ahead,
 )
 
@@ -266,15 +266,16 @@ CASES = [
          binding="redirect_driver_table(); auto y = torch::empty_like(x);", runtime=True, rule="integrity",
          reason="the CUDA runtime's pointer to cuEventElapsedTime"),
     # Half the work in the region; a thread started in a checked call (named like the CUDA runtime's)
-    # launches the other half 150 us later on the same stream, after the end event. The thread, counted
-    # from outside after the checks, fails it (the records, read in stream order, would too).
+    # launches the other half 150 us later on the same stream, after the end event. The thread ends the
+    # process as it starts (sandbox.nothreads; without that filter the count from outside after the checks
+    # fails it, and the records, read in stream order, would too).
     Case("native-deferred-half-runtime", "Work deferred past the end", forward=GOOD, cpp_prelude=LATER,
          binding="auto y = torch::empty_like(x); later(); if (" + UNOBSERVED + ") { " + LAUNCH_HALF + " int64_t half = "
                  "x.numel() / 2, n = x.numel(); auto* l = later(); { std::lock_guard<std::mutex> g(l->m); "
                  "l->job = [x, y, half, n] { std::this_thread::sleep_for(std::chrono::microseconds(150)); "
                  "gelu_launch(x.data_ptr<float>() + half, y.data_ptr<float>() + half, n - half, "
                  "c10::cuda::getDefaultCUDAStream().stream()); }; l->ready = true; } l->cv.notify_one(); return y; }",
-         runtime=True, rule="thread", reason="seen from outside"),
+         runtime=True, rule="thread", reason=SECCOMP),
     # Told apart by the dispatch mode stack from C++: every other unwatched call returns unwritten memory.
     Case("native-phase-detection-runtime", "Checked-vs-timed phase detection", forward=GOOD, cpp_prelude=LATER,
          binding="auto y = torch::empty_like(x); static int64_t unwatched = 0; "
@@ -346,7 +347,7 @@ CASES = [
     # The GPU quiet outside the candidate's regions: a kernel left running in a second context of its own (the
     # harness's synchronise waits for the primary context's streams only), through the baselines' regions and
     # across READY, where it could start on the written inputs before GO. The driver starts a thread for the new
-    # context, seen from outside (H100, 2026-11-27: `cuda-EvtHandlr`); the reference's quiet probe before each
+    # context (H100: `cuda-EvtHandlr`), which ends the process (sandbox.nothreads; without it, seen from outside); the reference's quiet probe before each
     # baseline region and GO is the second line (``evaluate.quiet``, tests/gpu/test_gpu_quiet.py).
     Case("lingering-context-runtime", "GPU work left running outside the regions", forward=GOOD,
          kernel_append=LINGERING_CONTEXT, cpp_prelude='extern "C" void linger_launch(unsigned long long ns);',

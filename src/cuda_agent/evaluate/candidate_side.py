@@ -20,6 +20,7 @@ from cuda_agent.evaluate.shared import SharedBuffer, SharedError
 from cuda_agent.evaluate.profiling import profile_call
 from cuda_agent.evaluate.transfer import TransferError, write_outputs
 from cuda_agent.evaluate.vmm import VmmError, spans as vmm_spans
+from cuda_agent.sandbox.nothreads import forbid_new_tasks
 from cuda_agent.sandbox.process import receive_fd
 from cuda_agent.guard.integrity import (
     allocator_slots, driver_slots, harness_native_functions, native_slots, vdso_slots,
@@ -46,6 +47,8 @@ class CandidateSide(_Side):
         self.recorded = 0
         self.code_lock = "not asked"  # "on", or why not (sandbox.nocode), reported with "ready"
         self.gpu_export = "not a GPU"  # "on", or why its GPU memory cannot be read from outside (evaluate.vmm)
+        self.ban_threads = False  # asked by the evaluator (worker.main): no new thread or process once its code loads
+        self.thread_ban = "not asked"  # "on", or why not (sandbox.nothreads), reported with "load"
         self.checked_output: Any = None  # a checked call's output the reference copies out (RunRequest.outside)
 
     def handle(self, op: str, msg: Any) -> dict[str, Any]:
@@ -78,9 +81,15 @@ class CandidateSide(_Side):
                     self.ringer.fail(0xFFFFFFFF)  # the evaluator waits for brackets no more: this reply says why
                 raise
             self.guard = CallGuard(msg.allowed_aten or ())
+            if self.ban_threads:
+                # The last moment before the candidate's code: the task program and the no-op regions have
+                # run, every thread the harness needs is running (worker.warm_up_runtime, on a GPU the
+                # driver's since its context was made). From here a new thread or process ends this process.
+                self.thread_ban = forbid_new_tasks() or "on"
             self.guard.watch_quiet(lambda: self._load_candidate(msg), "while model_new.py was imported")
             self.guard.verify_harness("while model_new.py was imported")
-            return {"bell_ms": bell_ms, "bell_tail_ms": bell_tail_ms} if bell_ms is not None else {}
+            reply = {"thread_ban": self.thread_ban}
+            return reply | ({"bell_ms": bell_ms, "bell_tail_ms": bell_tail_ms} if bell_ms is not None else {})
         if op == "weights":
             # A separate step so the candidate can load while the reference still builds Model.
             state = torch.load(msg.state_dict_path, weights_only=True)

@@ -7,6 +7,7 @@ persistent reference processes, speak through this one class.
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -52,7 +53,7 @@ class Channel:
         try:
             self.worker.send(message)
         except WorkerCrashed as exc:
-            raise Stop(self.status, stage, f"{self.who} process {exc}", detail=str(exc)) from None
+            raise self._crashed(stage, exc) from None
 
     def receive(self, stage: str, timeout_s: float) -> dict[str, Any]:
         try:
@@ -60,8 +61,7 @@ class Channel:
         except WorkerTimeout as exc:
             raise Stop(self.status, stage, f"{self.who} process: {exc}", detail=str(exc)) from None
         except WorkerCrashed as exc:
-            rule = "forged-reply" if isinstance(exc, WorkerForgedReply) and self.who == "candidate" else None
-            raise Stop(self.status, stage, f"{self.who} process {exc}", rule=rule, detail=str(exc)) from None
+            raise self._crashed(stage, exc) from None
         if not reply.get("ok"):
             kind = reply.get("kind", "exception")
             rule = reply.get("rule") if self.who == "candidate" else None
@@ -71,6 +71,18 @@ class Channel:
                        f"{self.who}: {_PREFIX.get(kind, 'exception')}: {reply.get('error')}", reply.get("traceback"),
                        rule=rule, answered=True, detail=str(reply.get("error")))
         return reply
+
+    def _crashed(self, stage: str, exc: WorkerCrashed) -> Stop:
+        """The ``Stop`` for a worker that died or forged a reply. The candidate's process killed by ``SIGSYS``
+        was ended by the kernel: from its load on, a new thread or process does that (``sandbox.nothreads``;
+        a system call of a foreign ABI too, there and in the sandbox's own filter)."""
+        if self.who == "candidate" and isinstance(exc, WorkerForgedReply):
+            return Stop(self.status, stage, f"{self.who} process {exc}", rule="forged-reply", detail=str(exc))
+        proc = getattr(self.worker, "proc", None)
+        if self.who == "candidate" and proc is not None and proc.returncode == -signal.SIGSYS:
+            return Stop(self.status, stage, "the candidate's code started a thread or process after load, which the "
+                        f"kernel refused (seccomp): its process was {exc}", rule="thread", detail=str(exc))
+        return Stop(self.status, stage, f"{self.who} process {exc}", detail=str(exc))
 
     def receive_typed(self, stage: str, reply_type: type[R], timeout_s: float) -> R:
         """The next reply, parsed as ``reply_type``. A reply of the wrong shape is forged (written by

@@ -579,6 +579,12 @@ class Evaluator:
         except OSError:
             shutil.copy2(reference.state_dict, weights)
         loaded = candidate.receive_typed("load", LoadReply, setup.timeouts.load_s)
+        if loaded.thread_ban == "on":
+            result.notes.append("new threads and processes of the candidate's code refused by the kernel from its load on "
+                                "(seccomp: the process ends)")
+        else:
+            result.notes.append(f"new threads and processes not refused by the kernel in the candidate's process "
+                                f"({loaded.thread_ban}): only those alive when its threads are read from outside are seen")
         if run.gpu_quiet is not None:
             run.gpu_quiet.candidate = candidate.worker  # its code has run: work found on the GPU may be its
         if brackets is not None:

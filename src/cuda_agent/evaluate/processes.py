@@ -19,6 +19,7 @@ from cuda_agent.evaluate.references import ReferencePool
 from cuda_agent.paths import PACKAGE_ROOT, worker_env
 from cuda_agent.sandbox import Limits, WorkerProcess
 from cuda_agent.sandbox.nocode import LOCK_CODE_ENV
+from cuda_agent.sandbox.nothreads import BAN_THREADS_ENV
 
 SPARE_CANDIDATES = 3  # candidate processes started ahead by a prestarted evaluator
 
@@ -67,6 +68,7 @@ def spawn(setup: Setup, role: str, home: Path, readable: list[Path]) -> WorkerPr
         env["CUDA_VISIBLE_DEVICES"] = str(setup.gpu_index)
     if role == "candidate":
         env[LOCK_CODE_ENV] = "1"  # nothing may become executable once its start-up is over (sandbox.nocode)
+        env[BAN_THREADS_ENV] = "1"  # no new thread or process once its code starts to load (sandbox.nothreads)
         if setup.device == "cuda":
             # Memory of the driver's VMM API, which another process can map: its timed outputs are read
             # from outside it (evaluate.vmm). Replaces any other allocator setting of the user's.

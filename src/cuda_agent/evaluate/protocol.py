@@ -366,6 +366,7 @@ class LoadReply(_Reply):
     fixed_inputs: bool | None = None  # reference: its draws differ in tensor values alone (DrawRequest, WriteGpuRequest)
     device_bytes: int = 0  # reference: its GPU's memory (0: the CPU backend), what sizes a region's calls
     output_bytes: int = 0  # reference: its warm call's output, what says a task is memory-hungry (``HUNGRY_SHARE``)
+    thread_ban: str | None = None  # candidate: whether the kernel ends it on a new thread or process (``sandbox.nothreads``)
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from cuda_agent.evaluate.protocol import REQUESTS, parse_request
 from cuda_agent.evaluate.profiling import profile_call
 from cuda_agent.guard.runtime import RuleBroken
 from cuda_agent.sandbox.nocode import LOCK_CODE_ENV, forbid_new_code
+from cuda_agent.sandbox.nothreads import BAN_THREADS_ENV
 from cuda_agent.tasks.task import TaskError
 
 __all__ = ["CandidateSide", "ReferenceSide", "_Side", "classify", "fingerprint", "init_inputs", "install_inline_shim",
@@ -61,6 +62,10 @@ def warm_up_runtime(device: str, profiler: bool = False) -> None:
         cuda.synchronize()
     if profiler:
         profile_call(lambda: torch.randn(1 << 10, device=device).sum(), device)
+    # torch's intra-op pool at its full size (a parallel region asks for every thread of it), should the
+    # draws above have been too small to split: the candidate's process starts no thread after load
+    # (``sandbox.nothreads``), and the harness's checks run torch's parallel operators after that.
+    torch.ones(1 << 20).sum()
 
 
 def classify(exc: BaseException) -> str:
@@ -141,6 +146,8 @@ def main(argv: list[str] | None = None) -> None:
         side.exporter, side.gpu_export = start_exporter()  # before any candidate code, before the code lock
     if args.role == "candidate" and os.environ.pop(LOCK_CODE_ENV, None):
         side.code_lock = forbid_new_code() or "on"
+    if args.role == "candidate" and os.environ.pop(BAN_THREADS_ENV, None):
+        side.ban_threads = True  # installed as its code is about to load (CandidateSide.handle, "load")
     serve(side)
 
 
