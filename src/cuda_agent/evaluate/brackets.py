@@ -26,7 +26,10 @@ from cuda_agent.evaluate.regions import (
     Bell, BellError, BellFailed, BellUnreadable, Bracket, Chunk, decode_calls, thread_times,
 )
 
-CALIBRATION_REGIONS = 11  # no-op regions timed before the candidate's code loads
+# No-op regions timed before the candidate's code loads. Their median is taken off every region, so its error is the
+# clock's uncertainty (``Overhead.error_ms``, 1/sqrt of the regions): with 9 counted, 2 of 13 honest evaluations on
+# the H200 were refused for an uncertainty of 4-12% of a region; a no-op region costs about 1 ms there.
+CALIBRATION_REGIONS = 27
 # The first ones warm the path up and are left out of the brackets' cost: on a GPU the first region exports the
 # task's memory (tens of descriptors), and a freshly started process's first regions ran slower (the H100, its
 # first two evaluations: spread over 9 regions 0.09-0.23 ms against 0.01-0.03 ms later).

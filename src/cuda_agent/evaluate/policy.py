@@ -171,7 +171,7 @@ class TimingConfig:
     # it (``allowance_target`` and the two below, from the brackets' calibration), up to ``region_max_ms``: what
     # the outside clock cannot see or resolve is a fixed time a region, so a longer region leaves a smaller share.
     region_ms: float = 2.0
-    max_calls: int = 100
+    max_calls: int = 400  # a 0.05 ms call (the release's axpby) reaches a 20 ms region
     region_bytes: int = 2 << 30  # the most a region's calls keep alive together (inputs and outputs)
     # On a GPU, or this share of its memory where that is more (H200: 8.7 GB, H100: 5 GB): sub-millisecond calls of
     # gigabytes (cuda_gelu: 2 GiB, 0.52 ms) get the region_ms the outside clock needs (docs/SECURITY.md).
