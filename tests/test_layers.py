@@ -16,7 +16,7 @@ PACKAGE = Path(cuda_agent.__file__).resolve().parent
 CLIENTS = ("agent", "synth", "bench", "train", "service", "cli", "integrations")
 CORE = ("evaluate",)
 BASE = ("guard", "sandbox", "build", "candidates", "tasks")
-NEUTRAL = ("paths", "jsonl", "tensors")  # helpers that two layers share: they import no package of ours
+NEUTRAL = ("paths", "jsonl", "tensors", "scratch")  # helpers that two layers share: they import no package of ours
 LAYERS = CLIENTS + CORE + BASE + NEUTRAL
 # What each layer must not import (packages that do not exist yet count, so a new one starts right).
 FORBIDDEN = ({package: CORE + CLIENTS for package in BASE} | {package: CLIENTS for package in CORE}
