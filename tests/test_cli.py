@@ -395,8 +395,9 @@ def test_out_of_memory_names_the_limit_and_the_flag(tmp_path, capsys, examples, 
     code = main(["eval", str(task), str(examples / "cpu_swish" / "solution"), "--device", "cpu", "--no-compile",
                  "--memory-limit", "2", "--cache-dir", str(cache_dir)])
     captured = capsys.readouterr()
-    # Refused before the reference allocates anything: the task's size is taken on the meta device.
-    assert code == 1 and "needs at least 16.0 GiB" in captured.out, captured.out
+    # Refused before the reference allocates anything: the task's size is taken on the meta device. No verdict on the
+    # candidate (exit 3): the evaluation's own limit, not the kernel, stopped it.
+    assert code == 3 and "needs at least 16.0 GiB" in captured.out, captured.out
     assert "more than the 2.0 GiB each evaluation process may use: raise it with --memory-limit GIB" in captured.out
 
 

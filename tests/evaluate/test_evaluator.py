@@ -490,13 +490,16 @@ def test_cuda_without_a_gpu_fails_at_once_naming_the_fix(monkeypatch):
 
 def test_toolchain_probe_is_announced(tmp_path):
     from cuda_agent.build import BuildResult
+    from cuda_agent.build.builder import PROBE_NAMESPACE
 
     seen, built = [], []
     evaluator = Evaluator("cpu", cache_dir=tmp_path, on_stage=lambda stage, detail: seen.append((stage, detail)))
     # The real probe takes ~30-60 s to build on a fresh cache; what is said around it is what matters here.
-    evaluator.build = lambda candidate: built.append(candidate) or BuildResult(True, "cpu", "k", cached=False)
+    evaluator._build = lambda candidate, namespace=None: (built.append((candidate, namespace))
+                                                          or BuildResult(True, "cpu", "k", cached=False))
     assert evaluator.toolchain_imports() == frozenset() and len(built) == 1
-    assert any(stage == "build" and "one-time toolchain probe" in detail for stage, detail in seen), seen
+    assert built[0][1] == PROBE_NAMESPACE  # apart from every candidate's objects
+    assert any(stage == "build" and "toolchain probe: a minimal extension" in detail for stage, detail in seen), seen
     assert any("toolchain probe built in" in detail for _, detail in seen), seen
     seen.clear()
     evaluator.toolchain_imports()  # read once per evaluator: no second build, no second message

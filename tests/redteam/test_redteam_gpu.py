@@ -4,7 +4,6 @@ the CUDA path. The CPU suite (test_redteam.py) covers every pattern it can."""
 
 from __future__ import annotations
 
-import json
 import sys
 
 import pytest

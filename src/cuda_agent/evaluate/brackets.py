@@ -380,10 +380,13 @@ class CandidateBrackets:
         return between
 
     def _stopped_cpu(self, bracket: Bracket) -> None:
-        """The timing thread's CPU time up to its stop after DONE, where it is more than up to DONE: work its hooks
-        did after the harness said DONE (asleep first, so that the read at DONE missed it) is the region's."""
+        """The timing thread's CPU time and run-queue waits up to its stop after DONE, where more than up to DONE:
+        work its hooks did after the harness said DONE (asleep first, so that the read at DONE missed it) is the
+        region's."""
         if self.thread is not None and bracket.cpu_start_ns:
-            bracket.thread_cpu_ns = max(bracket.thread_cpu_ns, self.thread()[0] - bracket.cpu_start_ns)
+            cpu, waited = self.thread()
+            bracket.thread_cpu_ns = max(bracket.thread_cpu_ns, cpu - bracket.cpu_start_ns)
+            bracket.thread_waited_ns = max(bracket.thread_waited_ns, waited - bracket.waited_start_ns)
 
     def _keep(self, call: dict[str, Any] | None) -> None:
         self.kept_call = None

@@ -4,8 +4,8 @@ A region, as the evaluator sees it (``span_ms``), runs from the moment the worke
 region's inputs written (GO where nothing is written) to the moment its work is seen done from outside: on a
 GPU read from outside, the end of a probe kernel the reference launches once the candidate's processes are
 stopped after DONE (the GPU runs one context at a time, so the probe waits for whatever any of them left
-queued); elsewhere the worker's DONE. Never shorter than the worker's timing thread's CPU time from the
-let-go to its stop after DONE. The brackets' own cost in the same terms is measured with no-op regions before any candidate code
+queued); elsewhere the worker's DONE. Never shorter than the time the worker's timing thread was runnable
+(on a CPU or waiting for one) from the let-go to its stop after DONE. The brackets' own cost in the same terms is measured with no-op regions before any candidate code
 loads (``Overhead``); a region's time is its span less that cost (``times``).
 
 What the candidate's process reports for its regions is a diagnostic (``RegionClock.agreement``). What the
@@ -46,7 +46,10 @@ def span_ms(bracket: Bracket, less_waits: bool = False) -> float:
     if bracket.probed_ns:
         end_ns = max(end_ns, bracket.probed_ns + int(bracket.after_done_us * 1e3))
     waits = bracket.waited_ns + bracket.let_go_waited_ns if less_waits else 0
-    return max((end_ns - start_ns - waits) / 1e6, bracket.thread_cpu_ns / 1e6)
+    # The timing thread was runnable (running, or waiting for a CPU) this long from the let-go to its stop: work it did
+    # after DONE (a hook on the harness's own thread) is in it, at the wall time it took on this host.
+    runnable = bracket.thread_cpu_ns + (0 if less_waits else bracket.thread_waited_ns)
+    return max((end_ns - start_ns - waits) / 1e6, runnable / 1e6)
 
 
 @dataclass(frozen=True)

@@ -93,10 +93,13 @@ class Bracket:
     let_go_cpu_ns: int = 0
     let_go_waited_ns: int = 0  # the timing thread's run-queue wait meanwhile
     # The timing thread's CPU time from the let-go (GO where nothing was written) to its stop after DONE (to DONE
-    # until the stop is read: ``cpu_start_ns`` is where it counts from, the thread's total then). Work the harness's
-    # own thread does after its DONE, before the stop, is in it.
+    # until the stop is read: ``cpu_start_ns`` is where it counts from, the thread's total then), and its run-queue
+    # waits over the same span (from ``waited_start_ns``). Work the harness's own thread does after its DONE, before
+    # the stop, is in them.
     thread_cpu_ns: int = 0
     cpu_start_ns: int = 0
+    thread_waited_ns: int = 0
+    waited_start_ns: int = 0
     # On a GPU read from outside: the reference's probe once the worker was stopped after DONE (``quiet.after_done``),
     # its wait (the region's GPU work still queued, up to a time slice) and when it was launched. Work that ended
     # between DONE and the launch is not seen (``blind_ms``).
@@ -232,7 +235,10 @@ class Bell:
                                   let_go_cpu_ns=cpu_before - let_go_cpu if let_go_cpu is not None else 0,
                                   let_go_waited_ns=waited_before - let_go_waited if let_go_waited is not None else 0,
                                   thread_cpu_ns=cpu_after - (let_go_cpu if let_go_cpu is not None else cpu_before),
-                                  cpu_start_ns=let_go_cpu if let_go_cpu is not None else cpu_before)
+                                  cpu_start_ns=let_go_cpu if let_go_cpu is not None else cpu_before,
+                                  thread_waited_ns=waited_after - (let_go_waited if let_go_waited is not None
+                                                                   else waited_before),
+                                  waited_start_ns=let_go_waited if let_go_waited is not None else waited_before)
                 brackets.append(bracket)
                 held_from = time.time_ns()
                 if between is not None:
