@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -1447,16 +1448,25 @@ def test_a_candidate_whose_bits_vary_from_run_to_run_is_not_judged_bit_for_bit(e
     assert any("not compared bit for bit" in note for note in result.notes)
 
 
-# Two evaluations of one honest candidate on the CPU backend of a 2-core host differ by up to a fifth (its baselines'
-# per-round times vary by 20-40% there); on a GPU by about 1%.
-CPU_NOISE = 0.2
+# Evaluations of one honest candidate on the CPU backend of a 2-core host differ by up to a quarter (cpu_swish 3.1-4.6
+# ms a call in one run); on a GPU by about 1%. Within one evaluation the two clocks are compared too (``deferred``).
+CPU_NOISE = 0.25
 
 
-def gains_nothing(result, honest, detail: str, marker: str | None = None, noise: float = 0.02) -> None:
+def deferred_share(case: Case) -> float | None:
+    """The share of each timed call's work a deferral case leaves for after its region (its name's ``1of<d>``)."""
+    found = re.search(r"-1of(\d+)-", case.name)
+    return 1 / int(found.group(1)) if found else None
+
+
+def gains_nothing(result, honest, detail: str, marker: str | None = None, noise: float = 0.02,
+                  deferred: float | None = None) -> None:
     """Issue 62's bar for a case that moves its work where its own clock does not see it: rejected with a named rule, or
     correct with a reward no higher than its honest twin's and a time no faster than the honest twin's by more than the
     allowance the result states and ``noise``. ``marker``: what the case prints on its stderr once it has done what it
-    tries."""
+    tries. ``deferred``: the share of each call's work the case finishes after its region, while the harness's own
+    events time the rest honestly: within the same evaluation, the evaluator's regions must then hold the whole work,
+    at least what the events saw over ``1 - deferred``, less the allowance and 2% of the two clocks' own difference."""
     print(detail)
     print("regions:", json.dumps((result.timing or {}).get("regions") or {}))
     print(f"honest: {honest.status} reward {honest.reward} median "
@@ -1468,8 +1478,13 @@ def gains_nothing(result, honest, detail: str, marker: str | None = None, noise:
     # Not the honest solution in disguise.
     assert marker is None or marker in (result.output or ""), f"the case never did what it tries ({marker!r})\n{detail}"
     assert result.reward <= honest.reward, detail
-    allowance = ((result.timing or {}).get("regions") or {}).get("allowance")
+    regions = (result.timing or {}).get("regions") or {}
+    allowance = regions.get("allowance")
     assert allowance is not None, f"the result states no allowance\n{detail}"
+    if deferred is not None:
+        whole = regions["reported_ms"] / (1 - deferred)
+        assert regions["outside_ms"] >= whole * (1 - allowance) * 0.98, \
+            f"regions of {regions['outside_ms']:.4f} ms hold less than the whole work ({whole:.4f} ms)\n{detail}"
     timed, fair = result.times["candidate"]["median_ms"], honest.times["candidate"]["median_ms"]
     assert timed >= fair * (1 - allowance) * (1 - noise), \
         f"{timed:.4f} ms against the honest {fair:.4f} ms, allowance {allowance}\n{detail}"
@@ -1516,4 +1531,5 @@ def test_work_finished_after_done_gains_nothing(case, evaluator, honest_twins, s
     """Issue 62: the tail of each timed call finished after the region's DONE (by a thread started through the C API,
     a profile hook on the harness's own timing thread, or torch's pools) is rejected or timed at its true cost."""
     result, detail = evaluate_case(case, evaluator, solution, examples, tmp_path)
-    gains_nothing(result, honest_twins(case), detail, marker="deferral armed", noise=CPU_NOISE)
+    gains_nothing(result, honest_twins(case), detail, marker="deferral armed", noise=CPU_NOISE,
+                  deferred=deferred_share(case))

@@ -10,7 +10,7 @@ import pytest
 from test_redteam import (
     ALLOCATOR_CLASS, AT_THE_LET_GO, C_PROFILE, CODE_REWRITE_ROUTES, DISPATCH_TLS, DONE_EARLY, EARLY_PY, FRACTIONS,
     GOT_PATCH, LATER, PYTHON_FROM_CPP, SCALED_SAMPLES, SECCOMP, SECRETS_FROM_THE_FRAME, SYS_MONITORING, SYS_SETPROFILE,
-    UNOBSERVED, UNWATCHED, Case, computed_ahead, deferral_prelude, gains_nothing, make_candidate, python_xy,
+    UNOBSERVED, UNWATCHED, Case, computed_ahead, deferral_prelude, deferred_share, gains_nothing, make_candidate, python_xy,
     return_computed_ahead,
 )
 
@@ -781,4 +781,4 @@ def test_work_finished_after_done_gains_nothing_on_the_gpu(case, gelu, honest_ge
     detail = f"{result.summary()}\n{result.traceback or ''}\n{result.output[-2000:]}"
     if DEFERRAL_REFUSED in (result.reason or "") + (result.traceback or ""):
         pytest.skip(f"this device refuses the deferral itself: {detail}")
-    gains_nothing(result, honest_gelu, detail, marker="deferral armed")
+    gains_nothing(result, honest_gelu, detail, marker="deferral armed", deferred=deferred_share(case))
