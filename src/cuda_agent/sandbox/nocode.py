@@ -25,6 +25,7 @@ driver needs it writable, the watch sees the copy-on-write pages).
 from __future__ import annotations
 
 import errno
+from typing import Any
 
 LOCK_CODE_ENV = "CUDA_AGENT_LOCK_CODE"  # set by the evaluator for candidate workers
 
@@ -32,14 +33,22 @@ PROT_WRITE, PROT_EXEC = 0x2, 0x4
 SHM_EXEC = 0o100000
 
 
+def seccomp_bindings() -> tuple[Any, str | None]:
+    """``pyseccomp`` and None, or None and why it cannot be had here (the filters of this package need it)."""
+    try:
+        import pyseccomp
+    except ImportError as exc:
+        return None, f"no seccomp bindings (pip install pyseccomp): {exc}"
+    except (OSError, RuntimeError) as exc:
+        return None, f"no libseccomp (apt-get install libseccomp2): {exc}"
+    return pyseccomp, None
+
+
 def forbid_new_code() -> str | None:
     """Install the filter in this process (every thread). None once it is in force, else why not."""
-    try:
-        import pyseccomp as seccomp
-    except ImportError as exc:
-        return f"no seccomp bindings (pip install pyseccomp): {exc}"
-    except (OSError, RuntimeError) as exc:
-        return f"no libseccomp (apt-get install libseccomp2): {exc}"
+    seccomp, missing = seccomp_bindings()
+    if missing:
+        return missing
     refuse = seccomp.ERRNO(errno.EACCES)
     try:
         program = seccomp.SyscallFilter(seccomp.ALLOW)

@@ -34,6 +34,8 @@ from __future__ import annotations
 import errno
 import resource
 
+from cuda_agent.sandbox.nocode import seccomp_bindings
+
 BAN_THREADS_ENV = "CUDA_AGENT_BAN_THREADS"  # set by the evaluator for candidate workers
 
 # Where the filter is installed: the architectures it was written and tested for.
@@ -42,12 +44,9 @@ ARCHES = ("X86_64", "AARCH64")
 
 def forbid_new_tasks() -> str | None:
     """Install the filter in this process (every thread). None once it is in force, else why not."""
-    try:
-        import pyseccomp as seccomp
-    except ImportError as exc:
-        return f"no seccomp bindings (pip install pyseccomp): {exc}"
-    except (OSError, RuntimeError) as exc:
-        return f"no libseccomp (apt-get install libseccomp2): {exc}"
+    seccomp, missing = seccomp_bindings()
+    if missing:
+        return missing
     try:
         native = seccomp.system_arch()
         known = {int(getattr(seccomp.Arch, name)): name for name in ARCHES}
