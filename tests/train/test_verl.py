@@ -299,10 +299,11 @@ def test_the_reward_function_scores_a_reply_as_verl_calls_it(task, checker, exam
     score = get_custom_reward_fn(config)  # how verl loads a custom reward function
     good = score(data_source="cuda_agent", solution_str=solution_reply(examples / "cpu_swish" / "solution"),
                  ground_truth=task.digest, extra_info=dict(extra_info), evaluator=checker)
-    assert good == {"score": SOLVED, "acc": 1.0} and len(checker.seen) == 1
+    # Every sample carries the same keys (verl gathers them per batch): ``no_verdict`` too, 0.0 for a verdict.
+    assert good == {"score": SOLVED, "acc": 1.0, "no_verdict": 0.0} and len(checker.seen) == 1
     none = score(data_source="cuda_agent", solution_str="I would fuse the two operations.", ground_truth=task.digest,
                  extra_info=dict(extra_info), evaluator=checker)
-    assert none == {"score": FAILURE_REWARD, "acc": 0.0} and len(checker.seen) == 1  # nothing to evaluate
+    assert none == {"score": FAILURE_REWARD, "acc": 0.0, "no_verdict": 0.0} and len(checker.seen) == 1  # nothing to evaluate
 
 
 def test_the_service_url_comes_from_the_environment(task, monkeypatch, tmp_path):
