@@ -303,7 +303,8 @@ def test_the_reward_function_scores_a_reply_as_verl_calls_it(task, checker, exam
     assert good == {"score": SOLVED, "acc": 1.0, "no_verdict": 0.0} and len(checker.seen) == 1
     none = score(data_source="cuda_agent", solution_str="I would fuse the two operations.", ground_truth=task.digest,
                  extra_info=dict(extra_info), evaluator=checker)
-    assert none == {"score": FAILURE_REWARD, "acc": 0.0, "no_verdict": 0.0} and len(checker.seen) == 1  # nothing to evaluate
+    # Nothing to evaluate: a failure, not a no-verdict.
+    assert none == {"score": FAILURE_REWARD, "acc": 0.0, "no_verdict": 0.0} and len(checker.seen) == 1
 
 
 def test_the_service_url_comes_from_the_environment(task, monkeypatch, tmp_path):
