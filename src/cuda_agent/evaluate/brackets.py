@@ -75,12 +75,8 @@ class CandidateBrackets:
     @classmethod
     def open(cls, worker: Any, device: str, may_write: bool = True) -> "CandidateBrackets":
         bell = Bell()
-        # The timing thread's CPU time from the let-go is in the CPU bound on the CPU backend; on a GPU it is
-        # judged apart (its own bound: ``region_clock.judge``): its wake-ups' CPU time (0.06-0.09 ms, spread up to
-        # 0.06 ms on the H100) counted in the CPU bound spread it so that honest 0.17 ms regions (level1_12) were
-        # refused as unresolvable in 3 of 5 evaluations on 2026-11-28. Either way a candidate that launches its
-        # work on the written inputs at the let-go and spins until it is done (red team
-        # outputs-computed-at-the-let-go) is seen.
+        # The recorded ``cpu_ns`` counts from the let-go on the CPU backend (a record: what the region's time counts is
+        # ``region_clock.span_ms``'s, from the let-go on both backends).
         bell.cpu_from_let_go = device == "cpu"
         try:
             bell.hand_over(worker.send_fd)

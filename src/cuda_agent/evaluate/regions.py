@@ -141,11 +141,8 @@ class Bell:
     def __init__(self, chunked: bool = False) -> None:
         self.chunked = chunked  # each DONE is followed by the region's allocations (FDS datagrams)
         self.ready_chunked = False  # and each READY by those its inputs lie in (their values written before GO)
-        # The timing thread's CPU time counted from the let-go (read while the worker is still stopped), not from
-        # GO: what its code does with the written inputs before GO is part of the region's CPU bound. The CPU
-        # backend's: there the let-go is where a region's work could be done unbracketed (up to ``SETTLE_S``).
-        # Either way the let-go's own CPU time is kept (``Bracket.let_go_cpu_ns``): on a GPU it is judged on its
-        # own (``region_clock.judge``), so that its wake-ups do not spread the CPU bound of short regions.
+        # ``Bracket.cpu_ns`` counted from the let-go rather than GO (a record only: the region's time counts the
+        # timing thread from the let-go either way, ``Bracket.thread_cpu_ns``).
         self.cpu_from_let_go = False
         # From GO to DONE, the socket polled rather than slept on: on a GPU read from outside, the probe after DONE
         # sees only work still queued when it is launched, and the evaluator's wake-up on DONE was most of the time
@@ -199,9 +196,8 @@ class Bell:
             # regions and spread the no-op regions' wall time on a 2-core host (the brackets' limit 0.69-4.9 ms
             # against 0.39-0.42 ms let go first, cpu_swish; on the H100 2 of 4 honest 0.17 ms regions refused for
             # that spread). So it is let go first and GO waits until its timing thread is asleep again
-            # (``thread()``). That wait is the candidate's time outside the bracket (``Bracket.let_go_ns``, 0.06-0.1
-            # ms a region); counted in the bracket it varied so from one evaluation to the next (0.1 -> 0.9 ms on
-            # the 2-core host) that an honest one failed as ``clock``.
+            # (``thread()``). That wait (``Bracket.let_go_ns``, 0.06-0.1 ms a region) is the region's: its time by the
+            # evaluator's clock starts at the let-go (``region_clock.span_ms``).
             if before_go is not None:
                 before_go(region)
             let_go_ns = 0
@@ -228,17 +224,17 @@ class Bell:
                     at_done(region)
                 cpu_after, waited_after = thread()
                 cpu_from = let_go_cpu if let_go_cpu is not None and self.cpu_from_let_go else cpu_before
+                # The region's own account of its timing thread starts at the let-go where there is one.
+                cpu_start, waited_start = ((let_go_cpu, let_go_waited) if let_go_cpu is not None
+                                           else (cpu_before, waited_before))
                 bracket = Bracket(region, start, ready_ns, go_ns, done_ns, payload, waited_after - waited_before,
                                   cpu_after - cpu_from, looked_up=looked_up,
                                   new_chunks=len(chunks), chunks=chunks,
                                   let_go_ns=go_ns - let_go_ns if let_go_ns else 0,
                                   let_go_cpu_ns=cpu_before - let_go_cpu if let_go_cpu is not None else 0,
                                   let_go_waited_ns=waited_before - let_go_waited if let_go_waited is not None else 0,
-                                  thread_cpu_ns=cpu_after - (let_go_cpu if let_go_cpu is not None else cpu_before),
-                                  cpu_start_ns=let_go_cpu if let_go_cpu is not None else cpu_before,
-                                  thread_waited_ns=waited_after - (let_go_waited if let_go_waited is not None
-                                                                   else waited_before),
-                                  waited_start_ns=let_go_waited if let_go_waited is not None else waited_before)
+                                  thread_cpu_ns=cpu_after - cpu_start, cpu_start_ns=cpu_start,
+                                  thread_waited_ns=waited_after - waited_start, waited_start_ns=waited_start)
                 brackets.append(bracket)
                 held_from = time.time_ns()
                 if between is not None:
