@@ -82,6 +82,8 @@ def main() -> None:
                 "candidate_ms": (result.times.get("candidate") or {}).get("median_ms"),
                 "speedup_eager": result.speedup_eager, "regions": regions,
                 "quiet_us": result.timing.get("quiet_us"),  # the longest quiet probe (evaluate.quiet)
+                "attempts": result.attempts, "durations": result.durations,
+                "plans": result.timing.get("plans"), "rounds": (result.decision or {}).get("rounds"),
                 "device": result.environment.get("gpu") or platform.processor(),
                 "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             }

@@ -234,10 +234,10 @@ def test_the_cost_is_calibrated_without_run_queue_waits_and_a_region_is_wall_tim
     assert times([_bracket(3.05, waited_ms=1.0)], quiet, 0.0) == pytest.approx([3.0])
 
 
-def test_the_allowance_and_uncertainty_are_stated_and_refused_past_half_a_reward_line():
+def test_the_allowance_and_uncertainty_are_stated_and_the_allowance_refused_past_half_a_reward_line():
     """Every result states what the clock leaves unseen (the window before the GPU's probe) and how far its cost may
-    be off, as shares of a region; over ``allowance_max`` or ``uncertainty_max`` the evaluation is refused as an
-    error (no reward either way), never decided."""
+    be off, as shares of a region; over ``allowance_max`` the evaluation is refused as an error (no reward either
+    way), never decided. The uncertainty is left to the decision (``verdict.clock_settles``)."""
     def judged(cost):
         return SimpleNamespace(cost=cost, judge=lambda hold_us: judge([_bracket(2.2, after_us=20, blind_ms=0.05)] * 9,
                                                                       [2.0] * 9, cost, hold_us))
@@ -254,9 +254,36 @@ def test_the_allowance_and_uncertainty_are_stated_and_refused_past_half_a_reward
         Regions(judged(blind), 0.0, setup, SimpleNamespace(timing={})).check("profile", "")
     assert stopped.value.status == "error" and "allowance" in stopped.value.reason
     noisy = overhead([_bracket(0.05 + 0.1 * i) for i in range(9)], [0.0] * 9, 0.0)
-    with pytest.raises(Stop) as stopped:
-        Regions(judged(noisy), 0.0, setup, SimpleNamespace(timing={})).check("profile", "")
-    assert stopped.value.status == "error" and "uncertainty" in stopped.value.reason
+    result = SimpleNamespace(timing={})
+    assert Regions(judged(noisy), 0.0, setup, result).check("profile", "") == []
+    assert result.timing["regions"]["uncertainty"] > TimingConfig().uncertainty_max
+
+
+@pytest.mark.parametrize("share, eager, compiled, decided", [
+    (0.02, 1.04, 0.9, True),    # within uncertainty_max: decided, even beside a line
+    (0.08, 2.8, 0.7, True),     # far from every line: the reward is the same at both ends
+    (0.08, 1.03, 0.7, False),   # 1.03 / 0.92 is over the eager line: it could earn 2 or 1
+    (0.08, 2.8, 1.02, False),   # beside the compile line
+    (1.5, 9.0, 9.0, False),     # no end to the range
+])
+def test_an_uncertain_clock_refuses_only_a_reward_it_could_change(share, eager, compiled, decided):
+    from cuda_agent.evaluate.policy import Policy
+    from cuda_agent.evaluate.verdict import clock_settles
+
+    result = SimpleNamespace(timing={"regions": {"uncertainty": share}}, speedup_eager=eager,
+                             speedup_compile=compiled, notes=[])
+    setup = SimpleNamespace(timing=TimingConfig(), policy=Policy())
+    if decided:
+        clock_settles(setup, result)
+        assert bool(result.notes) == (share > TimingConfig().uncertainty_max)
+    else:
+        with pytest.raises(Stop) as stopped:
+            clock_settles(setup, result)
+        assert stopped.value.status == "error" and "uncertainty" in stopped.value.reason
+    continuous = SimpleNamespace(timing=TimingConfig(), policy=Policy(reward="speedup"))
+    if share > TimingConfig().uncertainty_max:
+        with pytest.raises(Stop):
+            clock_settles(continuous, result)
 
 
 def test_regions_are_sized_for_the_clock_for_every_side():

@@ -27,9 +27,9 @@ from cuda_agent.evaluate.regions import (
 )
 
 # No-op regions timed before the candidate's code loads. Their median is taken off every region, so its error is the
-# clock's uncertainty (``Overhead.error_ms``, 1/sqrt of the regions): with 9 counted, 2 of 13 honest evaluations on
-# the H200 were refused for an uncertainty of 4-12% of a region; a no-op region costs about 1 ms there.
-CALIBRATION_REGIONS = 27
+# clock's uncertainty (``Overhead.error_ms``, 1/sqrt of the regions). Their spread on a GPU is tens of us, so a
+# region that memory keeps short (two 2 GiB calls) needs many of them; a no-op region costs about 1 ms.
+CALIBRATION_REGIONS = 66
 # The first ones warm the path up and are left out of the brackets' cost: on a GPU the first region exports the
 # task's memory (tens of descriptors), and a freshly started process's first regions ran slower (the H100, its
 # first two evaluations: spread over 9 regions 0.09-0.23 ms against 0.01-0.03 ms later).

@@ -221,8 +221,9 @@ class TimingConfig:
     # cost may be off (``uncertainty``) are stated in every result as shares of the median region. Regions are
     # sized so that each is at most ``allowance_target`` and ``uncertainty_target`` and the calibration's spread at
     # most ``resolution_target`` of a region, up to ``region_max_ms``; an evaluation whose allowance is still over
-    # ``allowance_max`` (half the reward's 5% line) or whose uncertainty is over ``uncertainty_max`` is refused as an
-    # error (no reward: the host or GPU was too busy to time it; evaluate again).
+    # ``allowance_max`` (half the reward's 5% line) is refused as an error (no reward: the host or GPU was too busy
+    # to time it; evaluate again), and one whose uncertainty is over ``uncertainty_max`` where that could change its
+    # reward (``verdict.clock_settles``).
     brackets: bool = True
     allowance_target: float = 0.0125
     uncertainty_target: float = 0.0125

@@ -236,8 +236,10 @@ class Clock:
 class Regions:
     """The candidate's regions by the evaluator's clock (``region_clock.judge``), which its times are: stated in the
     result beside what its process reported, and refused (no reward either way) where what that clock leaves unseen
-    or uncertain is more than ``allowance_max`` or ``uncertainty_max`` of a region, which a candidate could not have
-    caused: the clock was calibrated before its code loaded, and the regions were sized for it."""
+    (its ``allowance``: work that runs and ends there is not timed) is more than ``allowance_max`` of a region. Its
+    ``uncertainty`` (how far the calibrated cost may be off) is judged with the speedups (``verdict.clock_settles``):
+    it refuses only a reward it could change. Neither is the candidate's doing: the clock was calibrated before its
+    code loaded, and the regions were sized for it."""
 
     def __init__(self, brackets: Any, hold_us: float | None, setup: Any, result: EvalResult):
         self.brackets, self.result = brackets, result
@@ -257,17 +259,14 @@ class Regions:
             return []
         self.verdict = verdict
         self.result.timing = self.result.timing | {"regions": verdict.to_dict() | {"overhead": self.brackets.cost.to_dict()}}
-        for what, share, limit, why in (
-                ("allowance", verdict.allowance, self.timing.allowance_max,
-                 "the window after each region's DONE that its probe of the GPU cannot see"),
-                ("uncertainty", verdict.uncertainty, self.timing.uncertainty_max,
-                 "how far the brackets' own cost, measured before the candidate's code loaded, may be off")):
-            if share > limit:
-                raise Stop("error", "profile", f"the evaluator's own clock cannot time these regions closely enough: "
-                           f"its {what} ({why}) is {share:.1%} of a {verdict.outside_ms:.3f} ms region (limit "
-                           f"{limit:.1%}, regions at most {self.timing.region_max_ms:g} ms); the host or GPU was busy "
-                           f"with other work: evaluate again when it is quieter")
+        if verdict.allowance > self.timing.allowance_max:
+            raise Stop("error", "profile", f"the evaluator's own clock cannot time these regions closely enough: its "
+                       f"allowance (the window after each region's DONE that its probe of the GPU cannot see) is "
+                       f"{verdict.allowance:.1%} of a {verdict.outside_ms:.3f} ms region (limit "
+                       f"{self.timing.allowance_max:.1%}, regions at most {self.timing.region_max_ms:g} ms); the host "
+                       f"or GPU was busy with other work: evaluate again when it is quieter")
         return []
+
 
 class Plausibility:
     """Results no honest kernel can reach: beyond the policy's speedup ceiling, or faster than writing
