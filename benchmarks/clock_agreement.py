@@ -24,6 +24,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from cuda_agent import Evaluator, load_candidate, load_task
+from cuda_agent.evaluate.policy import TimingConfig
 from cuda_agent.bench.solutions import task_of
 from cuda_agent.tasks import load_tasks
 
@@ -59,6 +60,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1,
                         help="evaluations of each solution, one after another (after the first, warm): how often an "
                              "honest one is refused or failed, not just whether it was once")
+    parser.add_argument("--region-memory-share", type=float, default=None,
+                        help="TimingConfig.region_memory_share: the share of the GPU's memory a region's calls may keep "
+                             "alive (longer regions for calls of gigabytes)")
     args = parser.parse_args()
 
     solutions = honest_solutions(args.device, args.kernelbench)
@@ -69,7 +73,9 @@ def main() -> None:
     cache = Path(tempfile.mkdtemp(prefix="cuda-agent-agreement-"))
     rows = []
     # No spare processes, no kept references: the largest tasks (6 GiB outputs) need the card to themselves.
-    with Evaluator(args.device, cache_dir=cache, time_compile=args.compile) as evaluator:
+    timing = TimingConfig() if args.region_memory_share is None else TimingConfig(
+        region_memory_share=args.region_memory_share)
+    with Evaluator(args.device, cache_dir=cache, time_compile=args.compile, timing=timing) as evaluator:
         candidates = {name: load_candidate(path) for name, _, path in solutions}
         with ThreadPoolExecutor(8) as pool:  # the builds in parallel, the evaluations one at a time
             builds = dict(zip(candidates, pool.map(evaluator.build, candidates.values())))
