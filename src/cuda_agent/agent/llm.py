@@ -193,7 +193,8 @@ class OpenAIChat:
         try:
             import openai
         except ImportError:
-            raise BackendError("the model backends need the `openai` package: pip install 'cuda-agent[llm]'") from None
+            from cuda_agent.paths import install_hint
+            raise BackendError(f"the model backends need the `openai` package: {install_hint('llm')}") from None
         # ``api_key`` is for keys that differ per caller in one process (verifiers' per-rollout token).
         key = api_key or os.environ.get(api_key_env)
         if not key:

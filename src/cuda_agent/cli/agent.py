@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from cuda_agent.cli.common import (_chat_backend, _memory_limit, _timeouts, add_device_option, add_memory_option,
-    add_policy_option, add_quiet_option, add_sandbox_option, add_timeout_option, say)
+    add_policy_option, add_quiet_option, add_sandbox_option, add_timeout_option, out_dir, say)
 from cuda_agent.evaluate import Evaluator, Policy, long_lived, resolve_device
 from cuda_agent.evaluate.device_lock import DeviceLock
 from cuda_agent.tasks import load_task
@@ -18,6 +18,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     from cuda_agent.agent.loop import AgentConfig
     from cuda_agent.agent.optimize import best_episode, optimize
 
+    out_dir(args.out, what="the episodes' trajectories and report are")
     task = load_task(args.task)
     device = resolve_device(args.device)
     backend = _chat_backend(args)

@@ -4,17 +4,20 @@ reports, and two runs side by side."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from pathlib import Path
 
-from cuda_agent.cli.common import (EXIT_CORRECT, EXIT_NO_VERDICT, EXIT_USAGE, _chat_backend, _continue, _memory_limit,
-    _plural, _retry, _timeouts, add_cache_option, add_device_option, add_level_option, add_memory_option,
-    add_policy_option, add_quiet_option, add_retries_option, add_sandbox_option, add_timeout_option, say)
+from cuda_agent.cli.common import (EXIT_CORRECT, EXIT_NO_VERDICT, EXIT_USAGE, StageProgress, _chat_backend, _continue,
+    _memory_limit, _plural, _retry, _timeouts, add_cache_option, add_device_option, add_level_option,
+    add_memory_option, add_policy_option, add_quiet_option, add_retries_option, add_sandbox_option,
+    add_timeout_option, add_verbose_option, clip, heartbeat, out_dir, say)
 from cuda_agent.evaluate import Policy, TimingConfig, resolve_device
 from cuda_agent.evaluate.result import BUSY_ADVICE
 from cuda_agent.tasks import load_tasks
 
+BEAT_S = 15.0  # how often bench says what is running while no entry finishes
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from cuda_agent.bench.baselines import read_table
@@ -25,6 +28,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     if (args.solutions is None) == (args.model is None):
         raise ValueError("give --solutions DIR (evaluate a solution set) or --model NAME (run the agent live).")
+    out_dir(args.out)
+    if args.baselines:
+        args.baselines = _baselines_table(args.baselines)
     tasks = load_tasks(args.source, levels=args.level)
     remote = None
     if args.remote:
@@ -46,6 +52,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
         say(f"{_plural(len(tasks), 'task')}; {len(solutions.by_task)} with solutions "
             f"({_plural(len(solutions.entries()), 'entry', 'entries')}); "
             f"{_plural(len(solutions.unmatched), 'entry', 'entries')} name no task" + (f": {unmatched}" if unmatched else ""))
+        if not solutions.entries():
+            raise ValueError(f"--solutions {args.solutions}: no entry names a task of {args.source} "
+                             f"({_plural(len(tasks), 'task')}"
+                             + (f", level {', '.join(map(str, args.level))}" if args.level else "")
+                             + "); an entry is named for its task's level and number: level1_19/ (model_new.py + "
+                               "kernels/), level_1_problem_19_sample_0_kernel.py or level1/19_ReLU.py"
+                             + (f" ({unmatched} name no task of it)" if unmatched else ""))
     cache_dir = args.cache_dir or cache_root()
     degenerate: list[str] = []
     if args.baselines:
@@ -54,31 +67,46 @@ def cmd_bench(args: argparse.Namespace) -> int:
         say(f"{_plural(seeded, 'baseline')} from {args.baselines} in the cache; {_plural(len(degenerate), 'task')} "
             "flagged degenerate")
     start = time.monotonic()
+    state = {"done": 0, "total": len(solutions.entries()) if args.model is None else len(tasks), "said": start}
+    # What the evaluations are doing, for the heartbeat; every stage's line with --verbose.
+    stages = StageProgress(verbose=args.verbose, silent=args.quiet or not args.verbose)
 
     def show(done: int, total: int, row: dict) -> None:
+        state.update(done=done, total=total, said=time.monotonic())
         if not args.quiet:
             speed = f", {row['speedup_compile']:.2f}x vs compile" if row.get("speedup_compile") else ""
-            reason = f" ({row['reason'][:100]})" if row.get("reason") else ""
+            reason = f" ({clip(row['reason'], 100)})" if row.get("reason") else ""
             say(f"[{time.monotonic() - start:6.0f}s {done}/{total}] {row['task']['name']} {row['entry']}: "
                 f"{row['status']}{speed}{reason}")
 
+    def still_running() -> str:
+        doing = "waiting on the service" if remote is not None else stages.last
+        return f"[{time.monotonic() - start:6.0f}s {state['done']}/{state['total']}] running: {doing}"
+
     options = {"policy": policy, "sandbox": args.sandbox, "cache_dir": cache_dir, "timeouts": _timeouts(args),
-               "memory_limit": _memory_limit(args), "retry": _retry(args)}
+               "memory_limit": _memory_limit(args), "retry": _retry(args), "on_stage": stages}
     if args.baselines:
         # The table's baselines stand (a run over all of KernelBench compiles and times none again); the
         # candidate alone is timed in rounds. Without a table, baselines are timed beside each candidate.
         options["timing"] = TimingConfig(baselines="cached")
     settings = {"device": device, "policy": policy.name, "degenerate": degenerate}
-    if args.model is None:
-        run_bench(args.out, tasks, solutions, device, gpus=args.gpus, evaluator_options=options, settings=settings,
-                  progress=show, evaluator=remote, concurrency=concurrency)
-    else:
-        from cuda_agent.agent.loop import AgentConfig
+    if not args.quiet:
+        work = (f"evaluating {_plural(state['total'], 'entry', 'entries')}" if args.model is None
+                else f"running the agent on {_plural(state['total'], 'task')}")
+        say(f"{work} on {device}" + (f" through {args.remote}" if remote is not None else "")
+            + f": a line as each finishes, and what is running every {BEAT_S:g} s until then")
+    with heartbeat(still_running, BEAT_S, lambda: state["said"]) if not args.quiet else contextlib.nullcontext():
+        if args.model is None:
+            run_bench(args.out, tasks, solutions, device, gpus=args.gpus, evaluator_options=options,
+                      settings=settings, progress=show, evaluator=remote, concurrency=concurrency)
+        else:
+            from cuda_agent.agent.loop import AgentConfig
 
-        config = AgentConfig(max_turns=args.max_turns)
-        run_agent_bench(args.out, tasks, backend, device, model=args.model, gpus=args.gpus, evaluator_options=options,
-                        config=config, sandbox=args.sandbox, settings=settings | {"max_turns": args.max_turns},
-                        progress=show, evaluator=remote, concurrency=concurrency)
+            config = AgentConfig(max_turns=args.max_turns)
+            run_agent_bench(args.out, tasks, backend, device, model=args.model, gpus=args.gpus,
+                            evaluator_options=options, config=config, sandbox=args.sandbox,
+                            settings=settings | {"max_turns": args.max_turns}, progress=show, evaluator=remote,
+                            concurrency=concurrency)
     write_report(args.out, exclude_degenerate=args.exclude_degenerate)
     print((args.out / "report.md").read_text().split("\n## ")[0])
     print(f"reports in {args.out}: report.md, metrics.json, levels.csv, per_task.csv, *.png", file=sys.stderr)
@@ -91,6 +119,24 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return EXIT_CORRECT
 
 
+def _baselines_table(path: Path) -> Path:
+    """``--baselines`` as the table file it names; a directory holding exactly one table stands for it."""
+    if path.is_dir():
+        tables = sorted(path.glob("*.jsonl"))
+        if len(tables) == 1:
+            say(f"--baselines {path}: the table in it, {tables[0].name}")
+            return tables[0]
+        held = f"holds {len(tables)} .jsonl tables ({', '.join(t.name for t in tables[:5])})" if tables else \
+            "holds no .jsonl table"
+        raise ValueError(f"--baselines {path} is a directory that {held}: give the table file itself, the one "
+                         "`cuda-agent baselines SOURCE --out TABLE.jsonl` wrote")
+    if not path.is_file():
+        raise ValueError(f"--baselines {path}: no such file; give the table `cuda-agent baselines SOURCE --out "
+                         "TABLE.jsonl` wrote on this machine, or leave --baselines out to time the baselines beside "
+                         "each candidate")
+    return path
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from cuda_agent.bench.report import write_report
 
@@ -99,9 +145,32 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _same_tasks(a: Path, b: Path, levels: list[int] | None, force: bool) -> None:
+    """Two runs are compared over one task set: runs that share no task are refused, and runs over different sets
+    unless ``force`` (each run's tasks alone then count as absent in the other)."""
+    from cuda_agent.bench.report import run_table
+
+    ka, kb = (set(run_table(run, levels).outcomes) for run in (a, b))
+    scope = f" of level {', '.join(map(str, levels))}" if levels else ""
+
+    def named(keys: set) -> str:
+        shown = ", ".join(f"level{level}/{number}" for level, number in sorted(keys)[:3])
+        return shown + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
+
+    if not ka & kb:
+        raise ValueError(f"{a} ({_plural(len(ka), 'task')}{scope}) and {b} ({_plural(len(kb), 'task')}) share no task, "
+                         "so there is nothing to compare: give two runs of `cuda-agent bench` over the same tasks")
+    if ka != kb and not force:
+        raise ValueError(f"{a} and {b} are runs over different task sets{scope}: {_plural(len(ka - kb), 'task')} only "
+                         f"in the first ({named(ka - kb) or 'none'}), {len(kb - ka)} only in the second "
+                         f"({named(kb - ka) or 'none'}). Compare runs over the same tasks (--level picks a common "
+                         "part), or give --force to compare anyway")
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     from cuda_agent.bench.report import compare_runs
 
+    _same_tasks(args.a, args.b, args.level, args.force)
     text = compare_runs(args.a, args.b, exclude_degenerate=args.exclude_degenerate, levels=args.level,
                         force=args.force)
     if args.out:
@@ -152,6 +221,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_memory_option(p)
     add_sandbox_option(p)
     add_retries_option(p)
+    add_verbose_option(p)
     p.set_defaults(func=cmd_bench, kept=_continue(lambda a: f"finished entries are in {a.out}/results.jsonl"))
 
     p = sub.add_parser("report", help="remake a benchmark run's reports and plots")
@@ -166,5 +236,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, default=None, help="also write the markdown here (default: print only)")
     add_level_option(p)
     p.add_argument("--exclude-degenerate", action="store_true", help="leave degenerate tasks out of the metrics")
-    p.add_argument("--force", action="store_true", help="compare even where a task's code differs between the runs")
+    p.add_argument("--force", action="store_true",
+                   help="compare even where the runs' task sets or a task's code differ (default: refused; runs that "
+                        "share no task are refused still)")
     p.set_defaults(func=cmd_compare)

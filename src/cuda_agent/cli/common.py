@@ -4,11 +4,14 @@ how their values are read."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
+import shutil
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from cuda_agent.agent.llm import BackendError
@@ -61,6 +64,116 @@ def _status_line(quiet: bool):
             say(f"[{time.monotonic() - start:6.1f}s] {stage:<9} {detail}")
 
     return show
+
+
+# What each stage of an evaluation does, in the words the default (not --verbose) progress uses.
+STAGE_WORDS = {
+    "build": "building the candidate's extension(s)",
+    "reference": "starting the task's reference process",
+    "load": "loading the candidate",
+    "verify": "checking its outputs against the task's",
+    "profile": "timing the candidate",
+    "baseline": "timing the baselines (eager, torch.compile)",
+    "counters": "profiling one call with Nsight Compute",
+}
+
+
+class StageProgress:
+    """The evaluator's stages (its ``on_stage``) as a person follows them, on stderr.
+
+    ``verbose``: every stage's line as the evaluator words it (each timing round, each check). Otherwise one
+    line as each stage is first reached, in plain words, and on a terminal that one line rewritten in place; a
+    retry and a toolchain probe that really builds are always said. ``silent``: nothing (``--json``)."""
+
+    def __init__(self, *, verbose: bool = False, silent: bool = False, stream=None) -> None:
+        self.verbose, self.silent = verbose, silent
+        self.stream = stream or sys.stderr
+        self.start = time.monotonic()
+        self.seen: set[str] = set()
+        self.rounds = 0
+        self.open_line = False  # a terminal line is held, to be rewritten or ended
+        self.last = "starting"  # what runs now, for a heartbeat (``Heartbeat``)
+
+    @property
+    def in_place(self) -> bool:
+        return not self.verbose and self.stream.isatty()
+
+    def __call__(self, stage: str, detail: str) -> None:
+        self.last = f"{stage}: {STAGE_WORDS.get(stage, detail)}"
+        if self.silent:
+            return
+        if self.verbose:
+            self._line(stage, detail)
+        elif stage == "retry" or detail.startswith("toolchain probe built"):
+            self._line(stage, detail)
+        elif stage == "profile" and detail.startswith("round "):
+            self.rounds += 1
+            if self.in_place:
+                self._line(stage, f"{STAGE_WORDS[stage]} (round {self.rounds})")
+        elif stage not in self.seen and stage in STAGE_WORDS:
+            self._line(stage, STAGE_WORDS[stage])
+        self.seen.add(stage)
+
+    def _line(self, stage: str, text: str) -> None:
+        line = f"[{time.monotonic() - self.start:6.1f}s] {stage:<9} {text}"
+        with _print_lock:
+            if self.in_place:
+                width = shutil.get_terminal_size().columns - 1
+                self.stream.write("\r\x1b[K" + line[:width])
+                self.open_line = True
+            else:
+                self.stream.write(line + "\n")
+            self.stream.flush()
+
+    def close(self) -> None:
+        """End a line held on a terminal, before the summary is printed."""
+        with _print_lock:
+            if self.open_line:
+                self.stream.write("\r\x1b[K")
+                self.stream.flush()
+                self.open_line = False
+
+
+def clip(text: str, width: int) -> str:
+    """``text`` on one line, cut at a word's end to at most ``width`` characters (`` ...`` marks the cut)."""
+    text = " ".join(text.split())
+    if len(text) <= width:
+        return text
+    cut = text[: width - 4].rsplit(" ", 1)[0] if " " in text[: width - 4] else text[: width - 4]
+    return cut.rstrip(",;:") + " ..."
+
+
+@contextlib.contextmanager
+def heartbeat(line: Callable[[], str], every_s: float, quiet_since: Callable[[], float]):
+    """While the block runs, ``line()`` every ``every_s`` seconds in which nothing else was said
+    (``quiet_since()``: when the last line was): a long first evaluation is not a silent minute."""
+    done = threading.Event()
+
+    def beat() -> None:
+        while not done.wait(every_s):
+            if time.monotonic() - quiet_since() >= every_s:
+                say(line())
+
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+
+
+def out_dir(path: Path, flag: str = "--out", what: str = "a run directory") -> Path:
+    """``path`` as a directory a command writes, refused at once where it is a file (mkdir would say
+    only ``[Errno 17] File exists``)."""
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{flag} {path} is a file, and {what} is written there: give a new directory, or one "
+                         "an earlier run of the command wrote, to continue it")
+    return path
+
+
+def add_verbose_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="every stage's detail (each check, each timing round) instead of one line a stage")
 
 
 def exit_status(status: str | None) -> int:

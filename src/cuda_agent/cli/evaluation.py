@@ -9,11 +9,12 @@ import threading
 
 from cuda_agent.build import build, compile_only
 from cuda_agent.candidates import Candidate, load_candidate
-from cuda_agent.cli.common import (EXIT_CODES, GIB, USER_ERRORS, _memory_limit, _plural, _retry, _status_line,
-    _timeouts, add_cache_option, add_device_option, add_memory_option, add_policy_option, add_retries_option,
-    add_sandbox_option, add_timeout_option, exit_status, say)
+from cuda_agent.cli.common import (EXIT_CODES, GIB, USER_ERRORS, StageProgress, _memory_limit, _plural, _retry,
+    _status_line, _timeouts, add_cache_option, add_device_option, add_memory_option, add_policy_option,
+    add_retries_option, add_sandbox_option, add_timeout_option, add_verbose_option, exit_status, say)
 from cuda_agent.evaluate import Evaluator, Policy, TimingConfig, resolve_device
 from cuda_agent.evaluate.counters import times_of, unavailable
+from cuda_agent.evaluate.counters_run import find_ncu
 from cuda_agent.evaluate.evaluator import default_memory_limit
 from cuda_agent.evaluate.result import BUSY, BUSY_ADVICE, EvalResult
 from cuda_agent.paths import EXAMPLES
@@ -24,6 +25,7 @@ REMOTE_PROGRESS_S = 5.0  # how often `eval --remote` says what the service is do
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    progress = StageProgress(verbose=args.verbose, silent=args.json)
     try:
         task = load_task(args.task)
         candidate = load_candidate(args.candidate)
@@ -39,9 +41,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
             time_compile=not args.no_compile,
             timeouts=_timeouts(args),
             memory_limit=_memory_limit(args),
-            on_stage=_status_line(args.json),
+            on_stage=progress,
             retry=_retry(args),
         )
+        if args.counters:
+            _check_counters(evaluator, remote=bool(args.remote))
     except USER_ERRORS as exc:
         if args.json:
             # Scripts reading --json get a record for every run, one that never started included.
@@ -54,6 +58,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             result = evaluator.evaluate(task, candidate)
     else:
         result = evaluator.evaluate(task, candidate)
+    progress.close()
     report = None
     if args.counters:
         report = (evaluator.counters(task, candidate, times_of(result)) if result.status == "correct"
@@ -71,6 +76,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
         say(f"cuda-agent: no verdict{tries}: " + (BUSY_ADVICE if result.no_verdict_kind == BUSY else
                                                   f"the task or the evaluator failed, not the candidate ({result.reason})"))
     return exit_status(result.status)
+
+
+def _check_counters(evaluator, *, remote: bool) -> None:
+    """``--counters`` refused before the evaluation, not after it, where nothing here can profile."""
+    if evaluator.device != "cuda":
+        raise ValueError("--counters profiles one call with Nsight Compute, which needs an NVIDIA GPU, and this "
+                         f"evaluation runs on the {evaluator.device.upper()}: drop --counters, or evaluate on a GPU "
+                         "(--device cuda)")
+    if not remote and find_ncu() is None:
+        raise ValueError("--counters needs Nsight Compute (ncu), which was not found: it ships with the CUDA toolkit "
+                         "(CUDA_HOME/bin/ncu); put it on PATH or set CUDA_AGENT_NCU, or drop --counters")
 
 
 @contextlib.contextmanager
@@ -185,7 +201,7 @@ def cmd_example(args: argparse.Namespace) -> int:
         task=str(root / "model.py"), candidate=str(root / "solution"), device=device, policy="fair",
         checks=None, atol=None, rtol=None, reward=None, timing="auto", cache_dir=args.cache_dir,
         no_compile=False, json=args.json, sandbox=args.sandbox, timeout=args.timeout, remote=None, counters=False,
-        memory_limit=args.memory_limit, retries=args.retries,
+        memory_limit=args.memory_limit, retries=args.retries, verbose=args.verbose,
     )
     return cmd_eval(ns)
 
@@ -221,6 +237,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_memory_option(p)
     add_sandbox_option(p)
     add_retries_option(p)
+    add_verbose_option(p)
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("compile", help="compile-only check of a candidate's sources (no GPU needed); warms the "
@@ -247,4 +264,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_memory_option(p)
     add_sandbox_option(p)
     add_retries_option(p)
+    add_verbose_option(p)
     p.set_defaults(func=cmd_example)

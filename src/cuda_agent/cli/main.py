@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import signal
 import sys
 import threading
+from pathlib import Path
 
 from cuda_agent.cli import agent, bench, evaluation, serve, tasks, train
 from cuda_agent.cli.common import EXIT_USAGE, USER_ERRORS
@@ -82,8 +84,44 @@ def _interruptible(args: argparse.Namespace) -> dict[int, object] | None:
     return {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
 
 
+def command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The parser of the (sub)command ``args`` were parsed for: ``train ppo``'s, not the top level's."""
+    found = parser
+    while True:
+        action = next((a for a in found._actions if isinstance(a, argparse._SubParsersAction)), None)
+        name = getattr(args, action.dest, None) if action is not None else None
+        if name not in (action.choices if action is not None else {}):
+            return found
+        found = action.choices[name]
+
+
+def path_error(exc: OSError, args: argparse.Namespace, parser: argparse.ArgumentParser) -> str:
+    """An error on a path the user gave, said with the option that gave it and what it needs: the system's
+    words (``[Errno 17] File exists: 'run'``) name neither."""
+    if not exc.filename:
+        return str(exc)
+    failed = Path(exc.filename)
+    for action in parser._actions:
+        value = getattr(args, action.dest, None)
+        if not isinstance(value, Path) or not (failed == value or value in failed.parents):
+            continue
+        name = action.option_strings[0] if action.option_strings else action.metavar or action.dest
+        flag = f"{name} {value}"
+        if exc.errno in (errno.EEXIST, errno.ENOTDIR):
+            return f"{flag}: {failed} is a file where a directory is needed; give a directory (a new one, or one the " \
+                   "command wrote before)"
+        if exc.errno == errno.EISDIR:
+            return f"{flag} is a directory where a file is needed; give a file's path"
+        return f"{flag}: {exc.strerror or exc}"
+    return str(exc)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        # The subcommand's usage, not the top level's: it lists the options that exist where the user typed.
+        command_parser(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
     previous = _interruptible(args)
     try:
         return args.func(args)
@@ -93,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
             # Python would complain again flushing stdout at exit; point it at /dev/null.
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return 0
-        print(f"cuda-agent: error: {exc}", file=sys.stderr)
+        message = path_error(exc, args, command_parser(parser, args)) if isinstance(exc, OSError) else str(exc)
+        print(f"cuda-agent: error: {message}", file=sys.stderr)
         return EXIT_USAGE
     finally:
         # main() is called in-process by tests and scripts: leave their handlers as they were.

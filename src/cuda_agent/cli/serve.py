@@ -90,7 +90,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "processes per GPU)")
     p.add_argument("--ray", default=None, metavar="ADDRESS",
                    help="run the slots as Ray actors on the cluster at ADDRESS ('local' starts one here; needs "
-                        "cuda-agent[ray]; default: local processes)")
+                        "the [ray] extra, pip install -e '.[ray]'; default: local processes)")
     add_policy_option(p)
     p.add_argument("--queue-size", type=int, default=64,
                    help="jobs that may wait (default 64); past it clients are told to retry")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from cuda_agent.cli.common import (TASKS_HELP, _chat_backend, _continue, _kernelbench_default, _memory_limit, _plural,
     _timeouts, add_cache_option, add_device_option, add_level_option, add_memory_option, add_policy_option,
-    add_quiet_option, add_sandbox_option, add_timeout_option, say)
+    add_quiet_option, add_sandbox_option, add_timeout_option, out_dir, say)
 from cuda_agent.evaluate import Evaluator, Policy, resolve_device
 from cuda_agent.tasks import load_tasks
 
@@ -44,6 +44,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
     from cuda_agent.synth.catalog import default_catalog
     from cuda_agent.synth.pipeline import SynthConfig, synthesize
 
+    out_dir(args.out, what="the task set is")
     device = resolve_device(args.device)
     kernelbench = None if args.no_decontaminate else (args.kernelbench or _kernelbench_default())
     if kernelbench is None and not args.no_decontaminate:
@@ -147,7 +148,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=int, default=2, help="parallel screening processes (default 2)")
     p.add_argument("--ray", default=None, metavar="ADDRESS",
                    help="screen on a Ray cluster ('auto', ray://HOST:PORT, or 'local'; default: local processes); "
-                        "pip install 'cuda-agent[ray]'")
+                        "needs the [ray] extra, pip install -e '.[ray]'")
     p.add_argument("--seed", type=int, default=0, help="composition seed (default 0; a rerun resumes only with the same)")
     p.add_argument("--window-ms", type=float, nargs=2, metavar=("LOW", "HIGH"),
                    help="eager runtime window (default: 1 100 on cuda, as the paper; 0.2 200 on cpu)")

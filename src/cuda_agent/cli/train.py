@@ -7,13 +7,16 @@ import json
 import os
 from pathlib import Path
 
-from cuda_agent.cli.common import EXIT_NO_VERDICT, _continue, add_device_option, add_quiet_option, say
+from cuda_agent.cli.common import EXIT_NO_VERDICT, _continue, add_device_option, add_quiet_option, out_dir, say
 from cuda_agent.evaluate import resolve_device
+from cuda_agent.paths import install_hint
 
 
 def cmd_train_demo(args: argparse.Namespace) -> int:
     from cuda_agent.train.demo import DemoConfig, NoVerdictStep, run_demo
 
+    out_dir(args.out)
+    require_train_extra("train demo")
     device = resolve_device(args.device)
     config = DemoConfig(device=device, batch=args.batch, seed=args.seed)
     try:
@@ -29,6 +32,20 @@ def cmd_train_demo(args: argparse.Namespace) -> int:
           f"(fast answered {rows[-1]['answers'].get('fast', 0):.0%}); the candidates' rewards: {rewards}; "
           f"{args.out / 'metrics.jsonl'}, {args.out / 'curves.png'}, {args.out / 'rewards.png'}")
     return 0
+
+
+def require_train_extra(command: str) -> None:
+    """Training's models and configs come from the [train] extra: said before anything starts, not as a
+    traceback from deep inside the first step."""
+    missing = []
+    for module in ("transformers", "yaml"):
+        try:
+            __import__(module)
+        except ImportError:
+            missing.append("pyyaml" if module == "yaml" else module)
+    if missing:
+        raise ValueError(f"`cuda-agent {command}` needs {' and '.join(missing)}, from the [train] extra: "
+                         f"{install_hint('train')}")
 
 
 def cmd_train_verl(args: argparse.Namespace) -> int:
@@ -55,12 +72,14 @@ def cmd_train_stage(args: argparse.Namespace) -> int:
     from cuda_agent.train.config import check_models, load_config
     from cuda_agent.train.distributed import leave_group
 
+    out_dir(args.out)
     if args.engine == "verl":
         return cmd_train_verl(args)
     if args.overrides or args.dry_run:
         raise ValueError("--set and --dry-run are for --engine verl; our stages read everything from --config.")
     if args.config is None:
         raise ValueError(f"`train {args.stage}` needs --config FILE (examples/train/ has one per stage).")
+    require_train_extra(f"train {args.stage}")
     config = load_config(args.config, args.stage)
     check_models(config, args.config)
     report = print if os.environ.get("RANK", "0") == "0" else (lambda *a, **k: None)  # torchrun: rank 0 reports
@@ -121,8 +140,8 @@ def register(sub: argparse._SubParsersAction) -> None:
             q.add_argument("--single-turn", action="store_true",
                            help="stage 1: the model writes the whole solution in one reply, no tools")
         q.add_argument("--engine", choices=("ours", "verl"), default="ours",
-                       help="ours (default: one node, torchrun + FSDP2) or verl (clusters: pip install "
-                            "'cuda-agent[verl]'; ppo and rft)")
+                       help="ours (default: one node, torchrun + FSDP2) or verl (clusters; ppo and rft; "
+                            "needs the [verl] extra, pip install -e '.[verl]')")
         q.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                        help="--engine verl: a hydra override for verl's trainer (repeatable, default none), e.g. "
                             "trainer.nnodes=4")

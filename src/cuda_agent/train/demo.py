@@ -205,7 +205,8 @@ def run_demo(out: Path, device: str = "cpu", steps: int = 40, config: DemoConfig
         try:
             plot_metrics(out)
         except ImportError:
-            say("no plots: matplotlib is not installed (pip install 'cuda-agent[train]')")
+            from cuda_agent.paths import install_hint
+            say(f"no plots: matplotlib is not installed ({install_hint('train')})")
     return rows
 
 
