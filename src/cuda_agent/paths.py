@@ -6,6 +6,9 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+__all__ = ["cache_root", "PACKAGE_ROOT", "EXAMPLES", "CHECKOUT", "install_hint", "PASSED_ENV", "PASSED_ENV_PREFIXES",
+           "passed_env", "compiler_env", "worker_env", "read_text"]
+
 
 def cache_root() -> Path:
     """``$CUDA_AGENT_CACHE``, else ``$XDG_CACHE_HOME/cuda-agent``, else ``~/.cache/cuda-agent``."""

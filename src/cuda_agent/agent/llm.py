@@ -22,6 +22,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
+__all__ = ["ToolCall", "Usage", "Reply", "ChatBackend", "BackendError", "assistant_message", "tool_message",
+           "HERMES_TOOLS_PROMPT", "parse_hermes", "hermes_messages", "OpenAIChat"]
+
 
 @dataclass
 class ToolCall:
