@@ -11,7 +11,7 @@ from pathlib import Path
 
 from cuda_agent.cli.common import (TASKS_HELP, _chat_backend, _continue, _kernelbench_default, _memory_limit, _plural,
     _timeouts, add_cache_option, add_device_option, add_level_option, add_memory_option, add_policy_option,
-    add_quiet_option, add_sandbox_option, add_timeout_option, out_dir, say)
+    add_quiet_option, add_sandbox_option, add_timeout_option, clip, out_dir, say)
 from cuda_agent.evaluate import Evaluator, Policy, resolve_device
 from cuda_agent.tasks import load_tasks
 
@@ -96,7 +96,7 @@ def cmd_baselines(args: argparse.Namespace) -> int:
         if args.quiet:
             return
         if "error" in row:
-            state = f"ERROR {row['error'][:120]}"
+            state = f"ERROR {clip(row['error'], 120)}"
         else:
             compiled = f"{row['compile_ms']:.4g} ms" if row.get("compile_ms") else "failed"
             state = (f"eager {row['eager_ms']:.4g} ms, compile {compiled}"
