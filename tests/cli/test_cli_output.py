@@ -213,3 +213,22 @@ def test_missing_extras_are_named_as_the_readme_installs(tmp_path, capsys, examp
     # Installed from the package index (no checkout around the package): the index's spelling.
     monkeypatch.setattr(paths, "CHECKOUT", tmp_path)
     assert paths.install_hint("llm") == "pip install 'cuda-agent[llm]'"
+
+
+def test_on_a_terminal_progress_is_one_line_rewritten_in_place():
+    import io
+
+    from cuda_agent.cli.common import StageProgress
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    screen = Terminal()
+    progress = StageProgress(stream=screen)
+    for stage, detail in STAGES:
+        progress(stage, detail)
+    progress.close()
+    text = screen.getvalue()
+    assert "\n" not in text and text.endswith("\r\x1b[K")  # nothing left on the line for the summary
+    assert "timing the candidate (round 24)" in text and "151797993" not in text

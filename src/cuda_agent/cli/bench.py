@@ -19,6 +19,7 @@ from cuda_agent.tasks import load_tasks
 
 BEAT_S = 15.0  # how often bench says what is running while no entry finishes
 
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from cuda_agent.bench.baselines import read_table
     from cuda_agent.bench.report import write_report
@@ -124,7 +125,7 @@ def _baselines_table(path: Path) -> Path:
     if path.is_dir():
         tables = sorted(path.glob("*.jsonl"))
         if len(tables) == 1:
-            say(f"--baselines {path}: the table in it, {tables[0].name}")
+            say(f"--baselines {path}: reading the table in it, {tables[0].name}")
             return tables[0]
         held = f"holds {len(tables)} .jsonl tables ({', '.join(t.name for t in tables[:5])})" if tables else \
             "holds no .jsonl table"

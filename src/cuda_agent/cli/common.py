@@ -87,12 +87,16 @@ class StageProgress:
 
     def __init__(self, *, verbose: bool = False, silent: bool = False, stream=None) -> None:
         self.verbose, self.silent = verbose, silent
-        self.stream = stream or sys.stderr
+        self._stream = stream
         self.start = time.monotonic()
         self.seen: set[str] = set()
         self.rounds = 0
         self.open_line = False  # a terminal line is held, to be rewritten or ended
-        self.last = "starting"  # what runs now, for a heartbeat (``Heartbeat``)
+        self.last = "starting"  # what runs now, for a heartbeat (``heartbeat``)
+
+    @property
+    def stream(self):
+        return self._stream or sys.stderr  # looked up when written, as say() does
 
     @property
     def in_place(self) -> bool:
