@@ -1,6 +1,7 @@
 """What the red-team suites share: a case as code (``Case``, for the GPU file's cases, built on the CUDA
-example), the candidate made from one, the C++ and Python pieces the GPU cases are assembled from, and the bar a
-case that moves its work where its own clock cannot see it must meet (``gains_nothing``).
+example), the candidate made from one, the C++ and Python pieces the GPU cases are assembled from (files in
+``pieces/``), and the bar a case that moves its work where its own clock cannot see it must meet
+(``gains_nothing``).
 
 The CPU cases are folders (``cases/``, see its README): their files are the candidate, as written out from these
 pieces; the GPU file (``test_redteam_gpu.py``) still assembles its cases here."""
