@@ -8,6 +8,42 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 KERNELBENCH = Path(os.environ.get("KERNELBENCH_DATA", ROOT.parent / "shared" / "data" / "kernelbench"))
+# Markers that keep a test out of the fast tier: it needs a GPU, takes long, or starts evaluation processes.
+NOT_FAST = ("gpu", "slow", "evaluates")
+# The processes of an evaluation (the candidate's and the reference's) and of a synth screening.
+EVALUATION_PROCESSES = ("cuda_agent.evaluate.worker", "cuda_agent.synth.screen")
+
+
+def pytest_collection_modifyitems(config, items):
+    """The fast tier (``pytest -m fast``, CI's first step): every test that is not gpu, slow or evaluates."""
+    for item in items:
+        if not any(item.get_closest_marker(name) for name in NOT_FAST):
+            item.add_marker(pytest.mark.fast)
+
+
+@pytest.fixture(autouse=True)
+def fast_tests_start_no_evaluation(request, monkeypatch):
+    """A fast test that starts an evaluation (or screening) process fails, saying how to mark it: what the tier
+    promises holds as tests are added, not by a list kept by hand."""
+    if request.node.get_closest_marker("fast") is None:
+        yield
+        return
+    from cuda_agent.sandbox.process import WorkerProcess
+
+    started: list[str] = []
+    start = WorkerProcess.__post_init__
+
+    def refuse(self) -> None:
+        if not any(str(part) in EVALUATION_PROCESSES for part in self.argv):
+            return start(self)  # a worker of the sandbox's own tests
+        started.append(" ".join(map(str, self.argv[1:6])))
+        raise RuntimeError("the fast tier starts no evaluation process")
+
+    monkeypatch.setattr(WorkerProcess, "__post_init__", refuse)
+    yield
+    if started:
+        pytest.fail(f"this test starts evaluation processes ({started[0]}), which the fast tier (-m fast) does not: "
+                    "mark it @pytest.mark.evaluates (or slow)", pytrace=False)
 
 
 @pytest.fixture(scope="session")

@@ -15,6 +15,7 @@ from cuda_agent.evaluate import Evaluator
 from cuda_agent.evaluate.retry import RetryPolicy
 from cuda_agent.train.single_turn import FAILURE_REWARD
 
+pytestmark = pytest.mark.evaluates
 BUSY = 2  # processes beside the evaluations: as many as this CI host has cores
 
 

@@ -85,8 +85,8 @@ def test_device_cuda_without_a_gpu_fails_at_once(command, tmp_path, capsys, exam
 def test_compile_backend_auto_picks_what_this_machine_and_candidate_need(capsys, examples, monkeypatch):
     import torch
 
-    from cuda_agent import cli
     from cuda_agent.build import BuildResult
+    from cuda_agent.cli import evaluation as cli
 
     used = []
     # The choice and what is said about it are tested here; the compilers in tests/build.
@@ -191,7 +191,8 @@ def test_optimize_exits_non_zero_when_every_episode_ends_on_a_backend_error(tmp_
 
 
 def test_timeout_bounds_the_stages_a_candidate_runs_in():
-    from cuda_agent.cli import _timeouts, build_parser
+    from cuda_agent.cli import build_parser
+    from cuda_agent.cli.common import _timeouts
     from cuda_agent.evaluate import Timeouts
 
     for command in (["eval", "t.py", "c/"], ["bench", "kb.jsonl", "--out", "r", "--solutions", "s"],
@@ -245,12 +246,12 @@ def test_train_stages_on_verl_print_the_command_they_run(tmp_path, capsys):
 def test_example_gives_eval_every_option_eval_reads(monkeypatch):
     """`cuda-agent example` (the README's quick start) builds eval's arguments itself: one eval gains
     must be there too (eval --remote once broke it)."""
-    import cuda_agent.cli as cli
+    from cuda_agent.cli import build_parser, evaluation
 
     seen = {}
-    monkeypatch.setattr(cli, "cmd_eval", lambda ns: seen.update(vars(ns)) or 0)
+    monkeypatch.setattr(evaluation, "cmd_eval", lambda ns: seen.update(vars(ns)) or 0)
     assert main(["example", "--device", "cpu"]) == 0
-    wanted = set(vars(cli.build_parser().parse_args(["eval", "task.py", "candidate"]))) - {"func", "command"}
+    wanted = set(vars(build_parser().parse_args(["eval", "task.py", "candidate"]))) - {"func", "command"}
     assert wanted <= set(seen), wanted - set(seen)
 
 
@@ -309,8 +310,8 @@ def test_example_lists_the_examples_and_offers_no_other(capsys):
 def test_compile_for_cuda_says_when_torch_is_a_cpu_build(capsys, examples, monkeypatch):
     import torch
 
-    from cuda_agent import cli
     from cuda_agent.build import BuildResult
+    from cuda_agent.cli import evaluation as cli
 
     missing = "torch/include/c10/cuda/CUDAMacros.h:9:10: error: c10/cuda/impl/cuda_cmake_macros.h: No such file"
     monkeypatch.setattr(cli, "compile_only", lambda *a, **k: BuildResult(False, "cuda", "k", error=missing))

@@ -6,6 +6,9 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+__all__ = ["cache_root", "PACKAGE_ROOT", "EXAMPLES", "CHECKOUT", "install_hint", "PASSED_ENV", "PASSED_ENV_PREFIXES",
+           "passed_env", "compiler_env", "worker_env", "read_text"]
+
 
 def cache_root() -> Path:
     """``$CUDA_AGENT_CACHE``, else ``$XDG_CACHE_HOME/cuda-agent``, else ``~/.cache/cuda-agent``."""
@@ -21,6 +24,16 @@ def cache_root() -> Path:
 # sandboxed workers are given it as a readable path.
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"  # the repository's bundled examples
+CHECKOUT = Path(__file__).resolve().parents[2]  # the repository, where the package runs from a checkout
+
+
+def install_hint(extra: str) -> str:
+    """The command that adds an optional extra (pyproject's ``[project.optional-dependencies]``) to this
+    installation: from a checkout, as the README installs, ``pip install -e '.[extra]'`` in it; else from the
+    package index."""
+    if (CHECKOUT / "pyproject.toml").is_file():
+        return f"pip install -e '.[{extra}]' (in {CHECKOUT})"
+    return f"pip install 'cuda-agent[{extra}]'"
 
 
 # The only variables of the evaluator's environment that reach a sandboxed process (a worker, a compiler,

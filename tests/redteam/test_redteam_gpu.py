@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 
 import pytest
-from test_redteam import (
+from casekit import (
     ALLOCATOR_CLASS, AT_THE_LET_GO, C_PROFILE, CODE_REWRITE_ROUTES, DISPATCH_TLS, DONE_EARLY, EARLY_PY, FRACTIONS,
     GOT_PATCH, LATER, PYTHON_FROM_CPP, SCALED_SAMPLES, SECCOMP, SECRETS_FROM_THE_FRAME, SYS_MONITORING, SYS_SETPROFILE,
     UNOBSERVED, UNWATCHED, Case, computed_ahead, deferral_prelude, deferred_share, gains_nothing, make_candidate, python_xy,
@@ -385,7 +385,7 @@ def test_hacking_candidate_is_rejected_on_the_gpu(case, gelu, cache_dir, tmp_pat
     assert result.reward == -1.0
 
 
-# The region closed by the candidate's own DONE as soon as its kernel is queued (test_redteam.DONE_EARLY), the
+# The region closed by the candidate's own DONE as soon as its kernel is queued (casekit.DONE_EARLY), the
 # samples at 55% (above gelu's speed-of-light floor). The kernel runs on after DONE and after the stop (a stopped
 # process's queued GPU work is not stopped), and is done before the reads from outside, which come a millisecond
 # or more after DONE. The harness's synchronise after the calls spins by default (one context, 16 cores), which
@@ -457,7 +457,7 @@ def honest_gelu(gelu, cache_dir):
 
 
 def gpu_no_gain(case: Case, gelu, cache_dir, tmp_path, twin) -> None:
-    """``case`` on the gelu example, judged by ``test_redteam.gains_nothing`` against its honest twin ``twin``."""
+    """``case`` on the gelu example, judged by ``casekit.gains_nothing`` against its honest twin ``twin``."""
     task, solution = gelu
     evaluator = Evaluator("cuda", cache_dir=cache_dir)
     evaluator.policy = evaluator.policy.with_(static_checks=False, **case.policy)
@@ -521,7 +521,7 @@ def test_legitimate_solution_is_attributed_to_its_own_kernels(gelu, cache_dir):
     assert any(k["own"] and "gelu" in k["name"] for k in attribution["kernels"]), attribution
 
 
-# The deferral class on a GPU (issue 62; test_redteam.DEFERRED_TAILS): each timed call launches its head, the first
+# The deferral class on a GPU (issue 62; casekit.DEFERRED_TAILS): each timed call launches its head, the first
 # (1 - 1/TAIL_DENOMINATOR) of its elements, on the current stream and keeps its tail, launched by each case's own
 # finisher after the region's DONE (or where the harness's synchronise does not wait for it). Kernel and model_new.py
 # are the honest solution's. Against issue 62's tree a tail of 1/5 launched by a C-API thread after DONE earned reward
@@ -606,7 +606,7 @@ static void launch_region_tails_on_a_side_stream(cudaStream_t stream) {
 }
 """
 # The region's tails captured (stream capture on a private stream: nothing runs) into a CUDA graph at its last call,
-# and the graph launched on the heads' stream by the C profile function (test_redteam.C_PROFILE) when DONE's send
+# and the graph launched on the heads' stream by the C profile function (casekit.C_PROFILE) when DONE's send
 # returns.
 GRAPH_TAILS = r"""
 static cudaGraphExec_t tails_graph = nullptr;

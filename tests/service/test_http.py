@@ -179,9 +179,10 @@ def test_a_busy_port_is_named_with_the_remedy(served):
 
 def test_remote_eval_shows_progress_while_the_service_works(served, examples, capsys, monkeypatch):
     from cuda_agent import cli
+    from cuda_agent.cli import evaluation
 
     url, _service, gate = served
-    monkeypatch.setattr(cli, "REMOTE_PROGRESS_S", 0.2)
+    monkeypatch.setattr(evaluation, "REMOTE_PROGRESS_S", 0.2)
     gate.clear()  # the slot holds the job until released
     threading.Timer(1.5, gate.set).start()
     cli.main(["eval", str(examples / "cpu_swish" / "model.py"), str(examples / "cpu_swish" / "solution"),

@@ -22,6 +22,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
+__all__ = ["ToolCall", "Usage", "Reply", "ChatBackend", "BackendError", "assistant_message", "tool_message",
+           "HERMES_TOOLS_PROMPT", "parse_hermes", "hermes_messages", "OpenAIChat"]
+
 
 @dataclass
 class ToolCall:
@@ -193,7 +196,8 @@ class OpenAIChat:
         try:
             import openai
         except ImportError:
-            raise BackendError("the model backends need the `openai` package: pip install 'cuda-agent[llm]'") from None
+            from cuda_agent.paths import install_hint
+            raise BackendError(f"the model backends need the `openai` package: {install_hint('llm')}") from None
         # ``api_key`` is for keys that differ per caller in one process (verifiers' per-rollout token).
         key = api_key or os.environ.get(api_key_env)
         if not key:

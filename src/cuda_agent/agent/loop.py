@@ -26,6 +26,8 @@ from cuda_agent.agent.session import SYSTEM_PROMPT, AgentConfig, EpisodeSession 
 from cuda_agent.agent.tokens import token_trace
 from cuda_agent.tasks.task import Task
 
+__all__ = ["TRAJECTORY_FORMAT", "CHARS_PER_TOKEN", "Episode", "fit_to_budget", "run_episode", "save_solution"]
+
 TRAJECTORY_FORMAT = 1
 CHARS_PER_TOKEN = 4.0  # until the server's usage tells the real ratio
 

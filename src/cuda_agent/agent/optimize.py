@@ -22,6 +22,8 @@ from cuda_agent.agent.llm import ChatBackend
 from cuda_agent.agent.loop import AgentConfig, Episode, run_episode, save_solution
 from cuda_agent.tasks.task import Task
 
+__all__ = ["optimize", "best_episode", "write_outputs"]
+
 
 def optimize(task: Task, make_backend: Callable[[], ChatBackend], out: Path, evaluator: EvaluatorLike, *,
              episodes: int = 1, config: AgentConfig | None = None, model: str = "", sandbox: Any = "auto",

@@ -16,6 +16,8 @@ from typing import Any
 
 from cuda_agent.jsonl import read_jsonl
 
+__all__ = ["read_trajectories", "render_text", "render_html"]
+
 
 def read_trajectories(path: Path) -> list[dict[str, Any]]:
     path = Path(path)

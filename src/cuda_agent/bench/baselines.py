@@ -27,6 +27,9 @@ from cuda_agent.evaluate.interface import EvaluatorLike
 from cuda_agent.jsonl import read_jsonl
 from cuda_agent.tasks.task import Task, TaskError
 
+__all__ = ["TABLE_FORMAT", "task_key", "read_table", "incomplete", "to_measure", "measure_baselines", "load_published",
+           "spearman", "compare_published", "PUBLISHED_FILES", "render_table_report"]
+
 TABLE_FORMAT = 1
 
 

@@ -23,6 +23,9 @@ from typing import Any
 from cuda_agent.bench.metrics import THRESHOLDS, TaskOutcome, best_of, fast_p, metrics
 from cuda_agent.bench.run import read_results, read_run
 
+__all__ = ["RATE_COLUMNS", "paper_table", "RunTable", "run_table", "write_report", "render_markdown", "plot_run",
+           "different_code", "compare_runs"]
+
 RATE_COLUMNS = (("pass_rate", "pass"), ("faster_eager@1", "> eager"), ("faster_compile@1", "> compile"),
                 ("faster_compile@1.05", "> compile +5%"), ("geomean_eager", "x eager"), ("geomean_compile", "x compile"))
 

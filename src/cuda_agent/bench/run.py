@@ -32,6 +32,9 @@ from cuda_agent.evaluate.policy import Policy
 from cuda_agent.jsonl import read_jsonl
 from cuda_agent.tasks.task import Task
 
+__all__ = ["RUN_FORMAT", "results_path", "read_results", "read_run", "seed_baselines", "start_run", "run_bench",
+           "without_verdict", "drop_errors", "AGENT_FINAL", "run_agent_bench"]
+
 RUN_FORMAT = 1
 
 

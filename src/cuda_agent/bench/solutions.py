@@ -22,6 +22,8 @@ from pathlib import Path
 
 from cuda_agent.tasks.task import Task
 
+__all__ = ["SolutionSet", "task_of", "candidate_entries", "find_solutions"]
+
 _FLAT = (re.compile(r"^level_?(\d+)_problem_?(\d+)(?:_|\.|$)"), re.compile(r"^level_?(\d+)_(\d+)(?:_|\.|$)"))
 _LEVEL = re.compile(r"^level_?(\d+)$")
 _PROBLEM = re.compile(r"^(\d+)(?:_|\.|$)")

@@ -38,7 +38,8 @@ try:
     from openenv.core.env_server.types import Action, Observation, State
     from pydantic import Field
 except ImportError as exc:  # pragma: no cover - the message is the point
-    raise ImportError(f"the OpenEnv adapter needs openenv ({exc}): pip install 'cuda-agent[openenv]'") from exc
+    from cuda_agent.paths import install_hint
+    raise ImportError(f"the OpenEnv adapter needs openenv ({exc}): {install_hint('openenv')}") from exc
 
 from cuda_agent.agent.session import AgentConfig
 from cuda_agent.integrations.core import EvaluatorOptions, ToolEpisode, score_completion, single_turn_messages

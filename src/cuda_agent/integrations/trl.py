@@ -33,7 +33,8 @@ from typing import Any, Iterable, Sequence
 try:
     import datasets
 except ImportError as exc:  # pragma: no cover - the message is the point
-    raise ImportError(f"the TRL adapter needs trl and datasets ({exc}): pip install 'cuda-agent[trl]'") from exc
+    from cuda_agent.paths import install_hint
+    raise ImportError(f"the TRL adapter needs trl and datasets ({exc}): {install_hint('trl')}") from exc
 
 from cuda_agent.agent.session import SYSTEM_PROMPT, AgentConfig
 import logging

@@ -42,7 +42,8 @@ from typing import Any, ClassVar, Iterator
 try:
     import verifiers.v1 as vf
 except ImportError as exc:  # pragma: no cover - the message is the point
-    raise ImportError(f"the verifiers adapter needs verifiers 0.4 ({exc}): pip install 'cuda-agent[verifiers]' "
+    from cuda_agent.paths import install_hint
+    raise ImportError(f"the verifiers adapter needs verifiers 0.4 ({exc}): {install_hint('verifiers')} "
                       "(it cannot share an environment with openenv 0.10: verifiers pins mcp 2)") from exc
 
 from cuda_agent.agent.llm import OpenAIChat

@@ -156,7 +156,8 @@ def ray_service(address: str = "local", device: str = "cuda", *, slots: int | No
     try:
         import ray
     except ImportError:
-        raise ValueError("--ray needs Ray: pip install 'cuda-agent[ray]' (or drop --ray for the local service).") from None
+        from cuda_agent.paths import install_hint
+        raise ValueError(f"--ray needs Ray: {install_hint('ray')} (or drop --ray for the local service).") from None
     if device not in ("cpu", "cuda"):
         raise ValueError(f"a Ray service needs --device cpu or cuda (the cluster's, not this machine's), got {device!r}")
     if not ray.is_initialized():

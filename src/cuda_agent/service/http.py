@@ -26,6 +26,8 @@ from typing import Any
 from cuda_agent.service.messages import TOKEN_ENV, Job, Reply, ServiceError
 from cuda_agent.service.pool import EvalService
 
+__all__ = ["MAX_BODY", "is_loopback", "make_server"]
+
 MAX_BODY = 64 * 1024 * 1024  # a job carries sources, never tensors
 
 

@@ -17,6 +17,9 @@ from cuda_agent.candidates import Candidate, check_candidate
 from cuda_agent.candidates.candidate import MAX_EXTENSIONS, MAX_SOURCE_BYTES, Extension
 from cuda_agent.tasks import Task
 
+__all__ = ["TOKEN_ENV", "OPS", "ERROR_KINDS", "task_to_wire", "MAX_NAME_CHARS", "task_from_wire", "candidate_to_wire",
+           "candidate_from_wire", "Job", "Reply", "ServiceError"]
+
 # The bearer token a service bound beyond the loopback requires (``serve --token`` or this variable) and its
 # clients send (``RemoteEvaluator(token=...)`` or this variable). Never passed to a sandboxed process
 # (``paths.PASSED_ENV``).

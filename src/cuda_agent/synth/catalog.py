@@ -25,6 +25,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
+__all__ = ["CATALOG_FORMAT", "PROBE_SHAPES", "TRANSFORMERS_FAMILIES", "Param", "Operator", "Catalog", "default_catalog",
+           "build_catalog", "crawl_torch", "crawl_transformers", "probe"]
+
 CATALOG_FORMAT = 1
 PROBE_SHAPES = {1: (64,), 2: (4, 32), 3: (2, 8, 24), 4: (2, 8, 12, 12), 5: (2, 8, 6, 6, 6)}
 

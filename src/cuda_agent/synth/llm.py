@@ -95,7 +95,8 @@ class LLMComposer:
         try:
             from openai import OpenAI
         except ImportError:
-            raise ValueError("the LLM composer needs the `openai` package: pip install 'cuda-agent[llm]'.") from None
+            from cuda_agent.paths import install_hint
+            raise ValueError(f"the LLM composer needs the `openai` package: {install_hint('llm')}.") from None
         self.catalog = catalog
         self.seed = seed
         self.model = model

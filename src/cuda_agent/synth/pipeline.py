@@ -50,6 +50,9 @@ from cuda_agent.synth.compose import ComposeError, Program, SizeProfile, rescale
 from cuda_agent.synth.decontaminate import THRESHOLD, Decontaminator
 from cuda_agent.tasks.task import TaskError, check_task_source
 
+__all__ = ["FILTERS", "WINDOWS_MS", "RUN_FILE", "CANDIDATES_FILE", "TASKS_FILE", "Composer", "SynthConfig", "Outcome",
+           "Screener", "verdict", "Synthesis", "task_row", "load_references", "make_composer", "synthesize"]
+
 FILTERS = ("parse", "decontaminated", "runs", "deterministic", "not_degenerate", "runtime_window", "compiles", "unique")
 WINDOWS_MS = {"cuda": (1.0, 100.0), "cpu": (0.2, 200.0)}  # cuda: the paper's window; cpu: for CI and laptops
 RUN_FILE = "run.json"

@@ -74,7 +74,8 @@ def ray_screeners(config: SynthConfig) -> list[RayScreener]:
     try:
         import ray
     except ImportError:
-        raise ValueError("--ray needs Ray: pip install 'cuda-agent[ray]' (or drop --ray for the local pool).") from None
+        from cuda_agent.paths import install_hint
+        raise ValueError(f"--ray needs Ray: {install_hint('ray')} (or drop --ray for the local pool).") from None
     if not ray.is_initialized():
         ray.init(address=None if config.ray == "local" else config.ray, log_to_driver=False,
                  include_dashboard=False)

@@ -158,9 +158,10 @@ def load_hf_dataset(name: str, split: str | None = None) -> list[Task]:
     try:
         import datasets  # type: ignore[import-not-found]
     except ImportError:
+        from cuda_agent.paths import install_hint
         raise TaskError(
             f"{name}: loading a Hugging Face dataset needs the `datasets` package; "
-            "install it with `pip install 'cuda-agent[data]'`."
+            f"install it with `{install_hint('data')}`."
         ) from None
     try:
         loaded = datasets.load_dataset(name, split=split)
@@ -229,8 +230,9 @@ def _read_rows(path: Path) -> Iterator[dict[str, Any]]:
         try:
             import pyarrow.parquet as pq
         except ImportError:
+            from cuda_agent.paths import install_hint
             raise TaskError(
-                f"{path}: reading parquet needs `pyarrow`; install it with `pip install 'cuda-agent[data]'`."
+                f"{path}: reading parquet needs `pyarrow`; install it with `{install_hint('data')}`."
             ) from None
         yield from pq.read_table(path).to_pylist()
         return

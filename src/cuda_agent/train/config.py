@@ -26,6 +26,10 @@ from typing import Any
 
 from cuda_agent.train.ppo import PPOConfig
 
+__all__ = ["STAGES", "PRECISIONS", "ConfigError", "ModelConfig", "TaskSource", "RolloutConfig", "EvaluatorConfig",
+           "DataConfig", "SFTConfig", "ValueConfig", "StageConfig", "REQUIRED", "parse_config", "load_config",
+           "check_models"]
+
 STAGES = ("ppo", "collect", "rft", "value")
 PRECISIONS = ("auto", "bf16", "fp32")
 

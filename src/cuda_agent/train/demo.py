@@ -45,6 +45,9 @@ from cuda_agent.train.ppo import PPOConfig, PPOTrainer
 from cuda_agent.train.rollout import Rollout, RolloutBatch
 from cuda_agent.train.run import RunDir, plot_metrics, write_atomic
 
+__all__ = ["EXAMPLE", "PROMPT", "FILLER", "DemoConfig", "menu_forwards", "prepare_menu", "make_tokenizer", "make_actor",
+           "NoVerdictStep", "MenuRewards", "run_demo"]
+
 # The example per device, the call its solution makes, and torch's own version of it.
 EXAMPLE = {
     "cpu": ("cpu_swish", "cuda_extension.scaled_swish(x, self.scale)", "self.scale * (x * torch.sigmoid(x))"),
@@ -205,7 +208,8 @@ def run_demo(out: Path, device: str = "cpu", steps: int = 40, config: DemoConfig
         try:
             plot_metrics(out)
         except ImportError:
-            say("no plots: matplotlib is not installed (pip install 'cuda-agent[train]')")
+            from cuda_agent.paths import install_hint
+            say(f"no plots: matplotlib is not installed ({install_hint('train')})")
     return rows
 
 

@@ -28,6 +28,9 @@ import torch
 
 from cuda_agent.train.rollout import RolloutBatch
 
+__all__ = ["Dist", "init_distributed", "leave_group", "shard", "full_state_dict", "full_optimizer_state",
+           "load_optimizer_state", "SavedModel", "SavedOptimizer", "pad_rows"]
+
 
 @dataclass(frozen=True)
 class Dist:

@@ -21,7 +21,8 @@ def _transformers() -> Any:
     try:
         import transformers
     except ImportError as exc:  # pragma: no cover - the extra is installed in CI
-        raise ImportError("training needs transformers: pip install 'cuda-agent[train]'") from exc
+        from cuda_agent.paths import install_hint
+        raise ImportError(f"training needs transformers: {install_hint('train')}") from exc
     return transformers
 
 

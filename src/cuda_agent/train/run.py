@@ -25,6 +25,8 @@ import torch
 
 from cuda_agent.jsonl import append_jsonl, read_jsonl
 
+__all__ = ["RunError", "RunDir", "write_atomic", "PLOTTED", "plot_metrics"]
+
 
 class RunError(ValueError):
     """A run directory that cannot be resumed as asked."""

@@ -280,7 +280,8 @@ def _plot(out: Path, say: Say) -> None:
     try:
         plot_metrics(out)
     except ImportError:
-        say("no plots: matplotlib is not installed (pip install 'cuda-agent[train]')")
+        from cuda_agent.paths import install_hint
+        say(f"no plots: matplotlib is not installed ({install_hint('train')})")
 
 
 # ----------------------------------------------------------------------------- stage 1 and 3: PPO

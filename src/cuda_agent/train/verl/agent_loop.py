@@ -47,7 +47,8 @@ try:
     from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
     from omegaconf import OmegaConf  # verl's own configuration library
 except ImportError as exc:  # pragma: no cover - the message is the point
-    raise ImportError(f"the verl agent loop needs verl ({exc}): pip install 'cuda-agent[verl]'") from exc
+    from cuda_agent.paths import install_hint
+    raise ImportError(f"the verl agent loop needs verl ({exc}): {install_hint('verl')}") from exc
 
 from cuda_agent.agent.llm import BackendError
 from cuda_agent.agent.tokens import TokenOutput

@@ -62,7 +62,8 @@ def tasks_to_parquet(source: str | Path, out_path: str | Path, *, levels: Iterab
         import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError:
-        raise ImportError("writing verl's parquet needs pyarrow: pip install 'cuda-agent[verl]'") from None
+        from cuda_agent.paths import install_hint
+        raise ImportError(f"writing verl's parquet needs pyarrow: {install_hint('verl')}") from None
     tasks = load_tasks(source, levels)
     rows = [task_row(task, i, agent_name=agent_name, data_source=data_source, split=split)
             for i, task in enumerate(tasks)]

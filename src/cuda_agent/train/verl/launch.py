@@ -48,6 +48,8 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+__all__ = ["CONFIGS", "STAGES", "AGENT_LOOPS", "AGENT_LOOP_KEY", "OUT_KEY", "default_config", "verl_command"]
+
 CONFIGS = Path(__file__).resolve().parent / "configs"
 # stage -> (its packaged config, the verl module that runs it)
 STAGES = {

