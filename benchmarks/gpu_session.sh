@@ -38,13 +38,13 @@
 #   bash benchmarks/gpu_session.sh region_cost # a warm evaluation's steps by wall clock (SPEED_EXAMPLES, EVALUATIONS,
 #                                            # PAUSE_POLLS: the stop's poll in ms, in turn)
 #   bash benchmarks/gpu_session.sh eval_profile # one evaluation's requests as a timeline (PROFILE_SOLUTIONS=level1_20 ...)
-#   bash benchmarks/gpu_session.sh verify_costs # one check's steps outside the evaluator (benchmarks/verify_costs.py)
+#   bash benchmarks/gpu_session.sh verify_costs # one check's steps outside the evaluator (experiments/verify_costs.py)
 #   bash benchmarks/gpu_session.sh profile   # eval_speed under cProfile, this tree and a carried .data/prev/src
 #   bash benchmarks/gpu_session.sh excess    # each evaluation's brackets against their limit, this tree and carried
 #                                            # ones in turn (EXCESS_TREES="alt this": .data/alt/src, then src;
 #                                            # "this+pause": every worker stop delayed 35 ms, as it took before)
 #   bash benchmarks/gpu_session.sh compile_noise # torch.compile's baseline: within a process, over time, fresh
-#                                            # compilations (benchmarks/compile_noise_probe.py)
+#                                            # compilations (experiments/compile_noise_probe.py)
 #   bash benchmarks/gpu_session.sh drift     # candidate timing over successive evaluations, with the clocks
 #   bash benchmarks/gpu_session.sh precision # precision calibration (~1 min)
 #   bash benchmarks/gpu_session.sh bench     # all three (over the device tool's 10-minute limit per call)
@@ -169,12 +169,12 @@ fastapi.__version__, 'uvicorn', uvicorn.__version__, 'pyarrow', pyarrow.__versio
 vs_release)
     # Side by side with the CUDA Agent release's scripts (carry .data/ca_release/agent_workdir: a copy of
     # the release's agent_workdir/, e.g. `git archive HEAD agent_workdir` of its repository).
-    python3 benchmarks/vs_release.py --release .data/ca_release/agent_workdir --repeats ${VS_REPEATS:-10} \
+    python3 experiments/vs_release.py --release .data/ca_release/agent_workdir --repeats ${VS_REPEATS:-10} \
         --out "$OUT/vs_release.jsonl" "$@" 2>&1 | tee "$OUT/vs_release.log" | tail -12
     ;;
 issue13)
     python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_gpu_timing.py 2>&1 | tee "$OUT/timing_tests.log" | tail -3
-    python3 benchmarks/vs_release.py --release .data/ca_release/agent_workdir --repeats ${VS_REPEATS:-10} --gap 3 \
+    python3 experiments/vs_release.py --release .data/ca_release/agent_workdir --repeats ${VS_REPEATS:-10} --gap 3 \
         --no-cold --release-for axpby cuda_gelu --out "$OUT/vs_release.jsonl" "$@" 2>&1 | tee "$OUT/vs_release.log" \
         | grep -v '^{'
     ;;
@@ -242,15 +242,15 @@ agreement)
     ;;
 clock_rate)
     # Issue 31: do the host's clocks (the brackets' CLOCK_REALTIME) and the GPU's event timer run at one rate? (~15 s)
-    python3 benchmarks/probes/clock_rate_probe.py --out "$OUT/clock_rate.json" "$@" 2>&1 | tee "$OUT/clock_rate.log"
+    python3 experiments/probes/clock_rate_probe.py --out "$OUT/clock_rate.json" "$@" 2>&1 | tee "$OUT/clock_rate.log"
     ;;
 quiet)
     # Issue 31: can a process tell from outside that another process's context runs GPU work (time-slicing)?
-    python3 benchmarks/probes/gpu_quiet_probe.py ${QUIET_MODES:-} 2>&1 | tee "$OUT/gpu_quiet_probe.log"
+    python3 experiments/probes/gpu_quiet_probe.py ${QUIET_MODES:-} 2>&1 | tee "$OUT/gpu_quiet_probe.log"
     ;;
 vmm)
     # Issue 31: can another sandboxed process read a candidate's GPU output (VMM descriptors, legacy IPC)?
-    python3 benchmarks/probes/vmm_share_probe.py 2>&1 | tee "$OUT/vmm_share_probe.log"
+    python3 experiments/probes/vmm_share_probe.py 2>&1 | tee "$OUT/vmm_share_probe.log"
     ;;
 legit)
     # The legitimate solutions alone (KernelBench's and the examples): false positives, and whether the largest
@@ -264,7 +264,7 @@ legit)
 integrity_reads)
     # The random in-round integrity read's cost: seconds per evaluation and the candidate's measured time.
     # DEFENCE=rerun: the timed call run again bit for bit instead.
-    python3 benchmarks/integrity_reads.py --device cuda --examples ${SPEED_EXAMPLES:-cuda_gelu cuda_row_softmax} \
+    python3 experiments/integrity_reads.py --device cuda --examples ${SPEED_EXAMPLES:-cuda_gelu cuda_row_softmax} \
         --defence ${DEFENCE:-read} --repeats ${VS_REPEATS:-5} --out "$OUT/defence_${DEFENCE:-read}.json" 2>&1 \
         | tee "$OUT/defence_${DEFENCE:-read}.log" | tail -8
     ;;
@@ -396,19 +396,19 @@ overhead)
     done
     ;;
 region_cost)
-    # Where a warm re-evaluation's seconds go, by wall clock around each step (benchmarks/probes/region_cost_probe.py),
+    # Where a warm re-evaluation's seconds go, by wall clock around each step (experiments/probes/region_cost_probe.py),
     # the candidate's stops polled every 1 ms and every 0.1 ms in turn.
-    python3 benchmarks/probes/region_cost_probe.py --device cuda --kernelbench .data/kernelbench/kernelbench.jsonl \
+    python3 experiments/probes/region_cost_probe.py --device cuda --kernelbench .data/kernelbench/kernelbench.jsonl \
         --examples ${SPEED_EXAMPLES:-cuda_gelu} --evaluations ${EVALUATIONS:-7} --pause-poll-ms ${PAUSE_POLLS:-1 0.1} \
         --out "$OUT/region_cost.jsonl" "$@" 2>&1 | tee "$OUT/region_cost.log" | grep -v "^USDT"
     ;;
 verify_costs)
-    # The steps of one check outside the evaluator (benchmarks/verify_costs.py), with the reference's default
+    # The steps of one check outside the evaluator (experiments/verify_costs.py), with the reference's default
     # allocator and with the candidate's (expandable segments).
     solutions=${PROFILE_SOLUTIONS:-level1_20 level1_5 level1_22 level1_23}
-    python3 benchmarks/verify_costs.py --kernelbench .data/kernelbench/kernelbench.jsonl $solutions \
+    python3 experiments/verify_costs.py --kernelbench .data/kernelbench/kernelbench.jsonl $solutions \
         --out "$OUT/verify_costs.json" 2>&1 | tee "$OUT/verify_costs.log"
-    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 benchmarks/verify_costs.py \
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 experiments/verify_costs.py \
         --kernelbench .data/kernelbench/kernelbench.jsonl $solutions --out "$OUT/verify_costs_expandable.json" 2>&1 \
         | tee "$OUT/verify_costs_expandable.log"
     ;;
@@ -436,14 +436,14 @@ profile)
     done
     ;;
 excess)
-    # Each evaluation's region brackets against their limit (benchmarks/probes/region_excess_probe.py), for this
+    # Each evaluation's region brackets against their limit (experiments/probes/region_excess_probe.py), for this
     # tree and carried ones (EXCESS_TREES: "this" or the name of a carried .data/NAME/src), in turn.
     # "this+pause" / "this+resume": this tree with every worker stop (or resume) delayed (the probe's --delay).
     # EXCESS_ARGS go to the probe (e.g. "--outside-inputs all").
     for label in ${EXCESS_TREES:-this}; do
         tree=${label%%+*}; delay=(); [ "$tree" = "$label" ] || delay=(--delay "${label#*+}")
         path=$PWD/src; [ "$tree" = this ] || path=$PWD/.data/$tree/src
-        PYTHONPATH=$path python3 benchmarks/probes/region_excess_probe.py --examples ${SPEED_EXAMPLES:-cuda_gelu} \
+        PYTHONPATH=$path python3 experiments/probes/region_excess_probe.py --examples ${SPEED_EXAMPLES:-cuda_gelu} \
             --kernelbench .data/kernelbench/kernelbench.jsonl "${delay[@]}" \
             --evaluations ${EXCESS_EVALUATIONS:-6} --label "$label" --out "$OUT/region_excess.jsonl" ${EXCESS_ARGS:-} 2>&1 \
             | grep -v "^USDT\|UserWarning\|_warn_once" | tee -a "$OUT/region_excess.log"
@@ -451,16 +451,16 @@ excess)
     ;;
 compile_noise)
     # torch.compile's baseline measured again and again: one process, with gaps, fresh compilations.
-    python3 benchmarks/compile_noise_probe.py --out "$OUT/compile_noise.jsonl" "$@" 2>&1 \
+    python3 experiments/compile_noise_probe.py --out "$OUT/compile_noise.jsonl" "$@" 2>&1 \
         | tee "$OUT/compile_noise.log" | grep -v '^{' | tail -20
     ;;
 stability)
-    # The end of the timed region, variant by variant (benchmarks/timing_stability.py).
-    python3 benchmarks/timing_stability.py --examples ${SPEED_EXAMPLES:-cuda_gelu cuda_row_softmax} \
+    # The end of the timed region, variant by variant (experiments/timing_stability.py).
+    python3 experiments/timing_stability.py --examples ${SPEED_EXAMPLES:-cuda_gelu cuda_row_softmax} \
         --repeats ${VS_REPEATS:-6} --out "$OUT/stability.jsonl" "$@" 2>&1 | tee "$OUT/stability.log" | grep -v "^ "
     ;;
 drift)
-    python3 benchmarks/timing_drift.py --examples ${SPEED_EXAMPLES:-cuda_gelu cuda_row_softmax} \
+    python3 experiments/timing_drift.py --examples ${SPEED_EXAMPLES:-cuda_gelu cuda_row_softmax} \
         --evaluations ${DRIFT_EVALUATIONS:-6} --out "$OUT/drift" 2>&1 | tee "$OUT/drift.log" | tail -4
     ;;
 synth)

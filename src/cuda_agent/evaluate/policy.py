@@ -188,11 +188,11 @@ class TimingConfig:
     # Microseconds the GPU is kept busy before the start event, so the host has enqueued the
     # region's launches when it starts: the host's time to reach the GPU (a compiled module's
     # guards, Python dispatch) moves by tens of us from one process to the next, and left in the
-    # region it moved whole evaluations by 2-5% (benchmarks/timing_stability.py). 0: off.
+    # region it moved whole evaluations by 2-5% (experiments/timing_stability.py). 0: off.
     hold_us: float = 200.0
     # torch.compile's guards and launcher take 110-520 us a call on the H200's host, more than hold_us:
     # the GPU then waits for the host inside the region, which made compile's time move by up to 19%
-    # between evaluations while eager's stayed within 0.1% (benchmarks/compile_slow_probe.py).
+    # between evaluations while eager's stayed within 0.1% (experiments/compile_slow_probe.py).
     # "first-call" (the default) grows eager's and compile's holds to cover their first call's
     # enqueue (timing.HostLaunch): the first call of a region is the only one a stream of calls waits
     # for when the host enqueues faster than the GPU runs; a launch-bound side (host over twice its GPU
@@ -210,7 +210,7 @@ class TimingConfig:
     # scatter, plus clock_harness_share of the harness's own time (the empty round). The last is wide
     # because the empty round runs in the reference process: measured on the H200, a legitimate
     # candidate's process spent -10 to +7 ms per round more than the reference's 11-28 ms (0-10 of
-    # ~50 ms on the CPU backend), for reasons not yet found (benchmarks/clock_probe.py).
+    # ~50 ms on the CPU backend), for reasons not yet found (experiments/clock_probe.py).
     clock_slack: float = 0.1
     clock_trial_us: float = 50.0
     clock_noise: float = 3.0

@@ -5,7 +5,7 @@ queued, in any context: a kernel in a second context of its own (the harness's s
 primary one only) would slow the baselines or start on a region's inputs as soon as they are written. Without
 MPS the GPU never runs two contexts' kernels at once; it time-slices between them (about 2 ms a slice on the
 H100), so a one-element kernel launched by the reference process waits while another context has work:
-``probe_us`` measures that wait. On the H100 (benchmarks/probes/gpu_quiet_probe.py, 2026-11-27) it was 16-23 us
+``probe_us`` measures that wait. On the H100 (experiments/probes/gpu_quiet_probe.py, 2026-11-27) it was 16-23 us
 with the other context idle (median of 40; at most 0.45 ms, the host's doing), and 2.1-2.4 ms (median; the least
 of 40 0.36 ms) while the other context ran a one-block spin kernel, short kernels back to back, or held a stream
 waiting on memory nobody wrote, the same with its process stopped. So the median of a few probes says whether

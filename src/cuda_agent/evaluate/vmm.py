@@ -7,7 +7,7 @@ descriptor (``Exporter``, ``cuMemExportToShareableHandle``), after the region's 
 The evaluator relays the descriptors of the allocations that hold the positions it drew to the reference
 process (SCM_RIGHTS), which maps them read-only and reads those positions twice, apart, while the
 candidate's processes are stopped (``Importer``). Legacy CUDA IPC handles cannot do this: they need one
-PID namespace, and each sandbox has its own (measured: ``benchmarks/probes/vmm_share_probe.py``).
+PID namespace, and each sandbox has its own (measured: ``experiments/probes/vmm_share_probe.py``).
 
 Every driver entry point is bound when the object is made: the exporter before any candidate code loads.
 """
