@@ -1,7 +1,7 @@
 """The agent's model backends: one chat request per turn, tool calls in and out.
 
 Any OpenAI-compatible chat-completions endpoint works (vLLM, SGLang, hosted APIs), through the
-``openai`` SDK (``pip install 'cuda-agent[llm]'``). Tool calls travel in one of two formats:
+``openai`` SDK (``pip install -e '.[llm]'``). Tool calls travel in one of two formats:
 
 - ``"native"``: the request's ``tools=`` and the reply's ``tool_calls`` (hosted APIs, or vLLM and
   SGLang served with a tool-call parser);
@@ -193,7 +193,7 @@ class OpenAIChat:
         try:
             import openai
         except ImportError:
-            raise BackendError("the model backends need the `openai` package: pip install 'cuda-agent[llm]'") from None
+            raise BackendError("the model backends need the `openai` package: pip install -e '.[llm]'") from None
         # ``api_key`` is for keys that differ per caller in one process (verifiers' per-rollout token).
         key = api_key or os.environ.get(api_key_env)
         if not key:

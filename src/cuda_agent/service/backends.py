@@ -1,5 +1,5 @@
 """Where the service's slots live: in this process (``local_service``) or in Ray actors
-(``ray_service``, ``pip install 'cuda-agent[ray]'``). Both return the same ``EvalService``.
+(``ray_service``, ``pip install -e '.[ray]'``). Both return the same ``EvalService``.
 
 One slot per GPU by default, each an ``Evaluator(prestart=True)`` that owns its GPU: on a cluster an
 actor asks Ray for a whole GPU (``num_gpus=1``), so the pool's GPUs are never shared with training.
@@ -156,7 +156,7 @@ def ray_service(address: str = "local", device: str = "cuda", *, slots: int | No
     try:
         import ray
     except ImportError:
-        raise ValueError("--ray needs Ray: pip install 'cuda-agent[ray]' (or drop --ray for the local service).") from None
+        raise ValueError("--ray needs Ray: pip install -e '.[ray]' (or drop --ray for the local service).") from None
     if device not in ("cpu", "cuda"):
         raise ValueError(f"a Ray service needs --device cpu or cuda (the cluster's, not this machine's), got {device!r}")
     if not ray.is_initialized():

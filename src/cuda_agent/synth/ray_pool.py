@@ -1,4 +1,4 @@
-"""Screening on a Ray cluster (``pip install 'cuda-agent[ray]'``, ``cuda-agent synth --ray ADDRESS``).
+"""Screening on a Ray cluster (``pip install -e '.[ray]'``, ``cuda-agent synth --ray ADDRESS``).
 
 One actor per worker slot, each owning a sandboxed screening process on its
 node, behind the same three calls as a local ``Screener``. Composition, the
@@ -74,7 +74,7 @@ def ray_screeners(config: SynthConfig) -> list[RayScreener]:
     try:
         import ray
     except ImportError:
-        raise ValueError("--ray needs Ray: pip install 'cuda-agent[ray]' (or drop --ray for the local pool).") from None
+        raise ValueError("--ray needs Ray: pip install -e '.[ray]' (or drop --ray for the local pool).") from None
     if not ray.is_initialized():
         ray.init(address=None if config.ray == "local" else config.ray, log_to_driver=False,
                  include_dashboard=False)

@@ -160,7 +160,7 @@ def load_hf_dataset(name: str, split: str | None = None) -> list[Task]:
     except ImportError:
         raise TaskError(
             f"{name}: loading a Hugging Face dataset needs the `datasets` package; "
-            "install it with `pip install 'cuda-agent[data]'`."
+            "install it with `pip install -e '.[data]'`."
         ) from None
     try:
         loaded = datasets.load_dataset(name, split=split)
@@ -230,7 +230,7 @@ def _read_rows(path: Path) -> Iterator[dict[str, Any]]:
             import pyarrow.parquet as pq
         except ImportError:
             raise TaskError(
-                f"{path}: reading parquet needs `pyarrow`; install it with `pip install 'cuda-agent[data]'`."
+                f"{path}: reading parquet needs `pyarrow`; install it with `pip install -e '.[data]'`."
             ) from None
         yield from pq.read_table(path).to_pylist()
         return

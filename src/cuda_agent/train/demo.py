@@ -205,7 +205,7 @@ def run_demo(out: Path, device: str = "cpu", steps: int = 40, config: DemoConfig
         try:
             plot_metrics(out)
         except ImportError:
-            say("no plots: matplotlib is not installed (pip install 'cuda-agent[train]')")
+            say("no plots: matplotlib is not installed (pip install -e '.[train]')")
     return rows
 
 

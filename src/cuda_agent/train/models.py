@@ -21,7 +21,7 @@ def _transformers() -> Any:
     try:
         import transformers
     except ImportError as exc:  # pragma: no cover - the extra is installed in CI
-        raise ImportError("training needs transformers: pip install 'cuda-agent[train]'") from exc
+        raise ImportError("training needs transformers: pip install -e '.[train]'") from exc
     return transformers
 
 

@@ -280,7 +280,7 @@ def _plot(out: Path, say: Say) -> None:
     try:
         plot_metrics(out)
     except ImportError:
-        say("no plots: matplotlib is not installed (pip install 'cuda-agent[train]')")
+        say("no plots: matplotlib is not installed (pip install -e '.[train]')")
 
 
 # ----------------------------------------------------------------------------- stage 1 and 3: PPO
