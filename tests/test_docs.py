@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 JOURNAL = ROOT / "docs" / "JOURNAL.md"
 MAX_LINE = 160
 # A date, an issue or session number, a trust-work version: the marks of a work log.
-WORK_LOG = re.compile(r"\b20\d\d-\d\d-\d\d\b|\b[Ii]ssues? #?\d+|\b[Ss]ession \d+|\b[Tt]rust v\d\b")
+WORK_LOG = re.compile(r"(?<!\d)20\d\d-\d\d-\d\d(?!\d)|\b[Ii]ssues? #?\d+|\b[Ss]ession \d+|\b[Tt]rust v\d\b")
 
 
 # Pages another change rewrites in the present tense; checked once that lands.
