@@ -42,7 +42,7 @@ What stopping must not change: nothing new starts on the device while another sl
 stopped evaluation runs on, but leaving its window waits for the timing to end, and it starts no process inside
 one), and the GPU work the stopped processes had queued is waited out before the timing (``paused``: the timing
 side asks its reference for a quiet GPU). On by default: with it every candidate of a stream gets the same reward
-as alone (benchmarks/RESULTS.md, "RL workload").
+as alone (benchmarks/RESULTS.md, "An RL trainer's stream").
 
 Compiles take the shared side too (``Evaluator.build``; the service gives its build workers every GPU's
 lock): a compile beside a timing round slows the timed process's host side (enough to fail honest sub-ms

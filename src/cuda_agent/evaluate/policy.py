@@ -62,7 +62,7 @@ class Policy:
     # process once it said READY (``outside.InputWriter``, ``GpuInputWriter``; a draw it can predict lets it compute
     # outputs before the region): "all" (both backends), "cpu" (the CPU backend only) or "off". On a GPU each region
     # then waits for the reference's draw, write and L2 flush: a few percent of a warm evaluation
-    # (benchmarks/RESULTS.md, "Cost of the trust layer").
+    # (benchmarks/RESULTS.md, "Warm evaluation speed").
     outside_inputs: str = "all"
 
     def __post_init__(self) -> None:
