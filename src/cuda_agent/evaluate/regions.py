@@ -8,7 +8,8 @@ by the kernel when it is sent (``SO_TIMESTAMPNS`` on the evaluator's end), so th
 ``recv`` and still know when the region ended, by a clock no code in the worker can reach. Between DONE and CONT the
 evaluator may stop the worker and read what the region left from outside (``evaluate.outside``).
 
-What the brackets say about the worker's reported times is ``evaluate.region_clock``'s to judge.
+``evaluate.region_clock`` turns what the brackets measured into each region's time; the worker's own report is a
+diagnostic.
 """
 
 from __future__ import annotations
