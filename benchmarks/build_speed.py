@@ -1,5 +1,5 @@
-"""How long a changed candidate takes to build: today's builder (main before issue 34, vendored in
-benchmarks/_main_build) against the per-unit object cache, in the same run, case by case.
+"""How long a changed candidate takes to build with the per-unit object cache, with and without the
+precompiled header, in the same run, case by case.
 
 Cases, each a call of ``build`` as the evaluator makes it (link mode by default):
   cold        a fresh cache directory: nothing built on this machine yet (the new builder also builds
@@ -11,10 +11,10 @@ Cases, each a call of ``build`` as the evaluator makes it (link mode by default)
               when a trainer sends duplicates); reports how many times each unit was compiled
 
 Wall seconds and CPU seconds (user+sys of the compilers, from RUSAGE_CHILDREN) per case and variant.
-Variants: ``main`` (today), ``cache`` (new, with the precompiled header), ``cache_nopch`` (new, the
-header off: CUDA_AGENT_BUILD_PCH=0). Variants alternate within each case so load drifts hit all alike.
+Variants: ``cache`` (the builder with the precompiled header), ``cache_nopch`` (the header off:
+CUDA_AGENT_BUILD_PCH=0). Variants alternate within each case so load drifts hit all alike.
 
-    python3 benchmarks/build_speed.py --backend cpu  --out benchmarks/results/build_speed_cpu_DATE.json
+    python3 benchmarks/build_speed.py --backend cpu  --out build_speed_cpu.json
     python3 benchmarks/build_speed.py --backend cuda --out /some/dir      # GPU host: nvcc, torch+cu
 """
 
@@ -36,15 +36,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))  # this checkout's package, whatever is installed
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from cuda_agent.build import builder as new_builder  # noqa: E402
 from cuda_agent.build.toolchain import detect_toolchain  # noqa: E402
 from cuda_agent.candidates import Candidate, load_candidate  # noqa: E402
 from cuda_agent.sandbox import make_sandbox  # noqa: E402
-
-from _main_build import builder as main_builder  # noqa: E402
-from _main_build.toolchain import detect_toolchain as main_detect_toolchain  # noqa: E402
 
 EXAMPLES = {"cpu": ("cpu_swish", None), "cuda": ("cuda_gelu", "cuda_row_softmax")}
 
@@ -88,8 +84,7 @@ class Variant:
     def build(self, candidate: Candidate):
         # The env var is read at each call; builds of different variants never overlap in time.
         os.environ["CUDA_AGENT_BUILD_PCH"] = "0" if self.name == "cache_nopch" else "1"
-        module = main_builder if self.name == "main" else new_builder
-        return module.build(candidate, self.backend, mode=self.mode, cache_dir=self.cache, sandbox=self.sandbox)
+        return new_builder.build(candidate, self.backend, mode=self.mode, cache_dir=self.cache, sandbox=self.sandbox)
 
 
 def measure(variant: Variant, candidates: list[Candidate]) -> dict:
@@ -111,14 +106,10 @@ def measure(variant: Variant, candidates: list[Candidate]) -> dict:
         raise SystemExit(f"build_speed: {variant.name} failed to build: {failed[0].error}\n{failed[0].log[-3000:]}")
     row = {"wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "builds": len(results),
            "cached_whole": sum(bool(r.cached) for r in results)}
-    if variant.name != "main":
-        compiled = [u["unit"] for r in results for u in r.units if not u["reused"]]
-        row["units_compiled"] = sorted(compiled)
-        row["units_reused"] = sorted(u["unit"] for r in results for u in r.units if u["reused"])
-        row["unit_seconds"] = {u["unit"]: u["seconds"] for r in results for u in r.units if not u["reused"]}
-    else:
-        # main compiles every unit of every build that its whole-build cache did not answer
-        row["units_compiled"] = sorted(u for r in results if not r.cached for u in candidates[0].extensions[0].compile_units)
+    compiled = [u["unit"] for r in results for u in r.units if not u["reused"]]
+    row["units_compiled"] = sorted(compiled)
+    row["units_reused"] = sorted(u["unit"] for r in results for u in r.units if u["reused"])
+    row["unit_seconds"] = {u["unit"]: u["seconds"] for r in results for u in r.units if not u["reused"]}
     return row
 
 
@@ -129,16 +120,16 @@ def main() -> None:
     parser.add_argument("--backend", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--mode", choices=("link", "compile"), default="link",
                         help="link (what an evaluation builds; default) or compile (utils/compile.py)")
-    parser.add_argument("--variants", default="main,cache,cache_nopch")
+    parser.add_argument("--variants", default="cache,cache_nopch")
     parser.add_argument("--concurrent", type=int, default=4, help="threads building one candidate at once")
     parser.add_argument("--sandbox", default="none", help="none (default, as the issue measured) or bwrap/auto")
     parser.add_argument("--work", type=Path, default=None, help="where the fresh caches go (default: a temp dir)")
     args = parser.parse_args()
 
     variants_wanted = [v for v in args.variants.split(",") if v]
-    unknown = set(variants_wanted) - {"main", "cache", "cache_nopch"}
+    unknown = set(variants_wanted) - {"cache", "cache_nopch"}
     if unknown:
-        raise SystemExit(f"build_speed: unknown variant(s) {sorted(unknown)}; choose from main, cache, cache_nopch.")
+        raise SystemExit(f"build_speed: unknown variant(s) {sorted(unknown)}; choose from cache, cache_nopch.")
     first, second = EXAMPLES[args.backend]
     base = load_candidate(ROOT / "examples" / first / "solution")
     kernel, glue = units_of(base)
@@ -150,8 +141,7 @@ def main() -> None:
              else renamed(base, Path(kernel).stem, Path(kernel).stem + "_two"))
     fresh = edit(edit(base, kernel, "{", "{ /* another agent's variant */"), glue, "auto ", "auto /* v3 */ ")
 
-    detect_toolchain(args.backend)  # both toolchains detected before any clock starts (the evaluator keeps them)
-    main_detect_toolchain(args.backend)
+    detect_toolchain(args.backend)  # detected before any clock starts, as the evaluator keeps it
     sandbox = make_sandbox(args.sandbox)
     work = Path(tempfile.mkdtemp(prefix="build-speed-", dir=args.work))
     variants = [Variant(v, args.backend, work / v, sandbox, args.mode) for v in variants_wanted]
@@ -176,7 +166,7 @@ def main() -> None:
         "cpu_model": _cpu_model(), "python": platform.python_version(), "torch": toolchain.torch_version,
         "cxx": toolchain.cxx_version, "nvcc": toolchain.nvcc_version, "arch": toolchain.arch,
         "backend": args.backend, "mode": args.mode, "sandbox": args.sandbox, "examples": [first, second],
-        "baseline": "main at 95673f2 (benchmarks/_main_build)", "commit": _commit(),
+        "baseline": "cache_nopch (the precompiled header off)", "commit": _commit(),
     }
     # --out X.json writes X.json and X.md; any other --out is a directory for build_speed.{json,md}.
     target = args.out if args.out.suffix == ".json" else args.out / "build_speed.json"
@@ -201,7 +191,7 @@ def render(meta: dict, table: dict, names: list[str], concurrent: int) -> str:
         lines.append(f"| {label} | {cells} | {', '.join(compiled) or 'none'} |")
     lines += ["", "CPU s: user+sys of every compiler and linker process the case ran (RUSAGE_CHILDREN). "
               "`cache`'s cold case includes building the glue's precompiled header, once per toolchain and cache "
-              "(the table lists units only); main's concurrent builds each compile every unit.", ""]
+              "(the table lists units only).", ""]
     return "\n".join(lines)
 
 

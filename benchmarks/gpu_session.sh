@@ -2,28 +2,29 @@
 # Everything that needs the GPU, in as few device calls as possible; results land in $OUT.
 #
 #   bash benchmarks/gpu_session.sh tests     # the GPU test suite (KernelBench solutions, examples, faults)
-#   bash benchmarks/gpu_session.sh issue13   # issue 13's checks in one call (~8 min; carry .data): the timing
-#                                            # tests, 10 warm evaluations of axpby, cuda_gelu, cuda_row_softmax
-#                                            # 3 s apart, the release's scripts beside axpby and cuda_gelu
+#   bash benchmarks/gpu_session.sh release_stability # reward stability beside the CUDA Agent release (~8 min;
+#                                            # carry .data): the timing tests, 10 warm evaluations of axpby,
+#                                            # cuda_gelu, cuda_row_softmax 3 s apart, the release's scripts beside
+#                                            # axpby and cuda_gelu
 #   bash benchmarks/gpu_session.sh redteam   # the GPU red-team cases (SHARD=1/2, then SHARD=2/2: in two calls)
 #   bash benchmarks/gpu_session.sh integrity_reads # a defence's cost: the in-round integrity read, or with
 #                                            # DEFENCE=rerun the timed call run again (SPEED_EXAMPLES, VS_REPEATS)
-#   bash benchmarks/gpu_session.sh issue31   # trust v3: timing/integrity tests, the GPU reads from outside and the
-#                                            # quiet probe, the v3 red team (REDTEAM_K), brackets on 8 solutions
+#   bash benchmarks/gpu_session.sh outside_reads # timing/integrity tests, the GPU reads from outside and the
+#                                            # quiet probe, the region red team (REDTEAM_K), brackets on 8 solutions
 #                                            # (AGREEMENT_ONLY: names, or none; AGREEMENT_REPEATS: evaluations of each)
 #   bash benchmarks/gpu_session.sh outside_clock # the evaluator's own clock: its tests, the red team's timing cases
 #                                            # (CLOCK_REDTEAM=1, REDTEAM_K), the release's axpby and the examples
 #                                            # (CLOCK_EXAMPLE_REPEATS), every other honest solution (CLOCK_REPEATS);
 #                                            # CLOCK_TESTS=0: without the tests
-#   bash benchmarks/gpu_session.sh agreement # the trust v3 red-team cases, then the region brackets' agreement for
+#   bash benchmarks/gpu_session.sh agreement # the region red-team cases, then the region brackets' agreement for
 #                                            # every honest solution (AGREEMENT_REDTEAM=0: the agreement alone; ~25 s
 #                                            # a solution on the H200; extra arguments to clock_agreement.py: --only NAMES)
-#   bash benchmarks/gpu_session.sh quiet     # issue 31's probe: another context's GPU work seen from outside
-#   bash benchmarks/gpu_session.sh clock_rate # issue 31's probe: the host clocks' rate against the GPU's event timer
-#   bash benchmarks/gpu_session.sh vmm       # issue 31's probe: GPU output memory read from another sandbox
+#   bash benchmarks/gpu_session.sh quiet     # probe: another context's GPU work seen from outside
+#   bash benchmarks/gpu_session.sh clock_rate # probe: the host clocks' rate against the GPU's event timer
+#   bash benchmarks/gpu_session.sh vmm       # probe: GPU output memory read from another sandbox
 #   bash benchmarks/gpu_session.sh legit     # the legitimate solutions only (false positives), then the
 #                                            # evaluation's GPU memory per process (benchmarks/eval_memory.py)
-#   bash benchmarks/gpu_session.sh issue17   # issue 17's checks in one call: integrity and timing tests, the GPU
+#   bash benchmarks/gpu_session.sh trust_suite # the trust checks in one call: integrity and timing tests, the GPU
 #                                            # red-team cases, the legitimate solutions (false positives)
 #   bash benchmarks/gpu_session.sh speed     # eval speed and repeatability (~7 min)
 #   bash benchmarks/gpu_session.sh vs_release  # speed and reward stability beside the CUDA Agent release's
@@ -38,13 +39,13 @@
 #   bash benchmarks/gpu_session.sh region_cost # a warm evaluation's steps by wall clock (SPEED_EXAMPLES, EVALUATIONS,
 #                                            # PAUSE_POLLS: the stop's poll in ms, in turn)
 #   bash benchmarks/gpu_session.sh eval_profile # one evaluation's requests as a timeline (PROFILE_SOLUTIONS=level1_20 ...)
-#   bash benchmarks/gpu_session.sh verify_costs # one check's steps outside the evaluator (benchmarks/verify_costs.py)
+#   bash benchmarks/gpu_session.sh verify_costs # one check's steps outside the evaluator (experiments/verify_costs.py)
 #   bash benchmarks/gpu_session.sh profile   # eval_speed under cProfile, this tree and a carried .data/prev/src
 #   bash benchmarks/gpu_session.sh excess    # each evaluation's brackets against their limit, this tree and carried
 #                                            # ones in turn (EXCESS_TREES="alt this": .data/alt/src, then src;
 #                                            # "this+pause": every worker stop delayed 35 ms, as it took before)
 #   bash benchmarks/gpu_session.sh compile_noise # torch.compile's baseline: within a process, over time, fresh
-#                                            # compilations (benchmarks/compile_noise_probe.py)
+#                                            # compilations (experiments/compile_noise_probe.py)
 #   bash benchmarks/gpu_session.sh drift     # candidate timing over successive evaluations, with the clocks
 #   bash benchmarks/gpu_session.sh precision # precision calibration (~1 min)
 #   bash benchmarks/gpu_session.sh bench     # all three (over the device tool's 10-minute limit per call)
@@ -68,10 +69,10 @@
 #                                            # evaluation of it before each tree's clock starts;
 #                                            # RL_ALONE_OF=ROWS.jsonl: only the pass alone of an earlier stream;
 #                                            # RL_NO_PAUSE=1: timing waits for other slots' reference starts
-#                                            # (the default since session 56 stops them; RL_PAUSE=1 for old trees);
+#                                            # (the default stops them; RL_PAUSE=1 for trees without it);
 #                                            # RL_REFERENCE_GIB=N: what idle references may hold together;
 #                                            # RL_APART=N: memory-hungry evaluations at once)
-#   bash benchmarks/gpu_session.sh edit_to_reward # issue 34: source to reward after a one-line kernel edit, this
+#   bash benchmarks/gpu_session.sh edit_to_reward # source to reward after a one-line kernel edit, this
 #                                            # tree beside a carried .data/prev/src (EDITS, SPEED_EXAMPLES), then
 #                                            # the shared GPU's out-of-memory rerun (tests/gpu/test_gpu_device_lock.py);
 #                                            # EDIT_TREE=this: this tree's edits only
@@ -80,7 +81,7 @@
 #   bash benchmarks/gpu_session.sh train_throughput # 0.5B/1.5B generation, evaluation and update at 32k
 #                                            # (THROUGHPUT_ARGS go to benchmarks/train_throughput.py,
 #                                            # THROUGHPUT_NAME names the output folder)
-#   bash benchmarks/gpu_session.sh integrations # issue 33: TRL's GRPO step (tiny model on the GPU, rewards from the
+#   bash benchmarks/gpu_session.sh integrations # TRL's GRPO step (tiny model on the GPU, rewards from the
 #                                            # CUDA evaluator) and an OpenEnv episode evaluated by the service on
 #                                            # the GPU (tests/gpu/test_gpu_integrations.py); carry [".data", ".whl"]
 #                                            # with the wheel set below
@@ -150,7 +151,7 @@ part=${1:-tests}
 shift || true  # the rest goes to pytest (tests, redteam), e.g. -k "illegal or profiler"
 case "$part" in
 integrations)
-    # Issue 33 (tests/gpu/test_gpu_integrations.py): the whole carried wheel set, first on the path (its packages
+    # The RL stacks (tests/gpu/test_gpu_integrations.py): the whole carried wheel set, first on the path (its packages
     # are ones the machine lacks; first, so a carried version wins over anything older the image may gain).
     ls .whl/trl-*.whl .whl/openenv-*.whl >/dev/null 2>&1 || { echo "carry .whl with trl and openenv (see the top)" >&2; exit 2; }
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -169,17 +170,17 @@ fastapi.__version__, 'uvicorn', uvicorn.__version__, 'pyarrow', pyarrow.__versio
 vs_release)
     # Side by side with the CUDA Agent release's scripts (carry .data/ca_release/agent_workdir: a copy of
     # the release's agent_workdir/, e.g. `git archive HEAD agent_workdir` of its repository).
-    python3 benchmarks/vs_release.py --release .data/ca_release/agent_workdir --repeats ${VS_REPEATS:-10} \
+    python3 experiments/vs_release.py --release .data/ca_release/agent_workdir --repeats ${VS_REPEATS:-10} \
         --out "$OUT/vs_release.jsonl" "$@" 2>&1 | tee "$OUT/vs_release.log" | tail -12
     ;;
-issue13)
+release_stability)
     python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_gpu_timing.py 2>&1 | tee "$OUT/timing_tests.log" | tail -3
-    python3 benchmarks/vs_release.py --release .data/ca_release/agent_workdir --repeats ${VS_REPEATS:-10} --gap 3 \
+    python3 experiments/vs_release.py --release .data/ca_release/agent_workdir --repeats ${VS_REPEATS:-10} --gap 3 \
         --no-cold --release-for axpby cuda_gelu --out "$OUT/vs_release.jsonl" "$@" 2>&1 | tee "$OUT/vs_release.log" \
         | grep -v '^{'
     ;;
-issue17)
-    # issue 17's GPU check in one call: the integrity and timing tests, the GPU red-team cases, then the
+trust_suite)
+    # The trust checks in one call: the integrity and timing tests, the GPU red-team cases, then the
     # legitimate solutions (KernelBench's and the examples) for false positives; logs kept as they go.
     python3 -m pytest -m gpu -q -s -p no:cacheprovider tests/gpu/test_gpu_integrity.py tests/gpu/test_gpu_timing.py \
         2>&1 | tee "$OUT/integrity_tests.log" | grep -E "^(FAILED|ERROR)|passed|failed"
@@ -189,7 +190,7 @@ issue17)
         --timeout 300 -rf tests/gpu/test_gpu_eval.py -k "kernelbench_solution or examples" 2>&1 \
         | tee "$OUT/gpu_tests.log" | grep -E "^(FAILED|ERROR)|passed|failed"
     ;;
-issue31)
+outside_reads)
     # Trust v3 on the GPU: the timing and integrity tests, the red team's v3 cases and the timing-path cases,
     # the legitimate solutions (false positives, rewards), then the brackets' agreement on them.
     python3 -m pytest -m gpu -q -s -p no:cacheprovider tests/gpu/test_gpu_timing.py tests/gpu/test_gpu_integrity.py \
@@ -230,7 +231,7 @@ outside_clock)
     fi
     ;;
 agreement)
-    # The red team's trust v3 cases (about 170 s on the H200; AGREEMENT_REDTEAM=0 leaves them out), then the
+    # The red team's region cases (about 170 s on the H200; AGREEMENT_REDTEAM=0 leaves them out), then the
     # brackets against the reported regions for every honest solution (benchmarks/clock_agreement.py; --only NAMES).
     if [ "${AGREEMENT_REDTEAM:-1}" != 0 ]; then
         python3 -m pytest -m gpu -q -s -p no:cacheprovider --timeout 300 -rf tests/redteam/test_redteam_gpu.py \
@@ -241,16 +242,16 @@ agreement)
         --out "$OUT/clock_agreement.jsonl" "$@" 2>&1 | tee "$OUT/clock_agreement.log" | grep -v "^USDT"
     ;;
 clock_rate)
-    # Issue 31: do the host's clocks (the brackets' CLOCK_REALTIME) and the GPU's event timer run at one rate? (~15 s)
-    python3 benchmarks/probes/clock_rate_probe.py --out "$OUT/clock_rate.json" "$@" 2>&1 | tee "$OUT/clock_rate.log"
+    # Do the host's clocks (the brackets' CLOCK_REALTIME) and the GPU's event timer run at one rate? (~15 s)
+    python3 experiments/probes/clock_rate_probe.py --out "$OUT/clock_rate.json" "$@" 2>&1 | tee "$OUT/clock_rate.log"
     ;;
 quiet)
-    # Issue 31: can a process tell from outside that another process's context runs GPU work (time-slicing)?
-    python3 benchmarks/probes/gpu_quiet_probe.py ${QUIET_MODES:-} 2>&1 | tee "$OUT/gpu_quiet_probe.log"
+    # Can a process tell from outside that another process's context runs GPU work (time-slicing)?
+    python3 experiments/probes/gpu_quiet_probe.py ${QUIET_MODES:-} 2>&1 | tee "$OUT/gpu_quiet_probe.log"
     ;;
 vmm)
-    # Issue 31: can another sandboxed process read a candidate's GPU output (VMM descriptors, legacy IPC)?
-    python3 benchmarks/probes/vmm_share_probe.py 2>&1 | tee "$OUT/vmm_share_probe.log"
+    # Can another sandboxed process read a candidate's GPU output (VMM descriptors, legacy IPC)?
+    python3 experiments/probes/vmm_share_probe.py 2>&1 | tee "$OUT/vmm_share_probe.log"
     ;;
 legit)
     # The legitimate solutions alone (KernelBench's and the examples): false positives, and whether the largest
@@ -264,7 +265,7 @@ legit)
 integrity_reads)
     # The random in-round integrity read's cost: seconds per evaluation and the candidate's measured time.
     # DEFENCE=rerun: the timed call run again bit for bit instead.
-    python3 benchmarks/integrity_reads.py --device cuda --examples ${SPEED_EXAMPLES:-cuda_gelu cuda_row_softmax} \
+    python3 experiments/integrity_reads.py --device cuda --examples ${SPEED_EXAMPLES:-cuda_gelu cuda_row_softmax} \
         --defence ${DEFENCE:-read} --repeats ${VS_REPEATS:-5} --out "$OUT/defence_${DEFENCE:-read}.json" 2>&1 \
         | tee "$OUT/defence_${DEFENCE:-read}.log" | tail -8
     ;;
@@ -278,7 +279,7 @@ tests|redteam)
     fi
     selected=("$where")
     # A test file or folder among the arguments narrows the call to it (else the whole suite runs, a call's
-    # ten minutes and more: session 54 lost its last device time so).
+    # ten minutes and more, past the device tool's limit).
     narrowed=() rest=()
     for arg in "$@"; do
         if [[ "$arg" == tests/* && -e "${arg%%::*}" ]]; then narrowed+=("$arg"); else rest+=("$arg"); fi
@@ -321,7 +322,7 @@ train_demo)
     rm -rf "$OUT/train_demo/checkpoint" "$OUT/train_demo/menu"  # weights and sources: not worth the transfer
     ;;
 counters)
-    # Hardware counters (issue 16): the GPU tests, with each case's raw ncu CSV kept as a fixture
+    # Hardware counters: the GPU tests, with each case's raw ncu CSV kept as a fixture
     CUDA_AGENT_COUNTERS_FIXTURES=$OUT/counters_fixtures CUDA_AGENT_GPU_REPORT=$OUT/gpu_records_counters.jsonl \
         python3 -m pytest -m gpu -q -s -p no:cacheprovider --timeout 600 -rf "$@" tests/gpu/test_gpu_counters.py 2>&1 \
         | tee "$OUT/gpu_counters.log" | grep -vE "^\s*$" | tail -150
@@ -348,7 +349,7 @@ rl_workload)
     if [ "${RL_TREE:-both}" = side ]; then
         # Both trees in one call at once, each on its own GPU and half the host's cores (kind nvidia-h200-x2: 16 of
         # 32 each, as the one-GPU machine has): the baseline (the carried .data/prev/src, one slot, no pass alone)
-        # on GPU 0, this tree on GPU 1. Issue 34 asks for the two side by side in one run; one after the other they
+        # on GPU 0, this tree on GPU 1. The comparison wants the two side by side in one run; one after the other they
         # do not fit a call. This tree sizes its build pool from the cores it may use (8 workers, as on the one-GPU
         # machine); the baseline's from the host's count (16). The host CPU-s per evaluation (/proc/stat) counts
         # both streams: read that one from calls of one tree.
@@ -396,19 +397,19 @@ overhead)
     done
     ;;
 region_cost)
-    # Where a warm re-evaluation's seconds go, by wall clock around each step (benchmarks/probes/region_cost_probe.py),
+    # Where a warm re-evaluation's seconds go, by wall clock around each step (experiments/probes/region_cost_probe.py),
     # the candidate's stops polled every 1 ms and every 0.1 ms in turn.
-    python3 benchmarks/probes/region_cost_probe.py --device cuda --kernelbench .data/kernelbench/kernelbench.jsonl \
+    python3 experiments/probes/region_cost_probe.py --device cuda --kernelbench .data/kernelbench/kernelbench.jsonl \
         --examples ${SPEED_EXAMPLES:-cuda_gelu} --evaluations ${EVALUATIONS:-7} --pause-poll-ms ${PAUSE_POLLS:-1 0.1} \
         --out "$OUT/region_cost.jsonl" "$@" 2>&1 | tee "$OUT/region_cost.log" | grep -v "^USDT"
     ;;
 verify_costs)
-    # The steps of one check outside the evaluator (benchmarks/verify_costs.py), with the reference's default
+    # The steps of one check outside the evaluator (experiments/verify_costs.py), with the reference's default
     # allocator and with the candidate's (expandable segments).
     solutions=${PROFILE_SOLUTIONS:-level1_20 level1_5 level1_22 level1_23}
-    python3 benchmarks/verify_costs.py --kernelbench .data/kernelbench/kernelbench.jsonl $solutions \
+    python3 experiments/verify_costs.py --kernelbench .data/kernelbench/kernelbench.jsonl $solutions \
         --out "$OUT/verify_costs.json" 2>&1 | tee "$OUT/verify_costs.log"
-    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 benchmarks/verify_costs.py \
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 experiments/verify_costs.py \
         --kernelbench .data/kernelbench/kernelbench.jsonl $solutions --out "$OUT/verify_costs_expandable.json" 2>&1 \
         | tee "$OUT/verify_costs_expandable.log"
     ;;
@@ -436,14 +437,14 @@ profile)
     done
     ;;
 excess)
-    # Each evaluation's region brackets against their limit (benchmarks/probes/region_excess_probe.py), for this
+    # Each evaluation's region brackets against their limit (experiments/probes/region_excess_probe.py), for this
     # tree and carried ones (EXCESS_TREES: "this" or the name of a carried .data/NAME/src), in turn.
     # "this+pause" / "this+resume": this tree with every worker stop (or resume) delayed (the probe's --delay).
     # EXCESS_ARGS go to the probe (e.g. "--outside-inputs all").
     for label in ${EXCESS_TREES:-this}; do
         tree=${label%%+*}; delay=(); [ "$tree" = "$label" ] || delay=(--delay "${label#*+}")
         path=$PWD/src; [ "$tree" = this ] || path=$PWD/.data/$tree/src
-        PYTHONPATH=$path python3 benchmarks/probes/region_excess_probe.py --examples ${SPEED_EXAMPLES:-cuda_gelu} \
+        PYTHONPATH=$path python3 experiments/probes/region_excess_probe.py --examples ${SPEED_EXAMPLES:-cuda_gelu} \
             --kernelbench .data/kernelbench/kernelbench.jsonl "${delay[@]}" \
             --evaluations ${EXCESS_EVALUATIONS:-6} --label "$label" --out "$OUT/region_excess.jsonl" ${EXCESS_ARGS:-} 2>&1 \
             | grep -v "^USDT\|UserWarning\|_warn_once" | tee -a "$OUT/region_excess.log"
@@ -451,16 +452,16 @@ excess)
     ;;
 compile_noise)
     # torch.compile's baseline measured again and again: one process, with gaps, fresh compilations.
-    python3 benchmarks/compile_noise_probe.py --out "$OUT/compile_noise.jsonl" "$@" 2>&1 \
+    python3 experiments/compile_noise_probe.py --out "$OUT/compile_noise.jsonl" "$@" 2>&1 \
         | tee "$OUT/compile_noise.log" | grep -v '^{' | tail -20
     ;;
 stability)
-    # The end of the timed region, variant by variant (benchmarks/timing_stability.py).
-    python3 benchmarks/timing_stability.py --examples ${SPEED_EXAMPLES:-cuda_gelu cuda_row_softmax} \
+    # The end of the timed region, variant by variant (experiments/timing_stability.py).
+    python3 experiments/timing_stability.py --examples ${SPEED_EXAMPLES:-cuda_gelu cuda_row_softmax} \
         --repeats ${VS_REPEATS:-6} --out "$OUT/stability.jsonl" "$@" 2>&1 | tee "$OUT/stability.log" | grep -v "^ "
     ;;
 drift)
-    python3 benchmarks/timing_drift.py --examples ${SPEED_EXAMPLES:-cuda_gelu cuda_row_softmax} \
+    python3 experiments/timing_drift.py --examples ${SPEED_EXAMPLES:-cuda_gelu cuda_row_softmax} \
         --evaluations ${DRIFT_EVALUATIONS:-6} --out "$OUT/drift" 2>&1 | tee "$OUT/drift.log" | tail -4
     ;;
 synth)
@@ -503,7 +504,7 @@ bench_own)
     rm -f "$OUT/baselines_h200/baselines.md"
     ;;
 *)
-    echo "usage: $0 tests|integrations|redteam|legit|issue13|issue17|integrity_reads|vs_release|speed|guard|overhead|stability|compile_noise|counters|service|rl_workload|train_demo|train_tests|train_throughput|drift|precision|bench|synth|baselines|bench_own [pytest args]" >&2
+    echo "usage: $0 integrations|vs_release|release_stability|trust_suite|outside_reads|outside_clock|agreement|clock_rate|quiet|vmm|legit|integrity_reads|tests|redteam|speed|bench|guard|precision|train_tests|train_throughput|train_demo|counters|service|rl_workload|edit_to_reward|overhead|region_cost|verify_costs|eval_profile|profile|excess|compile_noise|stability|drift|synth|baselines|bench_own [pytest args]" >&2
     exit 2
     ;;
 esac

@@ -15,7 +15,7 @@ from typing import Any, Iterable, Iterator
 # dtype (``torch.sum(x, dtype=torch.float64)``, ``vector_norm(..., dtype=...)``, ``mean(dtype=...)``)
 # first copy their whole input to it (``make_reduction``: ``self.to(in_dtype)``), and an elementwise
 # comparison makes several temporaries of its inputs' size: for KernelBench's 6-8 GiB inputs and
-# outputs that was 12-16 GiB more in each process, and out of memory on an 80 GB H100.
+# outputs that is 12-16 GiB more in each process, more than an 80 GB card has left beside the task.
 PIECE = 1 << 24
 
 

@@ -217,7 +217,7 @@ def test_an_allocation_exported_in_one_sandboxed_process_is_read_in_another(tmp_
     import subprocess
     import sys
 
-    probe = __import__("pathlib").Path(__file__).resolve().parents[2] / "benchmarks" / "probes" / "vmm_share_probe.py"
+    probe = __import__("pathlib").Path(__file__).resolve().parents[2] / "experiments" / "probes" / "vmm_share_probe.py"
     out = subprocess.run([sys.executable, str(probe)], capture_output=True, text=True, timeout=300)
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
     assert any('"torch-expandable"' in line and '"ok": true' in line for line in lines), out.stdout + out.stderr

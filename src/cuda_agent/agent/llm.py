@@ -1,7 +1,7 @@
 """The agent's model backends: one chat request per turn, tool calls in and out.
 
 Any OpenAI-compatible chat-completions endpoint works (vLLM, SGLang, hosted APIs), through the
-``openai`` SDK (``pip install 'cuda-agent[llm]'``). Tool calls travel in one of two formats:
+``openai`` SDK (``pip install -e '.[llm]'``). Tool calls travel in one of two formats:
 
 - ``"native"``: the request's ``tools=`` and the reply's ``tool_calls`` (hosted APIs, or vLLM and
   SGLang served with a tool-call parser);

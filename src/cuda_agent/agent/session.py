@@ -43,8 +43,8 @@ class AgentConfig:
     wall_clock_s: float | None = None
     command_timeout_s: float = 300.0
     max_output_chars: int = 20_000
-    # utils/profile.py ends with the hardware counters of a correct candidate (GPU only; 10-14 s more
-    # per profile on the H200, docs/COUNTERS.md)
+    # utils/profile.py ends with the hardware counters of a correct candidate (GPU only; about 10 s more
+    # per profile, docs/COUNTERS.md)
     counters: bool = True
 
 

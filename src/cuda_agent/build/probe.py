@@ -2,8 +2,8 @@
 candidates: what it imports comes from torch's headers, the CUDA toolchain and the
 project's fixed binding, never from a candidate.
 
-The symbol audit allows those imports. They vary with versions: on the H200
-(torch 2.11 headers, CUDA 13.0, Ubuntu's compiler) every example extension
+The symbol audit allows those imports. They vary with versions: with torch 2.11
+headers, CUDA 13.0 and Ubuntu's compiler every example extension
 imports ``open``, ``syscall`` and c10's stream-pool functions although none of
 its sources calls them; with torch 2.13 on Debian 12 none of them appears.
 """

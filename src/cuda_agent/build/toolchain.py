@@ -16,8 +16,8 @@ from typing import Any
 RECIPE_VERSION = 2
 KERNEL_OPT = "-O3"
 # The glue's cost is the front end (torch's headers and pybind11's templates), not code generation:
-# measured on the 2-core CPU host, -O1 with the precompiled header compiles a binding file in ~5.5 CPU-s
-# against ~15 at -O3 without it (docs/BUILD.md). The glue converts tensors to pointers once per call, so
+# -O1 with the precompiled header compiles a binding file in about a third of the CPU time -O3 without it
+# takes (docs/BUILD.md). The glue converts tensors to pointers once per call, so
 # -O1 costs nothing the timer can see; kernels keep -O3 (and --use_fast_math for .cu).
 GLUE_OPT = "-O1"
 DEFAULT_CUDA_ARCH = "9.0"  # Hopper, the paper's target; used when no GPU is visible

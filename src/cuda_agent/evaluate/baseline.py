@@ -36,7 +36,7 @@ def baseline_timing(timing: dict[str, Any], device: str) -> dict[str, Any]:
 
 
 def baseline_key(task_digest: str, environment: dict[str, Any], policy: dict[str, Any], timing: dict[str, Any], device: str) -> str:
-    # On a GPU the times are the GPU's and its software's: the same H200 and stack behind another
+    # On a GPU the times are the GPU's and its software's: the same GPU model and stack behind another
     # host CPU (or another thread count) reuses them. On the CPU backend, the CPU is the device.
     fields = ("gpu", "driver", "torch", "torch_cuda") if device == "cuda" else ("cpu", "torch", "torch_threads")
     relevant_env = {k: environment.get(k) for k in fields}

@@ -1,5 +1,5 @@
 """The clocks and CUDA entry points the timing loop calls, bound before candidate code loads and called as bound
-(trust v3: nothing in-process is looked up after load).
+(nothing in-process is looked up after load).
 
 A name looked up at call time is whatever is in its dictionary then: ``time.perf_counter_ns`` in ``time``'s, and
 for every ``torch.cuda.Event`` method, the C event type's (``Event.record`` and ``Event.elapsed_time`` reach it

@@ -28,11 +28,12 @@ from cuda_agent.evaluate.regions import (
 
 # No-op regions timed before the candidate's code loads. Their median is taken off every region, so its error is the
 # clock's uncertainty (``Overhead.error_ms``, 1/sqrt of the regions). Their spread on a GPU is tens of us, so a
-# region that memory keeps short (two 2 GiB calls) needs many of them; a no-op region costs about 1 ms.
+# region that memory keeps short (two 2 GiB calls) needs many of them; a no-op region costs about 1 ms on a GPU
+# (docs/CONSTANTS.md).
 CALIBRATION_REGIONS = 66
 # The first ones warm the path up and are left out of the brackets' cost: on a GPU the first region exports the
-# task's memory (tens of descriptors), and a freshly started process's first regions ran slower (the H100, its
-# first two evaluations: spread over 9 regions 0.09-0.23 ms against 0.01-0.03 ms later).
+# task's memory (tens of descriptors), and a freshly started process's first regions run slower (their spread
+# several times the later ones').
 WARM_UP_REGIONS = 2
 # The largest timed output the reference keeps a copy of through the rounds (GPU memory beside the candidate's):
 # a larger one is handed over by the candidate's code after the rounds, as before (docs/SECURITY.md).
@@ -142,11 +143,10 @@ class CandidateBrackets:
         """The no-op regions' brackets; None where the worker failed first (its load reply says why).
         On a GPU the process is stopped between them and each region's call read from outside, as in the
         rounds: a region that follows a stop and a read starts on a GPU left idle meanwhile (its clock lowered,
-        the hold's cycle count longer) and after another process's GPU read. Calibrated without them, an honest
-        0.08 ms call (level1_12, 2-3 a region) sat a median 0.047 ms (up to 0.21) over its brackets' cost and
-        failed as ``clock`` in 4 of 28 evaluations on the H100; with them, 0.014 ms (up to 0.056), 0 of 10. On
-        the CPU backend (no hold, no GPU) honest regions sat below their cost either way, and the stops cost a
-        warm evaluation 0.45 s on a 2-core host and widened its limits by a quarter: not done there. Where the
+        the hold's cycle count longer) and after another process's GPU read. Calibrated without them, honest
+        sub-0.1 ms calls sit over their brackets' cost by several times as much and are refused now and then. On
+        the CPU backend (no hold, no GPU) honest regions sit below their cost either way, and the stops would cost
+        a warm evaluation about half a second on a 2-core host: not done there. Where the
         rounds' inputs are written from outside, these regions' are too: what the stop and the let-go before GO
         leave in a region is part of every region's cost."""
         probe = secrets.randbits(62) if self.device == "cuda" else None
@@ -184,7 +184,7 @@ class CandidateBrackets:
     def keep_checked(self, described: Any, timeout_s: float, max_bytes: int = KEEP_MAX_BYTES) -> None:
         """A checked call's output (``RunReply.described``; its allocations follow on the brackets) copied by the
         reference while the process tree is stopped, for ``CompareRequest(kept=True)``: 1 GiB through shared
-        host memory cost 45-50 ms a check on the H100, a copy between the GPU's own memory a millisecond or two."""
+        host memory costs tens of ms a check, a copy within the GPU's own memory a millisecond or two."""
         reader = self.reader
         assert isinstance(reader, GpuMemory)
         try:
@@ -311,11 +311,10 @@ class CandidateBrackets:
         stopped at once (pidfds, no walk of the tree). DONE is the worker's word: a region can say it with its
         kernels still queued, and they run on after the stop (red team done-sent-early-gpu). The GPU time-slices
         between contexts, so the probe waits for what is left; work that ends before its launch is not seen
-        (``Bracket.blind_ms``): the sooner, the less. On the H200, asked once the tree was walked and the stop
-        awaited, it came 1.6-1.8 ms after DONE; the known processes stopped first, asked in ``between``, 0.6-0.8 ms;
-        asked at DONE without waiting, 0.41-0.55 ms, of which the evaluator's 0.07 ms: the rest was the reference's
-        wake-up and the request's parse, which the doorbell took off (0.07-0.24 ms, nearly all the evaluator's
-        wake-up on DONE, which ``Bell.poll_done`` takes off)."""
+        (``Bracket.blind_ms``): the sooner, the less. So the probe is rung at DONE before anything waits (not after
+        the tree is walked, nor by a request, whose wake-up and parse would be most of the window), and the
+        evaluator polls for DONE (``Bell.poll_done``); what is left is the evaluator's and the reference's wake-up
+        (docs/CONSTANTS.md, "the window")."""
         if probe is None or not isinstance(self.reader, GpuMemory):
             return None, None
         reader = self.reader

@@ -56,7 +56,7 @@ def run_checks(run: Evaluation, own: frozenset[str] | None) -> Attribution | Non
     # draws differ in their values alone: an output whose size changes with the seed could outgrow the copy. The
     # copy takes the reference the memory the handed-over output's would (it replaces it): any size the expected
     # output has, up to twice it for an output laid out with gaps (at least ``KEEP_MAX_BYTES``). A 6 GiB output
-    # crossed host memory twice a check (0.12 s each way on the H200); copied, it does not leave the GPU.
+    # crosses host memory twice a check (a tenth of a second each way); copied, it does not leave the GPU.
     loaded = run.reference.loaded
     copied = run.brackets is not None and run.brackets.copies_checks and loaded is not None and loaded.fixed_inputs
     for index in range(policy.checks):

@@ -149,7 +149,7 @@ PIECE_FIGURES = ("ratio", "mismatches", "non_finite", "at", "largest", "relative
 
 def _finite_piece(e, a, atol: float, rtol: float) -> list[Any]:
     """``_any_piece``'s figures where every value on both sides is finite (nearly every check), in a third of
-    its passes over memory (a 1 GiB output on the H100: one of these passes is about 1 ms)."""
+    its passes over memory (about a millisecond a pass over a 1 GiB output on a GPU)."""
     import torch
 
     tiny = torch.finfo(e.dtype).tiny

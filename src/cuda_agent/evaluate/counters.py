@@ -10,7 +10,7 @@ behind the verdict, and renders a report of at most ~40 lines for ``utils/profil
 The counters come from the candidate's own process, so a candidate can make them say anything; that is
 why they are advice and never a measurement the reward depends on (docs/SECURITY.md).
 
-Choices, measured on the H200 (benchmarks/RESULTS.md):
+Choices (their measurements: docs/CONSTANTS.md):
 - ``--clock-control none``: ncu's default locks the GPU's clocks to base for the run, a machine-wide
   change to a shared card; the timing loop runs at the card's own clocks, and the report should too.
 - ncu's default cache control flushes the caches before each replay pass, so durations are cold-cache
@@ -74,7 +74,7 @@ TENSOR_FLOPS_PER_SM_CLOCK: dict[tuple[int, int], int] = {
     (8, 0): 2048, (8, 6): 1024, (8, 7): 1024, (8, 9): 1024, (9, 0): 4096, (10, 0): 8192,
 }
 TINY_KERNEL_NS = 5_000  # below this, a kernel's launch costs about as much as its work
-LAUNCH_FLOOR_US = 2.0  # one kernel launch, end to end (2.0 us measured on the H200): no call is faster
+LAUNCH_FLOOR_US = 2.0  # one kernel launch, end to end (docs/CONSTANTS.md): no call is faster
 SATURATED_PCT = 60.0  # ncu's own line: a unit above 60% of its peak is what limits the kernel
 NEAR_PEAK_PCT = 80.0
 

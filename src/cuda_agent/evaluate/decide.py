@@ -254,8 +254,8 @@ class ClockCheck:
     def decisive(self) -> bool:
         """Whether the clock resolves the reported regions at all: a report that hid as much again as
         it claimed would exceed the limit. A launch-bound call's rounds report well under a
-        millisecond against a harness that moves by 10-20 ms between processes (H200, axpby: 1 in 5
-        honest evaluations went over the limit), so there only a gross excess is judged."""
+        millisecond against a harness that moves by 10-20 ms between processes (enough to put an honest
+        launch-bound candidate over the limit), so there only a gross excess is judged."""
         return self.claimed_ms > self.limit_ms
 
     @property

@@ -10,8 +10,7 @@ both want to time never wait on each other's share. Waiting writers go first: a 
 evaluations cannot keep a timing round waiting. Not first before an evaluation apart (below) that asks for its
 share: it waits for the timings that were waiting when it asked, and timings that ask after it wait for it (a
 ticket each, in order of asking): behind every waiting timing, a turn of the memory-hungry chain (the stream's
-critical path) could wait for a run of the small tasks' timings that came after it. In the H200's stream the
-apart evaluations' wait for a share was then 0.0 s at the median, 8 s at most (session 59).
+critical path) could wait for a run of the small tasks' timings that came after it.
 
 Used as a plain context manager (``with lock:``) it is the exclusive side, so it stands wherever the
 evaluator takes its ``timing_lock``; ``shared_use`` gives the shared side of a ``DeviceLock`` and nothing
@@ -23,8 +22,8 @@ evaluation in progress finish (new ones wait), then takes the device: alone in m
 
 Before that, the cheaper try: ``apart`` runs it beside the others as usual but never beside another
 evaluation ``apart``. The tasks that run out are the few with GB-sized inputs, and they run out beside each
-other: on the H200 three such tasks' first evaluations failed together while five small tasks' passed
-beside them, and reruns alone (each draining the card) then held up every small task's candidates. Only
+other, while the small tasks' pass beside them, and reruns alone (each draining the card) would hold up every
+small task's candidates. Only
 where it runs out of memory apart as well is it run alone. Tasks are remembered at the step that served
 them (``apart_keys``, ``alone_keys``) and start there from then on: a stream of them would otherwise run
 out, and push others out, every time. A task need not run out first: one whose output is ``HUNGRY_SHARE`` of
@@ -37,18 +36,17 @@ goes before the timings waiting beside it.
 With ``pause`` on, a share need not hold timing off for its whole length. Inside ``pausable(workers)`` an
 evaluation only waits for its reference process (its start, torch.compile): a slot that wants to time then stops
 that evaluation's processes (SIGSTOP, as the spares are stopped) instead of waiting for its share to end, and
-lets them go after. In session 55's eight-slot stream on the H200 the small tasks' evaluations took 33-57 s
-against 2.5-3.2 s alone, nearly all of it waiting for the exclusive side behind neighbours' 10-25 s shared
-phases (benchmarks/RESULTS.md).
+lets them go after: otherwise a small task's evaluation spends ten times its own work waiting for the exclusive
+side behind neighbours' long shared phases (docs/DECISIONS.md, "Sharing a device").
 What stopping must not change: nothing new starts on the device while another slot times (the thread of a
 stopped evaluation runs on, but leaving its window waits for the timing to end, and it starts no process inside
 one), and the GPU work the stopped processes had queued is waited out before the timing (``paused``: the timing
-side asks its reference for a quiet GPU). On by default since the H200's eight-slot streams ran it (session 56:
-every one of 26 candidates got the same reward as alone, the median wait for the exclusive side 0.0-0.6 s).
+side asks its reference for a quiet GPU). On by default: with it every candidate of a stream gets the same reward
+as alone (benchmarks/RESULTS.md, "An RL trainer's stream").
 
 Compiles take the shared side too (``Evaluator.build``; the service gives its build workers every GPU's
-lock): a compile beside a timing round slows the timed process's host side (measured on the H100: honest
-sub-ms candidates failed as ``clock`` while 8 builds ran), and timing waits for the compiles in flight.
+lock): a compile beside a timing round slows the timed process's host side (enough to fail honest sub-ms
+candidates as ``clock``), and timing waits for the compiles in flight.
 """
 
 from __future__ import annotations
@@ -61,10 +59,10 @@ from typing import Any, Iterator
 
 # A task whose call's output is at least this share of the GPU's memory is evaluated ``apart`` from its first
 # candidate on, told by its reference's load (before the candidate's process puts anything on the device): its
-# evaluation holds 7-8 outputs' worth at its worst moment (both processes), so two such evaluations on an H200
-# are most of the card. On the H200 (141 GB) the line falls at 2.2 GiB: KernelBench level 1's 4 and 6 GiB tasks
-# above it, cuda_gelu's 1 GiB and every matmul's output below it. Learning it from running out instead cost
-# each such task one attempt beside others, and where several ran out together, a rerun with the GPU alone.
+# evaluation holds 7-8 outputs' worth at its worst moment (both processes), so two such evaluations are most of a
+# card. On a 141 GB card the line falls at 2.2 GiB: KernelBench level 1's 4 and 6 GiB tasks above it, cuda_gelu's
+# 1 GiB and every matmul's output below it. Learning it from running out instead costs each such task one attempt
+# beside others, and where several run out together, a rerun with the GPU alone.
 HUNGRY_SHARE = 1 / 64
 MEMORY_HUNGRY = "memory-hungry"  # the rule of an attempt beside others given up for ``apart``
 

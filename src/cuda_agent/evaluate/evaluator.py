@@ -68,7 +68,7 @@ def long_lived(device: str) -> dict[str, Any]:
     """``Evaluator`` options for one that serves many evaluations (an agent's episodes, a service slot, a
     trainer, a benchmark run): on a GPU, candidate processes started ahead and up to 4 task references kept;
     on the CPU, where a process started ahead competes with the evaluation for a few cores, none started
-    ahead and the last task's reference kept (its start and torch.compile cost ~10 s of a 2-core host; idle,
+    ahead and the last task's reference kept (its start and torch.compile cost seconds of a small host; idle,
     it costs no CPU). A one-shot evaluator (``Evaluator()``) keeps nothing."""
     cuda = resolve_device(device) == "cuda"
     return {"prestart": cuda, "references": None if cuda else 1}
@@ -130,8 +130,8 @@ class Evaluator:
         self._probe: BuildResult | None = None
         self._probe_lock = threading.Lock()
         # With ``prestart``, each evaluation ends by topping up the candidate processes started ahead
-        # (torch imported, CUDA up: a process takes 6-8 s to start on the H200, longer than a warm
-        # evaluation, so back-to-back evaluations need several in flight); close() stops them.
+        # (torch imported, CUDA up: a process takes longer to start than a warm evaluation takes, so
+        # back-to-back evaluations need several in flight; docs/CONSTANTS.md); close() stops them.
         # ``prestart=True`` keeps SPARE_CANDIDATES; an int keeps that many.
         self.prestart = SPARE_CANDIDATES if prestart is True else int(prestart)
         self._spare: list[Workers] = []
@@ -144,8 +144,8 @@ class Evaluator:
             kept_references(references, self.prestart),
             reference_memory if self.device == "cuda" else None)
         if isinstance(self.timing_lock, DeviceLock):
-            # Another slot's spares, started as its evaluation ended, were still starting (CUDA up, first
-            # kernels) while this one timed: they stand still too (the H200's eight slots, 2026-11-29).
+            # Another slot's spares, started as its evaluation ended, may still be starting (CUDA up, first
+            # kernels) while this one times: they stand still too.
             self.timing_lock.spares.append(self._spare)
         weakref.finalize(self, close_all, self._spare, self.references)
 
@@ -295,7 +295,7 @@ class Evaluator:
                        timed: bool) -> EvalResult:
         """``_attempt`` with the GPU alone: the evaluations in progress finish first. The idle references of
         other tasks (up to ``reference_memory`` of device memory) are closed only if it still runs out of memory
-        beside them: closed up front, every task's next candidate started its reference again (H200, 2026-11-29)."""
+        beside them: closed up front, every task's next candidate would start its reference again."""
         with self.timing_lock.alone():
             result = self._attempt(task, candidate, build_result, timed)
             if self._out_of_memory(result) and self.references.drop_idle(keep=ref.reference_key(self._setup(), task)):
@@ -349,8 +349,8 @@ class Evaluator:
     def _baselines_ahead(self, setup: Setup, task: Task, reference: LiveReference, candidate: Any,
                          result: EvalResult) -> None:
         """At the hungry stop the reference is loaded and the apart turn is still to come: torch.compile it now,
-        beside the others (10-18 s of the H200's GB-output tasks, which each one's first candidate otherwise spent
-        holding the apart turn that the other memory-hungry tasks wait for). The reference is kept for that turn,
+        beside the others (seconds for a GB-output task, which its first candidate would otherwise spend holding
+        the apart turn that the other memory-hungry tasks wait for). The reference is kept for that turn,
         so it finds its compiled model there. Running out of memory here only leaves the compile to that turn."""
         try:
             with self._pausable(reference, candidate):
@@ -430,7 +430,7 @@ class Evaluator:
                 workers.close()
             else:
                 # Stopped for ``apart`` before it was told anything: the apart attempt's, started already (a new
-                # one took 15 s to start beside the first wave of an eight-slot H200 stream, 2026-12-01).
+                # one starts slowly beside a stream's first wave of evaluations).
                 self._spare.insert(0, workers)
             if reference is not None:
                 # Kept only if it is loaded and answers nothing still (an evaluation that stopped early
@@ -465,8 +465,8 @@ class Evaluator:
         own = own_kernels(setup, built, result)
         signals, threads, integrity = self._load(run, modules)
         # One spare is started now, once this evaluation's own processes are up, not only as it ends: the next
-        # evaluation takes the oldest spare at once, and one started at the end was the one it waited for (21-22 s
-        # each, three of the second wave of an eight-slot H200 stream, 24 starting together; session 59).
+        # evaluation takes the oldest spare at once, and one started at the end is the one it would wait for
+        # (tens of seconds where a stream's second wave starts many processes together).
         self._top_up(setup, min(1, self.prestart))
         stop_on("load", "while model_new.py was imported", signals, threads, integrity)
 
@@ -523,10 +523,9 @@ class Evaluator:
         # is over.
         brackets = run.brackets
         asked = time.monotonic()
-        # A candidate process still starting (no spare ready: 16-18 s beside the second wave of an eight-slot H200
-        # stream) is waited for in a pausable stretch: held as a plain share, that wait held every slot's timing off
-        # (the apart turn's among them: 21 s of its wait for the timing side, session 59). Nothing of the candidate's
-        # has run in it yet; spares still starting are stopped the same way while anything is timed.
+        # A candidate process still starting (no spare ready) is waited for in a pausable stretch: held as a plain
+        # share, that wait would hold every slot's timing off, the apart turn's among them. Nothing of the
+        # candidate's has run in it yet; spares still starting are stopped the same way while anything is timed.
         with self._pausable(reference, candidate.worker):
             ready = candidate.ask_typed("load", ReadyRequest(bell=brackets is not None), ReadyReply,
                                         setup.timeouts.load_s)
@@ -552,9 +551,9 @@ class Evaluator:
         candidate.send("load", LoadRequest(**setup.task_message(run.task, run.job, reference.init_seed),
                                            model_new_file=str(run.job / "model_new.py"), modules=modules, **calibrating))
         # The no-op regions run once the task is loaded in the candidate's process, before its code is, and
-        # once the reference has loaded: a reference importing, compiling and warming up beside them (CI's 2
-        # cores; the GPU's own work on an H100) spread their brackets by 0.1-2 ms, which loosens every later
-        # region's limit by three times that. The candidate waits for the first GO meanwhile.
+        # once the reference has loaded: a reference importing, compiling and warming up beside them (on the host's
+        # cores and on the GPU) spreads their brackets by up to milliseconds, which would loosen every later region's
+        # error by three times that. The candidate waits for the first GO meanwhile.
         if reference.loaded is None:
             with self._pausable(reference, candidate.worker):
                 ref.await_loaded(setup, reference)
@@ -562,8 +561,8 @@ class Evaluator:
         if brackets is not None:
             self._write_inputs(run, brackets, integrity.pid)
             # Measured like the timing: nothing else on the device meanwhile, the spares still starting
-            # (started as the previous evaluation ended) stopped: a warm evaluation 1 s after the last one
-            # was refused on the H100 as their start-up spread its no-op regions by 77% of a region.
+            # (started as the previous evaluation ended) stopped, since their start-up spreads the no-op
+            # regions by most of a region.
             with setup.timing_lock, spares_stopped(*self._spare_groups()):
                 quiet_after_stops(setup, reference.channel)
                 calibration = brackets.serve_calibration(setup.timeouts.load_s)

@@ -61,8 +61,8 @@ class Policy:
     # Where timed inputs' values are drawn from the evaluator's own seeds and written from outside the candidate's
     # process once it said READY (``outside.InputWriter``, ``GpuInputWriter``; a draw it can predict lets it compute
     # outputs before the region): "all" (both backends), "cpu" (the CPU backend only) or "off". On a GPU each region
-    # then waits for the reference's draw, write and L2 flush: a warm evaluation of cuda_gelu 2.84 -> 3.01 s on the
-    # H100 (benchmarks/RESULTS.md, 2026-11-27, with the reference keeping the allocations mapped).
+    # then waits for the reference's draw, write and L2 flush: a few percent of a warm evaluation
+    # (benchmarks/RESULTS.md, "Warm evaluation speed").
     outside_inputs: str = "all"
 
     def __post_init__(self) -> None:
@@ -118,7 +118,7 @@ PRESETS = {
     "strict": Policy(name="strict", atol=1e-4, rtol=1e-4, scale_tolerance=True, tf32="off", strict_expected=True),
     # The default: baselines get TF32 like the candidate; the truth is strict
     # fp32; 1e-3 (atol relative to each output's RMS) rejects bf16 arithmetic on GEMMs, which 5e-3
-    # still let through; TF32 convolutions err by up to 1.5x that (H200), so the tolerance widens to
+    # still let through; TF32 convolutions err by up to 1.5x that, so the tolerance widens to
     # twice the baseline's own error where that is larger (benchmarks/precision_calibration.py).
     "fair": Policy(),
 }
@@ -173,7 +173,7 @@ class TimingConfig:
     region_ms: float = 2.0
     max_calls: int = 400  # a 0.05 ms call (the release's axpby) reaches a 20 ms region
     region_bytes: int = 2 << 30  # the most a region's calls keep alive together (inputs and outputs)
-    # On a GPU, or this share of its memory where that is more (H200: 8.7 GB, H100: 5 GB): sub-millisecond calls of
+    # On a GPU, or this share of its memory where that is more (5-9 GB on an 80-141 GB card): sub-millisecond calls of
     # gigabytes (cuda_gelu: 2 GiB, 0.52 ms) get the region_ms the outside clock needs (docs/SECURITY.md).
     region_memory_share: float = 1 / 16
     confidence: float = 0.95
@@ -188,11 +188,11 @@ class TimingConfig:
     # Microseconds the GPU is kept busy before the start event, so the host has enqueued the
     # region's launches when it starts: the host's time to reach the GPU (a compiled module's
     # guards, Python dispatch) moves by tens of us from one process to the next, and left in the
-    # region it moved whole evaluations by 2-5% (benchmarks/timing_stability.py). 0: off.
+    # region it moved whole evaluations by 2-5% (experiments/timing_stability.py). 0: off.
     hold_us: float = 200.0
-    # torch.compile's guards and launcher take 110-520 us a call on the H200's host, more than hold_us:
-    # the GPU then waits for the host inside the region, which made compile's time move by up to 19%
-    # between evaluations while eager's stayed within 0.1% (benchmarks/compile_slow_probe.py).
+    # torch.compile's guards and launcher can take longer a call than hold_us (docs/CONSTANTS.md):
+    # the GPU then waits for the host inside the region, which moves compile's time by up to a fifth
+    # between evaluations while eager's stays within 0.1%.
     # "first-call" (the default) grows eager's and compile's holds to cover their first call's
     # enqueue (timing.HostLaunch): the first call of a region is the only one a stream of calls waits
     # for when the host enqueues faster than the GPU runs; a launch-bound side (host over twice its GPU
@@ -201,16 +201,15 @@ class TimingConfig:
     # its word.
     # "adaptive" covers a baseline's whole region and the candidate's with twice eager's host time
     # per call; on the launch-bound axpby that made rewards flip (docs/ARCHITECTURE.md, "Holds").
-    # "fixed" holds hold_us everywhere (the tables measured before 2026-11-25).
+    # "fixed" holds hold_us everywhere (what older baselines tables were timed with).
     baseline_hold: str = "first-call"
     hold_max_us: float = 20000.0
     # The outside clock (evaluate.decide.clock_check): the time of a candidate's round that neither its
     # reported regions nor the same round without the calls explain may be at most clock_slack of the
     # reported regions, plus clock_trial_us per timed region, plus clock_noise times the rounds' own
     # scatter, plus clock_harness_share of the harness's own time (the empty round). The last is wide
-    # because the empty round runs in the reference process: measured on the H200, a legitimate
-    # candidate's process spent -10 to +7 ms per round more than the reference's 11-28 ms (0-10 of
-    # ~50 ms on the CPU backend), for reasons not yet found (benchmarks/clock_probe.py).
+    # because the empty round runs in the reference process, whose harness time differs from a legitimate
+    # candidate process's by several ms a round for reasons not found (docs/CONSTANTS.md).
     clock_slack: float = 0.1
     clock_trial_us: float = 50.0
     clock_noise: float = 3.0
@@ -233,9 +232,9 @@ class TimingConfig:
     uncertainty_max: float = 0.025
     # CPU backend: the most of a baseline's timing in which some task on the host waited for a CPU
     # (evaluate.pressure). The baselines run in the trusted reference with the candidate stopped, so a
-    # stall there is other work on the host, and it slows eager's threads more than a one-thread kernel:
-    # on the 2-core host, quiet 0.6-2.2%, one busy process beside 45-48% and an honest 0.23x candidate
-    # timed at 3.1-4.0x (reward 3). Above it the evaluation is refused as an error (no reward).
+    # stall there is other work on the host, and it slows eager's threads more than a one-thread kernel,
+    # enough to time an honest 0.23x candidate at reward 3 (docs/CONSTANTS.md). Above it the evaluation has
+    # no verdict (status error, no reward).
     pressure_max: float = 0.25
     extra: dict[str, Any] = field(default_factory=dict)
 

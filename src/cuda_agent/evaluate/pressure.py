@@ -3,8 +3,7 @@ information (``/proc/pressure/cpu``: the time in which some runnable task waited
 
 On the CPU backend a side's time is the host's to give: a host busy with other work slows eager's
 threads (one per core) more than a single-threaded kernel, and a speedup measured then is not the one
-measured on a quiet host (issue 34: an honest candidate got reward 2-3 instead of 1 while other
-evaluations ran). Where the kernel does not expose pressure (before Linux 4.20, or disabled), nothing is
+measured on a quiet host (an honest candidate gets reward 2-3 instead of 1 while other evaluations run). Where the kernel does not expose pressure (before Linux 4.20, or disabled), nothing is
 measured and nothing is decided by it.
 """
 

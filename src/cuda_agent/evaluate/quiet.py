@@ -3,15 +3,12 @@
 The candidate's processes are stopped outside its own regions, but the GPU goes on running what they left
 queued, in any context: a kernel in a second context of its own (the harness's synchronise waits for the
 primary one only) would slow the baselines or start on a region's inputs as soon as they are written. Without
-MPS the GPU never runs two contexts' kernels at once; it time-slices between them (about 2 ms a slice on the
-H100), so a one-element kernel launched by the reference process waits while another context has work:
-``probe_us`` measures that wait. On the H100 (benchmarks/probes/gpu_quiet_probe.py, 2026-11-27) it was 16-23 us
-with the other context idle (median of 40; at most 0.45 ms, the host's doing), and 2.1-2.4 ms (median; the least
-of 40 0.36 ms) while the other context ran a one-block spin kernel, short kernels back to back, or held a stream
-waiting on memory nobody wrote, the same with its process stopped. So the median of a few probes says whether
-another context has work (the least does not: it was 0.29 ms of 5 beside a spin kernel once), and a candidate's
-work is told from another process's by ending the candidate: its contexts go with its processes (quiet 5-21 ms
-after SIGKILL), another process's do not.
+MPS the GPU never runs two contexts' kernels at once; it time-slices between them (slices of milliseconds), so a
+one-element kernel launched by the reference process waits while another context has work: ``probe_us`` measures
+that wait, tens of microseconds with the other context idle and milliseconds while it has work, the same with its
+process stopped (docs/CONSTANTS.md, ``QUIET_US``). So the median of a few probes says whether another context has
+work (the least does not: one probe can fall between slices), and a candidate's work is told from another
+process's by ending the candidate: its contexts go with its processes, another process's do not.
 
 The reference probes (``probe_us``) before each baseline region and after it writes a region's inputs
 (``TimeReply.busy_us``, ``WriteGpuReply.busy_us``); the evaluator judges the probes (``GpuQuiet``). After each of the
@@ -32,10 +29,9 @@ from typing import Any
 from cuda_agent.evaluate.channel import Channel, Stop
 from cuda_agent.evaluate.protocol import QuietReply, QuietRequest
 
-# The median probe above this: another context had work. Idle 16-23 us in the probe; the first probe 0.18-0.27 ms
-# before a baseline's region or GO in honest evaluations on the H100 (the candidate's context idle and stopped, and
-# quiet at once when it ended: the switch from the context that ran last), so 0.2 ms on the first probe alone failed
-# 5 of 9 honest evaluations; busy, 2.1-2.4 ms.
+# The median probe above this: another context had work. Between the idle probe and a busy one by a wide margin on
+# both sides; the first probe alone is not judged, since it may pay the switch from the context that ran last
+# (docs/CONSTANTS.md).
 QUIET_US = 1000.0
 PROBES = 5  # the median of these is judged: one may follow a switch away from the context that ran last (the
 # honest 0.22-0.27 ms, the others then 16-23 us), and one in a busy GPU's may land as a slice ends (0.29-0.36 ms)
@@ -92,8 +88,8 @@ class Doorbell:
     """How the evaluator tells the reference that a region said DONE without a request: one shared page (a sealed
     memfd of the evaluator's, never the candidate's) with two counters. The reference, asked before GO
     (``AfterDoneRequest``), waits on it and probes at once when its region's number is rung (or called off). A
-    request read by the reference's loop took 0.34-0.48 ms from the evaluator's asking to the probe's launch on the
-    H200 (2026-11-28: its wake-up and the message's parse), and work ending meanwhile was not seen."""
+    request read by the reference's loop would add its wake-up and the message's parse to the window in which work
+    ending is not seen (docs/CONSTANTS.md, "the window")."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd

@@ -347,7 +347,7 @@ class ReferenceSide(_Side):
         if same_outputs(self.expected, own):
             # The flags changed nothing (elementwise tasks): the comparison would find no error over the tolerance
             # (identical values, or NaN where the truth has NaN, which never widens it), a pass over a 6 GiB
-            # output's pieces (0.1 s on the H200) for every check.
+            # output's pieces (a tenth of a second) for every check.
             return 1.0
         return precision_allowance(self.expected, own, msg.atol, msg.rtol, msg.scale, slack)
 

@@ -23,13 +23,12 @@ from cuda_agent.evaluate.channel import Channel
 from cuda_agent.evaluate.protocol import LoadReply
 from cuda_agent.evaluate.quiet import Doorbell
 
-# What idle references may hold of a GPU together by default: more, and candidates of other tasks run out
-# (an 80 GB H100, 2026-11-26). On a larger card, all of it but ``REFERENCE_HEADROOM`` (76 GiB on the H200), so that
-# the references of the tasks with GB-sized inputs fit beside the small ones: a reference started again costs
-# 10-20 s. The headroom is what evaluations in flight need beside them: one memory-hungry evaluation at its worst
-# (about 37 GiB for a 6 GiB output) and seven small ones. Measured on the H200's eight-slot stream (session 56):
-# under a fifth of the card (28 GB) the four GB-input tasks' references (8-12 GiB idle each) closed each other
-# and each of their evaluations started one again; with 72 GiB all 26 evaluations ran without running out.
+# What idle references may hold of a GPU together by default: more, and candidates of other tasks run out on an
+# 80 GB card. On a larger card, all of it but ``REFERENCE_HEADROOM``, so that the references of the tasks with
+# GB-sized inputs fit beside the small ones: a reference started again costs 10-20 s. The headroom is what
+# evaluations in flight need beside them: one memory-hungry evaluation at its worst (about 37 GiB for a 6 GiB
+# output) and seven small ones. A tighter bound makes the GB-input tasks' references (8-12 GiB idle each) close
+# each other, so each of their evaluations starts one again (docs/CONSTANTS.md).
 REFERENCE_MEMORY = 16 * 1024**3
 REFERENCE_HEADROOM = 64 * 1024**3
 
@@ -86,8 +85,8 @@ class ReferencePool:
     Evaluators that share a GPU may share one pool (``local_service``): then a task's reference is
     started once for all of them. An evaluation that finds its task's reference out (in use by
     another, or being started by it) waits up to ``wait_s`` for it rather than starting a second
-    one: on the H100 four slots that each started the same task's reference took 28 s instead of 10,
-    and each compiled and timed its own baselines."""
+    one: slots that each start the same task's reference slow each other's starts down severalfold, and each
+    compiles and times its own baselines."""
 
     def __init__(self, capacity: int, memory: int | None = None, wait_s: float = 0.0):
         self.capacity = capacity

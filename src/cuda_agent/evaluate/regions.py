@@ -8,7 +8,8 @@ by the kernel when it is sent (``SO_TIMESTAMPNS`` on the evaluator's end), so th
 ``recv`` and still know when the region ended, by a clock no code in the worker can reach. Between DONE and CONT the
 evaluator may stop the worker and read what the region left from outside (``evaluate.outside``).
 
-What the brackets say about the worker's reported times is ``evaluate.region_clock``'s to judge.
+``evaluate.region_clock`` turns what the brackets measured into each region's time; the worker's own report is a
+diagnostic.
 """
 
 from __future__ import annotations
@@ -145,8 +146,8 @@ class Bell:
         # timing thread from the let-go either way, ``Bracket.thread_cpu_ns``).
         self.cpu_from_let_go = False
         # From GO to DONE, the socket polled rather than slept on: on a GPU read from outside, the probe after DONE
-        # sees only work still queued when it is launched, and the evaluator's wake-up on DONE was most of the time
-        # before it (0.07-0.24 ms on the H200 with the reference waiting on the doorbell). A core of the host while
+        # sees only work still queued when it is launched, and the evaluator's wake-up on DONE would be most of the
+        # time before it (docs/CONSTANTS.md, "the window"). A core of the host while
         # a region runs; not on the CPU backend, where the evaluator's core would compete with the side it times.
         self.poll_done = False
         self._polling = False
@@ -192,11 +193,10 @@ class Bell:
             finally:
                 for chunk in inputs:  # those ``before`` did not take
                     os.close(chunk.fd)
-            # A stopped process let go wakes every thread it has. Let go with GO, those wake-ups ran into the
-            # regions and spread the no-op regions' wall time on a 2-core host (the brackets' limit 0.69-4.9 ms
-            # against 0.39-0.42 ms let go first, cpu_swish; on the H100 2 of 4 honest 0.17 ms regions refused for
-            # that spread). So it is let go first and GO waits until its timing thread is asleep again
-            # (``thread()``). That wait (``Bracket.let_go_ns``, 0.06-0.1 ms a region) is the region's: its time by the
+            # A stopped process let go wakes every thread it has. Let go with GO, those wake-ups would run into the
+            # regions and spread the no-op regions' wall time several-fold, enough to refuse honest sub-millisecond
+            # regions. So it is let go first and GO waits until its timing thread is asleep again
+            # (``thread()``). That wait (``Bracket.let_go_ns``, about 0.1 ms a region) is the region's: its time by the
             # evaluator's clock starts at the let-go (``region_clock.span_ms``).
             if before_go is not None:
                 before_go(region)

@@ -135,7 +135,7 @@ def time_rounds(setup: Setup, reference: Channel, baseline: dict[str, Any], resu
                    + f" (limit {config.pressure_max:.0%}), which slows eager's threads more than a kernel's and "
                    "would inflate the speedup: evaluate again when the host is quieter")
     late = hosts.get("candidate", {})
-    # A stall in one region in a few (measured: 1-2 of 35 on the H200) moves no round's median; a
+    # A stall in one region in a few (honest candidates show one or two in 35) moves no round's median; a
     # host path longer than the hold in a quarter of them is the candidate's to shorten.
     if log is not None and log.hold_us and late.get("late", 0) >= LATE_SHARE * late.get("regions", 0) > 0:
         source = " (twice eager's host time per call)" if config.baseline_hold == "adaptive" else ""
@@ -237,8 +237,8 @@ def _candidate_side(setup: Setup, candidate: CandidateRounds, log: CandidateLog,
             # The evaluator's clock times the candidate (``region_clock``); its process's samples stay a diagnostic.
             samples = [t / calls for t in brackets.times(bracketed, log.hold_us if setup.device == "cuda" else 0.0)]
             # The round's clock counts the candidate's time only: what the evaluator did between its regions
-            # (stopping it, reading outputs from outside: 5-20 ms a region on a 2-core host) is not, and the
-            # empty round has none of it; left in, an honest CPU candidate came within 2% of the limit.
+            # (stopping it, reading outputs from outside: milliseconds a region on the CPU backend) is not, and the
+            # empty round has none of it; left in, it brings an honest CPU candidate to the limit.
             wall_ms -= sum(b.held_ns for b in bracketed) / 1e6
         if outside:
             if reply.records:
@@ -323,6 +323,6 @@ def wait_until_idle(setup: Setup) -> str | None:
             return busy
         setup.on_stage("baseline", f"waiting for the GPU to be idle ({busy})")
         # Asked again soon: what shows as busy is mostly this evaluation's own checks, in NVML's sample period
-        # just ended (each of the H200 stream's first evaluations of a task waited 1.4 s here, with the device
-        # held, when a second each was slept; readings are three 0.1 s apart, so busy work is still seen).
+        # just ended (a second slept each time held the device over a second for nothing at every task's first
+        # evaluation; readings are three 0.1 s apart, so busy work is still seen).
         time.sleep(IDLE_POLL_S)

@@ -308,9 +308,9 @@ def refuse_if_too_big(module: types.ModuleType, init_args: list[Any], limit: int
 
 
 def share_inductor_headers() -> None:
-    """Inductor keeps its C++ precompiled header (150 MB, ~7 s to build on a 2-core host) under $TMPDIR, not
+    """Inductor keeps its C++ precompiled header (150 MB, seconds to build) under $TMPDIR, not
     under TORCHINDUCTOR_CACHE_DIR, and each reference process has a TMPDIR of its own: every torch.compile on
-    the CPU rebuilt it (9.5 s against 2.9 s with it kept). Pointed into the shared inductor cache, where
+    the CPU would rebuild it, three times the cost of a compile with it kept. Pointed into the shared inductor cache, where
     inductor's own file lock makes concurrent builds safe; a torch without these names is left as it is."""
     cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     if not cache:

@@ -7,7 +7,7 @@ event follows the calls in stream order, and a fence recorded after a
 device-wide synchronise catches work left running on other streams (such a
 trial is timed to the fence). The hold only keeps the host out while the host
 enqueues a region faster than the hold lasts: torch.compile's guards and
-launcher take 110-520 us a call on the H200's host, so the trusted baselines'
+launcher can take longer a call than the hold (docs/CONSTANTS.md), so the trusted baselines'
 holds grow to cover one call of what their host was seen to take (``HostLaunch``). An
 evaluation times candidate and baselines in interleaved rounds (``time_round``,
 driven by the evaluator) so that the machine's slow spells fall on both sides
@@ -353,7 +353,7 @@ def _time_regions_cuda(prepare: Callable[[], Callable[[], Any]], config: TimingC
             if bell is not None and before_done is not None:
                 # The region's allocations handed over while its kernels still run, not after the synchronise:
                 # what the harness does between the GPU's end and DONE is what a DONE sent by the candidate's code
-                # could overlap with its kernels (``tails_us``; 0.056-0.078 ms on the H200 with the export there).
+                # could overlap with its kernels (``tails_us``, a few hundredths of a millisecond with the export there).
                 before_done(region)
             reads_ms.append((clock() - reads) / 1e6)
             cuda.synchronize()

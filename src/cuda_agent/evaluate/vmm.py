@@ -1,4 +1,4 @@
-"""A candidate's GPU memory read by another process, across the sandbox's namespaces (trust v3, class 1).
+"""A candidate's GPU memory read by another process, across the sandbox's namespaces.
 
 Under ``expandable_segments`` torch's caching allocator backs its memory with physical allocations of
 the driver's virtual memory API (``cuMemCreate``), each a page of a segment (2 or 20 MiB). After each
@@ -7,7 +7,7 @@ descriptor (``Exporter``, ``cuMemExportToShareableHandle``), after the region's 
 The evaluator relays the descriptors of the allocations that hold the positions it drew to the reference
 process (SCM_RIGHTS), which maps them read-only and reads those positions twice, apart, while the
 candidate's processes are stopped (``Importer``). Legacy CUDA IPC handles cannot do this: they need one
-PID namespace, and each sandbox has its own (measured: ``benchmarks/probes/vmm_share_probe.py``).
+PID namespace, and each sandbox has its own (measured: ``experiments/probes/vmm_share_probe.py``).
 
 Every driver entry point is bound when the object is made: the exporter before any candidate code loads.
 """
@@ -317,8 +317,8 @@ class Importer:
 
     def _read_all(self, mapped: list[tuple[int, int]], reads: list[tuple[int, int, int]]) -> list[bytes]:
         """The reads gathered on the device into one buffer of this process's, in stream order, and copied out in
-        one, rather than a synchronous copy to the host each (80 a region for cuda_gelu: its read request 3.23 ->
-        3.05 ms on the H200; the rest is the time between the two reads)."""
+        one, rather than a synchronous copy to the host each (80 a region for cuda_gelu; most of what is left of a
+        read request is the time between the two reads)."""
         if not reads:
             return []
         total = sum(nbytes for _, _, nbytes in reads)

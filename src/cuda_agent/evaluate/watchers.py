@@ -24,9 +24,8 @@ from cuda_agent.guard.policy import RULES
 
 # CPU time a thread of the candidate's process that existed before its code loaded (not the one that
 # calls it) may use while it is timed on a GPU: this much, or this share of the calling thread's, whichever
-# is more (BorrowedThreads). Measured on the H200, legitimate candidates: at most 2.7 ms and 0.3%
-# alone, 20.8 ms and 2.8% with other evaluations on the machine (torch's CPU pool spinning after the
-# harness's own CPU work).
+# is more (BorrowedThreads). Both sit well above what legitimate candidates' pre-existing threads use, with other
+# evaluations on the machine too (torch's CPU pool spinning after the harness's own CPU work): docs/CONSTANTS.md.
 BORROWED_THREAD_MS = 50.0
 BORROWED_THREAD_SHARE = 0.25
 
@@ -213,8 +212,8 @@ class Clock:
         check = clock_check(*self.rounds, self.timing)
         # Where the brackets judged every region, they bound the reported time far tighter than the round
         # does; the round's empty twin runs in another process, whose harness time differs from the
-        # candidate's by several ms for no fault of the candidate (an honest level2_76 came 0.05% over on
-        # the H100), so only a gross excess (time spent outside every region) is still judged there.
+        # candidate's by several ms for no fault of the candidate (enough to put an honest one just over), so
+        # only a gross excess (time spent outside every region) is still judged there.
         bracketed = self.regions is not None and self.regions.judged
         decisive = check.decisive and not bracketed
         self.result.timing = self.result.timing | {"clock": check.to_dict() | {"decisive": decisive}}

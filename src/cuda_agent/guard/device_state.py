@@ -5,7 +5,7 @@ Persisting L2 lines survive the flush buffer written before every timed call,
 so a candidate that marks its data persisting would be timed with a warm cache.
 The harness demotes persisting lines to normal before each timed call, and
 the limit itself is one of the global flags ``guard.runtime`` checks (it is not
-0 by default: 11.25 MiB on an H200). Driver calls go through ``libcuda``
+0 by default on recent GPUs). Driver calls go through ``libcuda``
 directly: torch exposes neither.
 
 Baselines are timed while the GPU should be idle; ``gpu_busy`` says whether it

@@ -1,4 +1,4 @@
-"""The harness's native entry points, checked from outside the candidate's process (issue 17, class 1).
+"""The harness's native entry points, checked from outside the candidate's process.
 
 Native code in the candidate's process can change what the harness's timing reaches without touching
 a Python object the in-process snapshot holds: it can point an import-table (GOT) slot of a library

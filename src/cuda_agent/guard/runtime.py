@@ -234,7 +234,7 @@ def _harness_functions(trusted: Mapping[str, Callable[[], Any]]) -> dict[str, Ca
         "torch.no_grad": lambda: torch.no_grad,
         # Input generation: both processes must draw the same inputs from the same seeds.
         # torch.random's own function: importing torch._dynamo rebinds torch.manual_seed to a
-        # wrapper, and importing dynamo before the snapshot takes 4 s (H200, startup_profile.py).
+        # wrapper, and importing dynamo before the snapshot takes seconds.
         "torch.random.manual_seed": lambda: torch.random.manual_seed,
         "torch.randn": lambda: torch.randn,
         "torch.rand": lambda: torch.rand,

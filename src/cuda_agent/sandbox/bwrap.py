@@ -473,7 +473,7 @@ class BwrapSandbox:
         if not gpu:
             # The process's own entries too: /proc/self/mem opened for writing writes through any page
             # protection (code included). Not for GPU jobs: the CUDA driver does not start with a
-            # read-only /proc (cudaGetDeviceCount: error 304, on the H200); there such a write leaves
+            # read-only /proc (cudaGetDeviceCount: error 304); there such a write leaves
             # copy-on-write pages the integrity watch sees (guard.integrity).
             args += ["--remount-ro", "/proc"]
         size = str(self.tmpfs_bytes)

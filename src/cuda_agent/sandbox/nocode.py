@@ -1,4 +1,4 @@
-"""Nothing becomes executable once a candidate process's harness has started (issue 17, trust v2).
+"""Nothing becomes executable once a candidate process's harness has started.
 
 Native code in the candidate's process could otherwise rewrite the code the harness's timing runs
 (``clock_gettime`` in libc or the vDSO, ``cudaEventElapsedTime`` in the CUDA runtime) in place:

@@ -187,7 +187,7 @@ def descendants(pid: int, cgroup: Path | None = None) -> list[int]:
     read), so cheap sources are used: each thread's ``children`` list in ``/proc`` and the members of
     ``cgroup`` (the tree's own job cgroup, which a sandboxed process cannot leave) together; one of them
     where the kernel keeps no children lists; a scan of every process on the host only where neither is
-    there (16-36 ms a call on the H100 host, where torch.compile's workers and other evaluations run)."""
+    there (tens of ms a call on a host where torch.compile's workers and other evaluations run)."""
     members = _cgroup_members(cgroup) if cgroup is not None else None
     if members is not None and pid not in members:
         members = None  # not this tree's cgroup: not believed

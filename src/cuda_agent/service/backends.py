@@ -1,5 +1,5 @@
 """Where the service's slots live: in this process (``local_service``) or in Ray actors
-(``ray_service``, ``pip install 'cuda-agent[ray]'``). Both return the same ``EvalService``.
+(``ray_service``, ``pip install -e '.[ray]'``). Both return the same ``EvalService``.
 
 One slot per GPU by default, each an ``Evaluator(prestart=True)`` that owns its GPU: on a cluster an
 actor asks Ray for a whole GPU (``num_gpus=1``), so the pool's GPUs are never shared with training.
@@ -26,7 +26,7 @@ from cuda_agent.service.pool import EvalService, LocalSlot, SlotLost, execute
 
 
 # How long a slot waits for its task's reference to come back from another slot before it starts its own:
-# longer than an evaluation's verify and timing (5-30 s on the H100), shorter than a stuck one.
+# longer than an evaluation's verify and timing (seconds to tens of seconds), shorter than a stuck one.
 REFERENCE_WAIT_S = 60.0
 
 
@@ -48,7 +48,7 @@ def local_service(device: str = "auto", *, slots: int | None = None, gpus: list[
     and reads its outputs beside the others, so the device works while a slot is between timings.
     ``pause_neighbours``: a slot that times stops the other slots' evaluations where they only wait for their
     reference process (its start, torch.compile) instead of waiting for them (``DeviceLock``'s ``pause``; on by
-    default: measured on the H200's eight-slot stream, docs/SCALE.md).
+    default: docs/SCALE.md).
     ``apart``: how many memory-hungry evaluations may run at once on a GPU (``DeviceLock``'s ``apart``)."""
     if per_gpu < 1:
         raise ValueError(f"per_gpu must be at least 1, not {per_gpu}")
@@ -78,7 +78,7 @@ def local_service(device: str = "auto", *, slots: int | None = None, gpus: list[
                                    | {"prestart": False} | ({"build_lock": list(locks.values())} if locks else {})))
     workers = (default_build_workers() if device == "cuda" else 0) if build_workers is None else build_workers
     # The symbol audit's probe (and with it what every candidate's build shares: the glue's precompiled header,
-    # binding.cpp) is built now, not by the first candidates, which waited 21-23 s for it on the H100 (a cached
+    # binding.cpp) is built now, not by the first candidates, which would wait tens of seconds for it (a cached
     # one returns at once). On a thread, so the service answers at once; what keeps the audit apart from every
     # candidate is not this order but the probe's own namespace in the cache, and every evaluator (a build
     # worker's or a slot's) builds the probe before its first candidate anyway (``Evaluator.build``).

@@ -24,8 +24,7 @@ machine and on a cluster. What it promises a client:
 - **one job of a task at a time** (``one_per_task``, where slots share their reference processes): a free
   slot passes over jobs of a task another slot is evaluating, and waits where there are only such jobs.
   Taken, such a job would wait in its slot for the task's one reference (up to a minute), then start a
-  second one: on the H200 with eight slots, candidates of the same task filled slots that way and their
-  references took 68 s to come.
+  second one, and candidates of the same task filling every slot would wait that long in turn.
 """
 
 from __future__ import annotations
@@ -43,7 +42,7 @@ from cuda_agent.service.messages import Job, Reply, ServiceError
 
 RATE_WINDOW_S = 60.0  # evaluations per second are counted over this window
 # Task affinity: a free slot takes a waiting job of a task it served recently (its evaluator still holds
-# that task's reference process: 2 s for a warm evaluation against 12 s with a reference start, H200),
+# that task's reference process: a warm evaluation costs a sixth of one with a reference start, docs/SCALE.md),
 # scanning this far into the queue; the head job is taken anyway once it has waited AFFINITY_WAIT_S.
 AFFINITY_SCAN = 64
 AFFINITY_TASKS = 8  # tasks a slot is taken to hold (the evaluator's reference pool keeps a few)

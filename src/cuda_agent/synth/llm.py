@@ -1,7 +1,7 @@
 """The LLM composer, as in the paper: sample up to 5 catalog operators, ask a model to compose them.
 
 Any OpenAI-compatible chat-completions endpoint works (vLLM, SGLang, hosted
-APIs), through the ``openai`` SDK (``pip install 'cuda-agent[llm]'``). The model
+APIs), through the ``openai`` SDK (``pip install -e '.[llm]'``). The model
 gets the operators with their signatures and the KernelBench format, and answers
 with one Python code block; the program then meets the same filters as the
 programmatic composer's. transformers layers are standalone tasks, never

@@ -1,4 +1,4 @@
-"""Screening on a Ray cluster (``pip install 'cuda-agent[ray]'``, ``cuda-agent synth --ray ADDRESS``).
+"""Screening on a Ray cluster (``pip install -e '.[ray]'``, ``cuda-agent synth --ray ADDRESS``).
 
 One actor per worker slot, each owning a sandboxed screening process on its
 node, behind the same three calls as a local ``Screener``. Composition, the

@@ -1,4 +1,4 @@
-"""RL training (issue 14): rollouts as typed batches and the PPO pieces, in pure torch.
+"""RL training: rollouts as typed batches and the PPO pieces, in pure torch.
 
 A client of the rest (agent, evaluate); nothing but the CLI imports it.
 """

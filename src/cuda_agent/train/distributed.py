@@ -114,8 +114,8 @@ def init_distributed(fsdp: bool = False) -> Dist:
 
 def leave_group() -> None:
     """The process group destroyed at the end of a run that succeeded. Left to the interpreter's exit, gloo's
-    threads outlived it now and then and aborted the rank ("terminate called without an active exception": a
-    two-rank RFT run in CI, 2026-11-28; pytorch/pytorch#190489). Not after a failure: a rank still in a collective
+    threads can outlive it and abort the rank ("terminate called without an active exception";
+    pytorch/pytorch#190489). Not after a failure: a rank still in a collective
     would wait for this one there."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         # Every rank at the end first: a rank destroying its group while another still sends to it (rank 0 saving
