@@ -7,7 +7,8 @@
     ability       "cuda"
     reward_model  {"style": "rule", "ground_truth": the task's digest}: verl's reward managers read
                   ``ground_truth``; the judge is the evaluator, so it only names the task's content
-    extra_info    the task itself (name, code, source, level, problem_id) and ``index`` (verl's sample index)
+    extra_info    the task itself (``tasks.rows.task_columns``; ``task_from_row`` reads it back) and ``index``
+                  (verl's sample index)
     agent_name    the agent loop verl runs for the row: ``cuda_agent`` (``agent_loop.CudaAgentLoop``), or
                   ``single_turn_agent`` (verl's own, with ``reward.compute_score``)
 
@@ -20,12 +21,12 @@ import argparse
 from pathlib import Path
 from typing import Any, Iterable
 
-from cuda_agent.tasks import Task, TaskError, load_tasks
+from cuda_agent.tasks import Task, load_tasks
+from cuda_agent.tasks.rows import task_columns
 from cuda_agent.train.single_turn import single_turn_messages
 
 AGENT_NAME = "cuda_agent"  # the name CudaAgentLoop is registered under
 SINGLE_TURN_AGENT = "single_turn_agent"  # verl's single-turn loop (verl/experimental/agent_loop)
-_TASK_FIELDS = ("name", "code", "source", "level", "problem_id")
 
 
 def task_row(task: Task, index: int, *, agent_name: str = AGENT_NAME, data_source: str = "cuda_agent",
@@ -36,23 +37,9 @@ def task_row(task: Task, index: int, *, agent_name: str = AGENT_NAME, data_sourc
         "prompt": single_turn_messages(task),
         "ability": "cuda",
         "reward_model": {"style": "rule", "ground_truth": task.digest},
-        "extra_info": {"index": index, "split": split, **{name: getattr(task, name) for name in _TASK_FIELDS}},
+        "extra_info": {"index": index, "split": split, **task_columns(task)},
         "agent_name": agent_name,
     }
-
-
-def task_from_extra_info(extra_info: Any) -> Task:
-    """The task a row carries (its ``extra_info``, as verl hands it to an agent loop or a reward function)."""
-    if not isinstance(extra_info, dict) or not extra_info.get("code") or not extra_info.get("name"):
-        raise TaskError("the verl row carries no task: its extra_info needs the task's name and code; write the "
-                        "data with cuda_agent.train.verl.data.tasks_to_parquet")
-
-    def optional_int(value: Any) -> int | None:
-        return None if value is None else int(value)
-
-    return Task(name=str(extra_info["name"]), code=str(extra_info["code"]),
-                source=str(extra_info.get("source") or extra_info["name"]),
-                level=optional_int(extra_info.get("level")), problem_id=optional_int(extra_info.get("problem_id")))
 
 
 def tasks_to_parquet(source: str | Path, out_path: str | Path, *, levels: Iterable[int] | None = None,

@@ -1,7 +1,8 @@
-"""The evaluator behind verl's episodes and rewards: the evaluation service, or evaluators on this machine.
+"""The evaluator behind the RL stacks' episodes and rewards (verl, TRL, OpenEnv, verifiers): the evaluation
+service, or evaluators on this machine.
 
-verl calls an agent loop or a reward function many times at once (asyncio tasks whose blocking work runs in
-threads) and gives it no place to keep state between calls, so the evaluators live here, per process:
+Trainers call an agent loop or a reward function many times at once (asyncio tasks or threads whose blocking
+work runs in threads) and give it no place to keep state between calls, so the evaluators live here, per process:
 
 * a service URL (the loop's or reward's ``service`` option, else ``CUDA_AGENT_SERVICE``): one
   ``RemoteEvaluator`` shared by every thread (each call is its own HTTP request). This is the setting for a
@@ -17,6 +18,7 @@ import contextlib
 import os
 import queue
 import threading
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 from cuda_agent.evaluate.device_lock import DeviceLock
@@ -32,8 +34,8 @@ def service_url(service: str | None = None) -> str | None:
 class LocalEvaluators:
     """Local evaluators made on demand and lent one per caller at a time; they share one timing lock."""
 
-    def __init__(self, device: str = "auto", policy: str = "fair", sandbox: str = "auto"):
-        self.device, self.policy, self.sandbox = device, policy, sandbox
+    def __init__(self, device: str = "auto", policy: str = "fair", sandbox: str = "auto", time_compile: bool = True):
+        self.device, self.policy, self.sandbox, self.time_compile = device, policy, sandbox, time_compile
         self.timing_lock = DeviceLock()  # timing alone, the rest side by side (evaluate.device_lock)
         self._idle: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
         self._made: list[Any] = []
@@ -46,7 +48,7 @@ class LocalEvaluators:
         device = resolve_device(self.device)
         # As the training stages make theirs: candidates prestarted where a process start costs seconds.
         evaluator = Evaluator(device, policy=Policy.preset(self.policy), sandbox=self.sandbox,
-                              timing_lock=self.timing_lock, **long_lived(device))
+                              timing_lock=self.timing_lock, time_compile=self.time_compile, **long_lived(device))
         with self._guard:
             self._made.append(evaluator)
         return evaluator
@@ -70,7 +72,7 @@ class LocalEvaluators:
 
 
 _remote: dict[str, Any] = {}
-_local: dict[tuple[str, str, str], LocalEvaluators] = {}
+_local: dict[tuple[str, str, str, bool], LocalEvaluators] = {}
 _lock = threading.Lock()
 
 
@@ -84,17 +86,18 @@ def remote_evaluator(url: str) -> Any:
         return _remote[url]
 
 
-def local_evaluators(device: str = "auto", policy: str = "fair", sandbox: str = "auto") -> LocalEvaluators:
+def local_evaluators(device: str = "auto", policy: str = "fair", sandbox: str = "auto",
+                     time_compile: bool = True) -> LocalEvaluators:
     with _lock:
-        key = (device, policy, sandbox)
+        key = (device, policy, sandbox, time_compile)
         if key not in _local:
-            _local[key] = LocalEvaluators(device, policy, sandbox)
+            _local[key] = LocalEvaluators(device, policy, sandbox, time_compile)
         return _local[key]
 
 
 @contextlib.contextmanager
 def lend_evaluator(service: str | None = None, *, device: str = "auto", policy: str = "fair", sandbox: str = "auto",
-                   evaluator: Any = None) -> Iterator[Any]:
+                   evaluator: Any = None, time_compile: bool = True) -> Iterator[Any]:
     """An evaluator for one episode or one reward: ``evaluator`` as given (an ``EvaluatorLike`` its owner
     made safe to share), else the service (``service_url``), else a local one lent for the ``with`` block."""
     if evaluator is not None:
@@ -104,8 +107,26 @@ def lend_evaluator(service: str | None = None, *, device: str = "auto", policy: 
     if url:
         yield remote_evaluator(url)
         return
-    with local_evaluators(device, policy, sandbox).lend() as local:
+    with local_evaluators(device, policy, sandbox, time_compile).lend() as local:
         yield local
+
+
+@dataclass(frozen=True)
+class EvaluatorOptions:
+    """Where evaluations go: ``evaluator`` (an ``EvaluatorLike`` safe to share), else ``service`` (a URL, or
+    ``$CUDA_AGENT_SERVICE``), else local evaluators with ``device``, ``policy``, ``sandbox`` and ``time_compile``
+    (whether the torch.compile baseline is timed: without it no candidate earns the reward for beating it)."""
+
+    service: str | None = None
+    device: str = "auto"
+    policy: str = "fair"
+    sandbox: str = "auto"
+    evaluator: Any = None
+    time_compile: bool = True
+
+    def lend(self):
+        return lend_evaluator(self.service, device=self.device, policy=self.policy, sandbox=self.sandbox,
+                              evaluator=self.evaluator, time_compile=self.time_compile)
 
 
 @atexit.register
