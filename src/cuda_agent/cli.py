@@ -816,6 +816,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_level_option(p)
     p.set_defaults(func=cmd_tasks)
 
+    # `export`: the whole command lives in integrations.export (arguments and behaviour); this block only registers it.
+    from cuda_agent.integrations import export as export_command
+    p = sub.add_parser("export", help="write a task source as an RL stack's dataset (trl, verl, verifiers, openenv)",
+                       description=export_command.__doc__.split("\n\n")[0])
+    export_command.add_arguments(p)
+    p.set_defaults(func=export_command.main)
+
     p = sub.add_parser("example", help="evaluate a bundled example (the CPU one when no GPU is visible)",
                        description="Evaluate a bundled example. Examples: " + ", ".join(_example_names()) + ".",
                        epilog=EXIT_CODES)

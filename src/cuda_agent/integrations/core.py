@@ -40,8 +40,8 @@ from cuda_agent.train.single_turn import (FAILURE_REWARD, SingleTurnOutcome, com
                                           single_turn_messages)
 
 __all__ = ["FAILURE_REWARD", "TASK_COLUMNS", "EvaluatorOptions", "ToolEpisode", "completion_text", "feedback",
-           "load_task_rows", "score_completion", "score_completions", "score_outcomes", "single_turn_messages",
-           "task_columns", "task_from_row"]
+           "load_task_rows", "score_completion", "score_completions", "score_outcomes", "shareable",
+           "single_turn_messages", "task_columns", "task_from_row"]
 
 
 def load_task_rows(source: str | Path, levels: Iterable[int] | None = None) -> list[dict[str, Any]]:
@@ -67,13 +67,13 @@ def score_outcomes(tasks: Sequence[Task], completions: Sequence[Any], options: E
     def one(pair: tuple[Task, Any]) -> SingleTurnOutcome:
         return score_completion(*pair, options)
 
-    if options.evaluator is not None and not _shareable(options.evaluator):
+    if options.evaluator is not None and not shareable(options.evaluator):
         workers = 1  # a local Evaluator keeps per-evaluation processes: one caller at a time
     with ThreadPoolExecutor(max_workers=max(1, min(workers, len(tasks)))) as pool:
         return list(pool.map(one, zip(tasks, completions)))
 
 
-def _shareable(evaluator: Any) -> bool:
+def shareable(evaluator: Any) -> bool:
     """Whether threads may call ``evaluator`` at once: the service's client may (each call is its own request)."""
     from cuda_agent.service import RemoteEvaluator
 

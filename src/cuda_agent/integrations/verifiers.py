@@ -125,6 +125,8 @@ class KernelHarnessConfig(vf.HarnessConfig):
     device: str = "auto"
     policy: str = "fair"
     sandbox: str = "auto"
+    time_compile: bool = True
+    """Time the torch.compile baseline (without it no candidate earns the reward for beating it)."""
     max_turns: int = 150
     """Model turns per episode (the paper: 150); verifiers' own --env.agent.max-turns also ends it."""
     command_timeout_s: float = 300.0
@@ -158,7 +160,8 @@ class KernelHarness(vf.Harness[KernelHarnessConfig]):
 
     def _options(self) -> EvaluatorOptions:
         config = self.config
-        return EvaluatorOptions(config.service, config.device, config.policy, config.sandbox, self.evaluator)
+        return EvaluatorOptions(config.service, config.device, config.policy, config.sandbox, self.evaluator,
+                                config.time_compile)
 
     async def _single_turn(self, task, model: str, endpoint: str, secret: str, trace: vf.Trace) -> vf.ProgramResult:
         """One model call through the interception (the single-turn prompt, no tools), its reply scored."""

@@ -134,3 +134,48 @@ def _close_local() -> None:
     # A Ray worker exits without closing what it holds: stop the prestarted candidate and reference processes.
     for pool in list(_local.values()):
         pool.close()
+
+
+# The reward's settings as a dataset carries them (``cuda-agent export --service ... --policy ...`` writes them in a
+# ``reward_settings`` column) and as the environment overrides them: a dataset says what the reward is, the place it
+# runs may say where its evaluations go.
+SETTINGS_ENV = {"service": SERVICE_ENV, "device": "CUDA_AGENT_REWARD_DEVICE", "policy": "CUDA_AGENT_REWARD_POLICY",
+                "sandbox": "CUDA_AGENT_REWARD_SANDBOX", "time_compile": "CUDA_AGENT_REWARD_TIME_COMPILE"}
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def settings_of(options: EvaluatorOptions) -> dict[str, Any]:
+    """``options`` as the ``reward_settings`` a dataset carries (``options_from_settings`` reads them back)."""
+    return {name: getattr(options, name) for name in SETTINGS_ENV}
+
+
+def options_from_settings(settings: Any = None, environ: Any = None) -> EvaluatorOptions:
+    """The reward's ``EvaluatorOptions``: each setting from the environment (``SETTINGS_ENV``) where set, else from
+    ``settings`` (a dataset's ``reward_settings``: a mapping or its JSON text), else the default."""
+    import json
+
+    from cuda_agent.evaluate.policy import PRESETS
+
+    environ = os.environ if environ is None else environ
+    if isinstance(settings, str):
+        settings = json.loads(settings) if settings.strip() else {}
+    settings = dict(settings or {})
+    unknown = sorted(set(settings) - set(SETTINGS_ENV))
+    if unknown:
+        raise ValueError(f"unknown reward setting(s) {', '.join(unknown)}: use {', '.join(SETTINGS_ENV)}")
+    values: dict[str, Any] = {}
+    for name, variable in SETTINGS_ENV.items():
+        value = environ.get(variable) or settings.get(name)
+        if value is None or value == "":
+            continue
+        if name == "time_compile" and isinstance(value, str):
+            if value.lower() not in _TRUE + _FALSE:
+                raise ValueError(f"{variable}={value!r} is not a yes/no: set it to 1 or 0")
+            value = value.lower() in _TRUE
+        values[name] = value
+    if values.get("policy", "fair") not in PRESETS:
+        raise ValueError(f"unknown policy {values['policy']!r} in the reward's settings: use one of "
+                         f"{', '.join(PRESETS)} ({SETTINGS_ENV['policy']} or `cuda-agent export --policy`)")
+    if values.get("device", "auto") not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"unknown device {values['device']!r} in the reward's settings: use auto, cpu or cuda")
+    return EvaluatorOptions(**values)

@@ -30,14 +30,15 @@ SINGLE_TURN_AGENT = "single_turn_agent"  # verl's single-turn loop (verl/experim
 
 
 def task_row(task: Task, index: int, *, agent_name: str = AGENT_NAME, data_source: str = "cuda_agent",
-             split: str = "train") -> dict[str, Any]:
-    """One dataset row for ``task``."""
+             split: str = "train", reward_settings: str | None = None) -> dict[str, Any]:
+    """One dataset row for ``task``; ``reward_settings`` (JSON, ``train.evaluators.settings_of``) in its
+    ``extra_info`` for ``reward.compute_score``."""
     return {
         "data_source": data_source,
         "prompt": single_turn_messages(task),
         "ability": "cuda",
         "reward_model": {"style": "rule", "ground_truth": task.digest},
-        "extra_info": {"index": index, "split": split, **task_columns(task)},
+        "extra_info": {"index": index, "split": split, **task_columns(task), "reward_settings": reward_settings},
         "agent_name": agent_name,
     }
 
@@ -45,14 +46,20 @@ def task_row(task: Task, index: int, *, agent_name: str = AGENT_NAME, data_sourc
 def tasks_to_parquet(source: str | Path, out_path: str | Path, *, levels: Iterable[int] | None = None,
                      agent_name: str = AGENT_NAME, data_source: str = "cuda_agent", split: str = "train") -> Path:
     """Every task of ``source`` (anything ``tasks.load_tasks`` reads) as a verl dataset at ``out_path``."""
+    return write_parquet(load_tasks(source, levels), out_path, agent_name=agent_name, data_source=data_source,
+                         split=split)
+
+
+def write_parquet(tasks: Iterable[Task], out_path: str | Path, *, agent_name: str = AGENT_NAME,
+                  data_source: str = "cuda_agent", split: str = "train", reward_settings: str | None = None) -> Path:
+    """``tasks`` as a verl dataset at ``out_path`` (``cuda-agent export --format verl`` writes through it)."""
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError:
         raise ImportError("writing verl's parquet needs pyarrow: pip install 'cuda-agent[verl]'") from None
-    tasks = load_tasks(source, levels)
-    rows = [task_row(task, i, agent_name=agent_name, data_source=data_source, split=split)
-            for i, task in enumerate(tasks)]
+    rows = [task_row(task, i, agent_name=agent_name, data_source=data_source, split=split,
+                     reward_settings=reward_settings) for i, task in enumerate(tasks)]
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(rows, schema=_schema(pa)), out)
@@ -69,7 +76,8 @@ def _schema(pa: Any) -> Any:
         ("ability", text),
         ("reward_model", pa.struct([("style", text), ("ground_truth", text)])),
         ("extra_info", pa.struct([("index", pa.int64()), ("split", text), ("name", text), ("code", text),
-                                  ("source", text), ("level", pa.int64()), ("problem_id", pa.int64())])),
+                                  ("source", text), ("level", pa.int64()), ("problem_id", pa.int64()),
+                                  ("reward_settings", text)])),
         ("agent_name", text),
     ])
 
