@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from cuda_agent.agent.commands import Evaluation
 from cuda_agent.agent.session import AgentConfig, EpisodeSession, SessionOutcome
@@ -40,7 +40,7 @@ from cuda_agent.train.single_turn import (FAILURE_REWARD, SingleTurnOutcome, com
                                           single_turn_messages)
 
 __all__ = ["FAILURE_REWARD", "TASK_COLUMNS", "EvaluatorOptions", "ToolEpisode", "completion_text", "feedback",
-           "load_task_rows", "score_completion", "score_completions", "score_outcomes", "shareable",
+           "load_task_rows", "rollout_metrics", "score_completion", "score_completions", "score_outcomes", "shareable",
            "single_turn_messages", "task_columns", "task_from_row"]
 
 
@@ -96,6 +96,28 @@ def feedback(evaluation: Evaluation) -> dict[str, Any]:
     if result.get("counters"):
         brief["profile"] = result["counters"]
     return brief
+
+
+FAST_P = (0, 1, 2)  # KernelBench's fast_p thresholds reported per rollout
+
+
+def rollout_metrics(final: Mapping[str, Any] | None) -> dict[str, float]:
+    """One rollout's metrics from its closing evaluation (``EvalResult.to_dict()``; None where no candidate was
+    evaluated), every one a number so that a trainer can average them: ``correct``; ``fast_0``/``fast_1``/``fast_2``
+    (KernelBench's fast_p for this one task: correct with a speedup over eager above p); ``speedup_eager`` and
+    ``speedup_compile`` (0 where not correct or not timed); the milestone reward's parts ``beats_eager`` and
+    ``beats_compile`` (the evaluator's decision: -1 + 2 correct + beats_eager + beats_compile); ``no_verdict``."""
+    final = final or {}
+    correct = final.get("status") == "correct"
+    eager, compiled = final.get("speedup_eager"), final.get("speedup_compile")
+    decided = ((final.get("decision") or {}).get("speedups") or {})
+    metrics = {"correct": float(correct), "no_verdict": float(final.get("status") == "error"),
+               "speedup_eager": float(eager) if correct and eager else 0.0,
+               "speedup_compile": float(compiled) if correct and compiled else 0.0,
+               "beats_eager": float(correct and bool((decided.get("eager") or {}).get("beats"))),
+               "beats_compile": float(correct and bool((decided.get("compile") or {}).get("beats")))}
+    metrics.update({f"fast_{p}": float(correct and eager is not None and eager > p) for p in FAST_P})
+    return metrics
 
 
 @dataclass

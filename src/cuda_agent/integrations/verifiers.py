@@ -10,7 +10,9 @@ and ``Env`` subclasses its ``__all__`` exports; the package ``cuda_agent_kernels
 
     KernelTaskset  the tasks of ``tasks`` (a task file, a folder of them, KernelBench, JSONL/parquet, a hub
                    dataset), one ``KernelTask`` each; its data carries the task (``name``, ``code``, ...)
-    KernelTask     the reward: ``kernel_reward``, the closing evaluation's (what ``run_episode`` gives); where that
+    KernelTask     the metrics (``kernel_metrics``: correct, fast_0/1/2, speedups over eager and torch.compile,
+                   the reward's parts, no_verdict; ``core.rollout_metrics``) of every rollout, and
+                   the reward: ``kernel_reward``, the closing evaluation's (what ``run_episode`` gives); where that
                    evaluation has no verdict (the evaluator could not decide) there is no reward: the state says
                    so (``no_verdict``, ``reason``), the program ends with exit code 3 and the reason on stderr
                    (verifiers records the rollout's program as failed), and ``kernel_reward`` is NaN, not a
@@ -49,7 +51,7 @@ from cuda_agent.agent.llm import OpenAIChat
 from cuda_agent.agent.loop import run_episode
 from cuda_agent.agent.session import AgentConfig
 from cuda_agent.evaluate.result import no_reward_reason
-from cuda_agent.integrations.core import (FAILURE_REWARD, EvaluatorOptions, score_completion,
+from cuda_agent.integrations.core import (FAILURE_REWARD, EvaluatorOptions, rollout_metrics, score_completion,
                                           single_turn_messages, task_columns, task_from_row)
 from cuda_agent.tasks import TaskError, load_tasks
 
@@ -75,7 +77,8 @@ class KernelState(vf.State):
     status: str | None = None
     end_reason: str | None = None
     no_verdict: bool = False  # the closing evaluation had no verdict: no reward (``reason`` says why)
-    reason: str | None = None
+    reason: str | None = None  # why the rollout earned what it did (a failure's or a no-verdict's reason among them)
+    metrics: dict[str, float] = {}  # core.rollout_metrics of the closing evaluation
 
 
 NO_VERDICT_EXIT = 3  # the program's exit code where the closing evaluation has no verdict (as ``cuda-agent eval``'s)
@@ -86,6 +89,12 @@ class KernelTask(vf.Task[KernelData, KernelState]):
     def key(self) -> str:
         # The task's name is durable across runs; the default (a content hash) is too, but unreadable.
         return self.data.name or self.hash
+
+    @vf.metric
+    async def kernel_metrics(self, trace: vf.Trace) -> dict[str, float]:
+        """The rollout's metrics (``core.rollout_metrics``): every rollout has all of them, a rollout that never
+        reached an evaluation its zeros."""
+        return dict(trace.state.metrics) or rollout_metrics(None)
 
     @vf.reward
     async def kernel_reward(self, trace: vf.Trace) -> float:
@@ -154,9 +163,11 @@ class KernelHarness(vf.Harness[KernelHarnessConfig]):
         trace.state.reward = episode.reward
         trace.state.status = episode.final.get("status")
         trace.state.end_reason = episode.end_reason
+        trace.state.metrics = rollout_metrics(episode.final)
         if trace.state.status == "error":
             return _no_verdict(trace, no_reward_reason(episode.final))
-        return vf.ProgramResult(exit_code=0, stdout=f"final evaluation: {trace.state.status}", stderr="")
+        trace.state.reason = _reason(episode.final)
+        return vf.ProgramResult(exit_code=0, stdout=f"final evaluation: {trace.state.reason}", stderr="")
 
     def _options(self) -> EvaluatorOptions:
         config = self.config
@@ -171,8 +182,10 @@ class KernelHarness(vf.Harness[KernelHarnessConfig]):
         trace.state.reward = outcome.reward
         trace.state.status = outcome.status
         trace.state.end_reason = "single_turn"
+        trace.state.metrics = rollout_metrics(outcome.evaluation)
         if outcome.no_verdict:
             return _no_verdict(trace, outcome.reason)
+        trace.state.reason = outcome.reason
         return vf.ProgramResult(exit_code=0, stdout=f"single-turn reply: {outcome.reason}", stderr="")
 
     def _episode(self, task, model: str, endpoint: str, secret: str):
@@ -186,6 +199,13 @@ class KernelHarness(vf.Harness[KernelHarnessConfig]):
                                                                        dir=config.workdir) as where:
             return run_episode(task, backend, evaluator, Path(where), config=agent, model=model,
                                sandbox=config.sandbox)
+
+
+def _reason(final: dict[str, Any]) -> str:
+    """Why an evaluated rollout earned what it did: its status, the rule a rejected candidate broke, and the
+    evaluator's reason for anything but a correct candidate (a compile error, the first wrong output, ...)."""
+    reason = str(final.get("status")) + (f" ({final['rule']})" if final.get("rule") else "")
+    return reason if final.get("status") == "correct" or not final.get("reason") else f"{reason}: {final['reason']}"
 
 
 def _no_verdict(trace: vf.Trace, reason: str) -> vf.ProgramResult:
