@@ -10,7 +10,13 @@ skip in the main one."""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
 
 import pytest
 
@@ -80,6 +86,8 @@ def test_episode_through_verifiers_earns_what_our_loop_earns(examples, task, eva
     (trace,) = episode.traces
     assert trace.rewards["kernel_reward"].score == loop_episode.reward == CORRECT
     assert trace.state.status == "correct" and trace.state.end_reason == "done"
+    assert trace.metrics["correct"] == trace.metrics["fast_0"] == 1.0 and trace.metrics["no_verdict"] == 0.0
+    assert trace.metrics["speedup_eager"] > 0 and trace.state.reason == "correct"
     # Every model call went through verifiers' interception to the model, with our tools offered.
     assert len(model.requests) == len(steps)
     assert {"bash", "write", "read"} <= {t["function"]["name"] for t in model.requests[0]["tools"]}
@@ -104,6 +112,46 @@ def single_turn_episode(env, reply: str):
         episode = asyncio.run(one_episode(model.url))
     assert episode.ok, episode.errors
     return episode, model.requests
+
+
+@pytest.mark.slow
+@needs_bwrap
+def test_vf_eval_command_scores_single_turn_rollouts_with_metrics(examples, tmp_path):
+    """verifiers' own command line on the config ``cuda-agent export --format verifiers`` wrote: ``vf-eval @
+    vf-eval.toml`` against the OpenAI-protocol double, two rollouts of the single-turn harness, the double answering
+    the example's solution to one and prose to the other. Each rollout has every metric and the reason it earned
+    what it did; the solution's is evaluated by the real CPU evaluator in vf-eval's process."""
+    from cuda_agent.cli import main as cli
+
+    data = tmp_path / "data"
+    assert cli(["export", str(examples / "cpu_swish"), "--format", "verifiers", "--out", str(data), "--device", "cpu",
+                "--no-compile", "--sandbox", SANDBOX]) == 0
+    replies = iter([solution_reply(examples / "cpu_swish" / "solution"), "I cannot write this kernel."])
+    lock = threading.Lock()
+
+    def answer(request):
+        with lock:
+            return next(replies)
+
+    with OpenAIServer(answer) as model:
+        command = [str(Path(sys.executable).parent / "vf-eval"), "@", str(data / "vf-eval.toml"), "-m", "scripted",
+                   "--client.base-url", model.url, "-r", "2", "-c", "1", "--no-push", "-o", str(tmp_path / "runs")]
+        env = {k: v for k, v in os.environ.items() if k != "CUDA_AGENT_SERVICE"}
+        done = subprocess.run(command, cwd=tmp_path, env=env | {"OPENAI_API_KEY": "unused"}, capture_output=True,
+                              text=True, timeout=900)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    (traces,) = list((tmp_path / "runs").rglob("traces.jsonl"))
+    rollouts = [json.loads(line) for line in traces.read_text().splitlines() if line.strip()]
+    assert len(rollouts) == 2 and len(model.requests) == 2
+    by_status = {r["state"]["status"]: r for r in rollouts}
+    assert set(by_status) == {"correct", "no candidate"}, [r["state"] for r in rollouts]
+    solved, prose = by_status["correct"], by_status["no candidate"]
+    expected = {"correct", "fast_0", "fast_1", "fast_2", "speedup_eager", "speedup_compile", "beats_eager",
+                "beats_compile", "no_verdict"}
+    assert set(solved["metrics"]) == set(prose["metrics"]) == expected
+    assert solved["metrics"]["correct"] == solved["metrics"]["fast_0"] == 1.0 and solved["metrics"]["speedup_eager"] > 0
+    assert prose["metrics"]["correct"] == 0.0 and "model_new.py" in prose["state"]["reason"]
+    assert solved["state"]["reason"] == "correct"
 
 
 @pytest.mark.slow
