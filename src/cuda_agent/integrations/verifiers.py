@@ -167,6 +167,7 @@ class KernelHarness(vf.Harness[KernelHarnessConfig]):
         if trace.state.status == "error":
             return _no_verdict(trace, no_reward_reason(episode.final))
         trace.state.reason = _reason(episode.final)
+        _record(trace)
         return vf.ProgramResult(exit_code=0, stdout=f"final evaluation: {trace.state.reason}", stderr="")
 
     def _options(self) -> EvaluatorOptions:
@@ -186,6 +187,7 @@ class KernelHarness(vf.Harness[KernelHarnessConfig]):
         if outcome.no_verdict:
             return _no_verdict(trace, outcome.reason)
         trace.state.reason = outcome.reason
+        _record(trace)
         return vf.ProgramResult(exit_code=0, stdout=f"single-turn reply: {outcome.reason}", stderr="")
 
     def _episode(self, task, model: str, endpoint: str, secret: str):
@@ -208,9 +210,20 @@ def _reason(final: dict[str, Any]) -> str:
     return reason if final.get("status") == "correct" or not final.get("reason") else f"{reason}: {final['reason']}"
 
 
+def _record(trace: vf.Trace) -> None:
+    """The outcome on the trace itself (``info["cuda_agent"]``: verifiers saves a trace's info with it, not its
+    state): status, why, whether the evaluation had no verdict, how the episode ended."""
+    state = trace.state
+    trace.info["cuda_agent"] = {"status": state.status, "reason": state.reason, "no_verdict": state.no_verdict,
+                                "end_reason": state.end_reason}
+
+
 def _no_verdict(trace: vf.Trace, reason: str) -> vf.ProgramResult:
-    """The rollout's end where its evaluation had no verdict: no reward, the reason on the state and stderr."""
+    """The rollout's end where its evaluation had no verdict: no reward, the reason on the state, the trace's info
+    and stderr (verifiers records the exit code as the rollout's harness error, with the reason, and scores
+    nothing: no reward, no metrics)."""
     trace.state.reward, trace.state.no_verdict, trace.state.reason = None, True, reason
+    _record(trace)
     return vf.ProgramResult(exit_code=NO_VERDICT_EXIT, stdout="", stderr=reason)
 
 
