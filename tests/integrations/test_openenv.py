@@ -25,6 +25,7 @@ uvicorn = pytest.importorskip("uvicorn")
 from cuda_agent.integrations.core import EvaluatorOptions  # noqa: E402
 from cuda_agent.integrations.openenv import (FINISH, KernelAction, KernelEnvClient,  # noqa: E402
                                              KernelReplyEnvClient, KernelToolEnvClient, ReplyAction, make_app)
+from cuda_agent.integrations.tool_functions import tool_schemas  # noqa: E402
 from openenv.core.env_server.mcp_types import CallToolAction  # noqa: E402
 from cuda_agent.train.single_turn import FAILURE_REWARD, score_reply, single_turn_messages  # noqa: E402
 
@@ -84,7 +85,9 @@ def test_the_package_passes_openenv_static_validation():
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads(done.stdout)
     assert report["verdict"] == "pass" and report["manifest"]["name"] == "cuda_agent_env"
-    assert "finish" in report["manifest"]["capabilities"]["declared_tools"]
+    # The manifest declares exactly the tools the environment offers.
+    offered = [schema["function"]["name"] for schema in tool_schemas()] + [FINISH]
+    assert sorted(report["manifest"]["capabilities"]["declared_tools"]) == sorted(offered)
 
 
 def post_json(url: str, payload: dict) -> dict:
