@@ -819,7 +819,7 @@ def build_parser() -> argparse.ArgumentParser:
     # `export`: the whole command lives in integrations.export (arguments and behaviour); this block only registers it.
     from cuda_agent.integrations import export as export_command
     p = sub.add_parser("export", help="write a task source as an RL stack's dataset (trl, verl, verifiers, openenv)",
-                       description=export_command.__doc__.split("\n\n")[0])
+                       description=export_command.DESCRIPTION)
     export_command.add_arguments(p)
     p.set_defaults(func=export_command.main)
 

@@ -35,6 +35,8 @@ from cuda_agent.train.evaluators import SETTINGS_ENV, EvaluatorOptions, settings
 from cuda_agent.train.single_turn import single_turn_messages
 
 FORMATS = ("trl", "verl", "verifiers", "openenv")
+DESCRIPTION = ("Write a task source as an RL stack's dataset (TRL, verl, verifiers, OpenEnv), with the reward's "
+               "settings; the environment (CUDA_AGENT_SERVICE, CUDA_AGENT_REWARD_*) overrides them at run time.")
 TASKSET_ID = "cuda-agent-kernels"  # verifiers' id of our taskset (integrations.verifiers, without importing it)
 TASKS_ENV = "CUDA_AGENT_TASKS"  # the OpenEnv package's task source
 
@@ -117,6 +119,7 @@ def _env_value(value: Any) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``export`` command's arguments (the CLI registers the subparser and calls ``main``)."""
     from cuda_agent.evaluate.policy import PRESETS
+    from cuda_agent.sandbox import SANDBOX_CHOICES
 
     parser.add_argument("source", help="tasks: a task file, a folder of them, a KernelBench tree or table, "
                                        "JSONL/parquet, a synth output, a hub dataset")
@@ -128,9 +131,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the agentic episode's rows (trl: for KernelEnvironment; verl: our agent loop; "
                              "verifiers: the agentic harness); default: single-turn")
     parser.add_argument("--service", help="the reward's evaluation service (cuda-agent serve URL)")
-    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
-    parser.add_argument("--policy", default="fair", choices=sorted(PRESETS))
-    parser.add_argument("--sandbox", default="auto")
+    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                        help="local evaluators' device, where no service is used")
+    parser.add_argument("--policy", default="fair", choices=sorted(PRESETS), help="the evaluation policy (fair)")
+    parser.add_argument("--sandbox", default="auto", choices=SANDBOX_CHOICES, help="local evaluators' sandbox")
     parser.add_argument("--no-compile", action="store_true",
                         help="do not time the torch.compile baseline (no reward for beating it)")
 
