@@ -125,16 +125,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                        "JSONL/parquet, a synth output, a hub dataset")
     parser.add_argument("--format", required=True, choices=FORMATS, dest="fmt", help="the RL stack's dataset format")
     parser.add_argument("--out", required=True, help="the folder to write")
-    parser.add_argument("--level", type=int, action="append", dest="levels", help="only this KernelBench level "
-                                                                                "(repeatable)")
+    parser.add_argument("--level", type=int, action="append", dest="levels",
+                        help="only this KernelBench level (repeatable; default: every task)")
     parser.add_argument("--multi-turn", action="store_true",
                         help="the agentic episode's rows (trl: for KernelEnvironment; verl: our agent loop; "
                              "verifiers: the agentic harness); default: single-turn")
-    parser.add_argument("--service", help="the reward's evaluation service (cuda-agent serve URL)")
+    parser.add_argument("--service", help="the reward's evaluation service (cuda-agent serve URL; default: none, "
+                                          "evaluators in the trainer's process)")
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
-                        help="local evaluators' device, where no service is used")
-    parser.add_argument("--policy", default="fair", choices=sorted(PRESETS), help="the evaluation policy (fair)")
-    parser.add_argument("--sandbox", default="auto", choices=SANDBOX_CHOICES, help="local evaluators' sandbox")
+                        help="local evaluators' device, where no service is used (default: auto)")
+    parser.add_argument("--policy", default="fair", choices=sorted(PRESETS),
+                        help="the evaluation policy (default: fair)")
+    parser.add_argument("--sandbox", default="auto", choices=SANDBOX_CHOICES,
+                        help="local evaluators' sandbox (default: auto)")
     parser.add_argument("--no-compile", action="store_true",
                         help="do not time the torch.compile baseline (no reward for beating it)")
 
