@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import inspect
 import itertools
 import os
 import uuid
@@ -263,33 +264,33 @@ class KernelToolEnv(_OverTasks, MCPEnvironment):
     def step(self, action: Action, timeout_s: Optional[float] = None, **kwargs: Any) -> Observation:
         if not isinstance(action, CallToolAction):
             return super().step(action, timeout_s=timeout_s, **kwargs)
-        self._open_episode()
-        return self._observe(action, super().step(action, timeout_s=self._timeout(timeout_s), **kwargs))
+        before = len(self._open_episode().calls)
+        return self._observe(action, super().step(action, timeout_s=self._timeout(timeout_s), **kwargs), before)
 
     async def step_async(self, action: Action, timeout_s: Optional[float] = None, **kwargs: Any) -> Observation:
         if not isinstance(action, CallToolAction):
             return await super().step_async(action, timeout_s=timeout_s, **kwargs)
-        self._open_episode()
+        before = len(self._open_episode().calls)
         observed = await super().step_async(action, timeout_s=self._timeout(timeout_s), **kwargs)
-        return await asyncio.to_thread(self._observe, action, observed)
+        return await asyncio.to_thread(self._observe, action, observed, before)
 
     def _timeout(self, timeout_s: Optional[float]) -> float:
         # OpenEnv's MCP default (30 s) is shorter than a build and a verification: the command's own limit, and
         # the closing evaluation's time for finish.
         return timeout_s or self.config.command_timeout_s + 600.0
 
-    def _observe(self, action: CallToolAction, observed: Observation) -> KernelToolObservation:
-        """The MCP observation with the turn's feedback; the end of the episode where this call ended it."""
+    def _observe(self, action: CallToolAction, observed: Observation, before: int) -> KernelToolObservation:
+        """The MCP observation with the turn's feedback (none where the call ran no tool of ours: ``finish``, or a
+        call refused before it ran); the end of the episode where this call ended it."""
         self._state.step_count += 1
         fields = {"tool_name": action.tool_name, "task": self._state.task,
                   "result": getattr(observed, "result", None), "error": getattr(observed, "error", None)}
+        feedback = self.episode.last_feedback if len(self.episode.calls) > before else []
         if not self._state.done and self._state.step_count < self.max_steps:
-            feedback = self.episode.last_feedback if self.episode.calls else []
             return KernelToolObservation(**fields, feedback=feedback)
         if not self._state.done:
             self._end()
         final, reward = self.episode.outcome.final, self.episode.reward
-        feedback = [] if action.tool_name == FINISH or not self.episode.calls else self.episode.last_feedback
         return KernelToolObservation(**fields, feedback=feedback, status=final.get("status"), done=True,
                                      reward=reward, metadata=_outcome_metadata(final, reward, self.episode.reason))
 
@@ -319,7 +320,7 @@ def _threaded(function):
     async def threaded(*args: Any, **kwargs: Any) -> Any:
         return await asyncio.to_thread(function, *args, **kwargs)
 
-    threaded.__signature__ = getattr(function, "__signature__", None) or __import__("inspect").signature(function)
+    threaded.__signature__ = inspect.signature(function)  # type: ignore[attr-defined]
     return threaded
 
 
