@@ -125,3 +125,50 @@ def test_a_grpo_step_runs_episodes_in_the_environment(tmp_path, examples, evalua
     assert logged and logged[0]["reward"] == INCORRECT
     environments = trainer._environment_pool[None]
     assert all(env.episode is not None and env.episode.outcome is not None for env in environments)
+
+
+class SlowCorrectEvaluator:
+    """An ``EvaluatorLike`` safe for threads (``shareable``) whose evaluations take a while and say correct; it
+    records how many ran at once."""
+
+    shareable = True
+    device = "cpu"
+
+    def __init__(self):
+        import threading
+
+        from cuda_agent.evaluate.policy import Policy, TimingConfig
+
+        self.policy, self.timing = Policy(), TimingConfig().resolved("cpu")
+        self.lock, self.running, self.most = threading.Lock(), 0, 0
+
+    def evaluate(self, task, candidate, build_result=None, *, timed=True):
+        import time
+
+        from cuda_agent.evaluate.result import EvalResult
+
+        with self.lock:
+            self.running += 1
+            self.most = max(self.most, self.running)
+        time.sleep(1.0)
+        with self.lock:
+            self.running -= 1
+        return EvalResult(task=task.to_dict(), candidate=candidate.to_dict(), device="cpu", policy={}, timing={},
+                          status="correct", reward=CORRECT, compiled=True, correct=True)
+
+
+def test_a_batchs_rollouts_are_evaluated_at_once(examples):
+    """TRL asks each environment for its reward in turn; the first ask starts every sibling's closing evaluation,
+    so the batch's evaluations overlap (the service's client, or any evaluator safe for threads)."""
+    evaluator = SlowCorrectEvaluator()
+    factory = KernelEnvironment.factory(evaluator=evaluator, sandbox=SANDBOX, workers=4)
+    environments = [factory() for _ in range(3)]
+    row = tasks_to_dataset(examples / "cpu_swish", multi_turn=True)[0]
+    try:
+        for environment in environments:
+            environment.reset(**row)
+        assert [environment.get_reward() for environment in environments] == [CORRECT] * 3
+        assert evaluator.most == 3
+    finally:
+        for environment in environments:
+            environment._close()

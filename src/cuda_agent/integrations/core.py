@@ -74,10 +74,11 @@ def score_outcomes(tasks: Sequence[Task], completions: Sequence[Any], options: E
 
 
 def shareable(evaluator: Any) -> bool:
-    """Whether threads may call ``evaluator`` at once: the service's client may (each call is its own request)."""
+    """Whether threads may call ``evaluator`` at once: the service's client may (each call is its own request), and
+    any evaluator that says so (``shareable = True``)."""
     from cuda_agent.service import RemoteEvaluator
 
-    return isinstance(evaluator, RemoteEvaluator)
+    return isinstance(evaluator, RemoteEvaluator) or getattr(evaluator, "shareable", False) is True
 
 
 FEEDBACK_KEYS = ("status", "stage", "reward", "speedup_eager", "speedup_compile", "rule", "reason")
