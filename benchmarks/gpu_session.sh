@@ -81,9 +81,10 @@
 #   bash benchmarks/gpu_session.sh train_throughput # 0.5B/1.5B generation, evaluation and update at 32k
 #                                            # (THROUGHPUT_ARGS go to benchmarks/train_throughput.py,
 #                                            # THROUGHPUT_NAME names the output folder)
-#   bash benchmarks/gpu_session.sh integrations # TRL's GRPO step (tiny model on the GPU, rewards from the
-#                                            # CUDA evaluator) and an OpenEnv episode evaluated by the service on
-#                                            # the GPU (tests/gpu/test_gpu_integrations.py); carry [".data", ".whl"]
+#   bash benchmarks/gpu_session.sh integrations # `trl grpo` one step (tiny model on the GPU, rewards from the CUDA
+#                                            # evaluator), an episode through the OpenEnv package's server evaluated
+#                                            # by the service on the GPU, and the scripted GRPOTrainer step and serve
+#                                            # episode (tests/gpu/test_gpu_integrations.py); carry [".data", ".whl"]
 #                                            # with the wheel set below
 #   bash benchmarks/gpu_session.sh tests -k "illegal or profiler"   # extra arguments go to pytest; a tests/ path
 #                                            # among them runs that file (or test) instead of the whole tests/gpu
@@ -101,12 +102,12 @@
 # device machine lacks (its list: /work/.library/device/KINDS.md, "Python packages already there"; it has torch,
 # transformers, accelerate, pyarrow, pandas, httpx, rich, typer, ...), one version each, at the versions installed
 # here (`pip show`): 67 wheels, 19 MiB. Made by walking Requires-Dist (with the extras asked for, e.g.
-# fastmcp-slim[client,server]) from trl, datasets, openenv, uvicorn and websockets, leaving out what the device has
+# fastmcp-slim[client,server]) from trl, datasets, openenv, uvicorn, websockets and fastmcp, leaving out what the device has
 # and gradio (openenv imports its web UI only if gradio is there; create_fastapi_app does not need it), then
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #       --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
 #       --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .whl NAME==VERSION ...
-# and checked with `python3 benchmarks/wheels_check.py .whl --roots trl datasets openenv uvicorn websockets
+# and checked with `python3 benchmarks/wheels_check.py .whl --roots trl datasets openenv uvicorn websockets fastmcp
 # --skip gradio` (every requirement met on the device or in the folder, one version each). The openai SDK the
 # agent's GPU test needs is in that set too.
 # The device machine has no network: pyseccomp is installed from that wheel, and torch
@@ -157,7 +158,7 @@ integrations)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
         || { echo "the carried wheels did not install" >&2; exit 2; }
     export PYTHONPATH=/tmp/site:$PYTHONPATH
-    python3 -c "import trl, transformers, datasets, openenv, fastapi, uvicorn, pyarrow, fsspec; print('trl', trl.__version__, \
+    python3 -c "import trl, transformers, datasets, openenv, fastapi, fastmcp, uvicorn, pyarrow, fsspec; print('trl', trl.__version__, \
 'transformers', transformers.__version__, 'datasets', datasets.__version__, 'openenv', openenv.__version__, 'fastapi', \
 fastapi.__version__, 'uvicorn', uvicorn.__version__, 'pyarrow', pyarrow.__version__, 'fsspec', fsspec.__version__)" \
         2>&1 | tee -a "$OUT/gpu.csv"

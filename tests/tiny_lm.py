@@ -87,3 +87,39 @@ def torchrun(ranks: int, *args: str, cwd: Path) -> str:
     done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
     return done.stderr
+
+
+def save_replying_model(path: Path, prompt: list[dict], reply: str, steps: int = 200) -> Path:
+    """A tiny Qwen2 (random, then fitted in a few dozen steps) that answers ``prompt`` with ``reply`` when
+    sampled at temperature 1: ``reply`` is one added token of the tokenizer, so the model only has to learn two
+    tokens (the reply, then end of turn). For a trainer's own command line, which takes no scripted rollouts."""
+    import torch
+    import transformers
+    from tokenizers import AddedToken
+
+    tokenizer = train_tokenizer()
+    tokenizer.add_tokens([AddedToken(reply, normalized=False, special=False)])
+    save_tiny_model(path, tokenizer, positions=4096)
+    model = transformers.AutoModelForCausalLM.from_pretrained(path)
+    prompt_ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=False)
+    target = [tokenizer.convert_tokens_to_ids(reply), tokenizer.eos_token_id]
+    ids = torch.tensor([prompt_ids + target])
+    labels = torch.full_like(ids, -100)
+    labels[0, -len(target):] = ids[0, -len(target):]
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-2)
+    for _ in range(steps):
+        loss = model(input_ids=ids, labels=labels).loss
+        if loss.item() < 0.1:  # the reply is the likeliest answer; sharpening below makes it certain
+            break
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    # Sharpen: the output layer, untied from the input embeddings and scaled, keeps its choice and makes it certain.
+    model.config.tie_word_embeddings = False
+    model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone() * 20)
+    with torch.no_grad():
+        loss = model(input_ids=ids, labels=labels).loss
+    assert loss.item() < 1e-6, f"the tiny model did not learn its reply (loss {loss.item():.3g})"
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path

@@ -1,9 +1,12 @@
-"""The RL-stack adapters on the GPU (issue 33): a real TRL ``GRPOTrainer`` step with a tiny random model on the GPU,
-rewarded by the CUDA evaluator (single-turn), and one OpenEnv episode whose evaluations run on the evaluation
-service on the GPU. The CPU versions are tests/integrations/test_trl.py and test_openenv.py.
+"""The RL stacks' own entry points on the GPU: one GRPO step of TRL's command line (``trl grpo --reward_funcs
+cuda_agent.integrations.trl.kernel_reward``, the model on the GPU, rewards from the CUDA evaluator), one OpenEnv
+episode through the OpenEnv package's server (``envs/cuda_agent_env``, MCP tools) whose evaluations run on the
+evaluation service on the GPU; and, as before, a ``GRPOTrainer`` step with scripted completions and an episode
+through ``serve``. The CPU versions are tests/integrations/test_trl.py and test_openenv.py.
 
-As there, the evaluator's policy asks a millionfold speedup before a correct candidate earns more than 1
-(``NEVER_FASTER``), so the CUDA example's solution earns exactly 1 and prose -1 on any card.
+Where the evaluator is ours, its policy asks a millionfold speedup before a correct candidate earns more than 1
+(``NEVER_FASTER``), so the CUDA example's solution earns exactly 1 and prose -1 on any card; ``trl grpo`` makes its
+own evaluators (the fair policy), so there the solution earns 1 to 3.
 
 Run with ``bash benchmarks/gpu_session.sh integrations`` (carry ``.data`` and ``.whl``: trl, openenv and their
 dependencies that the device machine lacks travel as wheels). The helpers below take the device and the example,
@@ -36,7 +39,7 @@ TESTS = Path(__file__).resolve().parents[1]
 sys.path[:0] = [p for p in (str(TESTS), str(TESTS / "integrations")) if p not in sys.path]
 from integration_setup import CORRECT, INCORRECT, NEVER_FASTER, SANDBOX  # noqa: E402
 from scripted_policy import COMMANDS, write_solution  # noqa: E402
-from tiny_lm import save_tiny_model, solution_reply, train_tokenizer  # noqa: E402
+from tiny_lm import save_replying_model, save_tiny_model, solution_reply, train_tokenizer  # noqa: E402
 
 import cuda_agent  # noqa: E402
 from cuda_agent.tasks import load_task  # noqa: E402
@@ -113,6 +116,48 @@ def test_grpo_step_with_the_model_on_the_gpu_is_rewarded_by_the_cuda_evaluator(t
     assert sorted(seen["rewards"]) == [INCORRECT, CORRECT]
     assert set(seen["names"]) == {task.name}
     assert logged and logged[0]["reward"] == pytest.approx((CORRECT + INCORRECT) / 2)
+
+
+def trl_command() -> list[str]:
+    """TRL's command line: the ``trl`` script beside this Python, else its module (wheels installed with --target
+    leave the script in a bin/ folder off the path)."""
+    script = Path(sys.executable).parent / "trl"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "trl.cli.main"]
+
+
+def test_trl_grpo_command_step_on_the_gpu_is_rewarded_by_the_cuda_evaluator(tmp_path, cache_dir):
+    """``trl grpo`` with our reward function by its dotted path, on the dataset ``cuda-agent export --format trl``
+    wrote (reward settings: cuda, no compile baseline); the tiny model, fitted here to answer with the example's
+    solution, trains on the GPU; both completions are evaluated by the CUDA evaluator in TRL's process."""
+    needs("trl", "trl")
+    needs("datasets", "trl")
+    from cuda_agent.cli import main as cli
+    from cuda_agent.train.single_turn import single_turn_messages
+
+    task = load_task(EXAMPLE / "model.py")
+    data = tmp_path / "data"
+    assert cli(["export", str(EXAMPLE / "model.py"), "--format", "trl", "--out", str(data), "--device", "cuda",
+                "--no-compile", "--sandbox", SANDBOX]) == 0
+    model = save_replying_model(tmp_path / "model", single_turn_messages(task), solution_reply(EXAMPLE / "solution"))
+    out = tmp_path / "out"
+    src = str(Path(cuda_agent.__file__).resolve().parents[1])
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", CUDA_AGENT_REWARD_WORKERS="2",
+               PYTHONPATH=os.pathsep.join(p for p in (src, str(TESTS), os.environ.get("PYTHONPATH")) if p))
+    env.pop("CUDA_AGENT_SERVICE", None)
+    command = [*trl_command(), "grpo", "--model_name_or_path", str(model), "--dataset_name", str(data),
+               "--reward_funcs", "cuda_agent.integrations.trl.kernel_reward", "--output_dir", str(out),
+               "--per_device_train_batch_size", "2", "--num_generations", "2", "--max_completion_length", "4",
+               "--max_steps", "1", "--report_to", "none", "--logging_steps", "1", "--save_strategy", "steps",
+               "--save_steps", "1", "--bf16", "false", "--dtype", "float32"]
+    started = time.monotonic()
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    seconds = time.monotonic() - started
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    state = json.loads((out / "checkpoint-1" / "trainer_state.json").read_text())
+    (logged,) = [entry for entry in state["log_history"] if "reward" in entry]
+    print(f"\ntrl grpo on the GPU: {seconds:.1f} s; logged {logged}")
+    assert logged["rewards/kernel_reward/mean"] is not None, done.stderr[-3000:]  # None: no verdict (the log says why)
+    assert logged["rewards/kernel_reward/mean"] >= CORRECT and logged["rewards/kernel_reward/std"] == 0.0
 
 
 # -- OpenEnv: one episode, the environment server's evaluations on the evaluation service -----------------------------
@@ -228,3 +273,75 @@ def test_openenv_episode_is_evaluated_by_the_service_on_the_gpu(tmp_path, cache_
     assert stats["counts"].get("done", 0) >= 2, stats["counts"]
     assert not [k for k in stats["counts"] if k.startswith("failed")], stats["counts"]
     assert sum(slot["done"] for slot in stats["slots"]) >= 2 and all("gpu" in s["name"] for s in stats["slots"])
+
+
+@contextmanager
+def package_server(task_file: Path, service_url: str, log_path: Path) -> Iterator[str]:
+    """The OpenEnv package's server as its Dockerfile runs it (``uvicorn server.app:app`` in envs/cuda_agent_env),
+    configured as ``cuda-agent export --format openenv`` writes it: the task and the service in the environment."""
+    port = free_port()
+    package = TESTS.parent / "envs" / "cuda_agent_env"
+    src = str(Path(cuda_agent.__file__).resolve().parents[1])
+    env = dict(os.environ, CUDA_AGENT_TASKS=str(task_file), CUDA_AGENT_SERVICE=service_url,
+               CUDA_AGENT_REWARD_SANDBOX=SANDBOX, CUDA_AGENT_MAX_SESSIONS="1", CUDA_AGENT_MAX_STEPS="20",
+               PYTHONPATH=os.pathsep.join(p for p in (str(package), src, os.environ.get("PYTHONPATH")) if p))
+    command = [sys.executable, "-m", "uvicorn", "server.app:app", "--host", "127.0.0.1", "--port", str(port)]
+    url = f"http://127.0.0.1:{port}"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=package)
+        try:
+            deadline = time.monotonic() + 180
+            while True:
+                try:
+                    get_json(url + "/health")
+                    break
+                except OSError:
+                    if proc.poll() is not None or time.monotonic() > deadline:
+                        raise AssertionError(f"the package's server did not start (exit {proc.poll()}): "
+                                             f"{log_path.read_text()[-4000:]}") from None
+                    time.sleep(0.25)
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(30)
+
+
+def test_openenv_package_episode_is_evaluated_by_the_service_on_the_gpu(tmp_path, cache_dir):
+    """One episode through the OpenEnv package's server with OpenEnv's MCP tool client: write the solution, verify
+    it (the observation's feedback: correct, with the speedups), finish (reward 1); the evaluations ran on the
+    service's GPU slot."""
+    needs("openenv", "openenv")
+    needs("uvicorn", "openenv")
+    needs("fastmcp", "openenv")
+    from openenv.core.env_server.mcp_types import CallToolAction
+
+    from cuda_agent.integrations.openenv import FINISH, KernelToolEnvClient
+
+    task = load_task(EXAMPLE / "model.py")
+    calls = [*write_solution(EXAMPLE / "solution"), *COMMANDS[1]]  # python utils/verify.py
+    with evaluation_service("cuda", cache_dir) as service:
+        with package_server(EXAMPLE / "model.py", service, tmp_path / "package.log") as server:
+            metadata = get_json(server + "/metadata")
+            started = time.monotonic()
+            with KernelToolEnvClient(base_url=server).sync() as env:
+                opened = env.reset(task=task.name)
+                assert not opened.done and task.code in opened.observation.content
+                for name, arguments in calls:
+                    step = env.step(CallToolAction(tool_name=name, arguments=arguments))
+                    assert not step.done and step.observation.error is None, step.observation
+                closed = env.step(CallToolAction(tool_name=FINISH))
+            seconds = time.monotonic() - started
+        stats = get_json(service + "/stats")
+    feedback = step.observation.feedback
+    print(f"\nOpenEnv package episode over the service on {stats['slots']}: {len(calls)} tool calls and finish in "
+          f"{seconds:.1f} s; verify's feedback {feedback}; final {closed.observation.status} reward {closed.reward}; "
+          f"service counts {stats['counts']}")
+    assert metadata["name"] == "cuda_agent_env" and metadata["readme_content"]
+    assert [(f["command"], f["status"]) for f in feedback] == [("verify", "correct")]
+    assert closed.done and closed.observation.status == "correct" and closed.reward == CORRECT
+    assert stats["counts"].get("done", 0) >= 2, stats["counts"]
+    assert not [k for k in stats["counts"] if k.startswith("failed")], stats["counts"]

@@ -8,7 +8,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from cuda_agent.agent.session import AgentConfig
-from cuda_agent.integrations.core import completion_text, load_task_rows, task_columns, task_from_row
+from cuda_agent.agent.commands import Evaluation
+from cuda_agent.integrations.core import (completion_text, feedback, load_task_rows, rollout_metrics, task_columns,
+                                          task_from_row)
 from cuda_agent.integrations.tool_functions import tool_function, tool_schemas
 from cuda_agent.tasks import TaskError
 from cuda_agent.train.verl.data import main as verl_data
@@ -47,3 +49,22 @@ def test_tool_functions_carry_the_schema_and_forward_their_arguments():
     assert params["offset"].default is None  # optional: the tool's own default applies when left out
     assert read("model.py", limit=5) == "ok"
     assert calls == [("read", {"path": "model.py", "limit": 5})]
+
+
+def test_rollout_metrics_are_kernelbenchs_fast_p_the_speedups_and_the_rewards_parts():
+    final = {"status": "correct", "speedup_eager": 1.5, "speedup_compile": 0.9, "reward": 2.0,
+             "decision": {"speedups": {"eager": {"beats": True}, "compile": {"beats": False}}}}
+    assert rollout_metrics(final) == {"correct": 1.0, "no_verdict": 0.0, "speedup_eager": 1.5, "speedup_compile": 0.9,
+                                      "beats_eager": 1.0, "beats_compile": 0.0, "fast_0": 1.0, "fast_1": 1.0,
+                                      "fast_2": 0.0}
+    wrong = rollout_metrics({"status": "incorrect", "speedup_eager": 3.0})  # a wrong kernel's speed counts for nothing
+    assert wrong["correct"] == wrong["fast_0"] == wrong["speedup_eager"] == 0.0
+    assert rollout_metrics(None)["correct"] == 0.0 and rollout_metrics({"status": "error"})["no_verdict"] == 1.0
+
+
+def test_feedback_says_what_an_evaluation_said_and_why_there_was_no_verdict():
+    failed = feedback(Evaluation("compile", 3, 1.0, {"status": "failed", "stage": "build", "reason": "nvcc: error"}))
+    assert failed == {"command": "compile", "turn": 3, "status": "failed", "stage": "build", "reason": "nvcc: error"}
+    busy = feedback(Evaluation("verify", 4, 1.0, {"status": "error", "stage": "profile", "reason": "busy",
+                                                  "attempts": 3}))
+    assert busy["no_verdict"] and busy["reason"].startswith("no verdict") and "after 3 attempts" in busy["reason"]

@@ -80,6 +80,30 @@ def test_openenv_single_turn_step_has_no_reward_and_the_reason(task, examples):
     assert "evaluate again" in env.state.reason
 
 
+def test_openenv_mcp_finish_has_no_reward_and_the_reason(task, examples):
+    """The OpenEnv package's environment: a tool call's feedback says nothing was evaluated yet; ``finish`` on a
+    workspace whose closing evaluation has no verdict ends the episode with no reward and the reason."""
+    pytest.importorskip("openenv")
+    from openenv.core.env_server.mcp_types import CallToolAction
+
+    from cuda_agent.integrations.core import EvaluatorOptions
+    from cuda_agent.integrations.openenv import FINISH, KernelToolEnv
+
+    from integration_setup import SANDBOX
+
+    env = KernelToolEnv([task], EvaluatorOptions(evaluator=UndecidedEvaluator(), sandbox=SANDBOX))
+    try:
+        opened = env.reset(task=task.name)
+        assert FINISH in {t["function"]["name"] for t in opened.tools}
+        read = env.step(CallToolAction(tool_name="read", arguments={"path": "model.py"}))
+        assert not read.done and read.feedback == [] and read.error is None
+        closed = env.step(CallToolAction(tool_name=FINISH))
+        assert closed.done and closed.reward is None and closed.metadata["no_verdict"]
+        assert "evaluate again" in closed.metadata["reason"] and env.state.reward is None and env.state.done
+    finally:
+        env.close()
+
+
 def test_training_metrics_leave_a_no_verdict_out_and_count_it():
     outcomes = [EpisodeOutcome("a", 1.0, [], "correct"), EpisodeOutcome("b", None, [], "error"),
                 EpisodeOutcome("c", -1.0, [], "incorrect")]

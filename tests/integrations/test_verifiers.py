@@ -1,7 +1,7 @@
 """verifiers (verifiers 0.4) with the real library: the plugin resolved by its id through verifiers' own loaders,
 one scripted episode run by verifiers' env (its rollout, its interception server between our loop and the model,
-its scoring), the same reward as our loop; and the single-turn harness (one reply, scored), the same reward as
-``score_reply`` for the same text. The model is the local OpenAI-protocol double replaying the scripted tool calls
+its scoring), the same reward as our loop; ``vf-eval`` itself on the config ``cuda-agent export`` writes, two
+single-turn rollouts with their metrics; and the single-turn harness's one model call. The model is the local OpenAI-protocol double replaying the scripted tool calls
 or reply; verifiers forwards each request to it.
 
 verifiers 0.4 cannot be installed beside openenv 0.10 (mcp pins), so these tests run in CI's verl virtualenv and
@@ -10,7 +10,13 @@ skip in the main one."""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
 
 import pytest
 
@@ -26,7 +32,7 @@ from cuda_agent.agent.session import SYSTEM_PROMPT  # noqa: E402
 from cuda_agent.integrations.verifiers import (TASKSET_ID, KernelEnv, KernelHarness, KernelTask,  # noqa: E402
                                                KernelTaskset)
 from cuda_agent.tasks import TaskError  # noqa: E402
-from cuda_agent.train.single_turn import FAILURE_REWARD, score_reply, single_turn_messages  # noqa: E402
+from cuda_agent.train.single_turn import FAILURE_REWARD, single_turn_messages  # noqa: E402
 
 from integration_setup import CORRECT, SANDBOX  # noqa: E402
 
@@ -80,6 +86,8 @@ def test_episode_through_verifiers_earns_what_our_loop_earns(examples, task, eva
     (trace,) = episode.traces
     assert trace.rewards["kernel_reward"].score == loop_episode.reward == CORRECT
     assert trace.state.status == "correct" and trace.state.end_reason == "done"
+    assert trace.metrics["correct"] == trace.metrics["fast_0"] == 1.0 and trace.metrics["no_verdict"] == 0.0
+    assert trace.metrics["speedup_eager"] > 0 and trace.state.reason == "correct"
     # Every model call went through verifiers' interception to the model, with our tools offered.
     assert len(model.requests) == len(steps)
     assert {"bash", "write", "read"} <= {t["function"]["name"] for t in model.requests[0]["tools"]}
@@ -107,25 +115,60 @@ def single_turn_episode(env, reply: str):
 
 
 @pytest.mark.slow
-def test_single_turn_reply_through_verifiers_earns_what_score_reply_gives(examples, task, evaluator, tmp_path,
-                                                                         monkeypatch):
-    """``--env.agent.harness.single-turn``: one model call through verifiers' interception, the single-turn
-    prompt without tools; the reply (the example's solution as files) is scored as TRL's and verl's single-turn
-    rewards score it. A reply without code earns the failure reward without an evaluation."""
+@needs_bwrap
+def test_vf_eval_command_scores_single_turn_rollouts_with_metrics(examples, tmp_path):
+    """verifiers' own command line on the config ``cuda-agent export --format verifiers`` wrote: ``vf-eval @
+    vf-eval.toml`` against the OpenAI-protocol double, two rollouts of the single-turn harness, the double answering
+    the example's solution to one and prose to the other. Each rollout has every metric and the reason it earned
+    what it did; the solution's is evaluated by the real CPU evaluator in vf-eval's process."""
+    from cuda_agent.cli import main as cli
+
+    data = tmp_path / "data"
+    assert cli(["export", str(examples / "cpu_swish"), "--format", "verifiers", "--out", str(data), "--device", "cpu",
+                "--no-compile", "--sandbox", SANDBOX]) == 0
+    replies = iter([solution_reply(examples / "cpu_swish" / "solution"), "I cannot write this kernel."])
+    lock = threading.Lock()
+
+    def answer(request):
+        with lock:
+            return next(replies)
+
+    with OpenAIServer(answer) as model:
+        command = [str(Path(sys.executable).parent / "vf-eval"), "@", str(data / "vf-eval.toml"), "-m", "scripted",
+                   "--client.base-url", model.url, "-r", "2", "-c", "1", "--no-push", "-o", str(tmp_path / "runs")]
+        env = {k: v for k, v in os.environ.items() if k != "CUDA_AGENT_SERVICE"}
+        done = subprocess.run(command, cwd=tmp_path, env=env | {"OPENAI_API_KEY": "unused"}, capture_output=True,
+                              text=True, timeout=900)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    (traces,) = list((tmp_path / "runs").rglob("traces.jsonl"))
+    traces_ = [trace for line in traces.read_text().splitlines() if line.strip()
+               for trace in json.loads(line)["traces"]]
+    assert len(traces_) == 2 and len(model.requests) == 2
+    # The outcome rides on each trace's info (verifiers does not save the state); a no-verdict (a busy host) would
+    # be a harness error with its reason.
+    by_status = {t["info"].get("cuda_agent", {}).get("status"): t for t in traces_}
+    assert set(by_status) == {"correct", "no candidate"}, [(t["info"], t["errors"]) for t in traces_]
+    solved, prose = by_status["correct"], by_status["no candidate"]
+    expected = {"correct", "fast_0", "fast_1", "fast_2", "speedup_eager", "speedup_compile", "beats_eager",
+                "beats_compile", "no_verdict"}
+    assert set(solved["metrics"]) == set(prose["metrics"]) == expected
+    assert solved["metrics"]["correct"] == solved["metrics"]["fast_0"] == 1.0 and solved["metrics"]["speedup_eager"] > 0
+    assert solved["rewards"]["kernel_reward"]["score"] >= CORRECT and solved["info"]["cuda_agent"]["reason"] == "correct"
+    assert prose["metrics"]["correct"] == 0.0 and prose["rewards"]["kernel_reward"]["score"] == FAILURE_REWARD
+    assert "model_new.py" in prose["info"]["cuda_agent"]["reason"]
+
+
+def test_single_turn_makes_one_model_call_with_the_single_turn_prompt(examples, task, evaluator, monkeypatch):
+    """``--env.agent.harness.single-turn``: one model call through verifiers' interception, the single-turn prompt
+    without tools; a reply without code earns the failure reward without an evaluation, with the reason and the
+    metrics on the trace. (The solution's reply, evaluated, is the ``vf-eval`` command's test above.)"""
     monkeypatch.setattr(KernelHarness, "evaluator", evaluator)
     env = kernel_env(examples, sandbox=SANDBOX, single_turn=True)
-    text = solution_reply(examples / "cpu_swish" / "solution")
-    episode, requests = single_turn_episode(env, text)
-    (trace,) = episode.traces
-    expected = score_reply(task, text, evaluator, tmp_path).reward
-    assert trace.rewards["kernel_reward"].score == expected == CORRECT
-    assert trace.state.status == "correct" and trace.state.end_reason == "single_turn"
-    (request,) = requests  # one model call, through the interception
-    assert not request.get("tools")
-    assert [{"role": m["role"], "content": m["content"]} for m in request["messages"]] == single_turn_messages(task)
-    assert [node.message.content for node in trace.nodes][-1] == text  # the trace records the reply
-
     prose, requests = single_turn_episode(env, "I cannot write this kernel.")
     (trace,) = prose.traces
     assert trace.rewards["kernel_reward"].score == FAILURE_REWARD and trace.state.status == "no candidate"
-    assert len(requests) == 1
+    assert trace.metrics["correct"] == 0.0 and "model_new.py" in trace.info["cuda_agent"]["reason"]
+    (request,) = requests  # one model call, through the interception
+    assert not request.get("tools")
+    assert [{"role": m["role"], "content": m["content"]} for m in request["messages"]] == single_turn_messages(task)
+    assert [node.message.content for node in trace.nodes][-1] == "I cannot write this kernel."

@@ -42,7 +42,8 @@ from cuda_agent.tasks import load_task  # noqa: E402
 from cuda_agent.train.rollout import rollouts_from_trace  # noqa: E402
 from cuda_agent.train.single_turn import FAILURE_REWARD, single_turn_messages  # noqa: E402
 from cuda_agent.train.verl.agent_loop import CudaAgentLoop  # noqa: E402
-from cuda_agent.train.verl.data import AGENT_NAME, task_from_extra_info, tasks_to_parquet  # noqa: E402
+from cuda_agent.tasks.rows import task_from_row  # noqa: E402
+from cuda_agent.train.verl.data import AGENT_NAME, tasks_to_parquet  # noqa: E402
 from cuda_agent.train.verl.reward import compute_score  # noqa: E402
 
 SANDBOX = "auto"
@@ -284,12 +285,12 @@ def test_tasks_become_the_rows_verls_dataset_reads(task, tokenizer, tmp_path, mo
     # verl's own dataset: the chat messages become raw_prompt, extra_info comes through, the task round-trips.
     row = dataset_row(path, tokenizer, tmp_path, monkeypatch)
     assert row["raw_prompt"] == single_turn_messages(task) and row["agent_name"] == AGENT_NAME
-    assert row["index"] == 0 and task_from_extra_info(row["extra_info"]) == task
+    assert row["index"] == 0 and task_from_row(row["extra_info"]) == task
     single = pq.read_table(tasks_to_parquet(task.source, tmp_path / "single.parquet",
                                             agent_name="single_turn_agent")).to_pylist()
     assert single[0]["agent_name"] == "single_turn_agent"
-    with pytest.raises(ValueError, match="extra_info needs the task's name and code"):
-        task_from_extra_info({"index": 0})
+    with pytest.raises(ValueError, match="needs the task.s name and code"):
+        task_from_row({"index": 0})
 
 
 def test_the_reward_function_scores_a_reply_as_verl_calls_it(task, checker, examples, tmp_path):

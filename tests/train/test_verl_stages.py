@@ -143,6 +143,36 @@ def test_the_ppo_files_hold_the_papers_settings_and_pass_verls_validation(name, 
         assert get_custom_reward_fn(config) is None  # the agent loop sets the episode's reward itself
 
 
+RECIPE = CONFIGS.parent / "recipe"
+
+
+def test_the_one_node_recipe_passes_verls_validation_with_the_service_as_reward(model_dir, monkeypatch):
+    """The PPO recipe for one GPU node: composed with verl's own config from what its launcher exports, every key
+    one of verl's, checked by verl's validate_config; the reward is compute_score with the service's URL."""
+    monkeypatch.setenv("CUDA_AGENT_ACTOR", str(model_dir))
+    monkeypatch.setenv("CUDA_AGENT_TRAIN_FILES", "t.parquet")
+    monkeypatch.setenv("CUDA_AGENT_VAL_FILES", "v.parquet")
+    monkeypatch.setenv("CUDA_AGENT_SERVICE", "http://127.0.0.1:8470")
+    monkeypatch.setenv("CUDA_AGENT_GPUS_TRAIN", "7")
+    ours = yaml.safe_load((RECIPE / "ppo_one_node.yaml").read_text())
+    assert ours.pop("defaults") == ["ppo_trainer", "_self_"]
+    ours.pop("hydra")
+    verls = compose_in(VERL_CONFIGS, "ppo_trainer")
+    free_form = "reward.custom_reward_function.reward_kwargs."  # verl passes this dict to the function as it is
+    assert [k for k in leaves(ours) if not declared(verls, k) and not k.startswith(free_form)] == []
+    config = compose_in(RECIPE, "ppo_one_node")
+    validate_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    assert need_critic(config) and config.algorithm.adv_estimator == "gae"
+    assert (config.trainer.nnodes, config.trainer.n_gpus_per_node) == (1, 7)
+    assert config.actor_rollout_ref.rollout.name == "vllm"  # what a CPU machine lacks: the recipe runs on GPUs only
+    assert config.reward.custom_reward_function.reward_kwargs.service == "http://127.0.0.1:8470"
+    score = get_custom_reward_fn(config)  # as verl's reward loop loads it
+    assert score.args[0] is compute_score and score.args[1] == {"service": "http://127.0.0.1:8470"}
+    launcher = (RECIPE / "run_ppo_one_node.sh").read_text()
+    assert "--config-name ppo_one_node" in launcher and "--format verl" in launcher
+    assert subprocess.run(["bash", "-n", str(RECIPE / "run_ppo_one_node.sh")]).returncode == 0
+
+
 def test_the_rft_file_holds_our_dataset_and_verls_sections_build(model_dir):
     config = compose_in(CONFIGS, "sft_rft", fills("sft_rft", model_dir))
     # As SFTTrainer._build_config turns them into verl's dataclasses.

@@ -125,6 +125,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_level_option(p)
     p.set_defaults(func=cmd_tasks)
 
+    # `export`: the whole command lives in integrations.export (arguments and behaviour); this block only registers it.
+    from cuda_agent.integrations import export as export_command
+    p = sub.add_parser("export", help="write a task source as an RL stack's dataset (trl, verl, verifiers, openenv)",
+                       description=export_command.DESCRIPTION)
+    export_command.add_arguments(p)
+    p.set_defaults(func=export_command.main)
+
     p = sub.add_parser("degenerate", help="flag tasks that zeros, a constant or an input passes")
     p.add_argument("source", help=TASKS_HELP)
     add_level_option(p)

@@ -1,20 +1,22 @@
 """The episode core every RL-stack adapter stands on: tasks as dataset rows, the single-turn reward, and a
 tool-at-a-time agentic episode with its evaluator. Nothing here imports an RL library.
 
-    task_columns / task_from_row  a task as flat dataset columns (TRL, verifiers) and back; verl's rows carry
-                                  the same fields in ``extra_info`` (``train.verl.data``)
-    score_completion              one single-turn reply scored for its task (``train.single_turn.score_reply``
-                                  with an evaluator lent for the call): TRL's, verl's, verifiers' and OpenEnv's
-                                  single-turn rewards all come from it
+    task_columns / task_from_row  a task as flat dataset columns and back (``tasks.rows``: verl's rows carry the
+                                  same columns in ``extra_info``, read by the same function)
+    score_completion              one single-turn reply scored for its task (``train.single_turn``): TRL's,
+                                  verl's, verifiers' and OpenEnv's single-turn rewards all come from it
     score_completions             the single-turn reward of many replies at once, each with its task,
                                   ``workers`` evaluations at a time
     ToolEpisode                   one agentic episode driven from outside: ``agent.session.EpisodeSession``
                                   (the workspace, tools and closing evaluation ``run_episode`` uses) with an
-                                  evaluator lent for its lifetime and a scratch folder it removes
+                                  evaluator lent for its lifetime and a scratch folder it removes; each tool
+                                  call's feedback (the evaluations it asked for) beside its text
 
-Evaluators come from ``train.verl.evaluators.lend_evaluator``: an ``EvaluatorLike`` given by the caller, else
-the evaluation service (``service=URL`` or ``$CUDA_AGENT_SERVICE``), else local evaluators lent one per
-caller at a time, sharing one timing lock. So every adapter can send its evaluations to one GPU pool.
+Evaluators come from ``train.evaluators`` (``EvaluatorOptions.lend``): an ``EvaluatorLike`` given by the caller,
+else the evaluation service (``service=URL`` or ``$CUDA_AGENT_SERVICE``), else local evaluators lent one per
+caller at a time, sharing one timing lock. So every adapter can send its evaluations to one GPU pool. The
+pieces verl's reward and data share with these adapters live below both (``tasks.rows``, ``train.single_turn``,
+``train.evaluators``), so nothing is written twice and ``train`` never imports ``integrations``.
 """
 
 from __future__ import annotations
@@ -28,77 +30,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from cuda_agent.agent.commands import Evaluation
 from cuda_agent.agent.session import AgentConfig, EpisodeSession, SessionOutcome
 from cuda_agent.evaluate.result import no_reward_reason
-from cuda_agent.tasks import Task, TaskError, load_tasks
-from cuda_agent.train.single_turn import FAILURE_REWARD, SingleTurnOutcome, score_reply, single_turn_messages
-from cuda_agent.train.verl.evaluators import lend_evaluator
+from cuda_agent.tasks import Task, load_tasks
+from cuda_agent.tasks.rows import TASK_COLUMNS, task_columns, task_from_row
+from cuda_agent.train.evaluators import EvaluatorOptions
+from cuda_agent.train.single_turn import (FAILURE_REWARD, SingleTurnOutcome, completion_text, score_completion,
+                                          single_turn_messages)
 
-__all__ = ["FAILURE_REWARD", "TASK_COLUMNS", "EvaluatorOptions", "ToolEpisode", "completion_text", "load_task_rows",
-           "score_completion", "score_completions", "score_outcomes", "single_turn_messages", "task_columns", "task_from_row"]
-
-TASK_COLUMNS = ("name", "code", "source", "level", "problem_id")  # the columns a row carries its task in
-
-
-def task_columns(task: Task) -> dict[str, Any]:
-    """The task as flat columns of a dataset row (``task_from_row`` reads them back)."""
-    return {"name": task.name, "code": task.code, "source": task.source, "level": task.level,
-            "problem_id": task.problem_id}
-
-
-def task_from_row(row: Mapping[str, Any]) -> Task:
-    """The task a row's columns carry: ``name`` and ``code`` at least (``extra_info`` too, verl's shape)."""
-    if not row.get("code") and isinstance(row.get("extra_info"), Mapping):
-        row = row["extra_info"]
-    if not row.get("code") or not row.get("name"):
-        raise TaskError("the row carries no task: it needs the task's name and code columns "
-                        "(write the dataset with cuda_agent.integrations' converters)")
-
-    def optional_int(value: Any) -> int | None:
-        return None if value is None else int(value)
-
-    return Task(name=str(row["name"]), code=str(row["code"]), source=str(row.get("source") or row["name"]),
-                level=optional_int(row.get("level")), problem_id=optional_int(row.get("problem_id")))
+__all__ = ["FAILURE_REWARD", "TASK_COLUMNS", "EvaluatorOptions", "ToolEpisode", "completion_text", "feedback",
+           "load_task_rows", "rollout_metrics", "score_completion", "score_completions", "score_outcomes", "shareable",
+           "single_turn_messages", "task_columns", "task_from_row"]
 
 
 def load_task_rows(source: str | Path, levels: Iterable[int] | None = None) -> list[dict[str, Any]]:
     """Every task of ``source`` (a task file, a folder of them, a KernelBench tree, JSONL/parquet, a hub
     dataset: ``tasks.load_tasks``) as rows: the single-turn ``prompt`` (chat messages) and the task columns."""
     return [{"prompt": single_turn_messages(task), **task_columns(task)} for task in load_tasks(source, levels)]
-
-
-@dataclass(frozen=True)
-class EvaluatorOptions:
-    """Where evaluations go: ``evaluator`` (an ``EvaluatorLike`` safe to share), else ``service`` (a URL, or
-    ``$CUDA_AGENT_SERVICE``), else local evaluators with ``device``, ``policy`` and ``sandbox``."""
-
-    service: str | None = None
-    device: str = "auto"
-    policy: str = "fair"
-    sandbox: str = "auto"
-    evaluator: Any = None
-
-    def lend(self):
-        return lend_evaluator(self.service, device=self.device, policy=self.policy, sandbox=self.sandbox,
-                              evaluator=self.evaluator)
-
-
-def completion_text(completion: Any) -> str:
-    """A completion as text: a string (standard format) or chat messages (conversational format: the
-    assistant's contents joined)."""
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, Mapping):
-        return str(completion.get("content") or "")
-    return "\n".join(str(m.get("content") or "") for m in completion if m.get("role", "assistant") == "assistant")
-
-
-def score_completion(task: Task, completion: Any, options: EvaluatorOptions) -> SingleTurnOutcome:
-    """One single-turn reply (text or chat messages) scored for ``task``: parsed into a candidate and evaluated
-    (``score_reply``) by an evaluator lent for the call, in a scratch folder removed afterwards. Its ``reward``
-    is the failure reward when the reply writes no usable candidate, None when the evaluation has no verdict."""
-    with options.lend() as evaluator, tempfile.TemporaryDirectory(prefix="cuda-agent-reply-") as where:
-        return score_reply(task, completion_text(completion), evaluator, Path(where))
 
 
 def score_completions(tasks: Sequence[Task], completions: Sequence[Any], options: EvaluatorOptions,
@@ -118,17 +67,58 @@ def score_outcomes(tasks: Sequence[Task], completions: Sequence[Any], options: E
     def one(pair: tuple[Task, Any]) -> SingleTurnOutcome:
         return score_completion(*pair, options)
 
-    if options.evaluator is not None and not _shareable(options.evaluator):
+    if options.evaluator is not None and not shareable(options.evaluator):
         workers = 1  # a local Evaluator keeps per-evaluation processes: one caller at a time
     with ThreadPoolExecutor(max_workers=max(1, min(workers, len(tasks)))) as pool:
         return list(pool.map(one, zip(tasks, completions)))
 
 
-def _shareable(evaluator: Any) -> bool:
-    """Whether threads may call ``evaluator`` at once: the service's client may (each call is its own request)."""
+def shareable(evaluator: Any) -> bool:
+    """Whether threads may call ``evaluator`` at once: the service's client may (each call is its own request), and
+    any evaluator that says so (``shareable = True``)."""
     from cuda_agent.service import RemoteEvaluator
 
-    return isinstance(evaluator, RemoteEvaluator)
+    return isinstance(evaluator, RemoteEvaluator) or getattr(evaluator, "shareable", False) is True
+
+
+FEEDBACK_KEYS = ("status", "stage", "reward", "speedup_eager", "speedup_compile", "rule", "reason")
+
+
+def feedback(evaluation: Evaluation) -> dict[str, Any]:
+    """One evaluation a tool call asked for (``utils/compile.py``, ``verify.py``, ``profile.py`` in the workspace), in
+    brief: which command, the status and stage it reached (a compile error's reason among them), the speedups and
+    reward where it timed, the rule a rejected candidate broke, and the no-verdict reason where it could not decide.
+    The agent read the same result as the command's text; this is it as data, for a trainer's per-turn signal."""
+    result = evaluation.result
+    brief = {"command": evaluation.command, "turn": evaluation.turn,
+             **{k: result[k] for k in FEEDBACK_KEYS if result.get(k) is not None}}
+    if result.get("status") == "error":
+        brief["no_verdict"], brief["reason"] = True, no_reward_reason(result)
+    if result.get("counters"):
+        brief["profile"] = result["counters"]
+    return brief
+
+
+FAST_P = (0, 1, 2)  # KernelBench's fast_p thresholds reported per rollout
+
+
+def rollout_metrics(final: Mapping[str, Any] | None) -> dict[str, float]:
+    """One rollout's metrics from its closing evaluation (``EvalResult.to_dict()``; None where no candidate was
+    evaluated), every one a number so that a trainer can average them: ``correct``; ``fast_0``/``fast_1``/``fast_2``
+    (KernelBench's fast_p for this one task: correct with a speedup over eager above p); ``speedup_eager`` and
+    ``speedup_compile`` (0 where not correct or not timed); the milestone reward's parts ``beats_eager`` and
+    ``beats_compile`` (the evaluator's decision: -1 + 2 correct + beats_eager + beats_compile); ``no_verdict``."""
+    final = final or {}
+    correct = final.get("status") == "correct"
+    eager, compiled = final.get("speedup_eager"), final.get("speedup_compile")
+    decided = ((final.get("decision") or {}).get("speedups") or {})
+    metrics = {"correct": float(correct), "no_verdict": float(final.get("status") == "error"),
+               "speedup_eager": float(eager) if correct and eager else 0.0,
+               "speedup_compile": float(compiled) if correct and compiled else 0.0,
+               "beats_eager": float(correct and bool((decided.get("eager") or {}).get("beats"))),
+               "beats_compile": float(correct and bool((decided.get("compile") or {}).get("beats")))}
+    metrics.update({f"fast_{p}": float(correct and eager is not None and eager > p) for p in FAST_P})
+    return metrics
 
 
 @dataclass
@@ -146,6 +136,7 @@ class ToolEpisode:
     calls: list[dict[str, Any]] = field(default_factory=list)
     session: EpisodeSession | None = None
     outcome: SessionOutcome | None = None
+    evaluations: list[Evaluation] = field(default_factory=list)  # every evaluation the tools asked for, in order
 
     def open(self) -> list[dict[str, Any]]:
         """Make the workspace; returns the opening messages (system prompt, SKILL.md and the task)."""
@@ -158,7 +149,8 @@ class ToolEpisode:
             # The evaluator is held for the whole episode: its command server evaluates with it.
             evaluator = self._stack.enter_context(self.options.lend())
             self.session = self._stack.enter_context(EpisodeSession(
-                self.task, evaluator, self.folder, config=self.config, sandbox=self.options.sandbox))
+                self.task, evaluator, self.folder, config=self.config, sandbox=self.options.sandbox,
+                on_evaluation=self.evaluations.append))
         except BaseException:
             self._stack.close()
             raise
@@ -178,10 +170,17 @@ class ToolEpisode:
         """Run one tool call; its result as the model would see it."""
         session = self._open()
         session.turn = len(self.calls)
+        seen = len(self.evaluations)
         result = session.call(name, arguments if isinstance(arguments, str) else dict(arguments or {}))
         text = arguments if isinstance(arguments, str) else json.dumps(arguments or {})
-        self.calls.append({"name": name, "arguments": text, "error": result.error})
+        self.calls.append({"name": name, "arguments": text, "error": result.error,
+                           "feedback": [feedback(e) for e in self.evaluations[seen:]]})
         return result.content
+
+    @property
+    def last_feedback(self) -> list[dict[str, Any]]:
+        """What the last tool call's evaluations said (``feedback``): empty where it ran none."""
+        return self.calls[-1]["feedback"] if self.calls else []
 
     def finish(self) -> SessionOutcome:
         """Close the tools and evaluate the workspace (once)."""

@@ -3,7 +3,12 @@ environment for multi-turn GRPO. Checked against trl 1.16.0 (docs/INTEGRATIONS.m
 
     tasks_to_dataset    tasks (a file, a folder, KernelBench, JSONL/parquet, a hub dataset) as a ``datasets``
                         dataset: ``prompt`` (conversational) and the task columns, which TRL passes to reward
-                        functions and to an environment's ``reset`` as keyword arguments
+                        functions and to an environment's ``reset`` as keyword arguments (``cuda-agent export
+                        --format trl`` writes it to disk, with the reward's settings in ``reward_settings``)
+    kernel_reward       the reward *function* ``trl grpo --reward_funcs cuda_agent.integrations.trl.kernel_reward``
+                        loads as it is: configured from the environment (``CUDA_AGENT_SERVICE``,
+                        ``CUDA_AGENT_REWARD_*``) over the dataset's ``reward_settings`` column; a ``KernelReward``
+                        per setting, made on first use
     KernelReward        a reward function: ``(prompts, completions, **columns) -> rewards``; each completion
                         parsed into a candidate and evaluated for the task of its row (local evaluators, or the
                         service), ``workers`` at a time; ``None`` for a sample whose evaluation has no verdict
@@ -12,7 +17,16 @@ environment for multi-turn GRPO. Checked against trl 1.16.0 (docs/INTEGRATIONS.m
     KernelEnvironment   for ``GRPOTrainer(environment_factory=KernelEnvironment.factory(...))``, TRL's documented
                         path for multi-turn tool episodes: ``reset(**row)`` opens the task's workspace and returns
                         SKILL.md and the task (appended to the prompt's user message), our tools are its methods,
-                        ``get_reward()`` closes the tools and evaluates (the reward ``run_episode`` gives)
+                        ``get_reward()`` closes the tools and evaluates (the reward ``run_episode`` gives); the
+                        first ``get_reward`` of a batch starts the closing evaluations of every sibling instance at
+                        once, so a batch's rollouts are evaluated concurrently (through the service, or local
+                        evaluators sharing one timing lock)
+
+From TRL's command line (a dataset written by ``cuda-agent export``)::
+
+    cuda-agent export examples/ --format trl --out data/
+    CUDA_AGENT_SERVICE=http://HOST:PORT trl grpo --model_name_or_path MODEL --dataset_name data/ \
+        --reward_funcs cuda_agent.integrations.trl.kernel_reward
 
 Single-turn::
 
@@ -27,6 +41,11 @@ Multi-turn::
 
 from __future__ import annotations
 
+import logging
+import os
+import threading
+import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -37,13 +56,13 @@ except ImportError as exc:  # pragma: no cover - the message is the point
     raise ImportError(f"the TRL adapter needs trl and datasets ({exc}): {install_hint('trl')}") from exc
 
 from cuda_agent.agent.session import SYSTEM_PROMPT, AgentConfig
-import logging
-
-from cuda_agent.integrations.core import (FAILURE_REWARD, EvaluatorOptions, ToolEpisode, load_task_rows,
-                                          score_outcomes, task_from_row)
+from cuda_agent.integrations.core import (FAILURE_REWARD, TASK_COLUMNS, EvaluatorOptions, ToolEpisode, load_task_rows,
+                                          score_outcomes, shareable, task_from_row)
+from cuda_agent.integrations.tool_functions import tool_function, tool_schemas
+from cuda_agent.train.evaluators import options_from_settings
 
 log = logging.getLogger(__name__)
-from cuda_agent.integrations.tool_functions import tool_function, tool_schemas
+WORKERS_ENV = "CUDA_AGENT_REWARD_WORKERS"  # evaluations at once per reward call (default 4)
 
 
 def tasks_to_dataset(source: str | Path, *, levels: Iterable[int] | None = None,
@@ -67,14 +86,14 @@ class KernelReward:
     __name__ = "kernel_reward"  # TRL logs each reward function under its __name__
 
     def __init__(self, *, service: str | None = None, device: str = "auto", policy: str = "fair",
-                 sandbox: str = "auto", evaluator: Any = None, workers: int = 4):
-        self.options = EvaluatorOptions(service, device, policy, sandbox, evaluator)
+                 sandbox: str = "auto", evaluator: Any = None, workers: int = 4, time_compile: bool = True):
+        self.options = EvaluatorOptions(service, device, policy, sandbox, evaluator, time_compile)
         self.workers = workers
         self.no_verdict = 0  # samples given no reward so far
         self.reasons: list[str] = []  # why, the latest last (the last 100)
 
     def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **columns: Any) -> list[float | None]:
-        keys = [k for k in ("name", "code", "source", "level", "problem_id", "extra_info") if k in columns]
+        keys = [k for k in (*TASK_COLUMNS, "extra_info") if k in columns]
         tasks = [task_from_row({k: columns[k][i] for k in keys}) for i in range(len(completions))]
         outcomes = score_outcomes(tasks, completions, self.options, workers=self.workers)
         for task, outcome in zip(tasks, outcomes):
@@ -85,6 +104,61 @@ class KernelReward:
         return [outcome.reward for outcome in outcomes]
 
 
+_rewards: dict[tuple, KernelReward] = {}
+_rewards_lock = threading.Lock()
+
+
+def kernel_reward(prompts: Sequence[Any], completions: Sequence[Any], **columns: Any) -> list[float | None]:
+    """TRL's reward function, by dotted path: ``trl grpo --reward_funcs cuda_agent.integrations.trl.kernel_reward``.
+    Each completion is evaluated for its row's task (the failure reward, -1, for a reply without a usable
+    candidate; ``None``, TRL's "not scored", where the evaluation has no verdict). Where evaluations go comes from
+    the environment (``CUDA_AGENT_SERVICE``, ``CUDA_AGENT_REWARD_DEVICE|POLICY|SANDBOX|TIME_COMPILE``), else from the
+    row's ``reward_settings`` column (``cuda-agent export`` writes it), else the defaults (local evaluators, the
+    fair policy); ``CUDA_AGENT_REWARD_WORKERS`` evaluations at a time."""
+    settings = columns.get("reward_settings") or [None] * len(completions)
+    rewards: list[float | None] = [None] * len(completions)
+    groups: dict[EvaluatorOptions, list[int]] = {}
+    for i, row_settings in enumerate(settings):
+        groups.setdefault(options_from_settings(row_settings), []).append(i)
+    for options, rows in groups.items():
+        reward = _reward_for(options)
+        part = {k: [v[i] for i in rows] for k, v in columns.items() if isinstance(v, (list, tuple))
+                and len(v) == len(completions)}
+        for i, value in zip(rows, reward([prompts[i] for i in rows], [completions[i] for i in rows], **part)):
+            rewards[i] = value
+    return rewards
+
+
+def _reward_for(options: EvaluatorOptions) -> KernelReward:
+    """The process's ``KernelReward`` for ``options`` (its counts of no-verdicts live across calls)."""
+    workers = int(os.environ.get(WORKERS_ENV) or 4)
+    with _rewards_lock:
+        key = (options, workers)
+        if key not in _rewards:
+            _rewards[key] = KernelReward(service=options.service, device=options.device, policy=options.policy,
+                                         sandbox=options.sandbox, workers=workers, time_compile=options.time_compile)
+        return _rewards[key]
+
+
+class _Siblings:
+    """The instances one ``environment_factory`` made: TRL asks each for its reward in turn, so the first ask starts
+    every open episode's closing evaluation at once (``workers`` at a time) and the later asks find theirs under way."""
+
+    def __init__(self, workers: int):
+        self.members: "weakref.WeakSet[KernelEnvironment]" = weakref.WeakSet()
+        self.pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="cuda-agent-reward")
+        self.lock = threading.Lock()
+
+    def finish_all(self) -> None:
+        with self.lock:
+            for member in list(self.members):
+                episode = member.episode
+                # A caller's own local Evaluator serves one evaluation at a time: its episodes close in turn.
+                concurrent = member.options.evaluator is None or shareable(member.options.evaluator)
+                if concurrent and episode is not None and episode.outcome is None and member._closing is None:
+                    member._closing = self.pool.submit(episode.finish)
+
+
 class KernelEnvironment:
     """One agentic episode per rollout, for TRL's ``environment_factory``. TRL makes instances once and reuses
     them (``reset`` between rollouts); it lists an environment's tools from its class's public methods, so the
@@ -92,16 +166,22 @@ class KernelEnvironment:
 
     def __init__(self, *, service: str | None = None, device: str = "auto", policy: str = "fair",
                  sandbox: str = "auto", evaluator: Any = None, max_output_chars: int = 20_000,
-                 command_timeout_s: float = 300.0, workdir: str | None = None):
-        self.options = EvaluatorOptions(service, device, policy, sandbox, evaluator)
+                 command_timeout_s: float = 300.0, workdir: str | None = None, time_compile: bool = True,
+                 siblings: _Siblings | None = None):
+        self.options = EvaluatorOptions(service, device, policy, sandbox, evaluator, time_compile)
         self.config = AgentConfig(max_output_chars=max_output_chars, command_timeout_s=command_timeout_s)
         self.workdir = workdir
         self.episode: ToolEpisode | None = None
+        self._closing: Future | None = None
+        self.siblings = siblings or _Siblings(1)
+        self.siblings.members.add(self)
 
     @classmethod
-    def factory(cls, **options: Any):
-        """The ``environment_factory`` TRL calls (no arguments) for each instance it needs."""
-        return lambda: cls(**options)
+    def factory(cls, *, workers: int = 8, **options: Any):
+        """The ``environment_factory`` TRL calls (no arguments) for each instance it needs; the instances it makes
+        are evaluated ``workers`` at a time at the end of a batch."""
+        siblings = _Siblings(workers)
+        return lambda: cls(siblings=siblings, **options)
 
     def reset(self, **row: Any) -> str:
         """Start the episode of the row's task (the previous one, if any, is closed): the user message our loop
@@ -117,6 +197,9 @@ class KernelEnvironment:
         evaluation has no verdict: ``reason`` says why)."""
         if self.episode is None:
             return FAILURE_REWARD
+        self.siblings.finish_all()
+        if self._closing is not None:
+            self._closing.result()  # the closing evaluation's errors surface here, as a synchronous finish's would
         reward = self.episode.reward
         if reward is None:
             log.warning("KernelEnvironment: no reward for the episode of %s: %s", self.episode.task.name,
@@ -134,6 +217,9 @@ class KernelEnvironment:
         return self.episode.call(name, arguments)
 
     def _close(self) -> None:
+        if self._closing is not None:
+            self._closing.result()
+            self._closing = None
         if self.episode is not None:
             self.episode.close()
             self.episode = None

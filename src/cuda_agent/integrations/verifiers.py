@@ -10,7 +10,9 @@ and ``Env`` subclasses its ``__all__`` exports; the package ``cuda_agent_kernels
 
     KernelTaskset  the tasks of ``tasks`` (a task file, a folder of them, KernelBench, JSONL/parquet, a hub
                    dataset), one ``KernelTask`` each; its data carries the task (``name``, ``code``, ...)
-    KernelTask     the reward: ``kernel_reward``, the closing evaluation's (what ``run_episode`` gives); where that
+    KernelTask     the metrics (``kernel_metrics``: correct, fast_0/1/2, speedups over eager and torch.compile,
+                   the reward's parts, no_verdict; ``core.rollout_metrics``) of every rollout, and
+                   the reward: ``kernel_reward``, the closing evaluation's (what ``run_episode`` gives); where that
                    evaluation has no verdict (the evaluator could not decide) there is no reward: the state says
                    so (``no_verdict``, ``reason``), the program ends with exit code 3 and the reason on stderr
                    (verifiers records the rollout's program as failed), and ``kernel_reward`` is NaN, not a
@@ -50,7 +52,7 @@ from cuda_agent.agent.llm import OpenAIChat
 from cuda_agent.agent.loop import run_episode
 from cuda_agent.agent.session import AgentConfig
 from cuda_agent.evaluate.result import no_reward_reason
-from cuda_agent.integrations.core import (FAILURE_REWARD, EvaluatorOptions, score_completion,
+from cuda_agent.integrations.core import (FAILURE_REWARD, EvaluatorOptions, rollout_metrics, score_completion,
                                           single_turn_messages, task_columns, task_from_row)
 from cuda_agent.tasks import TaskError, load_tasks
 
@@ -76,7 +78,8 @@ class KernelState(vf.State):
     status: str | None = None
     end_reason: str | None = None
     no_verdict: bool = False  # the closing evaluation had no verdict: no reward (``reason`` says why)
-    reason: str | None = None
+    reason: str | None = None  # why the rollout earned what it did (a failure's or a no-verdict's reason among them)
+    metrics: dict[str, float] = {}  # core.rollout_metrics of the closing evaluation
 
 
 NO_VERDICT_EXIT = 3  # the program's exit code where the closing evaluation has no verdict (as ``cuda-agent eval``'s)
@@ -87,6 +90,12 @@ class KernelTask(vf.Task[KernelData, KernelState]):
     def key(self) -> str:
         # The task's name is durable across runs; the default (a content hash) is too, but unreadable.
         return self.data.name or self.hash
+
+    @vf.metric
+    async def kernel_metrics(self, trace: vf.Trace) -> dict[str, float]:
+        """The rollout's metrics (``core.rollout_metrics``): every rollout has all of them, a rollout that never
+        reached an evaluation its zeros."""
+        return dict(trace.state.metrics) or rollout_metrics(None)
 
     @vf.reward
     async def kernel_reward(self, trace: vf.Trace) -> float:
@@ -126,6 +135,8 @@ class KernelHarnessConfig(vf.HarnessConfig):
     device: str = "auto"
     policy: str = "fair"
     sandbox: str = "auto"
+    time_compile: bool = True
+    """Time the torch.compile baseline (without it no candidate earns the reward for beating it)."""
     max_turns: int = 150
     """Model turns per episode (the paper: 150); verifiers' own --env.agent.max-turns also ends it."""
     command_timeout_s: float = 300.0
@@ -153,13 +164,17 @@ class KernelHarness(vf.Harness[KernelHarnessConfig]):
         trace.state.reward = episode.reward
         trace.state.status = episode.final.get("status")
         trace.state.end_reason = episode.end_reason
+        trace.state.metrics = rollout_metrics(episode.final)
         if trace.state.status == "error":
             return _no_verdict(trace, no_reward_reason(episode.final))
-        return vf.ProgramResult(exit_code=0, stdout=f"final evaluation: {trace.state.status}", stderr="")
+        trace.state.reason = _reason(episode.final)
+        _record(trace)
+        return vf.ProgramResult(exit_code=0, stdout=f"final evaluation: {trace.state.reason}", stderr="")
 
     def _options(self) -> EvaluatorOptions:
         config = self.config
-        return EvaluatorOptions(config.service, config.device, config.policy, config.sandbox, self.evaluator)
+        return EvaluatorOptions(config.service, config.device, config.policy, config.sandbox, self.evaluator,
+                                config.time_compile)
 
     async def _single_turn(self, task, model: str, endpoint: str, secret: str, trace: vf.Trace) -> vf.ProgramResult:
         """One model call through the interception (the single-turn prompt, no tools), its reply scored."""
@@ -169,8 +184,11 @@ class KernelHarness(vf.Harness[KernelHarnessConfig]):
         trace.state.reward = outcome.reward
         trace.state.status = outcome.status
         trace.state.end_reason = "single_turn"
+        trace.state.metrics = rollout_metrics(outcome.evaluation)
         if outcome.no_verdict:
             return _no_verdict(trace, outcome.reason)
+        trace.state.reason = outcome.reason
+        _record(trace)
         return vf.ProgramResult(exit_code=0, stdout=f"single-turn reply: {outcome.reason}", stderr="")
 
     def _episode(self, task, model: str, endpoint: str, secret: str):
@@ -186,9 +204,27 @@ class KernelHarness(vf.Harness[KernelHarnessConfig]):
                                sandbox=config.sandbox)
 
 
+def _reason(final: dict[str, Any]) -> str:
+    """Why an evaluated rollout earned what it did: its status, the rule a rejected candidate broke, and the
+    evaluator's reason for anything but a correct candidate (a compile error, the first wrong output, ...)."""
+    reason = str(final.get("status")) + (f" ({final['rule']})" if final.get("rule") else "")
+    return reason if final.get("status") == "correct" or not final.get("reason") else f"{reason}: {final['reason']}"
+
+
+def _record(trace: vf.Trace) -> None:
+    """The outcome on the trace itself (``info["cuda_agent"]``: verifiers saves a trace's info with it, not its
+    state): status, why, whether the evaluation had no verdict, how the episode ended."""
+    state = trace.state
+    trace.info["cuda_agent"] = {"status": state.status, "reason": state.reason, "no_verdict": state.no_verdict,
+                                "end_reason": state.end_reason}
+
+
 def _no_verdict(trace: vf.Trace, reason: str) -> vf.ProgramResult:
-    """The rollout's end where its evaluation had no verdict: no reward, the reason on the state and stderr."""
+    """The rollout's end where its evaluation had no verdict: no reward, the reason on the state, the trace's info
+    and stderr (verifiers records the exit code as the rollout's harness error, with the reason, and scores
+    nothing: no reward, no metrics)."""
     trace.state.reward, trace.state.no_verdict, trace.state.reason = None, True, reason
+    _record(trace)
     return vf.ProgramResult(exit_code=NO_VERDICT_EXIT, stdout="", stderr=reason)
 
 

@@ -12,9 +12,10 @@ imports verl (the agent loop registers itself with verl): ``pip install 'cuda-ag
 from __future__ import annotations
 
 from cuda_agent.train.verl.agent_loop import CudaAgentLoop, ServerBackend
-from cuda_agent.train.verl.data import AGENT_NAME, SINGLE_TURN_AGENT, task_from_extra_info, task_row, tasks_to_parquet
+from cuda_agent.tasks.rows import task_from_row
+from cuda_agent.train.verl.data import AGENT_NAME, SINGLE_TURN_AGENT, task_row, tasks_to_parquet
 from cuda_agent.train.verl.reward import compute_score
 from cuda_agent.train.verl.sft import TrajectorySFTDataset
 
 __all__ = ["AGENT_NAME", "SINGLE_TURN_AGENT", "CudaAgentLoop", "ServerBackend", "TrajectorySFTDataset",
-           "compute_score", "task_from_extra_info", "task_row", "tasks_to_parquet"]
+           "compute_score", "task_from_row", "task_row", "tasks_to_parquet"]

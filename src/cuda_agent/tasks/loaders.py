@@ -3,7 +3,8 @@
 ``load_tasks(source)`` dispatches on what ``source`` is: a ``.py`` file, a
 KernelBench checkout (or its ``levelN`` folders), a folder of task files (as
 ``examples/`` holds them), a ``cuda-agent synth`` output directory, a JSONL / parquet table in
-the KernelBench or CUDA-Agent-Ops-6K shape, or a Hugging Face dataset name.
+the KernelBench or CUDA-Agent-Ops-6K shape or the task rows ``cuda-agent export`` writes, or a Hugging Face
+dataset name.
 Every task is checked statically before it is returned.
 """
 
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from cuda_agent.paths import read_text
+from cuda_agent.tasks.rows import TASK_COLUMNS, task_from_row
 from cuda_agent.tasks.task import Task, TaskError, check_task_source
 
 KERNELBENCH_COLUMNS = ("level", "problem_id", "name", "code")
@@ -178,14 +180,17 @@ def tasks_from_rows(rows: list[dict[str, Any]], source: str) -> list[Task]:
     if not rows:
         raise TaskError(f"{source}: the table is empty.")
     columns = set(rows[0])
-    if set(KERNELBENCH_COLUMNS) <= columns:
+    if set(TASK_COLUMNS) <= columns:
+        make = _task_row  # rows `cuda-agent export` wrote: the task's own columns, its name kept
+    elif set(KERNELBENCH_COLUMNS) <= columns:
         make = _kernelbench_row
     elif set(OPS6K_COLUMNS) <= columns:
         make = _ops6k_row
     else:
         raise TaskError(
             f"{source}: unknown table columns {sorted(columns)}; expected "
-            f"{list(KERNELBENCH_COLUMNS)} (KernelBench) or {list(OPS6K_COLUMNS)} (CUDA-Agent-Ops-6K)."
+            f"{list(KERNELBENCH_COLUMNS)} (KernelBench), {list(OPS6K_COLUMNS)} (CUDA-Agent-Ops-6K) or "
+            f"{list(TASK_COLUMNS)} (`cuda-agent export`)."
         )
     tasks = []
     for index, row in enumerate(rows):
@@ -197,6 +202,10 @@ def tasks_from_rows(rows: list[dict[str, Any]], source: str) -> list[Task]:
         check_task_source(code, where)
         tasks.append(task)
     return tasks
+
+
+def _task_row(row: dict[str, Any], index: int, where: str) -> Task:
+    return task_from_row(row)
 
 
 def _kernelbench_row(row: dict[str, Any], index: int, where: str) -> Task:

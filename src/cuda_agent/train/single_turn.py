@@ -14,7 +14,7 @@ import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, Mapping
 
 from cuda_agent.candidates import Candidate, CandidateError, load_candidate
 from cuda_agent.candidates.candidate import SOURCE_SUFFIXES
@@ -125,3 +125,21 @@ def score_reply(task: Task, text: str, evaluator: Any, where: Path) -> SingleTur
     reward = FAILURE_REWARD if result.reward is None else float(result.reward)
     return SingleTurnOutcome(reward, result.status if result.rule is None else f"{result.status} ({result.rule})",
                              result.to_dict())
+
+
+def completion_text(completion: Any) -> str:
+    """A trainer's completion as text: a string (standard format) or chat messages (conversational format: the
+    assistant's contents joined)."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, Mapping):
+        return str(completion.get("content") or "")
+    return "\n".join(str(m.get("content") or "") for m in completion if m.get("role", "assistant") == "assistant")
+
+
+def score_completion(task: Task, completion: Any, options: Any) -> SingleTurnOutcome:
+    """One single-turn reply (text or chat messages) scored for ``task``: parsed into a candidate and evaluated
+    (``score_reply``) by an evaluator ``options`` (``train.evaluators.EvaluatorOptions``) lends for the call, in a
+    scratch folder removed afterwards. Every stack's single-turn reward is this (TRL, verl, verifiers, OpenEnv)."""
+    with options.lend() as evaluator, tempfile.TemporaryDirectory(prefix="cuda-agent-reply-") as where:
+        return score_reply(task, completion_text(completion), evaluator, Path(where))

@@ -53,8 +53,9 @@ except ImportError as exc:  # pragma: no cover - the message is the point
 from cuda_agent.agent.llm import BackendError
 from cuda_agent.agent.tokens import TokenOutput
 from cuda_agent.train.episodes import EpisodeOutcome, EpisodeRunner
-from cuda_agent.train.verl.data import AGENT_NAME, task_from_extra_info
-from cuda_agent.train.verl.evaluators import lend_evaluator
+from cuda_agent.tasks.rows import task_from_row
+from cuda_agent.train.evaluators import lend_evaluator
+from cuda_agent.train.verl.data import AGENT_NAME
 from cuda_agent.train.verl.reward import NO_VERDICT_SCORE
 
 # The loop's own context budget guesses tokens from characters; the backend counts the real ones against
@@ -156,7 +157,7 @@ class CudaAgentLoop(AgentLoopBase):
         self.model_name = str(OmegaConf.select(self.config, "actor_rollout_ref.model.path", default="") or "")
 
     async def run(self, sampling_params: dict[str, Any], priority: int = 0, **kwargs: Any) -> AgentLoopOutput:
-        task = task_from_extra_info(kwargs.get("extra_info"))
+        task = task_from_row(kwargs.get("extra_info"))
         priority = int(priority)  # numpy from verl's non-tensor batch
         loop = asyncio.get_running_loop()
         # One id for the whole episode: the server manager keeps a request id's turns on one server (its prefix

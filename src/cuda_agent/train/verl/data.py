@@ -7,7 +7,8 @@
     ability       "cuda"
     reward_model  {"style": "rule", "ground_truth": the task's digest}: verl's reward managers read
                   ``ground_truth``; the judge is the evaluator, so it only names the task's content
-    extra_info    the task itself (name, code, source, level, problem_id) and ``index`` (verl's sample index)
+    extra_info    the task itself (``tasks.rows.task_columns``; ``task_from_row`` reads it back) and ``index``
+                  (verl's sample index)
     agent_name    the agent loop verl runs for the row: ``cuda_agent`` (``agent_loop.CudaAgentLoop``), or
                   ``single_turn_agent`` (verl's own, with ``reward.compute_score``)
 
@@ -20,53 +21,46 @@ import argparse
 from pathlib import Path
 from typing import Any, Iterable
 
-from cuda_agent.tasks import Task, TaskError, load_tasks
+from cuda_agent.tasks import Task, load_tasks
+from cuda_agent.tasks.rows import task_columns
 from cuda_agent.train.single_turn import single_turn_messages
 
 AGENT_NAME = "cuda_agent"  # the name CudaAgentLoop is registered under
 SINGLE_TURN_AGENT = "single_turn_agent"  # verl's single-turn loop (verl/experimental/agent_loop)
-_TASK_FIELDS = ("name", "code", "source", "level", "problem_id")
 
 
 def task_row(task: Task, index: int, *, agent_name: str = AGENT_NAME, data_source: str = "cuda_agent",
-             split: str = "train") -> dict[str, Any]:
-    """One dataset row for ``task``."""
+             split: str = "train", reward_settings: str | None = None) -> dict[str, Any]:
+    """One dataset row for ``task``; ``reward_settings`` (JSON, ``train.evaluators.settings_of``) in its
+    ``extra_info`` for ``reward.compute_score``."""
     return {
         "data_source": data_source,
         "prompt": single_turn_messages(task),
         "ability": "cuda",
         "reward_model": {"style": "rule", "ground_truth": task.digest},
-        "extra_info": {"index": index, "split": split, **{name: getattr(task, name) for name in _TASK_FIELDS}},
+        "extra_info": {"index": index, "split": split, **task_columns(task), "reward_settings": reward_settings},
         "agent_name": agent_name,
     }
-
-
-def task_from_extra_info(extra_info: Any) -> Task:
-    """The task a row carries (its ``extra_info``, as verl hands it to an agent loop or a reward function)."""
-    if not isinstance(extra_info, dict) or not extra_info.get("code") or not extra_info.get("name"):
-        raise TaskError("the verl row carries no task: its extra_info needs the task's name and code; write the "
-                        "data with cuda_agent.train.verl.data.tasks_to_parquet")
-
-    def optional_int(value: Any) -> int | None:
-        return None if value is None else int(value)
-
-    return Task(name=str(extra_info["name"]), code=str(extra_info["code"]),
-                source=str(extra_info.get("source") or extra_info["name"]),
-                level=optional_int(extra_info.get("level")), problem_id=optional_int(extra_info.get("problem_id")))
 
 
 def tasks_to_parquet(source: str | Path, out_path: str | Path, *, levels: Iterable[int] | None = None,
                      agent_name: str = AGENT_NAME, data_source: str = "cuda_agent", split: str = "train") -> Path:
     """Every task of ``source`` (anything ``tasks.load_tasks`` reads) as a verl dataset at ``out_path``."""
+    return write_parquet(load_tasks(source, levels), out_path, agent_name=agent_name, data_source=data_source,
+                         split=split)
+
+
+def write_parquet(tasks: Iterable[Task], out_path: str | Path, *, agent_name: str = AGENT_NAME,
+                  data_source: str = "cuda_agent", split: str = "train", reward_settings: str | None = None) -> Path:
+    """``tasks`` as a verl dataset at ``out_path`` (``cuda-agent export --format verl`` writes through it)."""
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError:
         from cuda_agent.paths import install_hint
         raise ImportError(f"writing verl's parquet needs pyarrow: {install_hint('verl')}") from None
-    tasks = load_tasks(source, levels)
-    rows = [task_row(task, i, agent_name=agent_name, data_source=data_source, split=split)
-            for i, task in enumerate(tasks)]
+    rows = [task_row(task, i, agent_name=agent_name, data_source=data_source, split=split,
+                     reward_settings=reward_settings) for i, task in enumerate(tasks)]
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(rows, schema=_schema(pa)), out)
@@ -83,7 +77,8 @@ def _schema(pa: Any) -> Any:
         ("ability", text),
         ("reward_model", pa.struct([("style", text), ("ground_truth", text)])),
         ("extra_info", pa.struct([("index", pa.int64()), ("split", text), ("name", text), ("code", text),
-                                  ("source", text), ("level", pa.int64()), ("problem_id", pa.int64())])),
+                                  ("source", text), ("level", pa.int64()), ("problem_id", pa.int64()),
+                                  ("reward_settings", text)])),
         ("agent_name", text),
     ])
 
