@@ -155,7 +155,7 @@ def test_shared_kernelbench_data(kernelbench_jsonl):
 
 def test_hf_dataset_without_datasets_package(monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", None)
-    with pytest.raises(TaskError, match=r"needs the `datasets` package.*cuda-agent\[data\]"):
+    with pytest.raises(TaskError, match=r"needs the `datasets` package.*pip install -e '\.\[data\]'"):
         load_hf_dataset("ScalingIntelligence/KernelBench")
 
 
