@@ -210,6 +210,7 @@ outside_clock)
     # The evaluator's own clock: its GPU tests, the red team's timing cases (CLOCK_REDTEAM=1; REDTEAM_K), the CUDA
     # Agent release's axpby (carry .data/ca_release/agent_workdir) and the examples CLOCK_EXAMPLE_REPEATS times each,
     # then every other honest solution CLOCK_REPEATS times (CLOCK_ONLY: names), each with its Markdown table.
+    # CLOCK_EXAMPLES: which examples; CLOCK_ARGS: more options for the examples' run (e.g. --region-memory-share 0.25).
     if [ "${CLOCK_TESTS:-1}" != 0 ]; then
         python3 -m pytest -m gpu -q -s -p no:cacheprovider tests/evaluate/test_outside_gpu.py tests/evaluate/test_regions.py \
             2>&1 | tee "$OUT/timing_tests.log" | grep -E "^(FAILED|ERROR)|passed|failed"
@@ -219,10 +220,10 @@ outside_clock)
             -k "${REDTEAM_K:-true_cost}" 2>&1 | tee "$OUT/gpu_redteam.log" \
             | grep -E "^(FAILED|ERROR|XPASS)|passed|failed|xfail|^status|^ *candidate:|timed by|honest: |^regions"
     fi
-    examples="axpby cuda_gelu cuda_row_softmax cuda_bias_scale_tanh"
+    examples=${CLOCK_EXAMPLES:-axpby cuda_gelu cuda_row_softmax cuda_bias_scale_tanh}
     if [ "${CLOCK_EXAMPLE_REPEATS:-10}" != 0 ]; then
         python3 benchmarks/clock_agreement.py --device cuda --release .data/ca_release/agent_workdir --only $examples \
-            --repeats "${CLOCK_EXAMPLE_REPEATS:-10}" --out "$OUT/outside_clock_examples.jsonl" 2>&1 \
+            --repeats "${CLOCK_EXAMPLE_REPEATS:-10}" ${CLOCK_ARGS:-} --out "$OUT/outside_clock_examples.jsonl" 2>&1 \
             | tee "$OUT/outside_clock_examples.log" | grep -v "^USDT"
     fi
     if [ "${CLOCK_REPEATS:-1}" != 0 ]; then
