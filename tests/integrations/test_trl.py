@@ -16,7 +16,7 @@ trl = pytest.importorskip("trl", reason="trl is not installed: pip install 'cuda
 
 from tiny_lm import save_replying_model, save_tiny_model, solution_reply, train_tokenizer  # noqa: E402
 
-from cuda_agent.integrations.trl import KernelEnvironment, KernelReward, tasks_to_dataset  # noqa: E402
+from cuda_agent.integrations.trl import KernelEnvironment, tasks_to_dataset  # noqa: E402
 from cuda_agent.train.single_turn import single_turn_messages  # noqa: E402
 
 from integration_setup import CORRECT, INCORRECT, SANDBOX  # noqa: E402

@@ -66,8 +66,7 @@ def test_the_id_resolves_to_our_taskset_harness_and_env(examples, task):
 
 @pytest.mark.slow
 @needs_bwrap
-def test_episode_through_verifiers_earns_what_our_loop_earns(examples, task, evaluator, solved_calls, loop_episode,
-                                                             monkeypatch):
+def test_episode_through_verifiers_earns_what_our_loop_earns(examples, task, evaluator, solved_calls, monkeypatch):
     """The scripted calls (write the solution, verify it), then a call to a tool that does not exist, then a reply
     without a tool call. The bad call changes no file, so the reward is still the loop's for the same calls."""
     monkeypatch.setattr(KernelHarness, "evaluator", evaluator)
@@ -84,7 +83,9 @@ def test_episode_through_verifiers_earns_what_our_loop_earns(examples, task, eva
         episode = asyncio.run(one_episode(model.url))
     assert episode.ok, episode.errors
     (trace,) = episode.traces
-    assert trace.rewards["kernel_reward"].score == loop_episode.reward == CORRECT
+    # The reward our loop earns for these calls is CORRECT (conftest's loop_episode asserts it, and the TRL and
+    # OpenEnv tests compare with it); it is not run again in this environment, where this file would be its only user.
+    assert trace.rewards["kernel_reward"].score == CORRECT
     assert trace.state.status == "correct" and trace.state.end_reason == "done"
     assert trace.metrics["correct"] == trace.metrics["fast_0"] == 1.0 and trace.metrics["no_verdict"] == 0.0
     assert trace.metrics["speedup_eager"] > 0 and trace.state.reason == "correct"
