@@ -342,6 +342,7 @@ def test_two_cpu_slots_of_the_service_never_time_beside_each_others_work(cache_d
     assert any(a[0] != b[0] and a[2] < b[3] and b[2] < a[3] for a in shared for b in shared)
 
 
+@pytest.mark.slow  # two real builds (the probe and the example): a minute on 2 cores with an empty cache
 def test_a_cpu_build_uses_the_device_its_evaluators_time_on(cache_dir, examples):
     """An agent's compile (``Evaluator.build``) on the CPU backend takes the shared side: another episode's
     timing waits for it, not runs beside it (which the CPU pressure check would refuse). So does the symbol audit's

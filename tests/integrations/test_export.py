@@ -58,7 +58,8 @@ def test_verifiers_and_openenv_get_a_task_table_and_their_settings_file(examples
 
 def test_the_environment_wins_over_the_dataset_and_bad_settings_say_how_to_fix_them():
     written = json.dumps(settings_of(EvaluatorOptions(device="cpu", policy="strict")))
-    options = options_from_settings(written, environ={SETTINGS_ENV["policy"]: "paper", "CUDA_AGENT_SERVICE": "http://s"})
+    environ = {SETTINGS_ENV["policy"]: "paper", "CUDA_AGENT_SERVICE": "http://s"}
+    options = options_from_settings(written, environ=environ)
     assert (options.device, options.policy, options.service) == ("cpu", "paper", "http://s")
     with pytest.raises(ValueError, match="unknown policy 'loose'.*fair"):
         options_from_settings({"policy": "loose"}, environ={})

@@ -52,10 +52,12 @@ def test_trl_reward_function_returns_none_for_the_sample_and_counts_it(task, exa
     from cuda_agent.integrations.core import task_columns
     from cuda_agent.integrations.trl import KernelReward
 
-    reward = KernelReward(evaluator=UndecidedEvaluator(), workers=1)
-    columns = {k: [v] for k, v in task_columns(task).items()}
-    assert reward(["p"], [reply_text(examples)], **columns) == [None]
-    assert reward.no_verdict == 1 and "evaluate again" in reward.reasons[0]
+    evaluator = UndecidedEvaluator()
+    reward = KernelReward(evaluator=evaluator, workers=1)
+    columns = {k: [v, v] for k, v in task_columns(task).items()}
+    # A group's two samples with the same reply: evaluated once, both without a reward.
+    assert reward(["p", "p"], [reply_text(examples)] * 2, **columns) == [None, None] and evaluator.calls == 1
+    assert reward.no_verdict == 2 and "evaluate again" in reward.reasons[0]
 
 
 def test_verl_reward_is_a_number_that_is_not_the_failure_and_flags_it(task, examples):

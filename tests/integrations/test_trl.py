@@ -16,7 +16,7 @@ trl = pytest.importorskip("trl", reason="trl is not installed: pip install 'cuda
 
 from tiny_lm import save_replying_model, save_tiny_model, solution_reply, train_tokenizer  # noqa: E402
 
-from cuda_agent.integrations.trl import KernelEnvironment, KernelReward, tasks_to_dataset  # noqa: E402
+from cuda_agent.integrations.trl import KernelEnvironment, tasks_to_dataset  # noqa: E402
 from cuda_agent.train.single_turn import single_turn_messages  # noqa: E402
 
 from integration_setup import CORRECT, INCORRECT, SANDBOX  # noqa: E402
@@ -34,9 +34,9 @@ def test_dataset_holds_prompts_and_tasks_from_a_folder_of_task_files(examples, t
 def test_trl_grpo_command_step_is_rewarded_by_the_evaluator(tmp_path, examples, task):
     """TRL's own command line: ``trl grpo --reward_funcs cuda_agent.integrations.trl.kernel_reward`` on the dataset
     ``cuda-agent export --format trl`` wrote, one step. The tiny model made here answers the prompt with the
-    example's solution (a random model writes no kernels), so both completions are evaluated by the real CPU
-    evaluator in TRL's process, configured from the dataset's ``reward_settings`` (device, no compile baseline)
-    and the environment (the sandbox)."""
+    example's solution (a random model writes no kernels), so both completions are the solution, evaluated (once:
+    the same reply to the same task) by the real CPU evaluator in TRL's process, configured from the dataset's
+    ``reward_settings`` (device, no compile baseline) and the environment (the sandbox)."""
     from cuda_agent.cli import main as cli
 
     data = tmp_path / "data"

@@ -1,8 +1,8 @@
 """verifiers (verifiers 0.4) with the real library: the plugin resolved by its id through verifiers' own loaders,
 one scripted episode run by verifiers' env (its rollout, its interception server between our loop and the model,
 its scoring), the same reward as our loop; ``vf-eval`` itself on the config ``cuda-agent export`` writes, two
-single-turn rollouts with their metrics; and the single-turn harness's one model call. The model is the local OpenAI-protocol double replaying the scripted tool calls
-or reply; verifiers forwards each request to it.
+single-turn rollouts with their metrics; and the single-turn harness's one model call. The model is the local
+OpenAI-protocol double replaying the scripted tool calls or reply; verifiers forwards each request to it.
 
 verifiers 0.4 cannot be installed beside openenv 0.10 (mcp pins), so these tests run in CI's verl virtualenv and
 skip in the main one."""
@@ -66,8 +66,7 @@ def test_the_id_resolves_to_our_taskset_harness_and_env(examples, task):
 
 @pytest.mark.slow
 @needs_bwrap
-def test_episode_through_verifiers_earns_what_our_loop_earns(examples, task, evaluator, solved_calls, loop_episode,
-                                                             monkeypatch):
+def test_episode_through_verifiers_earns_what_our_loop_earns(examples, task, evaluator, solved_calls, monkeypatch):
     """The scripted calls (write the solution, verify it), then a call to a tool that does not exist, then a reply
     without a tool call. The bad call changes no file, so the reward is still the loop's for the same calls."""
     monkeypatch.setattr(KernelHarness, "evaluator", evaluator)
@@ -84,7 +83,9 @@ def test_episode_through_verifiers_earns_what_our_loop_earns(examples, task, eva
         episode = asyncio.run(one_episode(model.url))
     assert episode.ok, episode.errors
     (trace,) = episode.traces
-    assert trace.rewards["kernel_reward"].score == loop_episode.reward == CORRECT
+    # The reward our loop earns for these calls is CORRECT (conftest's loop_episode asserts it, and the TRL and
+    # OpenEnv tests compare with it); it is not run again in this environment, where this file would be its only user.
+    assert trace.rewards["kernel_reward"].score == CORRECT
     assert trace.state.status == "correct" and trace.state.end_reason == "done"
     assert trace.metrics["correct"] == trace.metrics["fast_0"] == 1.0 and trace.metrics["no_verdict"] == 0.0
     assert trace.metrics["speedup_eager"] > 0 and trace.state.reason == "correct"
@@ -153,7 +154,8 @@ def test_vf_eval_command_scores_single_turn_rollouts_with_metrics(examples, tmp_
                 "beats_compile", "no_verdict"}
     assert set(solved["metrics"]) == set(prose["metrics"]) == expected
     assert solved["metrics"]["correct"] == solved["metrics"]["fast_0"] == 1.0 and solved["metrics"]["speedup_eager"] > 0
-    assert solved["rewards"]["kernel_reward"]["score"] >= CORRECT and solved["info"]["cuda_agent"]["reason"] == "correct"
+    assert solved["rewards"]["kernel_reward"]["score"] >= CORRECT
+    assert solved["info"]["cuda_agent"]["reason"] == "correct"
     assert prose["metrics"]["correct"] == 0.0 and prose["rewards"]["kernel_reward"]["score"] == FAILURE_REWARD
     assert "model_new.py" in prose["info"]["cuda_agent"]["reason"]
 

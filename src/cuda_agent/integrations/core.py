@@ -60,17 +60,21 @@ def score_completions(tasks: Sequence[Task], completions: Sequence[Any], options
 
 def score_outcomes(tasks: Sequence[Task], completions: Sequence[Any], options: EvaluatorOptions,
                    workers: int = 4) -> list[SingleTurnOutcome]:
-    """``score_completions`` with each outcome whole: its reward and the reason (a no-verdict's among them)."""
+    """``score_completions`` with each outcome whole: its reward and the reason (a no-verdict's among them). The
+    same reply to the same task is evaluated once and shares its outcome (a group of samples often repeats one)."""
     if len(tasks) != len(completions):
         raise ValueError(f"{len(tasks)} tasks for {len(completions)} completions")
+    keys = [(task.digest, completion_text(completion)) for task, completion in zip(tasks, completions)]
+    first = {key: (task, completion) for key, task, completion in reversed(list(zip(keys, tasks, completions)))}
 
     def one(pair: tuple[Task, Any]) -> SingleTurnOutcome:
         return score_completion(*pair, options)
 
     if options.evaluator is not None and not shareable(options.evaluator):
         workers = 1  # a local Evaluator keeps per-evaluation processes: one caller at a time
-    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(tasks)))) as pool:
-        return list(pool.map(one, zip(tasks, completions)))
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(first)))) as pool:
+        outcomes = dict(zip(first, pool.map(one, first.values())))
+    return [outcomes[key] for key in keys]
 
 
 def shareable(evaluator: Any) -> bool:

@@ -328,9 +328,9 @@ def _threaded(function):
 DESCRIPTION = ("Write fast, verified CUDA kernels for PyTorch programs (KernelBench format). Each episode opens a "
                "sandboxed workspace with the task's model.py, a model_new.py to rewrite, kernels/ and "
                "utils/compile.py|verify.py|profile.py, whose numbers come from a trusted evaluator; tools: bash "
-               "(bash_output, kill_job), read, write, edit, multi_edit, glob, grep, todo_write, finish. Each tool call's observation carries "
-               "what its evaluations said (compile errors, correctness, speedups over eager and torch.compile, the "
-               "profile); the reward is the closing evaluation's milestone reward (-1 incorrect, 1 correct, 2 faster "
+               "(bash_output, kill_job), read, write, edit, multi_edit, glob, grep, todo_write, finish. Each tool "
+               "call's observation carries feedback: what its evaluations said (compile errors, correctness, "
+               "speedups over eager and torch.compile, the profile); the reward is the closing evaluation's milestone reward (-1 incorrect, 1 correct, 2 faster "
                "than eager, 3 faster than eager and torch.compile), None where the evaluator could not decide. "
                "Candidates are treated as adversaries: checked statically and at run time, rejected by named rule.")
 

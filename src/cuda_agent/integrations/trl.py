@@ -131,7 +131,10 @@ def kernel_reward(prompts: Sequence[Any], completions: Sequence[Any], **columns:
 
 def _reward_for(options: EvaluatorOptions) -> KernelReward:
     """The process's ``KernelReward`` for ``options`` (its counts of no-verdicts live across calls)."""
-    workers = int(os.environ.get(WORKERS_ENV) or 4)
+    text = os.environ.get(WORKERS_ENV) or "4"
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"{WORKERS_ENV}={text!r} is not a count of evaluations: set it to 1 or more")
+    workers = int(text)
     with _rewards_lock:
         key = (options, workers)
         if key not in _rewards:
