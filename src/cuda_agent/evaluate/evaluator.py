@@ -43,6 +43,7 @@ from cuda_agent.evaluate.device_lock import HUNGRY_SHARE, MEMORY_HUNGRY, DeviceL
 from cuda_agent.evaluate.environment import describe_environment
 from cuda_agent.evaluate.policy import Policy, TimingConfig
 from cuda_agent.evaluate.timing import flush_bytes
+from cuda_agent.evaluate.triton_build import compile_triton, copy_kernels, triton_kernels_of, triton_own_kernels
 from cuda_agent.evaluate.processes import (
     SPARE_CANDIDATES, Workers, close_all, copy_modules, spares_stopped, start_workers, take_workers,
 )
@@ -383,8 +384,12 @@ class Evaluator:
         # On a device shared with other evaluators (a DeviceLock), this evaluation uses it side by side with
         # theirs and times it alone (on the CPU backend its compiles use the device too: ``build``).
         built = self._built(candidate, build_result, result)
+        kernels = None
+        if candidate.language == "triton":
+            # Triton compiles and autotunes here, on the task's shapes, never in the evaluated process.
+            kernels = compile_triton(setup, task, candidate, result)
         with shared_use(setup.timing_lock):
-            self._evaluate_built(task, candidate, built, result, timed, setup, code_policy)
+            self._evaluate_built(task, candidate, built, result, timed, setup, code_policy, kernels)
 
     def _built(self, candidate: Candidate, build_result: BuildResult | None, result: EvalResult) -> BuildResult:
         clock = time.monotonic()
@@ -398,7 +403,7 @@ class Evaluator:
         return built
 
     def _evaluate_built(self, task: Task, candidate: Candidate, built: BuildResult, result: EvalResult, timed: bool,
-                        setup: Setup, code_policy: CodePolicy) -> None:
+                        setup: Setup, code_policy: CodePolicy, triton_kernels: Path | None = None) -> None:
         if self.policy.static_checks:
             self._refuse(audit_symbols([Path(p) for p in built.modules.values()], code_policy,
                                        self.toolchain_imports()), result, "built extension: ")
@@ -420,7 +425,8 @@ class Evaluator:
                 brackets = CandidateBrackets.open(workers.candidate, setup.device,
                                                   setup.policy.writes_inputs(setup.device))
             run = Evaluation(setup, task, result, job, reference, Channel(workers.candidate, "candidate"), fresh,
-                             brackets)
+                             brackets, language=candidate.language, kernel_names=frozenset(triton_kernels_of(candidate)),
+                             triton_kernels=copy_kernels(triton_kernels, job) if triton_kernels else None)
             self._run(run, built, copy_modules(built, job), timed)
         finally:
             if brackets is not None:
@@ -462,7 +468,7 @@ class Evaluator:
         """The pipeline after the build: load, verify, time, check the timed outputs, decide. The watchers
         are asked between stages, about what the candidate did since they last looked."""
         setup, result = run.setup, run.result
-        own = own_kernels(setup, built, result)
+        own = own_kernels(setup, built, result) if run.language == "cuda" else triton_own_kernels(setup, run.kernel_names)
         signals, threads, integrity = self._load(run, modules)
         # One spare is started now, once this evaluation's own processes are up, not only as it ends: the next
         # evaluation takes the oldest spare at once, and one started at the end was the one it waited for (21-22 s
@@ -550,7 +556,10 @@ class Evaluator:
                                     f"{ready.gpu_export}")
             calibrating = brackets.calibration_fields(bracket_hold(setup), setup.timing.to_dict())
         candidate.send("load", LoadRequest(**setup.task_message(run.task, run.job, reference.init_seed),
-                                           model_new_file=str(run.job / "model_new.py"), modules=modules, **calibrating))
+                                           model_new_file=str(run.job / "model_new.py"), modules=modules,
+                                           language=run.language,
+                                           triton_kernels=str(run.triton_kernels) if run.triton_kernels else None,
+                                           **calibrating))
         # The no-op regions run once the task is loaded in the candidate's process, before its code is, and
         # once the reference has loaded: a reference importing, compiling and warming up beside them (CI's 2
         # cores; the GPU's own work on an H100) spread their brackets by 0.1-2 ms, which loosens every later
@@ -579,6 +588,8 @@ class Evaluator:
         except OSError:
             shutil.copy2(reference.state_dict, weights)
         loaded = candidate.receive_typed("load", LoadReply, setup.timeouts.load_s)
+        if loaded.triton:
+            result.notes.append(f"Triton: {loaded.triton}")
         if loaded.thread_ban == "on":
             result.notes.append("new threads and processes of the candidate's code refused by the kernel from its load on "
                                 "(seccomp: the process ends)")

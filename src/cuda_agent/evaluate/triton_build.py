@@ -1,0 +1,137 @@
+"""The build stage of a Triton candidate on a GPU: its kernels compiled, and its autotuned configs chosen, on
+the task's input shapes, in a sandboxed process of their own; the evaluated process only loads them
+(``evaluate.triton_runtime``, docs/SECURITY.md "Triton candidates").
+
+The compile process (``evaluate.triton_target``) imports the candidate, builds ``ModelNew`` and runs forward
+twice on inputs drawn from a seed of its own, with a private ``TRITON_CACHE_DIR`` and autotuning results kept
+on disk. Of what it leaves, only Triton's kernel files (metadata ``.json`` and ``.cubin``, autotuned choices
+``.autotune.json``) are kept: the launcher module the process built is never loaded anywhere else, since
+its code ran beside the candidate's (the evaluated process builds its own before the candidate loads).
+The kept kernels are cached by candidate, task, GPU and Triton version, like built extensions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from cuda_agent.candidates import Candidate
+from cuda_agent.candidates.triton import triton_kernels
+from cuda_agent.evaluate.channel import Stop
+from cuda_agent.evaluate.context import Setup
+from cuda_agent.evaluate.processes import new_job
+from cuda_agent.evaluate.protocol import LoadRequest
+from cuda_agent.evaluate.result import EvalResult
+from cuda_agent.paths import PACKAGE_ROOT, worker_env
+from cuda_agent.sandbox import Limits, run_command
+from cuda_agent.tasks import Task
+
+KEPT_SUFFIXES = (".json", ".cubin")  # metadata (and autotuned choices) and the kernels' machine code
+MAX_FILES = 4096
+MAX_BYTES = 512 * 1024 * 1024
+BUILD_SEED = 20260  # the compile process's inputs: only their shapes, dtypes and layouts matter
+
+
+def triton_kernels_of(candidate: Candidate) -> list[str]:
+    """The Triton kernels a Triton candidate defines (none for a CUDA one)."""
+    return triton_kernels(candidate.model_new) if candidate.language == "triton" else []
+
+
+def triton_own_kernels(setup: Setup, names: frozenset[str]) -> frozenset[str] | None:
+    """The kernels attribution counts as the candidate's own: Triton names each after its Python function."""
+    if setup.device != "cuda" or not setup.policy.attribute_kernels:
+        return None
+    return names
+
+
+def _version() -> str:
+    try:
+        import triton
+    except ImportError:
+        return "none"
+    return triton.__version__
+
+
+def compile_triton(setup: Setup, task: Task, candidate: Candidate, result: EvalResult) -> Path | None:
+    """The candidate's compiled kernels (a directory of the cache), or None on the CPU backend, where Triton's
+    interpreter runs them and nothing is compiled. A compile that fails stops the evaluation ("failed" at
+    "build") with the last line Triton or the candidate printed."""
+    if setup.device != "cuda":
+        return None
+    clock = time.monotonic()
+    gpu = result.environment.get("gpu", "") if isinstance(result.environment, dict) else ""
+    key = hashlib.sha256(json.dumps([candidate.digest, task.digest, gpu, _version(), setup.policy.tf32]).encode())
+    home = setup.cache_dir / "triton" / key.hexdigest()[:32]
+    if (home / "done").exists():
+        result.durations["triton_compile"] = 0.0
+        result.notes.append("Triton kernels from the cache (compiled on the task's shapes before)")
+        return home
+    setup.on_stage("build", "Triton: compiling and autotuning the kernels on the task's shapes")
+    job = new_job(setup.work_dir, "cuda-agent-triton-")
+    try:
+        (job / "task.py").write_text(task.code)
+        (job / "model_new.py").write_text(candidate.model_new)
+        request = LoadRequest(**setup.task_message(task, job, secrets.randbits(31)),
+                              model_new_file=str(job / "model_new.py"), language="triton")
+        (job / "spec.json").write_text(json.dumps({"request": asdict(request), "seed": BUILD_SEED}))
+        env = worker_env(job)
+        env["TRITON_CACHE_DIR"] = str(job / "kernels")
+        env["TRITON_CACHE_AUTOTUNING"] = "1"
+        if setup.gpu_index is not None:
+            env["CUDA_VISIBLE_DEVICES"] = str(setup.gpu_index)
+        argv = [sys.executable, "-m", "cuda_agent.evaluate.triton_target", str(job / "spec.json")]
+        with setup.timing_lock:  # autotuning times configs: another evaluator's timing would feel it
+            ran = run_command(argv, cwd=job, env=env, sandbox=setup.sandbox, gpu=True, writable=[job],
+                              readable=[PACKAGE_ROOT],
+                              limits=Limits(timeout_s=setup.timeouts.build_s, output_bytes=setup.output_limit,
+                                            memory_bytes=setup.memory_limit))
+        result.durations["triton_compile"] = round(time.monotonic() - clock, 3)
+        if ran.timed_out or ran.returncode != 0 or not (job / "compiled").exists():
+            why = f"timed out after {setup.timeouts.build_s:.0f} s" if ran.timed_out else _last_line(ran.output)
+            raise Stop("failed", "build", f"Triton compile on the task's shapes failed: {why}")
+        _keep(job / "kernels", home)
+        return home
+    finally:
+        shutil.rmtree(job, ignore_errors=True)
+
+
+def _last_line(output: str) -> str:
+    lines = [line.strip() for line in output.strip().splitlines() if line.strip()]
+    return lines[-1][:600] if lines else "the compile process printed nothing"
+
+
+def _keep(source: Path, home: Path) -> None:
+    """Triton's kernel files from ``source`` into ``home``, bounded; the directory appears whole or not at all."""
+    staging = home.with_name(home.name + f".{os.getpid()}.{secrets.token_hex(4)}")
+    count, total = 0, 0
+    for path in sorted(source.rglob("*")) if source.is_dir() else []:
+        if path.is_symlink() or not path.is_file() or not path.name.endswith(KEPT_SUFFIXES):
+            continue
+        count, total = count + 1, total + path.stat().st_size
+        if count > MAX_FILES or total > MAX_BYTES:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise Stop("failed", "build", f"Triton's cache holds more than {MAX_FILES} files or {MAX_BYTES >> 20} MiB "
+                       "after one compile: too many kernels for one task")
+        target = staging / path.relative_to(source)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, target)
+    staging.mkdir(parents=True, exist_ok=True)
+    (staging / "done").write_text("")
+    try:
+        staging.rename(home)
+    except OSError:  # another evaluator kept the same kernels first
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def copy_kernels(home: Path, job: Path) -> Path:
+    """The compiled kernels, copied into the job (readable, not writable, by the candidate's process)."""
+    target = job / "triton-kernels"
+    shutil.copytree(home, target, ignore=shutil.ignore_patterns("done"))
+    return target
