@@ -16,10 +16,12 @@ from pathlib import Path
 from cuda_agent.agent.llm import BackendError
 from cuda_agent.build import build, compile_only
 from cuda_agent.candidates import Candidate, CandidateError, load_candidate
+from cuda_agent.candidates.triton import LANGUAGES, TRITON_COMPILE_NOTE
 from cuda_agent.evaluate import Evaluator, Policy, TimingConfig, Timeouts, long_lived, resolve_device
 from cuda_agent.evaluate.policy import PRESETS
 from cuda_agent.evaluate.result import BUSY, BUSY_ADVICE, EvalResult
 from cuda_agent.evaluate.retry import RetryPolicy
+from cuda_agent.guard import check_candidate
 from cuda_agent.evaluate.counters import times_of, unavailable
 from cuda_agent.evaluate.evaluator import default_memory_limit
 from cuda_agent.evaluate.device_lock import DeviceLock
@@ -63,10 +65,16 @@ def _status_line(quiet: bool):
     return show
 
 
+def add_language_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--language", choices=LANGUAGES, default=None,
+                   help="the candidate's language: cuda (a C++/CUDA extension) or triton (model_new.py launching "
+                        "@triton.jit kernels); default: read from its sources")
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     try:
         task = load_task(args.task)
-        candidate = load_candidate(args.candidate)
+        candidate = load_candidate(args.candidate, language=args.language)
         overrides = {k: getattr(args, k) for k in ("checks", "atol", "rtol", "reward") if getattr(args, k) is not None}
         policy = Policy.preset(args.policy, **overrides)
         timing = TimingConfig(method=args.timing)
@@ -248,7 +256,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
-    candidate = load_candidate(args.candidate)
+    candidate = load_candidate(args.candidate, language=args.language)
+    if candidate.language == "triton":
+        problems = check_candidate(candidate, Policy().code_policy())
+        print("\n".join(v.describe() for v in problems) or f"ok: {TRITON_COMPILE_NOTE}")
+        return 1 if problems else 0
     backend, why = _compile_backend(args.backend, candidate)
     # Where `eval` on this machine would build for the same backend, build as it does (compile and link):
     # the same cache key, so the eval that follows starts from the cached build. Elsewhere (CUDA sources on
@@ -340,7 +352,7 @@ def cmd_example(args: argparse.Namespace) -> int:
         task=str(root / "model.py"), candidate=str(root / "solution"), device=device, policy="fair",
         checks=None, atol=None, rtol=None, reward=None, timing="auto", cache_dir=args.cache_dir,
         no_compile=False, json=args.json, sandbox=args.sandbox, timeout=args.timeout, remote=None, counters=False,
-        memory_limit=args.memory_limit, retries=args.retries,
+        memory_limit=args.memory_limit, retries=args.retries, language=None,
     )
     return cmd_eval(ns)
 
@@ -742,6 +754,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "build, verify, time against eager and torch.compile, reward.", epilog=EXIT_CODES)
     p.add_argument("task", help="the task: a .py file (KernelBench format), or TABLE#LEVEL/ID / TABLE#NAME")
     p.add_argument("candidate", help="candidate directory (model_new.py + kernels/) or KernelBench-style .py")
+    add_language_option(p)
     add_device_option(p)
     add_policy_option(p)
     p.add_argument("--checks", type=int, default=None, help="verification checks on fresh inputs (default: the "
@@ -803,6 +816,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("compile", help="compile-only check of a candidate's sources (no GPU needed); warms the "
                                        "build cache eval uses")
     p.add_argument("candidate", help="candidate directory (model_new.py + kernels/) or KernelBench-style .py")
+    add_language_option(p)
     p.add_argument("--backend", default="auto", choices=("auto", "cpu", "cuda"),
                    help="auto (default): cuda where a CUDA GPU is visible or the candidate has .cu sources, else "
                         "cpu; cuda compiles with nvcc without a GPU (C++ binding files need a CUDA build "

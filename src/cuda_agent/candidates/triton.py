@@ -10,6 +10,8 @@ from cuda_agent.candidates.candidate import Candidate, CandidateError, check_mod
 LANGUAGES = ("cuda", "triton")
 # Decorators that make a function a Triton kernel (``triton.autotune`` and ``triton.heuristics`` wrap one).
 KERNEL_DECORATORS = frozenset({"jit", "autotune", "heuristics"})
+TRITON_COMPILE_NOTE = ("a Triton candidate's kernels compile in eval's build stage, on the task's shapes (on the CPU "
+                       "backend Triton's interpreter runs them): its static checks pass")
 
 
 def check_language(language: str | None) -> str | None:

@@ -404,7 +404,7 @@ class Evaluator:
 
     def _evaluate_built(self, task: Task, candidate: Candidate, built: BuildResult, result: EvalResult, timed: bool,
                         setup: Setup, code_policy: CodePolicy, triton_kernels: Path | None = None) -> None:
-        if self.policy.static_checks:
+        if self.policy.static_checks and built.modules:
             self._refuse(audit_symbols([Path(p) for p in built.modules.values()], code_policy,
                                        self.toolchain_imports()), result, "built extension: ")
 
