@@ -31,10 +31,11 @@ from typing import Any, Iterable, Mapping, Sequence
 from cuda_agent.agent.session import AgentConfig, EpisodeSession, SessionOutcome
 from cuda_agent.evaluate.result import no_reward_reason
 from cuda_agent.tasks import Task, TaskError, load_tasks
+from cuda_agent.candidates.triton import check_language
 from cuda_agent.train.single_turn import FAILURE_REWARD, SingleTurnOutcome, score_reply, single_turn_messages
 from cuda_agent.train.verl.evaluators import lend_evaluator
 
-__all__ = ["FAILURE_REWARD", "TASK_COLUMNS", "EvaluatorOptions", "ToolEpisode", "completion_text", "load_task_rows",
+__all__ = ["FAILURE_REWARD", "TASK_COLUMNS", "EvaluatorOptions", "ToolEpisode", "completion_text", "load_task_rows", "row_language",
            "score_completion", "score_completions", "score_outcomes", "single_turn_messages", "task_columns", "task_from_row"]
 
 TASK_COLUMNS = ("name", "code", "source", "level", "problem_id")  # the columns a row carries its task in
@@ -61,10 +62,20 @@ def task_from_row(row: Mapping[str, Any]) -> Task:
                 level=optional_int(row.get("level")), problem_id=optional_int(row.get("problem_id")))
 
 
-def load_task_rows(source: str | Path, levels: Iterable[int] | None = None) -> list[dict[str, Any]]:
+def load_task_rows(source: str | Path, levels: Iterable[int] | None = None,
+                   language: str = "cuda") -> list[dict[str, Any]]:
     """Every task of ``source`` (a task file, a folder of them, a KernelBench tree, JSONL/parquet, a hub
-    dataset: ``tasks.load_tasks``) as rows: the single-turn ``prompt`` (chat messages) and the task columns."""
-    return [{"prompt": single_turn_messages(task), **task_columns(task)} for task in load_tasks(source, levels)]
+    dataset: ``tasks.load_tasks``) as rows: the single-turn ``prompt`` (chat messages) asking for kernels in
+    ``language``, the task columns and ``language`` (which the rewards read back: ``row_language``)."""
+    return [{"prompt": single_turn_messages(task, language), **task_columns(task), "language": language}
+            for task in load_tasks(source, levels)]
+
+
+def row_language(row: Mapping[str, Any]) -> str:
+    """The kernel language a row asks for (``cuda`` where it says none); an unknown one is an error naming it."""
+    language = row.get("language") or "cuda"
+    check_language(language)
+    return language
 
 
 @dataclass(frozen=True)
@@ -93,35 +104,38 @@ def completion_text(completion: Any) -> str:
     return "\n".join(str(m.get("content") or "") for m in completion if m.get("role", "assistant") == "assistant")
 
 
-def score_completion(task: Task, completion: Any, options: EvaluatorOptions) -> SingleTurnOutcome:
+def score_completion(task: Task, completion: Any, options: EvaluatorOptions,
+                     language: str | None = None) -> SingleTurnOutcome:
     """One single-turn reply (text or chat messages) scored for ``task``: parsed into a candidate and evaluated
     (``score_reply``) by an evaluator lent for the call, in a scratch folder removed afterwards. Its ``reward``
     is the failure reward when the reply writes no usable candidate, None when the evaluation has no verdict."""
     with options.lend() as evaluator, tempfile.TemporaryDirectory(prefix="cuda-agent-reply-") as where:
-        return score_reply(task, completion_text(completion), evaluator, Path(where))
+        return score_reply(task, completion_text(completion), evaluator, Path(where), language)
 
 
 def score_completions(tasks: Sequence[Task], completions: Sequence[Any], options: EvaluatorOptions,
-                      workers: int = 4) -> list[float | None]:
+                      workers: int = 4, languages: Sequence[str | None] | None = None) -> list[float | None]:
     """The single-turn reward of each completion for its task (the failure reward when it writes no usable
     candidate, None without a verdict), ``workers`` at a time: builds and checks overlap; timed regions never
     do (one timing lock, or the service's scheduling)."""
-    return [outcome.reward for outcome in score_outcomes(tasks, completions, options, workers)]
+    return [outcome.reward for outcome in score_outcomes(tasks, completions, options, workers, languages)]
 
 
 def score_outcomes(tasks: Sequence[Task], completions: Sequence[Any], options: EvaluatorOptions,
-                   workers: int = 4) -> list[SingleTurnOutcome]:
-    """``score_completions`` with each outcome whole: its reward and the reason (a no-verdict's among them)."""
+                   workers: int = 4, languages: Sequence[str | None] | None = None) -> list[SingleTurnOutcome]:
+    """``score_completions`` with each outcome whole: its reward and the reason (a no-verdict's among them).
+    ``languages``: the kernel language each completion was asked for (None: read from the reply)."""
     if len(tasks) != len(completions):
         raise ValueError(f"{len(tasks)} tasks for {len(completions)} completions")
+    asked = list(languages) if languages is not None else [None] * len(tasks)
 
-    def one(pair: tuple[Task, Any]) -> SingleTurnOutcome:
-        return score_completion(*pair, options)
+    def one(item: tuple[Task, Any, str | None]) -> SingleTurnOutcome:
+        return score_completion(item[0], item[1], options, item[2])
 
     if options.evaluator is not None and not _shareable(options.evaluator):
         workers = 1  # a local Evaluator keeps per-evaluation processes: one caller at a time
     with ThreadPoolExecutor(max_workers=max(1, min(workers, len(tasks)))) as pool:
-        return list(pool.map(one, zip(tasks, completions)))
+        return list(pool.map(one, zip(tasks, completions, asked)))
 
 
 def _shareable(evaluator: Any) -> bool:
