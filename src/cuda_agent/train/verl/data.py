@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from cuda_agent.tasks import Task, TaskError, load_tasks
+from cuda_agent.candidates.triton import LANGUAGES, check_language
 from cuda_agent.train.single_turn import single_turn_messages
 
 AGENT_NAME = "cuda_agent"  # the name CudaAgentLoop is registered under
@@ -29,16 +30,24 @@ _TASK_FIELDS = ("name", "code", "source", "level", "problem_id")
 
 
 def task_row(task: Task, index: int, *, agent_name: str = AGENT_NAME, data_source: str = "cuda_agent",
-             split: str = "train") -> dict[str, Any]:
-    """One dataset row for ``task``."""
+             split: str = "train", language: str = "cuda") -> dict[str, Any]:
+    """One dataset row for ``task``, asking for kernels in ``language`` (``extra_info.language``)."""
     return {
         "data_source": data_source,
-        "prompt": single_turn_messages(task),
-        "ability": "cuda",
+        "prompt": single_turn_messages(task, language),
+        "ability": language,
         "reward_model": {"style": "rule", "ground_truth": task.digest},
-        "extra_info": {"index": index, "split": split, **{name: getattr(task, name) for name in _TASK_FIELDS}},
+        "extra_info": {"index": index, "split": split, "language": language,
+                       **{name: getattr(task, name) for name in _TASK_FIELDS}},
         "agent_name": agent_name,
     }
+
+
+def language_of(extra_info: Any) -> str:
+    """The kernel language a verl row asks for (``cuda`` for rows written without one)."""
+    language = (extra_info.get("language") if isinstance(extra_info, dict) else None) or "cuda"
+    check_language(language)
+    return language
 
 
 def task_from_extra_info(extra_info: Any) -> Task:
@@ -56,7 +65,8 @@ def task_from_extra_info(extra_info: Any) -> Task:
 
 
 def tasks_to_parquet(source: str | Path, out_path: str | Path, *, levels: Iterable[int] | None = None,
-                     agent_name: str = AGENT_NAME, data_source: str = "cuda_agent", split: str = "train") -> Path:
+                     agent_name: str = AGENT_NAME, data_source: str = "cuda_agent", split: str = "train",
+                     language: str = "cuda") -> Path:
     """Every task of ``source`` (anything ``tasks.load_tasks`` reads) as a verl dataset at ``out_path``."""
     try:
         import pyarrow as pa
@@ -64,7 +74,7 @@ def tasks_to_parquet(source: str | Path, out_path: str | Path, *, levels: Iterab
     except ImportError:
         raise ImportError("writing verl's parquet needs pyarrow: pip install 'cuda-agent[verl]'") from None
     tasks = load_tasks(source, levels)
-    rows = [task_row(task, i, agent_name=agent_name, data_source=data_source, split=split)
+    rows = [task_row(task, i, agent_name=agent_name, data_source=data_source, split=split, language=language)
             for i, task in enumerate(tasks)]
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -81,8 +91,9 @@ def _schema(pa: Any) -> Any:
         ("prompt", pa.list_(pa.struct([("role", text), ("content", text)]))),
         ("ability", text),
         ("reward_model", pa.struct([("style", text), ("ground_truth", text)])),
-        ("extra_info", pa.struct([("index", pa.int64()), ("split", text), ("name", text), ("code", text),
-                                  ("source", text), ("level", pa.int64()), ("problem_id", pa.int64())])),
+        ("extra_info", pa.struct([("index", pa.int64()), ("split", text), ("language", text), ("name", text),
+                                  ("code", text), ("source", text), ("level", pa.int64()),
+                                  ("problem_id", pa.int64())])),
         ("agent_name", text),
     ])
 
@@ -96,9 +107,10 @@ def main(argv: list[str] | None = None) -> None:
                         help=f"the agent loop per row: {AGENT_NAME} (agentic) or {SINGLE_TURN_AGENT} (single-turn)")
     parser.add_argument("--data-source", default="cuda_agent")
     parser.add_argument("--split", default="train")
+    parser.add_argument("--language", default="cuda", choices=LANGUAGES, help="the kernels each row asks for")
     args = parser.parse_args(argv)
     out = tasks_to_parquet(args.source, args.out, levels=args.levels or None, agent_name=args.agent,
-                           data_source=args.data_source, split=args.split)
+                           data_source=args.data_source, split=args.split, language=args.language)
     print(out)
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from cuda_agent.train.single_turn import score_reply
-from cuda_agent.train.verl.data import task_from_extra_info
+from cuda_agent.train.verl.data import language_of, task_from_extra_info
 from cuda_agent.train.verl.evaluators import lend_evaluator
 
 log = logging.getLogger(__name__)
@@ -39,7 +39,7 @@ def compute_score(data_source: Any, solution_str: str, ground_truth: Any, extra_
     task = task_from_extra_info(extra_info)
     with lend_evaluator(service, device=device, policy=policy, sandbox=sandbox, evaluator=evaluator) as judge, \
             tempfile.TemporaryDirectory(prefix="cuda-agent-reply-") as where:
-        outcome = score_reply(task, solution_str, judge, Path(where))
+        outcome = score_reply(task, solution_str, judge, Path(where), language_of(extra_info))
     correct = outcome.evaluation is not None and outcome.evaluation.get("status") == "correct"
     if outcome.no_verdict:
         log.warning("compute_score: no reward for a reply to %s: %s", task.name, outcome.reason)
