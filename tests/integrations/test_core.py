@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import inspect
+import json
 
 import pyarrow.parquet as pq
 import pytest
 
 from cuda_agent.agent.session import AgentConfig
-from cuda_agent.integrations.core import completion_text, load_task_rows, task_columns, task_from_row
+from cuda_agent.candidates import CandidateError
+from cuda_agent.integrations.core import completion_text, load_task_rows, row_language, task_columns, task_from_row
 from cuda_agent.integrations.tool_functions import tool_function, tool_schemas
 from cuda_agent.tasks import TaskError
 from cuda_agent.train.verl.data import main as verl_data
@@ -20,7 +22,8 @@ def test_verls_converter_takes_a_folder_of_task_files(examples, tmp_path, capsys
     verl_data([str(examples), str(tmp_path / "out.parquet")])
     rows = pq.read_table(tmp_path / "out.parquet").to_pylist()
     assert sorted(r["extra_info"]["name"] for r in rows) == ["cpu_swish", "cuda_bias_scale_tanh", "cuda_gelu",
-                                                            "cuda_row_softmax"]
+                                                            "cuda_row_softmax", "triton_swish"]
+    assert {r["extra_info"]["language"] for r in rows} == {"cuda"}
     assert capsys.readouterr().out.strip() == str(tmp_path / "out.parquet")
 
 
@@ -47,3 +50,20 @@ def test_tool_functions_carry_the_schema_and_forward_their_arguments():
     assert params["offset"].default is None  # optional: the tool's own default applies when left out
     assert read("model.py", limit=5) == "ok"
     assert calls == [("read", {"path": "model.py", "limit": 5})]
+
+
+def test_rows_ask_for_the_language_given_or_the_one_a_synthesised_task_names(examples, tmp_path):
+    code = (examples / "cpu_swish" / "model.py").read_text()
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"code": code, "ops": ["sigmoid"], "data_source": "synth", "language": "triton"}) + "\n"
+                     + json.dumps({"code": code, "ops": ["sigmoid"], "data_source": "synth"}) + "\n")
+    rows = load_task_rows(tasks)
+    assert [r["language"] for r in rows] == ["triton", "cuda"]
+    assert "@triton.jit" in rows[0]["prompt"][0]["content"] and "@triton.jit" not in rows[1]["prompt"][0]["content"]
+    assert {r["language"] for r in load_task_rows(tasks, language="cuda")} == {"cuda"}
+    assert row_language({"language": None}) == "cuda"
+    with pytest.raises(CandidateError, match="unknown candidate language"):
+        row_language({"language": "fortran"})
+    verl_data([str(tasks), str(tmp_path / "t.parquet"), "--language", "triton"])
+    (first, _) = pq.read_table(tmp_path / "t.parquet").to_pylist()
+    assert first["extra_info"]["language"] == "triton" and "@triton.jit" in first["prompt"][0]["content"]

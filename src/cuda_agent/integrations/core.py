@@ -63,12 +63,16 @@ def task_from_row(row: Mapping[str, Any]) -> Task:
 
 
 def load_task_rows(source: str | Path, levels: Iterable[int] | None = None,
-                   language: str = "cuda") -> list[dict[str, Any]]:
+                   language: str | None = None) -> list[dict[str, Any]]:
     """Every task of ``source`` (a task file, a folder of them, a KernelBench tree, JSONL/parquet, a hub
     dataset: ``tasks.load_tasks``) as rows: the single-turn ``prompt`` (chat messages) asking for kernels in
-    ``language``, the task columns and ``language`` (which the rewards read back: ``row_language``)."""
-    return [{"prompt": single_turn_messages(task, language), **task_columns(task), "language": language}
-            for task in load_tasks(source, levels)]
+    ``language`` (None: the language a synthesised task names, else cuda), the task columns and ``language``
+    (which the rewards read back: ``row_language``)."""
+    rows = []
+    for task in load_tasks(source, levels):
+        wanted = language or row_language(task.metadata)
+        rows.append({"prompt": single_turn_messages(task, wanted), **task_columns(task), "language": wanted})
+    return rows
 
 
 def row_language(row: Mapping[str, Any]) -> str:

@@ -47,15 +47,16 @@ from cuda_agent.integrations.tool_functions import tool_function, tool_schemas
 
 
 def tasks_to_dataset(source: str | Path, *, levels: Iterable[int] | None = None,
-                     multi_turn: bool = False, language: str = "cuda") -> "datasets.Dataset":
+                     multi_turn: bool = False, language: str | None = None) -> "datasets.Dataset":
     """The tasks of ``source`` as TRL's prompt dataset (conversational format). Single-turn: the prompt asks for
     the whole solution in one reply. ``multi_turn``: the prompt is our system prompt and an empty user message;
     the environment's ``reset`` fills the user message with SKILL.md and the task, as our loop's opens.
-    ``language``: the kernels asked for (``cuda`` or ``triton``), a column the reward and environment read."""
+    ``language``: the kernels asked for (``cuda`` or ``triton``; None: as each task says, else cuda), a column
+    the reward and environment read."""
     rows = load_task_rows(source, levels, language)
     if multi_turn:
-        system = TRITON_SYSTEM_PROMPT if language == "triton" else SYSTEM_PROMPT
         for row in rows:
+            system = TRITON_SYSTEM_PROMPT if row["language"] == "triton" else SYSTEM_PROMPT
             row["prompt"] = [{"role": "system", "content": system}, {"role": "user", "content": ""}]
     return datasets.Dataset.from_list(rows)
 
