@@ -18,7 +18,7 @@ from cuda_agent.guard.static import check_flags
 ROOT = Path(__file__).resolve().parents[2]
 LEGIT_WORKSPACES = sorted((ROOT / "examples").glob("*/solution")) + sorted(
     (ROOT / "tests" / "gpu" / "kernelbench_solutions").glob("*")
-)
+) + sorted((ROOT / "tests" / "gpu" / "triton_solutions").glob("*"))
 
 
 def rules(violations: list[Violation]) -> set[str]:
