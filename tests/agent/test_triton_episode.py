@@ -17,6 +17,7 @@ from cuda_agent.agent.workspace import TRITON_PROTECTED, create_workspace, works
 from cuda_agent.candidates import CandidateError
 from cuda_agent.evaluate.evaluator import Evaluator
 from cuda_agent.evaluate.policy import Policy
+from cuda_agent.evaluate.retry import RetryPolicy
 from cuda_agent.tasks import load_task
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -49,9 +50,12 @@ pytest.importorskip("triton")
 @pytest.mark.slow
 def test_a_scripted_triton_episode_is_verified_profiled_and_rewarded(tmp_path, examples, cache_dir):
     task = load_task(examples / "triton_swish" / "model.py")
-    evaluator = Evaluator("cpu", cache_dir=cache_dir, sandbox=SANDBOX, time_compile=False)
-    steps = [[("read", {"path": "SKILL.md"})], write_solution(examples / "triton_swish" / "solution"), *COMMANDS,
-             "ModelNew launches a fused scaled swish Triton kernel; verified and profiled."]
+    # One try at timing: the final evaluation's verdict or, on a busy host, none; the profile is left to the
+    # final evaluation (the CUDA episode's test runs utils/profile.py).
+    evaluator = Evaluator("cpu", cache_dir=cache_dir, sandbox=SANDBOX, time_compile=False,
+                          retry=RetryPolicy(attempts=1))
+    steps = [[("read", {"path": "SKILL.md"})], write_solution(examples / "triton_swish" / "solution"), *COMMANDS[:2],
+             "ModelNew launches a fused scaled swish Triton kernel; verified."]
     with OpenAIServer(scripted(steps)) as server:
         episode = run_episode(task, OpenAIChat("scripted", base_url=server.url), evaluator, tmp_path / "ep",
                               config=AgentConfig(language="triton"), model="scripted", sandbox=SANDBOX)
@@ -61,10 +65,10 @@ def test_a_scripted_triton_episode_is_verified_profiled_and_rewarded(tmp_path, e
     calls = [c for t in record["turns"] for c in t["tool_calls"]]
     assert "compile: ok" in tool_results[calls[2]["id"]]
     assert "verify: correct" in tool_results[calls[3]["id"]], tool_results[calls[3]["id"]]
-    assert [e["command"] for e in record["evaluations"]] == ["verify", "profile"]
+    assert [e["command"] for e in record["evaluations"]] == ["verify"]
     assert record["evaluations"][0]["status"] == "correct"
-    # The profile and the final evaluation time the interpreter on a busy 2-core host: a verdict or, when the
-    # host was too busy to time, none (never a failure). Either way the candidate is a Triton one.
+    # The final evaluation times the interpreter on a busy 2-core host: a verdict or, when the host was too busy
+    # to time, none (never a failure). Either way the candidate is a Triton one.
     assert episode.final["status"] in ("correct", "error"), episode.final.get("reason")
     assert episode.final["candidate"]["language"] == "triton"
     if episode.final["status"] == "correct":

@@ -180,12 +180,16 @@ def load_candidate(path: str | Path, language: str | None = None) -> Candidate:
     check_language(language)
     if path.is_dir():
         model_path = path / "model_new.py"
-        if language == "triton" or (language is None and model_path.is_file() and not _native_files(path)
-                                    and triton_kernels(read_text(model_path, CandidateError))):
-            if not model_path.is_file():
-                raise CandidateError(f"{path}: missing model_new.py; a Triton candidate directory holds model_new.py "
-                                     "(class ModelNew launching @triton.jit kernels).")
-            return triton_candidate(read_text(model_path, CandidateError), str(model_path))
+        if not model_path.is_file():
+            return load_workspace(path)  # which says what a candidate directory holds
+        code = read_text(model_path, CandidateError)
+        check_model_new(code, str(model_path))
+        native = _native_files(path)
+        if language == "triton" or (language is None and not native and triton_kernels(code)):
+            return triton_candidate(code, str(model_path))
+        if not native:
+            raise CandidateError(f"{path}: neither a CUDA candidate (no .cu/.cpp sources under kernels/) nor a Triton "
+                                 "one (no @triton.jit kernel in model_new.py); add the kernel sources, or the Triton kernel.")
         return load_workspace(path)
     if path.is_file() and path.suffix == ".py":
         from cuda_agent.candidates.inline import load_inline_file
@@ -226,9 +230,6 @@ def load_workspace(root: str | Path) -> Candidate:
     kernels = root / "kernels"
     if kernels.is_dir():
         files += [p for p in kernels.rglob("*") if p.is_file() and p.suffix in SOURCE_SUFFIXES]
-    if not _native_files(root):
-        raise CandidateError(f"{root}: neither a CUDA candidate (no .cu/.cpp sources under kernels/) nor a Triton one "
-                             "(no @triton.jit kernel in model_new.py); add the kernel sources, or the Triton kernel.")
     total = 0
     for file in sorted(files):
         rel = file.relative_to(root).as_posix()

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from cuda_agent.guard import names as N
 from cuda_agent.guard.policy import CodePolicy, Violation
-from cuda_agent.guard.tritoncheck import check_kernels, triton_api_problem
+from cuda_agent.guard.tritoncheck import check_kernels, kernel_functions, triton_api_problem
 
 EXT = "<ext>"
 CONTAINER = "{c}"
@@ -394,6 +394,7 @@ class _Checker:
         self.filename = filename
         self.policy = policy
         self.triton = triton
+        self.kernels = {fn.name for fn in kernel_functions(tree)} if triton else set()
         self.extension_modules = {N.WORKSPACE_EXTENSION} | _load_inline_names(tree)
         self.index = _Index(tree, self.extension_modules)
         self.parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
@@ -624,6 +625,8 @@ class _Checker:
         if path.startswith(("<def:", "<method:")) and path.endswith(">()"):
             path = path[:-2]  # what a local function returns may be called: look inside it
         if path.startswith("<def:") and path.endswith(">"):
+            if path[5:-1] in self.kernels:
+                return None  # a Triton kernel's body is Triton, not host Python: guard.tritoncheck reads it
             return (None, index.functions[path[5:-1]])
         if path.startswith("<lambda:") and path.endswith(">"):
             return (None, index.lambdas[int(path[8:-1])])
