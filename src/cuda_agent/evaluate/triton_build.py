@@ -34,6 +34,7 @@ from cuda_agent.sandbox import Limits, run_command
 from cuda_agent.tasks import Task
 
 KEPT_SUFFIXES = (".json", ".cubin")  # metadata (and autotuned choices) and the kernels' machine code
+GROUP_PREFIX = "__grp__"  # Triton's file naming the files of one compiled kernel
 MAX_FILES = 4096
 MAX_BYTES = 512 * 1024 * 1024
 BUILD_SEED = 20260  # the compile process's inputs: only their shapes, dtypes and layouts matter
@@ -108,19 +109,26 @@ def _last_line(output: str) -> str:
 
 
 def _keep(source: Path, home: Path) -> None:
-    """Triton's kernel files from ``source`` into ``home``, bounded; the directory appears whole or not at all."""
+    """Triton's kernel files from ``source`` into ``home``, bounded; the directory appears whole or not at all.
+    A group file (``__grp__NAME.json``: which files make one compiled kernel) names its files by absolute path;
+    kept, each is named relative to the cache (``HASH/FILE``) and only where it lies in the group's own folder
+    and is kept too. ``copy_kernels`` makes them absolute again where the copy lies."""
     staging = home.with_name(home.name + f".{os.getpid()}.{secrets.token_hex(4)}")
-    count, total = 0, 0
-    for path in sorted(source.rglob("*")) if source.is_dir() else []:
-        if path.is_symlink() or not path.is_file() or not path.name.endswith(KEPT_SUFFIXES):
-            continue
-        count, total = count + 1, total + path.stat().st_size
-        if count > MAX_FILES or total > MAX_BYTES:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise Stop("failed", "build", f"Triton's cache holds more than {MAX_FILES} files or {MAX_BYTES >> 20} MiB "
-                       "after one compile: too many kernels for one task")
-        target = staging / path.relative_to(source)
+    files = [p for p in sorted(source.rglob("*")) if not p.is_symlink() and p.is_file()
+             and p.name.endswith(KEPT_SUFFIXES)] if source.is_dir() else []
+    if len(files) > MAX_FILES or sum(p.stat().st_size for p in files) > MAX_BYTES:
+        raise Stop("failed", "build", f"Triton's cache holds more than {MAX_FILES} files or {MAX_BYTES >> 20} MiB "
+                   "after one compile: too many kernels for one task")
+    kept = {p.relative_to(source).as_posix() for p in files}
+    for path in files:
+        rel = path.relative_to(source)
+        target = staging / rel
         target.parent.mkdir(parents=True, exist_ok=True)
+        if path.name.startswith(GROUP_PREFIX):
+            group = _relative_group(path, rel.parent.as_posix(), kept)
+            if group is not None:
+                target.write_text(json.dumps({"child_paths": group}))
+            continue
         shutil.copyfile(path, target)
     staging.mkdir(parents=True, exist_ok=True)
     (staging / "done").write_text("")
@@ -130,8 +138,21 @@ def _keep(source: Path, home: Path) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def _relative_group(path: Path, folder: str, kept: set[str]) -> dict[str, str] | None:
+    try:
+        children = json.loads(path.read_text())["child_paths"]
+        group = {str(name): f"{folder}/{Path(str(child)).name}" for name, child in children.items()}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return group if all(rel in kept for rel in group.values()) else None
+
+
 def copy_kernels(home: Path, job: Path) -> Path:
-    """The compiled kernels, copied into the job (readable, not writable, by the candidate's process)."""
+    """The compiled kernels, copied into the job (readable, not writable, by the candidate's process), each group
+    file naming its kernel's files where the copy lies."""
     target = job / "triton-kernels"
     shutil.copytree(home, target, ignore=shutil.ignore_patterns("done"))
+    for group in target.rglob(GROUP_PREFIX + "*"):
+        children = json.loads(group.read_text())["child_paths"]
+        group.write_text(json.dumps({"child_paths": {name: str(target / rel) for name, rel in children.items()}}))
     return target

@@ -64,12 +64,46 @@ def prepare_triton(device: str, kernels: str | None) -> str:
     if kernels is None:
         raise RuleBroken("harness", "a Triton candidate on a GPU needs the build stage's kernel cache")
     os.environ[AUTOTUNE_CACHE_ENV] = "1"
+    point_at_libcuda()
     _start_triton(Path(os.environ.get(CACHE_ENV) or tempfile.gettempdir()) / "triton-harness")
     from triton import knobs
 
-    knobs.cache.dir = kernels  # from here on, kernels are looked up in the build stage's cache
+    knobs.cache.dir = kernels  # from here on, kernels are looked up in the build stage's cache, read-only
+    knobs.cache.manager_class = _read_only_cache()
     _refuse_compiles()
     return f"Triton kernels loaded from the build stage's cache; compiling and autotuning refused ({kernels})"
+
+
+def point_at_libcuda() -> None:
+    """Tell Triton where the CUDA driver library is (``TRITON_LIBCUDA_PATH``): the one this process has loaded
+    (torch's CUDA context), so that Triton does not ask ``ldconfig``, which a sandbox may not hold."""
+    if os.environ.get("TRITON_LIBCUDA_PATH"):
+        return
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "libcuda.so" in line and "/" in line}
+    except OSError:
+        return
+    if paths:
+        os.environ["TRITON_LIBCUDA_PATH"] = os.path.dirname(sorted(paths)[0])
+
+
+def _read_only_cache() -> type:
+    """Triton's cache manager over the build stage's kernels: it finds what is there and writes nothing (a write
+    would be a compile's or an autotuning's result, which the rules below refuse first)."""
+    from triton import knobs
+    from triton.runtime.cache import FileCacheManager
+
+    class ReadOnlyCache(FileCacheManager):
+        def __init__(self, key: str, override: bool = False, dump: bool = False) -> None:
+            self.key, self.lock_path = key, None
+            self.cache_dir = os.path.join(knobs.cache.dir, key)
+
+        def put(self, data: Any, filename: str, binary: bool = True) -> str:
+            raise RuleBroken("triton-compile", f"Triton tried to add {filename} to the build stage's cache: something "
+                             "was compiled or tuned in the candidate's process")
+
+    return ReadOnlyCache
 
 
 def _start_triton(harness: Path) -> None:
@@ -92,7 +126,7 @@ def _refuse_compiles() -> None:
     from triton.backends.nvidia.compiler import CUDABackend
     from triton.runtime.autotuner import Autotuner
 
-    def add_stages(self: Any, stages: Any, options: Any, language: Any) -> None:
+    def add_stages(self: Any, *args: Any, **kwargs: Any) -> None:
         raise RuleBroken("triton-compile", "a Triton kernel was launched with arguments the build stage did not "
                          "compile it for (another shape, dtype, alignment or constexpr than the task's inputs give): "
                          "the candidate's process only loads kernels compiled in the build stage")

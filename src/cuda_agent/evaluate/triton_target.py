@@ -20,7 +20,11 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     from cuda_agent.evaluate.protocol import LoadRequest
+    from cuda_agent.evaluate.triton_runtime import point_at_libcuda
     from cuda_agent.evaluate.worker import CandidateSide
+
+    torch.cuda.init()
+    point_at_libcuda()
 
     spec_path = Path((argv or sys.argv[1:])[0])
     spec = json.loads(spec_path.read_text())
