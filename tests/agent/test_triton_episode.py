@@ -48,7 +48,7 @@ pytest.importorskip("triton")
 
 
 @pytest.mark.slow
-def test_a_scripted_triton_episode_is_verified_profiled_and_rewarded(tmp_path, examples, cache_dir):
+def test_a_scripted_triton_episode_writes_verifies_and_is_evaluated(tmp_path, examples, cache_dir):
     task = load_task(examples / "triton_swish" / "model.py")
     # One try at timing: the final evaluation's verdict or, on a busy host, none; the profile is left to the
     # final evaluation (the CUDA episode's test runs utils/profile.py).

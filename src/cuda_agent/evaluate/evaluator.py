@@ -43,7 +43,9 @@ from cuda_agent.evaluate.device_lock import HUNGRY_SHARE, MEMORY_HUNGRY, DeviceL
 from cuda_agent.evaluate.environment import describe_environment
 from cuda_agent.evaluate.policy import Policy, TimingConfig
 from cuda_agent.evaluate.timing import flush_bytes
-from cuda_agent.evaluate.triton_build import compile_triton, copy_kernels, triton_kernels_of, triton_own_kernels
+from cuda_agent.evaluate.triton_build import (
+    build_launcher, compile_triton, copy_kernels, triton_kernels_of, triton_own_kernels,
+)
 from cuda_agent.evaluate.processes import (
     SPARE_CANDIDATES, Workers, close_all, copy_modules, spares_stopped, start_workers, take_workers,
 )
@@ -130,6 +132,7 @@ class Evaluator:
         self._probe_imports: frozenset[str] | None = None
         self._probe: BuildResult | None = None
         self._probe_lock = threading.Lock()
+        self._triton_launcher: Path | None = None  # Triton's launcher module, built by the harness (``triton_build``)
         # With ``prestart``, each evaluation ends by topping up the candidate processes started ahead
         # (torch imported, CUDA up: a process takes 6-8 s to start on the H200, longer than a warm
         # evaluation, so back-to-back evaluations need several in flight); close() stops them.
@@ -388,6 +391,8 @@ class Evaluator:
         if candidate.language == "triton":
             # Triton compiles and autotunes here, on the task's shapes, never in the evaluated process.
             kernels = compile_triton(setup, task, candidate, result)
+            if kernels is not None:
+                self._triton_launcher = self._triton_launcher or build_launcher(setup)
         with shared_use(setup.timing_lock):
             self._evaluate_built(task, candidate, built, result, timed, setup, code_policy, kernels)
 
@@ -426,7 +431,8 @@ class Evaluator:
                                                   setup.policy.writes_inputs(setup.device))
             run = Evaluation(setup, task, result, job, reference, Channel(workers.candidate, "candidate"), fresh,
                              brackets, language=candidate.language, kernel_names=frozenset(triton_kernels_of(candidate)),
-                             triton_kernels=copy_kernels(triton_kernels, job) if triton_kernels else None)
+                             triton_kernels=copy_kernels(triton_kernels, job, self._triton_launcher)
+                             if triton_kernels else None)
             self._run(run, built, copy_modules(built, job), timed)
         finally:
             if brackets is not None:

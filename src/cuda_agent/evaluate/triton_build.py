@@ -17,6 +17,7 @@ import json
 import os
 import secrets
 import shutil
+import subprocess
 import sys
 import time
 from dataclasses import asdict
@@ -29,6 +30,7 @@ from cuda_agent.evaluate.context import Setup
 from cuda_agent.evaluate.processes import new_job
 from cuda_agent.evaluate.protocol import LoadRequest
 from cuda_agent.evaluate.result import EvalResult
+from cuda_agent.evaluate.triton_runtime import LAUNCHER_DIR
 from cuda_agent.paths import PACKAGE_ROOT, worker_env
 from cuda_agent.sandbox import Limits, run_command
 from cuda_agent.tasks import Task
@@ -147,9 +149,39 @@ def _relative_group(path: Path, folder: str, kept: set[str]) -> dict[str, str] |
     return group if all(rel in kept for rel in group.values()) else None
 
 
-def copy_kernels(home: Path, job: Path) -> Path:
+def build_launcher(setup: Setup) -> Path | None:
+    """Triton's launcher module, built once per cache and Triton version from Triton's own source by a process
+    that runs harness code alone (no candidate's: outside the sandbox, like the builder's own probe), for every
+    evaluated process to find instead of running the C compiler; None where it does not build (each evaluated
+    process then builds its own, before its candidate loads)."""
+    home = setup.cache_dir / "triton-harness" / _version()
+    if (home / "done").exists():
+        return home
+    staging = home.with_name(home.name + f".{os.getpid()}.{secrets.token_hex(4)}")
+    env = dict(os.environ) | ({"CUDA_VISIBLE_DEVICES": str(setup.gpu_index)} if setup.gpu_index is not None else {})
+    env.pop("TRITON_INTERPRET", None)
+    try:
+        ran = subprocess.run([sys.executable, "-m", "cuda_agent.evaluate.triton_runtime", str(staging)], env=env,
+                             capture_output=True, text=True, timeout=setup.timeouts.build_s)
+    except (OSError, subprocess.TimeoutExpired):
+        shutil.rmtree(staging, ignore_errors=True)
+        return None
+    if ran.returncode != 0:
+        shutil.rmtree(staging, ignore_errors=True)
+        return None
+    (staging / "done").write_text("")
+    try:
+        staging.rename(home)
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+    return home if (home / "done").exists() else None
+
+
+def copy_kernels(home: Path, job: Path, launcher: Path | None = None) -> Path:
     """The compiled kernels, copied into the job (readable, not writable, by the candidate's process), each group
-    file naming its kernel's files where the copy lies."""
+    file naming its kernel's files where the copy lies; beside them Triton's ``launcher`` module, when built."""
+    if launcher is not None:
+        shutil.copytree(launcher, job / LAUNCHER_DIR, ignore=shutil.ignore_patterns("done"))
     target = job / "triton-kernels"
     shutil.copytree(home, target, ignore=shutil.ignore_patterns("done"))
     for group in target.rglob(GROUP_PREFIX + "*"):

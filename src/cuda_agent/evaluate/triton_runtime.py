@@ -20,6 +20,8 @@ whatever is timed must be the kernels alone. So (docs/SECURITY.md, "Triton candi
 from __future__ import annotations
 
 import os
+import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,7 @@ from cuda_agent.guard.runtime import RuleBroken
 INTERPRET_ENV = "TRITON_INTERPRET"
 CACHE_ENV = "TRITON_CACHE_DIR"
 AUTOTUNE_CACHE_ENV = "TRITON_CACHE_AUTOTUNING"
+LAUNCHER_DIR = "triton-harness"  # in a job: Triton's launcher module as the evaluator built it (``build_launcher``)
 
 
 def triton_missing() -> str | None:
@@ -65,7 +68,11 @@ def prepare_triton(device: str, kernels: str | None) -> str:
         raise RuleBroken("harness", "a Triton candidate on a GPU needs the build stage's kernel cache")
     os.environ[AUTOTUNE_CACHE_ENV] = "1"
     point_at_libcuda()
-    _start_triton(Path(os.environ.get(CACHE_ENV) or tempfile.gettempdir()) / "triton-harness")
+    harness = Path(os.environ.get(CACHE_ENV) or tempfile.gettempdir()) / "triton-harness"
+    built = Path(kernels).parent / LAUNCHER_DIR
+    if built.is_dir() and not harness.exists():
+        shutil.copytree(built, harness)  # the evaluator's build of Triton's launcher: found, not compiled again
+    _start_triton(harness)
     from triton import knobs
 
     knobs.cache.dir = kernels  # from here on, kernels are looked up in the build stage's cache, read-only
@@ -170,3 +177,17 @@ def _interpret_on_host() -> None:
     executor._init_args_hst, executor._restore_args_dev = init_args, restore_args
     executor._cuda_agent_host = True
     Autotuner._bench = first_config
+
+
+def build_launcher(where: Path) -> None:
+    """Triton's launcher module built from Triton's own source into ``where`` (a Triton cache), as an evaluated
+    process would build it: torch's CUDA context first, so that the driver library is found the same way."""
+    import torch
+
+    torch.cuda.init()
+    point_at_libcuda()
+    _start_triton(where)
+
+
+if __name__ == "__main__":  # python -m cuda_agent.evaluate.triton_runtime DIR: the evaluator's launcher build
+    build_launcher(Path(sys.argv[1]))
