@@ -470,7 +470,9 @@ def cmd_baselines(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from cuda_agent.bench.baselines import read_table
     from cuda_agent.bench.report import write_report
-    from cuda_agent.bench.run import read_results, run_agent_bench, run_bench, seed_baselines, without_verdict
+    from cuda_agent.bench.run import (
+        language_settings, read_results, run_agent_bench, run_bench, seed_baselines, without_verdict,
+    )
     from cuda_agent.bench.solutions import find_solutions
     from cuda_agent.paths import cache_root
 
@@ -519,14 +521,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
         # The table's baselines stand (a run over all of KernelBench compiles and times none again); the
         # candidate alone is timed in rounds. Without a table, baselines are timed beside each candidate.
         options["timing"] = TimingConfig(baselines="cached")
-    settings = {"device": device, "policy": policy.name, "degenerate": degenerate}
+    settings = {"device": device, "policy": policy.name, "degenerate": degenerate} | language_settings(args.language)
     if args.model is None:
         run_bench(args.out, tasks, solutions, device, gpus=args.gpus, evaluator_options=options, settings=settings,
-                  progress=show, evaluator=remote, concurrency=concurrency)
+                  progress=show, evaluator=remote, concurrency=concurrency, language=args.language)
     else:
         from cuda_agent.agent.loop import AgentConfig
 
-        config = AgentConfig(max_turns=args.max_turns)
+        config = AgentConfig(max_turns=args.max_turns, language=args.language or "cuda")
         run_agent_bench(args.out, tasks, backend, device, model=args.model, gpus=args.gpus, evaluator_options=options,
                         config=config, sandbox=args.sandbox, settings=settings | {"max_turns": args.max_turns},
                         progress=show, evaluator=remote, concurrency=concurrency)
@@ -937,6 +939,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="live: native tool calls (default), or <tool_call> text for servers without a tool parser")
     p.add_argument("--max-turns", type=int, default=200, help="live: turns per episode (default 200, as the paper "
                                                               "evaluates)")
+    p.add_argument("--language", default=None, choices=LANGUAGES,
+                   help="the kernels' language: solutions are read as cuda or triton candidates, and the live agent "
+                        "writes that language (default: each solution's own, read from its sources; the agent: cuda)")
     p.add_argument("--out", type=Path, required=True, help="run directory (a rerun continues it, retrying error rows)")
     add_level_option(p)
     add_device_option(p)

@@ -85,6 +85,7 @@ def write_report(run_dir: Path, exclude_degenerate: bool = False, plots: bool = 
     table = run_table(run_dir, levels)
     report = metrics(table.outcomes, exclude_degenerate=exclude_degenerate)
     report["paper_table1"] = paper_table()
+    report["languages"] = run_languages(table)
     (run_dir / "metrics.json").write_text(json.dumps(report, indent=1) + "\n")
     groups = {**report["levels"], "overall": report["overall"]}
     with (run_dir / "levels.csv").open("w", newline="") as handle:
@@ -110,12 +111,26 @@ def write_report(run_dir: Path, exclude_degenerate: bool = False, plots: bool = 
     return report
 
 
+def run_languages(table: RunTable) -> dict[str, int]:
+    """How many tasks' best entries are in each kernel language (``cuda``, ``triton``)."""
+    counts: dict[str, int] = {}
+    for row in table.best_rows.values():
+        language = (row.get("candidate") or {}).get("language") or table.spec.get("language") or "cuda"
+        counts[language] = counts.get(language, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def _languages_label(table: RunTable) -> str:
+    languages = run_languages(table)
+    return "/".join(languages) if languages else table.spec.get("language", "cuda")
+
+
 def render_markdown(table: RunTable, report: dict[str, Any]) -> str:
     spec = table.spec
     policy = spec.get("policy") or next((r["policy"].get("name") for r in table.best_rows.values() if r.get("policy")), "?")
     groups = {**report["levels"], "overall": report["overall"]}
     lines = ["# Benchmark run", "",
-             f"Solutions `{spec.get('solutions')}` on `{spec.get('device')}`, policy `{policy}`; "
+             f"Solutions `{spec.get('solutions')}` ({_languages_label(table)}) on `{spec.get('device')}`, policy `{policy}`; "
              f"{report['overall']['tasks']} tasks" + (" (degenerate tasks left out)" if report["exclude_degenerate"] else "")
              + ". Rates are shares of all tasks (a task without a solution counts as not passed); geometric means "
              "are over the correct ones. A task with several entries counts with its best.", "",
@@ -253,7 +268,10 @@ def compare_runs(a: Path, b: Path, exclude_degenerate: bool = False, levels: lis
                          f"({named}): they are different task sets, and their rows would be compared as one task. "
                          "Compare runs over the same tasks, or give --force to compare anyway.")
     ma, mb = (metrics(t.outcomes, exclude_degenerate=exclude_degenerate) for t in (ta, tb))
-    lines = [f"# {Path(a).name} vs {Path(b).name}", ""]
+    la, lb = _languages_label(ta), _languages_label(tb)
+    lines = [f"# {Path(a).name} ({la}) vs {Path(b).name} ({lb})", ""]
+    if la != lb:
+        lines += [f"Kernel languages compared on the same tasks: A is {la}, B is {lb}.", ""]
     if differ:
         lines += [f"**Warning**: {len(differ)} task(s) have different code in the two runs ({named}); "
                   "their rows below compare different programs.", ""]
