@@ -48,3 +48,24 @@ def test_a_cache_too_big_for_one_task_stops_the_build(tmp_path, monkeypatch):
     with pytest.raises(Stop, match="more than 2 files"):
         _keep(compile_cache(tmp_path / "job"), tmp_path / "home")
     assert not (tmp_path / "home").exists()
+
+
+def test_the_evaluated_process_reads_the_kept_kernels_and_writes_nothing(tmp_path, monkeypatch):
+    pytest.importorskip("triton")
+    from cuda_agent.evaluate.triton_runtime import _read_only_cache
+    from cuda_agent.guard.runtime import RuleBroken
+
+    home = tmp_path / "cache" / "key"
+    home.parent.mkdir()
+    _keep(compile_cache(tmp_path / "job"), home)
+    copy = copy_kernels(home, tmp_path / "eval-job")
+    copy.chmod(0o555)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(copy))  # knobs.cache.dir, as prepare_triton sets it
+    cache = _read_only_cache()
+    assert cache("HASHA").get_group("k.json") == {"k.cubin": str(copy / "HASHA" / "k.cubin"),
+                                                  "k.json": str(copy / "HASHA" / "k.json")}
+    missing = cache("HASHZ")  # another specialisation: found nowhere, and no directory made for it
+    assert missing.get_group("k.json") is None and not (copy / "HASHZ").exists()
+    with pytest.raises(RuleBroken) as caught:
+        missing.put(b"\x7fELF", "k.cubin")
+    assert caught.value.rule == "triton-compile"

@@ -31,6 +31,7 @@ from cuda_agent.guard.runtime import RuleBroken
 INTERPRET_ENV = "TRITON_INTERPRET"
 CACHE_ENV = "TRITON_CACHE_DIR"
 AUTOTUNE_CACHE_ENV = "TRITON_CACHE_AUTOTUNING"
+TRITON_KEY_FILE = "triton_key"  # beside the launcher: Triton's own key, as ``triton.runtime.cache.triton_key`` says
 LAUNCHER_DIR = "triton-harness"  # in a job: Triton's launcher module as the evaluator built it (``build_launcher``)
 
 
@@ -115,7 +116,11 @@ def _read_only_cache() -> type:
 
 def _start_triton(harness: Path) -> None:
     """What Triton does once per process, done before the candidate's code (it runs the C compiler and asks
-    ``ldconfig`` and ``ptxas`` for facts): its launcher module, built from Triton's own source into ``harness``."""
+    ``ptxas`` its version): its launcher module, built from Triton's own source into ``harness`` or found there;
+    and Triton's own key (a hash of its sources and its 500 MB library, part of every cache key), read from
+    ``harness`` where the evaluator's build wrote it."""
+    import triton.runtime.autotuner
+    import triton.runtime.cache
     from triton import knobs
     from triton.compiler.compiler import make_backend
     from triton.runtime import driver
@@ -123,10 +128,15 @@ def _start_triton(harness: Path) -> None:
     harness.mkdir(parents=True, exist_ok=True)
     knobs.cache.dir = str(harness)
     active = driver.active
-    active.utils  # noqa: B018 - builds and loads Triton's launcher (the C compiler runs here, before the ban)
+    active.utils  # noqa: B018 - builds (the C compiler runs here, before the ban) or loads Triton's launcher
     backend = make_backend(active.get_current_target())
     backend.hash()  # ptxas --version, remembered by Triton
     active.get_current_device()
+    saved = harness / TRITON_KEY_FILE
+    key = saved.read_text().strip() if saved.is_file() else triton.runtime.cache.triton_key()
+    if not saved.is_file():
+        saved.write_text(key)
+    triton.runtime.cache.triton_key = triton.runtime.autotuner.triton_key = lambda: key
 
 
 def _refuse_compiles() -> None:
