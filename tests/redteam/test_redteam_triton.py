@@ -47,11 +47,11 @@ def test_the_triton_example_is_correct_through_the_interpreter(evaluator, task, 
     assert any("Triton's interpreter" in note and "timings are the interpreter's" in note for note in result.notes)
 
 
-@pytest.mark.parametrize("name", ["torch_in_forward.py", "torch_in_kernel.py"])
-def test_torch_doing_the_work_is_torch_compute_at_run_time(evaluator, task, name):
+def test_torch_called_from_a_kernel_body_is_torch_compute_at_run_time(evaluator, task):
     """With the static checks off: the interpreter dispatches no torch operator of its own on host tensors, so
-    every one seen in forward (around the kernel, or inside a kernel body run as Python) is the candidate's."""
-    result = runtime_only(evaluator).verify(task, load_candidate(CASES / name))
+    every one seen in forward, inside a kernel body run as Python too, is the candidate's. (Torch around the
+    kernel, ``torch_in_forward.py``, is the CUDA red team's torch fallback; its Triton case runs on the GPU.)"""
+    result = runtime_only(evaluator).verify(task, load_candidate(CASES / "torch_in_kernel.py"))
     detail = f"{result.summary()}\n{result.output[-1500:]}"
     assert (result.status, result.rule) == ("failed", "torch-compute"), detail
     assert "sigmoid" in (result.reason or ""), detail
