@@ -5,7 +5,8 @@ same task, and one solution evaluated ten times (the same reward each time, the 
     CUDA_AGENT_TRITON_REPORT=DIR python -m pytest -m gpu -s tests/gpu/test_gpu_triton.py   # [gpu]
 
 With ``CUDA_AGENT_TRITON_REPORT``, every result is written to ``DIR/triton_gpu.json`` and a summary to
-``DIR/triton_gpu.md`` as the tests go (a run cut short keeps what it measured). Needs Triton and KernelBench
+``DIR/triton_gpu.md`` as the tests go (a run cut short keeps what it measured); tests that would start after
+``CUDA_AGENT_TRITON_BUDGET_S`` seconds (default 290) are skipped and listed. Needs Triton and KernelBench
 (``../shared/data/kernelbench/`` or ``KERNELBENCH_DATA``).
 """
 
@@ -34,9 +35,24 @@ CUDA_SOLUTIONS = HERE / "kernelbench_solutions"
 CASES = ROOT / "tests" / "redteam" / "triton_cases"
 SWISH = ROOT / "examples" / "triton_swish"
 FOLDERS = sorted(p.name for p in SOLUTIONS.iterdir() if (p / "model_new.py").is_file())
-STABLE = "level1_19"  # a 4096 x 393216 ReLU: milliseconds a call, over the 0.5 ms the CV target asks of
+STABLE = "level2_40"  # a 16384 x 4096 x 4096 GEMM with its epilogue: milliseconds a call (the CV target is for
+# 0.5 ms and longer), small inputs, and a CUDA solution of the same task for the warm comparison
 REPEATS = 10
-REPORT: dict[str, Any] = {"solutions": {}, "redteam": {}, "warm": {}, "stability": {}}
+# The run's time budget: a test that would start after it is skipped (and says so in the report), so that one
+# bounded run keeps everything measured before it. In order: the red team, ten evaluations of one solution, warm
+# re-evaluation beside the CUDA solution of the same task, the solutions.
+BUDGET_S = float(os.environ.get("CUDA_AGENT_TRITON_BUDGET_S", "290"))
+STARTED = time.monotonic()
+JUDGES: list[Any] = []
+REPORT: dict[str, Any] = {"solutions": {}, "redteam": {}, "warm": {}, "stability": {}, "skipped": []}
+
+
+@pytest.fixture(autouse=True)
+def within_budget(request):
+    if time.monotonic() - STARTED > BUDGET_S:
+        REPORT["skipped"].append(request.node.name)
+        write_report()
+        pytest.skip(f"over the run's time budget ({BUDGET_S:.0f} s; CUDA_AGENT_TRITON_BUDGET_S raises it)")
 
 
 def brief(result: Any, seconds: float) -> dict[str, Any]:
@@ -70,7 +86,7 @@ def write_report() -> None:
     lines += ["", "| red-team case | expected | status | rule | candidate ms | reason |", "|---|---|---|---|---|---|"]
     for name, r in REPORT["redteam"].items():
         lines.append(f"| {name} | {r['expected']} | {r['status']} | {r['rule']} | {r['candidate_ms']} | {r['reason'][:120]} |")
-    for key, value in (("warm", REPORT["warm"]), ("stability", REPORT["stability"])):
+    for key, value in (("warm", REPORT["warm"]), ("stability", REPORT["stability"]), ("skipped", REPORT["skipped"])):
         lines += ["", f"## {key}", "", "```", json.dumps(value, indent=1, default=str)[:4000], "```"]
     (out / "triton_gpu.md").write_text("\n".join(lines) + "\n")
 
@@ -93,17 +109,6 @@ def evaluate(evaluator: Evaluator, task: Any, candidate: Any) -> tuple[Any, floa
     result = evaluator.evaluate(task, candidate)
     print("\n" + result.summary())
     return result, time.monotonic() - clock
-
-
-@pytest.mark.parametrize("folder", FOLDERS)
-def test_triton_solution_is_correct_and_rewarded(folder, kernelbench_jsonl, evaluator):
-    result, seconds = evaluate(evaluator, kernelbench_task(kernelbench_jsonl, folder),
-                               load_candidate(SOLUTIONS / folder, language="triton"))
-    REPORT["solutions"][folder] = brief(result, seconds)
-    write_report()
-    assert result.status == "correct", result.summary() + (result.traceback or "") + result.output[-3000:]
-    assert result.reward >= 1.0 and result.candidate["language"] == "triton"
-    assert any("build stage's cache" in n for n in result.notes), result.notes
 
 
 # case file, static checks on, the status and rule it must end with (None: correct, judged by its time below)
@@ -131,9 +136,12 @@ def honest(evaluator):
 @pytest.mark.parametrize("name, static, status, rule", RED_TEAM,
                          ids=[f"{c[0][:-3]}{'' if c[1] else '-runtime'}" for c in RED_TEAM])
 def test_triton_red_team_case(name, static, status, rule, evaluator, honest):
-    judge = Evaluator("cuda", policy=evaluator.policy.with_(static_checks=static), cache_dir=evaluator.cache_dir,
-                      timeouts=evaluator.timeouts, sandbox=evaluator.sandbox)
-    with judge:
+    if static:
+        result, seconds = evaluate(evaluator, load_task(SWISH / "model.py"), load_candidate(CASES / name))
+    else:  # the runtime layer alone; the task's reference process shared with the module's evaluator
+        judge = Evaluator("cuda", policy=evaluator.policy.with_(static_checks=False), cache_dir=evaluator.cache_dir,
+                          timeouts=evaluator.timeouts, sandbox=evaluator.sandbox, references=evaluator.references)
+        JUDGES.append(judge)  # closing it (or collecting it) would close the shared references
         result, seconds = evaluate(judge, load_task(SWISH / "model.py"), load_candidate(CASES / name))
     key = f"{name[:-3]}{'' if static else '-runtime'}"
     honest_ms = honest.times["candidate"]["median_ms"]
@@ -147,6 +155,19 @@ def test_triton_red_team_case(name, static, status, rule, evaluator, honest):
     assert (result.status, result.rule) == (status, rule), detail
     if name == "work_left_queued.py":  # the queued kernel's time is the candidate's
         assert result.times["candidate"]["median_ms"] > 1.5 * honest_ms, detail
+
+
+def test_one_solution_ten_times_has_one_reward(kernelbench_jsonl, evaluator):
+    task = kernelbench_task(kernelbench_jsonl, STABLE)
+    candidate = load_candidate(SOLUTIONS / STABLE, language="triton")
+    runs = [brief(*evaluate(evaluator, task, candidate)) for _ in range(REPEATS)]
+    times = [r["candidate_ms"] for r in runs if r["candidate_ms"]]
+    cv = statistics.pstdev(times) / statistics.fmean(times) if len(times) > 1 else None
+    REPORT["stability"] = {"task": STABLE, "rewards": [r["reward"] for r in runs], "candidate_ms": times,
+                           "candidate_ms_cv": cv, "statuses": [r["status"] for r in runs]}
+    write_report()
+    assert len({r["reward"] for r in runs}) == 1 and runs[0]["status"] == "correct", REPORT["stability"]
+    assert cv is not None and (cv <= 0.01 or statistics.median(times) < 0.5), REPORT["stability"]
 
 
 def test_warm_re_evaluation_of_a_triton_candidate_beside_a_cuda_one(kernelbench_jsonl, evaluator):
@@ -165,14 +186,12 @@ def test_warm_re_evaluation_of_a_triton_candidate_beside_a_cuda_one(kernelbench_
     assert warm["triton"]["warm"]["seconds"] <= 1.1 * warm["cuda"]["warm"]["seconds"] + 1.0, REPORT["warm"]
 
 
-def test_one_solution_ten_times_has_one_reward(kernelbench_jsonl, evaluator):
-    task = kernelbench_task(kernelbench_jsonl, STABLE)
-    candidate = load_candidate(SOLUTIONS / STABLE, language="triton")
-    runs = [brief(*evaluate(evaluator, task, candidate)) for _ in range(REPEATS)]
-    times = [r["candidate_ms"] for r in runs if r["candidate_ms"]]
-    cv = statistics.pstdev(times) / statistics.fmean(times) if len(times) > 1 else None
-    REPORT["stability"] = {"task": STABLE, "rewards": [r["reward"] for r in runs], "candidate_ms": times,
-                           "candidate_ms_cv": cv, "statuses": [r["status"] for r in runs]}
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_triton_solution_is_correct_and_rewarded(folder, kernelbench_jsonl, evaluator):
+    result, seconds = evaluate(evaluator, kernelbench_task(kernelbench_jsonl, folder),
+                               load_candidate(SOLUTIONS / folder, language="triton"))
+    REPORT["solutions"][folder] = brief(result, seconds)
     write_report()
-    assert len({r["reward"] for r in runs}) == 1 and runs[0]["status"] == "correct", REPORT["stability"]
-    assert cv is not None and (cv <= 0.01 or statistics.median(times) < 0.5), REPORT["stability"]
+    assert result.status == "correct", result.summary() + (result.traceback or "") + result.output[-3000:]
+    assert result.reward >= 1.0 and result.candidate["language"] == "triton"
+    assert any("build stage's cache" in n for n in result.notes), result.notes
