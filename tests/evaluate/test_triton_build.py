@@ -20,8 +20,10 @@ def compile_cache(root: Path) -> Path:
     kernel.mkdir(parents=True)
     (kernel / "k.cubin").write_bytes(b"\x7fELF cubin")
     (kernel / "k.json").write_text(json.dumps({"name": "k"}))
+    (kernel / "k.ttir").write_text("module {}")  # an intermediate representation: not kept
     (kernel / "__grp__k.json").write_text(json.dumps(
-        {"child_paths": {"k.cubin": str(kernel / "k.cubin"), "k.json": str(kernel / "k.json")}}))
+        {"child_paths": {"k.cubin": str(kernel / "k.cubin"), "k.json": str(kernel / "k.json"),
+                         "k.ttir": str(kernel / "k.ttir")}}))
     (cache / "HASHB").mkdir()
     (cache / "HASHB" / "k.autotune.json").write_text(json.dumps({"key": [1], "configs_timings": []}))
     (cache / "HASHB" / "__grp__evil.json").write_text(json.dumps({"child_paths": {"k.cubin": "/etc/passwd"}}))

@@ -141,12 +141,16 @@ def _keep(source: Path, home: Path) -> None:
 
 
 def _relative_group(path: Path, folder: str, kept: set[str]) -> dict[str, str] | None:
+    """The group's kept files (its metadata and machine code: what Triton loads a compiled kernel from; its
+    intermediate representations are dropped), or None where the group has not both or is not Triton's."""
     try:
         children = json.loads(path.read_text())["child_paths"]
         group = {str(name): f"{folder}/{Path(str(child)).name}" for name, child in children.items()}
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
-    return group if all(rel in kept for rel in group.values()) else None
+    group = {name: rel for name, rel in group.items() if rel in kept and name == Path(rel).name}
+    suffixes = {Path(rel).suffix for rel in group.values()}
+    return group if {".json", ".cubin"} <= suffixes else None
 
 
 def build_launcher(setup: Setup) -> Path | None:
@@ -159,6 +163,7 @@ def build_launcher(setup: Setup) -> Path | None:
         return home
     staging = home.with_name(home.name + f".{os.getpid()}.{secrets.token_hex(4)}")
     env = dict(os.environ) | ({"CUDA_VISIBLE_DEVICES": str(setup.gpu_index)} if setup.gpu_index is not None else {})
+    env["PYTHONPATH"] = str(PACKAGE_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
     env.pop("TRITON_INTERPRET", None)
     try:
         ran = subprocess.run([sys.executable, "-m", "cuda_agent.evaluate.triton_runtime", str(staging)], env=env,
