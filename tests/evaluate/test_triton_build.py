@@ -71,3 +71,66 @@ def test_the_evaluated_process_reads_the_kept_kernels_and_writes_nothing(tmp_pat
     with pytest.raises(RuleBroken) as caught:
         missing.put(b"\x7fELF", "k.cubin")
     assert caught.value.rule == "triton-compile"
+
+
+KERNEL = '''
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def add_one(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + offsets, tl.load(x_ptr + offsets, mask=offsets < n) + 1.0, mask=offsets < n)
+'''
+
+COMPILE = r'''
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import triton, kernel
+from triton.backends.compiler import GPUTarget
+if sys.argv[2] == "refuse":
+    from triton import knobs
+    from cuda_agent.evaluate.triton_runtime import _read_only_cache, _refuse_compiles
+    knobs.cache.manager_class = _read_only_cache()
+    _refuse_compiles()
+found = {}
+for block in json.loads(sys.argv[3]):
+    source = triton.compiler.ASTSource(fn=kernel.add_one, constexprs={"BLOCK": block},
+                                       signature={"x_ptr": "*fp32", "y_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"})
+    try:
+        compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32))  # no GPU needed: ptxas runs here
+        found[block] = len(compiled.asm["cubin"])
+    except Exception as exc:
+        found[block] = getattr(exc, "rule", type(exc).__name__)
+print(json.dumps(found))
+'''
+
+
+@pytest.mark.slow
+def test_kernels_compiled_in_one_process_load_from_the_kept_copy_in_another(tmp_path):
+    """The build stage's compile, kept and copied as for an evaluation, then the evaluated process's lookups: the
+    kernel compiled is found (its group names the copy), another specialisation is refused as triton-compile."""
+    pytest.importorskip("triton")
+    import subprocess
+    import sys
+
+    (tmp_path / "kernel.py").write_text(KERNEL)
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("TRITON_")}
+    env |= {"PYTHONPATH": str(root / "src"), "TRITON_CACHE_DIR": str(tmp_path / "job" / "kernels")}
+
+    def run(mode: str, blocks: list[int]) -> dict:
+        ran = subprocess.run([sys.executable, "-c", COMPILE, str(tmp_path), mode, json.dumps(blocks)], env=env,
+                             capture_output=True, text=True, timeout=300)
+        assert ran.returncode == 0, ran.stderr[-3000:]
+        return json.loads(ran.stdout.strip().splitlines()[-1])
+
+    built = run("compile", [1024])
+    assert built["1024"] > 0
+    home = tmp_path / "cache" / "key"
+    home.parent.mkdir()
+    _keep(tmp_path / "job" / "kernels", home)
+    copy = copy_kernels(home, tmp_path / "eval-job")
+    env["TRITON_CACHE_DIR"] = str(copy)
+    assert run("refuse", [1024, 2048]) == {"1024": built["1024"], "2048": "triton-compile"}
