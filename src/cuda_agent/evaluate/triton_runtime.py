@@ -46,8 +46,9 @@ def triton_missing() -> str | None:
 
 def prepare_triton(device: str, kernels: str | None) -> str:
     """Set Triton up in this process before a Triton candidate loads; returns how (for the result's notes).
-    ``kernels``: the build stage's cache (GPU), read-only to this process. Triton's own launcher module is
-    built under this process's own directory (``TRITON_CACHE_DIR``, set by ``paths.worker_env``)."""
+    ``kernels``: the build stage's cache (GPU), read-only to this process. Triton's own launcher module is the
+    evaluator's build copied beside it (``LAUNCHER_DIR``), else built here, under this process's own directory
+    (``TRITON_CACHE_DIR``, set by ``paths.worker_env``)."""
     # Read as Triton imports: its own library kernels (tl.sigmoid, ...) are made interpreted or compiled then.
     if device == "cpu":
         os.environ[INTERPRET_ENV] = "1"
