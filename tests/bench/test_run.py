@@ -236,6 +236,14 @@ def test_runs_in_each_language_are_reported_and_compared_on_the_same_tasks(tmp_p
     assert "(triton)" in (tmp_path / "run-triton" / "report.md").read_text()
     text = compare_runs(tmp_path / "run-cuda", tmp_path / "run-triton")
     assert text.startswith("# run-cuda (cuda) vs run-triton (triton)") and "A is cuda, B is triton" in text
+    # One solution set holding both, each entry read as its own language: the metrics of each beside the best's.
+    shutil.copytree(tmp_path / "cuda" / "level1_1", tmp_path / "both" / "level1_1" / "cuda")
+    shutil.copytree(tmp_path / "triton" / "level1_1", tmp_path / "both" / "level1_1" / "triton")
+    run_bench(tmp_path / "run-both", tasks, find_solutions(tasks, tmp_path / "both"), "cpu", evaluator=Judge())
+    both = write_report(tmp_path / "run-both", plots=False)
+    assert both["languages"] == {"triton": 1} and set(both["by_language"]) == {"cuda", "triton"}
+    assert both["by_language"]["cuda"]["geomean_compile"] == pytest.approx(1.5)
+    assert "## By kernel language" in (tmp_path / "run-both" / "report.md").read_text()
     with pytest.raises(ValueError, match="other settings"):  # a Triton run is not continued as another language
         run_bench(tmp_path / "run-triton", tasks, find_solutions(tasks, tmp_path / "triton"), "cpu", evaluator=Judge(),
                   settings=language_settings(None))

@@ -43,8 +43,9 @@ class RunTable:
     samples: dict[tuple[int, int], int]
 
 
-def run_table(run_dir: Path, levels: list[int] | None = None) -> RunTable:
-    """``levels``: only the tasks of these KernelBench levels (default: every task of the run)."""
+def run_table(run_dir: Path, levels: list[int] | None = None, language: str | None = None) -> RunTable:
+    """``levels``: only the tasks of these KernelBench levels (default: every task of the run); ``language``: only
+    the entries in that kernel language (a task without one counts as missing)."""
     spec = read_run(run_dir)
     degenerate = set(spec.get("degenerate", []))
     tasks = {(t["level"], t["problem_id"]): t["name"] for t in spec["tasks"]
@@ -52,6 +53,8 @@ def run_table(run_dir: Path, levels: list[int] | None = None) -> RunTable:
              and (levels is None or t["level"] in levels)}
     grouped: dict[tuple[int, int], list[tuple[TaskOutcome, dict[str, Any]]]] = {}
     for row in read_results(run_dir):
+        if language is not None and _row_language(row, spec) != language:
+            continue
         outcome = TaskOutcome.from_result(row, degenerate=row["task"]["name"] in degenerate)
         if outcome.key in tasks:
             grouped.setdefault(outcome.key, []).append((outcome, row))
@@ -86,6 +89,12 @@ def write_report(run_dir: Path, exclude_degenerate: bool = False, plots: bool = 
     report = metrics(table.outcomes, exclude_degenerate=exclude_degenerate)
     report["paper_table1"] = paper_table()
     report["languages"] = run_languages(table)
+    entries = {_row_language(row, table.spec) for row in read_results(run_dir)}
+    if len(entries) > 1:
+        # Solutions in several languages: the paper's metrics over each language's entries alone, on every task.
+        report["by_language"] = {language: metrics(run_table(run_dir, levels, language).outcomes,
+                                                   exclude_degenerate=exclude_degenerate)["overall"]
+                                 for language in sorted(entries)}
     (run_dir / "metrics.json").write_text(json.dumps(report, indent=1) + "\n")
     groups = {**report["levels"], "overall": report["overall"]}
     with (run_dir / "levels.csv").open("w", newline="") as handle:
@@ -111,11 +120,15 @@ def write_report(run_dir: Path, exclude_degenerate: bool = False, plots: bool = 
     return report
 
 
+def _row_language(row: dict[str, Any], spec: dict[str, Any]) -> str:
+    return (row.get("candidate") or {}).get("language") or spec.get("language") or "cuda"
+
+
 def run_languages(table: RunTable) -> dict[str, int]:
     """How many tasks' best entries are in each kernel language (``cuda``, ``triton``)."""
     counts: dict[str, int] = {}
     for row in table.best_rows.values():
-        language = (row.get("candidate") or {}).get("language") or table.spec.get("language") or "cuda"
+        language = _row_language(row, table.spec)
         counts[language] = counts.get(language, 0) + 1
     return dict(sorted(counts.items()))
 
@@ -139,6 +152,12 @@ def render_markdown(table: RunTable, report: dict[str, Any]) -> str:
     for level, row in groups.items():
         lines.append(f"| {_level_label(level)} | {row['tasks']} | "
                      + " | ".join(_fmt(row[k], k) for k, _ in RATE_COLUMNS) + f" | {row['degenerate']} |")
+    if report.get("by_language"):
+        lines += ["", "## By kernel language (each language's entries alone, over every task)", "",
+                  "| language | " + " | ".join(label for _, label in RATE_COLUMNS) + " |",
+                  "|---|" + "---:|" * len(RATE_COLUMNS)]
+        for language, row in report["by_language"].items():
+            lines.append(f"| {language} | " + " | ".join(_fmt(row[k], k) for k, _ in RATE_COLUMNS) + " |")
     lines += ["", "## Next to the paper's Table 1 (H100, their baselines)", "",
               "| split | model | pass | > eager | > compile | x eager | x compile |", "|---|---|---:|---:|---:|---:|---:|"]
     for level, row in groups.items():
