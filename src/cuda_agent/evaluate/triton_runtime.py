@@ -170,7 +170,9 @@ def _interpret_on_host() -> None:
     def on_host(value: Any) -> bool:
         if isinstance(value, tuple):
             return all(on_host(v) for v in value)
-        return not hasattr(value, "data_ptr") or (type(value) is torch.Tensor and value.device.type == "cpu")
+        # Plain tensors and parameters (weights a kernel reads); anything else takes the interpreter's own path.
+        return not hasattr(value, "data_ptr") or (type(value) in (torch.Tensor, torch.nn.Parameter)
+                                                  and value.device.type == "cpu")
 
     def init_args(self: Any, args_dev: Any, kwargs: dict[str, Any]) -> Any:
         if on_host(tuple(args_dev)) and on_host(tuple(kwargs.values())):
