@@ -430,7 +430,8 @@ class Evaluator:
                 brackets = CandidateBrackets.open(workers.candidate, setup.device,
                                                   setup.policy.writes_inputs(setup.device))
             run = Evaluation(setup, task, result, job, reference, Channel(workers.candidate, "candidate"), fresh,
-                             brackets, language=candidate.language, kernel_names=frozenset(triton_kernels_of(candidate)),
+                             brackets, language=candidate.language,
+                             kernel_names=frozenset(triton_kernels_of(candidate)),
                              triton_kernels=copy_kernels(triton_kernels, job, self._triton_launcher)
                              if triton_kernels else None)
             self._run(run, built, copy_modules(built, job), timed)
@@ -474,7 +475,8 @@ class Evaluator:
         """The pipeline after the build: load, verify, time, check the timed outputs, decide. The watchers
         are asked between stages, about what the candidate did since they last looked."""
         setup, result = run.setup, run.result
-        own = own_kernels(setup, built, result) if run.language == "cuda" else triton_own_kernels(setup, run.kernel_names)
+        own = (own_kernels(setup, built, result) if run.language == "cuda"
+               else triton_own_kernels(setup, run.kernel_names))
         signals, threads, integrity = self._load(run, modules)
         # One spare is started now, once this evaluation's own processes are up, not only as it ends: the next
         # evaluation takes the oldest spare at once, and one started at the end was the one it waited for (21-22 s

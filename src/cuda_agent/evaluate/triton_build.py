@@ -39,7 +39,7 @@ KEPT_SUFFIXES = (".json", ".cubin")  # metadata (and autotuned choices) and the 
 GROUP_PREFIX = "__grp__"  # Triton's file naming the files of one compiled kernel
 MAX_FILES = 4096
 MAX_BYTES = 512 * 1024 * 1024
-BUILD_SEED = 20260  # the compile process's inputs: only their shapes, dtypes and layouts matter
+BUILD_SEED = 7  # the compile process's inputs: only their shapes, dtypes and layouts matter
 
 
 def triton_kernels_of(candidate: Candidate) -> list[str]:
