@@ -894,8 +894,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "and later runs (default: $CUDA_AGENT_CACHE, else ~/.cache/cuda-agent)")
     add_sandbox_option(p)
     p.add_argument("--language", default="cuda", choices=LANGUAGES,
-                   help="the kernels the tasks are for (default cuda; a column of tasks.jsonl, which prompts made from it "
-                        "follow)")
+                   help="the kernels the tasks are for (default cuda; a column of tasks.jsonl, which prompts made "
+                        "from it follow)")
     p.set_defaults(func=cmd_synth, kept=_continue(lambda a: f"verdicts and accepted tasks so far are in {a.out}"))
 
     p = sub.add_parser("baselines", help="time eager and torch.compile for every task here (resumable table)")

@@ -1,7 +1,8 @@
 """The Triton solutions of KernelBench tasks (``tests/gpu/triton_solutions``, evaluated on the GPU by
 ``tests/gpu/test_gpu_triton.py``) computed through Triton's interpreter on the CPU, on each task's program
 with its sizes cut down (the module's size constants), against the task's own Model: a wrong kernel, or a torch
-operator in forward that the evaluator's guard would refuse, shows here, without a GPU. One fresh interpreter for all of them (Triton reads TRITON_INTERPRET as it is imported)."""
+operator in forward that the evaluator's guard would refuse, shows here, without a GPU. One fresh interpreter for
+all of them (Triton reads TRITON_INTERPRET as it is imported)."""
 
 from __future__ import annotations
 

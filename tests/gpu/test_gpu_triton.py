@@ -57,7 +57,8 @@ def within_budget(request):
 
 def brief(result: Any, seconds: float) -> dict[str, Any]:
     times = result.times or {}
-    return {"status": result.status, "reward": result.reward, "rule": result.rule, "reason": (result.reason or "")[:300],
+    return {"status": result.status, "reward": result.reward, "rule": result.rule,
+            "reason": (result.reason or "")[:300],
             "candidate_ms": (times.get("candidate") or {}).get("median_ms"),
             "eager_ms": (times.get("eager") or {}).get("median_ms"),
             "compile_ms": (times.get("compile") or {}).get("median_ms"),

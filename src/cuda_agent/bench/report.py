@@ -143,7 +143,8 @@ def render_markdown(table: RunTable, report: dict[str, Any]) -> str:
     policy = spec.get("policy") or next((r["policy"].get("name") for r in table.best_rows.values() if r.get("policy")), "?")
     groups = {**report["levels"], "overall": report["overall"]}
     lines = ["# Benchmark run", "",
-             f"Solutions `{spec.get('solutions')}` ({_languages_label(table)}) on `{spec.get('device')}`, policy `{policy}`; "
+             f"Solutions `{spec.get('solutions')}` ({_languages_label(table)}) on `{spec.get('device')}`, "
+             f"policy `{policy}`; "
              f"{report['overall']['tasks']} tasks" + (" (degenerate tasks left out)" if report["exclude_degenerate"] else "")
              + ". Rates are shares of all tasks (a task without a solution counts as not passed); geometric means "
              "are over the correct ones. A task with several entries counts with its best.", "",

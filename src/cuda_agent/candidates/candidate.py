@@ -189,7 +189,8 @@ def load_candidate(path: str | Path, language: str | None = None) -> Candidate:
             return triton_candidate(code, str(model_path))
         if not native:
             raise CandidateError(f"{path}: neither a CUDA candidate (no .cu/.cpp sources under kernels/) nor a Triton "
-                                 "one (no @triton.jit kernel in model_new.py); add the kernel sources, or the Triton kernel.")
+                                 "one (no @triton.jit kernel in model_new.py); add the kernel sources, or the Triton "
+                                 "kernel.")
         return load_workspace(path)
     if path.is_file() and path.suffix == ".py":
         from cuda_agent.candidates.inline import load_inline_file

@@ -68,6 +68,6 @@ def triton_candidate(model_new: str, origin: str) -> Candidate:
     parse, has no ``ModelNew`` or defines no Triton kernel."""
     check_model_new(model_new, origin)
     if not triton_kernels(model_new):
-        raise CandidateError(f"{origin}: declared a Triton candidate but defines no @triton.jit kernel at module level; "
-                             "decorate the kernel ModelNew.forward launches with @triton.jit.")
+        raise CandidateError(f"{origin}: declared a Triton candidate but defines no @triton.jit kernel at module "
+                             "level; decorate the kernel ModelNew.forward launches with @triton.jit.")
     return Candidate(model_new=model_new, extensions=(), kind="triton", origin=origin, language="triton")

@@ -35,7 +35,8 @@ from cuda_agent.candidates.triton import check_language
 from cuda_agent.train.single_turn import FAILURE_REWARD, SingleTurnOutcome, score_reply, single_turn_messages
 from cuda_agent.train.verl.evaluators import lend_evaluator
 
-__all__ = ["FAILURE_REWARD", "TASK_COLUMNS", "EvaluatorOptions", "ToolEpisode", "completion_text", "load_task_rows", "row_language",
+__all__ = ["FAILURE_REWARD", "TASK_COLUMNS", "EvaluatorOptions", "ToolEpisode", "completion_text", "load_task_rows",
+           "row_language",
            "score_completion", "score_completions", "score_outcomes", "single_turn_messages", "task_columns", "task_from_row"]
 
 TASK_COLUMNS = ("name", "code", "source", "level", "problem_id")  # the columns a row carries its task in

@@ -71,7 +71,8 @@ def candidate_from_wire(data: dict[str, Any]) -> Candidate:
                                     **{k: tuple(v) for k, v in flags.items()}))
     language = data.get("language", "cuda")
     if language not in LANGUAGES:
-        raise ValueError(f"a job's candidate language must be one of {', '.join(LANGUAGES)}, got {str(language)[:40]!r}")
+        raise ValueError(f"a job's candidate language must be one of {', '.join(LANGUAGES)}, "
+                         f"got {str(language)[:40]!r}")
     notes = data.get("notes", ())
     if not isinstance(notes, (list, tuple)) or len(notes) > 64 or not all(isinstance(n, str) for n in notes):
         raise ValueError("a job's candidate notes are a list of at most 64 strings")

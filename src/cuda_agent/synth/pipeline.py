@@ -81,7 +81,7 @@ class SynthConfig:
     policy: str = "fair"
     ray: str | None = None  # a Ray cluster address ("local": start one here); None: local processes
     cache_dir: Path | None = None  # None: paths.cache_root(); screeners compile into cache_dir/inductor
-    language: str = "cuda"  # the kernels the tasks are for (a column of tasks.jsonl: the prompts made from it ask for them)
+    language: str = "cuda"  # the kernels the tasks are for (a column of tasks.jsonl, which prompts made from it follow)
 
     def __post_init__(self) -> None:
         self.out = Path(self.out)

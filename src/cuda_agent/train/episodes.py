@@ -155,7 +155,8 @@ class EpisodeRunner:
 
     def _prompt(self, task: Task) -> tuple[list[int], int]:
         """A single-turn episode's prompt ids and the tokens left for its reply in the context."""
-        prompt = list(self.tokenizer.apply_chat_template(single_turn_messages(task, self.language), add_generation_prompt=True,
+        prompt = list(self.tokenizer.apply_chat_template(single_turn_messages(task, self.language),
+                                                         add_generation_prompt=True,
                                                          tokenize=True, return_dict=False))
         return prompt, min(self.max_new_tokens, self.context_tokens - len(prompt))
 
