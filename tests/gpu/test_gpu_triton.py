@@ -121,8 +121,11 @@ RED_TEAM = [
     ("autotune_when_timed.py", True, "failed", "triton-autotune"),
     ("side_stream.py", True, "failed", "stream"),
     ("side_stream.py", False, None, None),
-    ("work_left_queued.py", True, "correct", None),
+    ("work_left_queued.py", True, None, None),
 ]
+# A case judged by its time: rejected by some rule, or timed at no less than this share of the honest kernel's time
+# (the queued kernel alone takes several times the honest one).
+AT_LEAST = {"side_stream.py": 0.9, "work_left_queued.py": 1.5}
 
 
 @pytest.fixture(scope="module")
@@ -150,12 +153,11 @@ def test_triton_red_team_case(name, static, status, rule, evaluator, honest):
                                                        else "rejected, or timed at its true cost"}
     write_report()
     detail = result.summary() + (result.traceback or "") + result.output[-2000:]
-    if status is None:  # rejected by a rule, or timed no faster than the honest kernel
-        assert result.rule is not None or result.times["candidate"]["median_ms"] >= 0.9 * honest_ms, detail
+    if status is None:  # rejected by a rule, or timed at its true cost
+        assert result.rule is not None or (result.status == "correct" and result.times["candidate"]["median_ms"]
+                                           >= AT_LEAST[name] * honest_ms), detail
         return
     assert (result.status, result.rule) == (status, rule), detail
-    if name == "work_left_queued.py":  # the queued kernel's time is the candidate's
-        assert result.times["candidate"]["median_ms"] > 1.5 * honest_ms, detail
 
 
 def test_one_solution_ten_times_has_one_reward(kernelbench_jsonl, evaluator):
