@@ -387,13 +387,14 @@ class Evaluator:
         # On a device shared with other evaluators (a DeviceLock), this evaluation uses it side by side with
         # theirs and times it alone (on the CPU backend its compiles use the device too: ``build``).
         built = self._built(candidate, build_result, result)
-        kernels = None
-        if candidate.language == "triton":
-            # Triton compiles and autotunes here, on the task's shapes, never in the evaluated process.
-            kernels = compile_triton(setup, task, candidate, result)
-            if kernels is not None:
-                self._triton_launcher = self._triton_launcher or build_launcher(setup)
         with shared_use(setup.timing_lock):
+            kernels = None
+            if candidate.language == "triton":
+                # Triton compiles and autotunes here, on the task's shapes, never in the evaluated process; on the
+                # device side by side with other evaluations, as the rest of this one, never during their timing.
+                kernels = compile_triton(setup, task, candidate, result)
+                if kernels is not None:
+                    self._triton_launcher = self._triton_launcher or build_launcher(setup)
             self._evaluate_built(task, candidate, built, result, timed, setup, code_policy, kernels)
 
     def _built(self, candidate: Candidate, build_result: BuildResult | None, result: EvalResult) -> BuildResult:

@@ -65,7 +65,8 @@ def _version() -> str:
 def compile_triton(setup: Setup, task: Task, candidate: Candidate, result: EvalResult) -> Path | None:
     """The candidate's compiled kernels (a directory of the cache), or None on the CPU backend, where Triton's
     interpreter runs them and nothing is compiled. A compile that fails stops the evaluation ("failed" at
-    "build") with the last line Triton or the candidate printed."""
+    "build") with the last line Triton or the candidate printed. Called within the evaluation's share of the
+    device (``device_lock.shared_use``): autotuning times configs, which no other evaluation's timing may meet."""
     if setup.device != "cuda":
         return None
     clock = time.monotonic()
@@ -90,11 +91,10 @@ def compile_triton(setup: Setup, task: Task, candidate: Candidate, result: EvalR
         if setup.gpu_index is not None:
             env["CUDA_VISIBLE_DEVICES"] = str(setup.gpu_index)
         argv = [sys.executable, "-m", "cuda_agent.evaluate.triton_target", str(job / "spec.json")]
-        with setup.timing_lock:  # autotuning times configs: another evaluator's timing would feel it
-            ran = run_command(argv, cwd=job, env=env, sandbox=setup.sandbox, gpu=True, writable=[job],
-                              readable=[PACKAGE_ROOT],
-                              limits=Limits(timeout_s=setup.timeouts.build_s, output_bytes=setup.output_limit,
-                                            memory_bytes=setup.memory_limit))
+        ran = run_command(argv, cwd=job, env=env, sandbox=setup.sandbox, gpu=True, writable=[job],
+                          readable=[PACKAGE_ROOT],
+                          limits=Limits(timeout_s=setup.timeouts.build_s, output_bytes=setup.output_limit,
+                                        memory_bytes=setup.memory_limit))
         result.durations["triton_compile"] = round(time.monotonic() - clock, 3)
         if ran.timed_out or ran.returncode != 0 or not (job / "compiled").exists():
             why = f"timed out after {setup.timeouts.build_s:.0f} s" if ran.timed_out else _last_line(ran.output)
