@@ -68,6 +68,14 @@ def prepare_triton(device: str, kernels: str | None) -> str:
         return "Triton's interpreter (TRITON_INTERPRET=1): kernels run on the CPU, timings are the interpreter's"
     if kernels is None:
         raise RuleBroken("harness", "a Triton candidate on a GPU needs the build stage's kernel cache")
+    import triton
+    from triton.backends.nvidia import driver as nvidia_driver
+
+    if hasattr(nvidia_driver, "make_launcher"):
+        # Such a Triton compiles a C launcher per kernel signature at its first launch: a compiler process after
+        # the ban, which would end the evaluated process.
+        raise RuleBroken("harness", f"Triton {triton.__version__} compiles a launcher per kernel at its first "
+                         "launch; Triton candidates on a GPU need a Triton with the generic launcher (3.6 or later)")
     os.environ[AUTOTUNE_CACHE_ENV] = "1"
     point_at_libcuda()
     harness = Path(os.environ.get(CACHE_ENV) or tempfile.gettempdir()) / "triton-harness"
