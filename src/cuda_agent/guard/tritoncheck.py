@@ -22,7 +22,7 @@ TRITON_API = ("triton.jit", "triton.autotune", "triton.Config", "triton.heuristi
               "triton.next_power_of_2", "triton.language", "triton.constexpr")
 # Builtins a kernel body may call (Triton's frontend understands these; the interpreter runs them as Python).
 KERNEL_BUILTINS = frozenset({"range", "min", "max", "len", "int", "float", "bool", "isinstance", "tuple",
-                             "print", "abs", "zip", "enumerate", "getattr", "True", "False", "None"})
+                             "print", "abs", "zip", "enumerate", "True", "False", "None"})
 # Statements Triton's compiler does not accept in a kernel; under the interpreter each would run host Python.
 _FOREIGN = (ast.Import, ast.ImportFrom, ast.Global, ast.Nonlocal, ast.Lambda, ast.FunctionDef,
             ast.AsyncFunctionDef, ast.ClassDef, ast.Try, ast.With, ast.AsyncWith, ast.Await, ast.Yield,
