@@ -62,6 +62,9 @@ def test_kernel_bodies_read_only_triton_arguments_constants_and_kernels():
     nested = HEAD + ("@triton.jit\ndef k(x_ptr, y_ptr, n, BLOCK: tl.constexpr):\n"
                      "    import os\n    f = lambda v: v\n    tl.store(y_ptr, f(1))\n") + MODEL
     assert "triton-kernel" in rules(nested)
+    host = HEAD + ("@triton.jit\ndef k(x_ptr, y_ptr, n, BLOCK: tl.constexpr):\n"
+                   "    x = tl.load(x_ptr + tl.arange(0, BLOCK))\n    x.handle.data.sort()\n    tl.store(y_ptr, x)\n") + MODEL
+    assert "triton-kernel" in rules(host)
 
 
 def test_only_the_kernel_writing_api_of_triton():

@@ -23,6 +23,8 @@ TRITON_API = ("triton.jit", "triton.autotune", "triton.Config", "triton.heuristi
 # Builtins a kernel body may call (Triton's frontend understands these; the interpreter runs them as Python).
 KERNEL_BUILTINS = frozenset({"range", "min", "max", "len", "int", "float", "bool", "isinstance", "tuple",
                              "print", "abs", "zip", "enumerate", "True", "False", "None"})
+# What Triton's interpreter holds under a tensor (a numpy array of host values): host Python to compute with.
+INTERPRETER_ATTRIBUTES = frozenset({"handle"})
 # Statements Triton's compiler does not accept in a kernel; under the interpreter each would run host Python.
 _FOREIGN = (ast.Import, ast.ImportFrom, ast.Global, ast.Nonlocal, ast.Lambda, ast.FunctionDef,
             ast.AsyncFunctionDef, ast.ClassDef, ast.Try, ast.With, ast.AsyncWith, ast.Await, ast.Yield,
@@ -101,6 +103,10 @@ def check_kernels(tree: ast.Module, filename: str) -> list[Violation]:
                     found.append(Violation("triton-kernel", filename, node.lineno,
                                            f"kernel {fn.name}: {type(node).__name__.lower()} in a kernel body (a "
                                            "kernel computes with triton.language alone)"))
+                elif isinstance(node, ast.Attribute) and node.attr in INTERPRETER_ATTRIBUTES:
+                    found.append(Violation("triton-kernel", filename, node.lineno,
+                                           f"kernel {fn.name} reads `.{node.attr}`: the interpreter's host values "
+                                           "under a Triton tensor, which Triton's compiler does not have"))
                 elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
                     name = node.id
                     if name in local or bound.get(name) or (name in KERNEL_BUILTINS and hasattr(builtins, name)):
