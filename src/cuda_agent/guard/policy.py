@@ -30,8 +30,8 @@ STATIC_RULES: dict[str, str] = {
     "triton-api": "a Triton name beyond writing and launching kernels (jit, language, autotune, Config, heuristics, "
     "cdiv, next_power_of_2): Triton's compiler, runtime, driver, cache and knobs are the harness's",
     "triton-kernel": "a Triton kernel body reads something other than triton.language, its arguments, module "
-    "constants and other kernels, or holds a statement Triton's compiler refuses (under the interpreter it would "
-    "run host Python)",
+    "constants and other kernels, holds a statement Triton's compiler refuses, or reaches the interpreter's host "
+    "values (under the interpreter it would run host Python)",
     "cache-control": "L2 persistence controls (persisting-L2 limit, access policy windows) that keep data "
     "cached across the flush before each timed call",
 }
