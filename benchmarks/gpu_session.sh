@@ -56,6 +56,10 @@
 #                                            # resumes from a carried .data/baselines_<gpu>/baselines.jsonl
 #   bash benchmarks/gpu_session.sh bench_own # cuda-agent bench over our KernelBench solutions, then the
 #                                            # baselines table's retries (into $OUT/baselines_h200)
+#   bash benchmarks/gpu_session.sh triton    # Triton candidates: the red team, ten evaluations of one solution, warm
+#                                            # re-evaluation beside a CUDA one, the KernelBench solutions
+#                                            # (tests/gpu/test_gpu_triton.py; TRITON_BUDGET_S, default 280: tests that
+#                                            # would start later are skipped and listed) into $OUT/triton_gpu.{json,md}
 #   bash benchmarks/gpu_session.sh counters  # hardware counters (tests/gpu/test_gpu_counters.py), raw ncu CSVs kept
 #   bash benchmarks/gpu_session.sh service   # the evaluation service (local backend) vs evaluate_many (SERVICE_REPEATS)
 #   bash benchmarks/gpu_session.sh rl_workload # an RL trainer's stream of new candidates (honest, slow, wrong,
@@ -322,6 +326,12 @@ train_demo)
     python3 -m cuda_agent.cli train demo --device cuda --out "$OUT/train_demo" --steps "${TRAIN_STEPS:-30}" 2>&1 \
         | tee "$OUT/train_demo.log" | grep -v "^ " | tail -40
     rm -rf "$OUT/train_demo/checkpoint" "$OUT/train_demo/menu"  # weights and sources: not worth the transfer
+    ;;
+triton)
+    python3 -c "import triton; print('triton', triton.__version__)" | tee -a "$OUT/gpu.csv"
+    CUDA_AGENT_TRITON_REPORT=$OUT CUDA_AGENT_TRITON_BUDGET_S=${TRITON_BUDGET_S:-280} \
+        python3 -m pytest -m gpu -q -s -p no:cacheprovider --timeout 600 -rf "$@" tests/gpu/test_gpu_triton.py 2>&1 \
+        | tee "$OUT/gpu_triton.log" | grep -vE "^\s*$" | tail -150
     ;;
 counters)
     # Hardware counters: the GPU tests, with each case's raw ncu CSV kept as a fixture

@@ -62,6 +62,7 @@ CLAIMS = {
         "status: correct" in out,
     "cuda-agent compile examples/cpu_swish/solution": lambda out, err, cwd:
         _last_line(out).startswith("ok") and "eval` here reuses it" in out,
+    "cuda-agent compile examples/triton_swish/solution": lambda out, err, cwd: _last_line(out).startswith("ok:"),
     "kernelbench.jsonl --level 1": lambda out, err, cwd: _last_line(err) == "100 tasks",
     "cuda-agent synth --n 2": check_synth,
     "cuda-agent tasks synth-cpu/": lambda out, err, cwd: _last_line(err) == "2 tasks",

@@ -12,7 +12,7 @@ import pytest
 
 from cuda_agent.bench.baselines import measure_baselines
 from cuda_agent.bench.report import compare_runs, paper_table, write_report
-from cuda_agent.bench.run import read_results, run_bench, seed_baselines
+from cuda_agent.bench.run import language_settings, read_results, run_bench, seed_baselines
 from cuda_agent.bench.solutions import find_solutions, task_of
 from cuda_agent.cli import main
 from cuda_agent.evaluate.policy import Policy, TimingConfig
@@ -208,3 +208,42 @@ def test_a_rerun_evaluates_error_rows_again(tmp_path, examples):
     assert [r["status"] for r in run_bench(run, tasks, solutions, "cpu", evaluator=flaky)] == ["correct"]
     assert [r["status"] for r in read_results(run)] == ["correct"]  # the error row is replaced, not kept beside
     assert run_bench(run, tasks, solutions, "cpu", evaluator=flaky) == []  # a verdict stands
+
+
+def test_runs_in_each_language_are_reported_and_compared_on_the_same_tasks(tmp_path, examples):
+    from cuda_agent.evaluate.result import EvalResult
+
+    tasks_dir = tmp_path / "KernelBench" / "level1"
+    tasks_dir.mkdir(parents=True)
+    shutil.copy(examples / "cpu_swish" / "model.py", tasks_dir / "1_Swish.py")
+    shutil.copytree(examples / "cpu_swish" / "solution", tmp_path / "cuda" / "level1_1")
+    shutil.copytree(examples / "triton_swish" / "solution", tmp_path / "triton" / "level1_1")
+    tasks = load_tasks(tmp_path / "KernelBench")
+
+    class Judge:
+        """A verdict without evaluating: the candidate's language decides its speedup."""
+
+        def evaluate(self, task, candidate):
+            speedup = 2.0 if candidate.language == "triton" else 1.5
+            return EvalResult(task=task.to_dict(), candidate=candidate.to_dict(), device="cpu", policy={}, timing={},
+                              status="correct", correct=True, reward=2.0, speedup_eager=speedup,
+                              speedup_compile=speedup)
+
+    for language in ("cuda", "triton"):
+        run_bench(tmp_path / f"run-{language}", tasks, find_solutions(tasks, tmp_path / language), "cpu",
+                  evaluator=Judge(), settings=language_settings(language), language=language)
+    assert write_report(tmp_path / "run-triton", plots=False)["languages"] == {"triton": 1}
+    assert "(triton)" in (tmp_path / "run-triton" / "report.md").read_text()
+    text = compare_runs(tmp_path / "run-cuda", tmp_path / "run-triton")
+    assert text.startswith("# run-cuda (cuda) vs run-triton (triton)") and "A is cuda, B is triton" in text
+    # One solution set holding both, each entry read as its own language: the metrics of each beside the best's.
+    shutil.copytree(tmp_path / "cuda" / "level1_1", tmp_path / "both" / "level1_1" / "cuda")
+    shutil.copytree(tmp_path / "triton" / "level1_1", tmp_path / "both" / "level1_1" / "triton")
+    run_bench(tmp_path / "run-both", tasks, find_solutions(tasks, tmp_path / "both"), "cpu", evaluator=Judge())
+    both = write_report(tmp_path / "run-both", plots=False)
+    assert both["languages"] == {"triton": 1} and set(both["by_language"]) == {"cuda", "triton"}
+    assert both["by_language"]["cuda"]["geomean_compile"] == pytest.approx(1.5)
+    assert "## By kernel language" in (tmp_path / "run-both" / "report.md").read_text()
+    with pytest.raises(ValueError, match="other settings"):  # a Triton run is not continued as another language
+        run_bench(tmp_path / "run-triton", tasks, find_solutions(tasks, tmp_path / "triton"), "cpu", evaluator=Judge(),
+                  settings=language_settings(None))

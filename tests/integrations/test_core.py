@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import inspect
+import json
 
 import pyarrow.parquet as pq
 import pytest
 
 from cuda_agent.agent.session import AgentConfig
 from cuda_agent.agent.commands import Evaluation
-from cuda_agent.integrations.core import (completion_text, feedback, load_task_rows, rollout_metrics, task_columns,
-                                          task_from_row)
+from cuda_agent.candidates import CandidateError
+from cuda_agent.integrations.core import (completion_text, feedback, load_task_rows, rollout_metrics, row_language,
+                                          task_columns, task_from_row)
 from cuda_agent.integrations.tool_functions import tool_function, tool_schemas
 from cuda_agent.tasks import TaskError
 from cuda_agent.train.verl.data import main as verl_data
@@ -22,7 +24,8 @@ def test_verls_converter_takes_a_folder_of_task_files(examples, tmp_path, capsys
     verl_data([str(examples), str(tmp_path / "out.parquet")])
     rows = pq.read_table(tmp_path / "out.parquet").to_pylist()
     assert sorted(r["extra_info"]["name"] for r in rows) == ["cpu_swish", "cuda_bias_scale_tanh", "cuda_gelu",
-                                                            "cuda_row_softmax"]
+                                                            "cuda_row_softmax", "triton_swish"]
+    assert {r["extra_info"]["language"] for r in rows} == {"cuda"}
     assert capsys.readouterr().out.strip() == str(tmp_path / "out.parquet")
 
 
@@ -68,3 +71,20 @@ def test_feedback_says_what_an_evaluation_said_and_why_there_was_no_verdict():
     busy = feedback(Evaluation("verify", 4, 1.0, {"status": "error", "stage": "profile", "reason": "busy",
                                                   "attempts": 3}))
     assert busy["no_verdict"] and busy["reason"].startswith("no verdict") and "after 3 attempts" in busy["reason"]
+
+
+def test_rows_ask_for_the_language_given_or_the_one_a_synthesised_task_names(examples, tmp_path):
+    code = (examples / "cpu_swish" / "model.py").read_text()
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"code": code, "ops": ["sigmoid"], "data_source": "synth", "language": "triton"}) + "\n"
+                     + json.dumps({"code": code, "ops": ["sigmoid"], "data_source": "synth"}) + "\n")
+    rows = load_task_rows(tasks)
+    assert [r["language"] for r in rows] == ["triton", "cuda"]
+    assert "@triton.jit" in rows[0]["prompt"][0]["content"] and "@triton.jit" not in rows[1]["prompt"][0]["content"]
+    assert {r["language"] for r in load_task_rows(tasks, language="cuda")} == {"cuda"}
+    assert row_language({"language": None}) == "cuda"
+    with pytest.raises(CandidateError, match="unknown candidate language"):
+        row_language({"language": "fortran"})
+    verl_data([str(tasks), str(tmp_path / "t.parquet"), "--language", "triton"])
+    (first, _) = pq.read_table(tmp_path / "t.parquet").to_pylist()
+    assert first["extra_info"]["language"] == "triton" and "@triton.jit" in first["prompt"][0]["content"]

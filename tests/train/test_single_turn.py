@@ -67,3 +67,28 @@ def test_a_reply_is_scored_by_the_real_evaluator(examples, cache_dir, tmp_path):
     assert good.reward >= 1 and good.reason == "correct" and good.evaluation["status"] == "correct"
     none = score_reply(task, "No code today.", evaluator, tmp_path / "none")
     assert (none.reward, none.evaluation) == (FAILURE_REWARD, None) and "no model_new.py" in none.reason
+
+
+def test_a_triton_reply_is_a_triton_candidate_named_or_not(examples, tmp_path):
+    solution = examples / "triton_swish" / "solution"
+    named = candidate_from_reply(reply_with(solution), tmp_path / "named", language="triton")
+    assert (named.kind, named.language) == ("triton", "triton")
+    source = (solution / "model_new.py").read_text()
+    bare = candidate_from_reply(f"Here it is:\n```python\n{source}```\nDone.", tmp_path / "bare")
+    assert bare.language == "triton" and bare.model_new == named.model_new
+
+
+def test_a_reply_not_in_the_asked_language_is_the_failure_reward_with_the_reason(examples, tmp_path):
+    task = load_task(examples / "triton_swish" / "model.py")
+    outcome = score_reply(task, reply_with(examples / "cpu_swish" / "solution"), evaluator=None,
+                          where=tmp_path / "c", language="triton")
+    assert outcome.reward == FAILURE_REWARD and "model_new.py alone" in outcome.reason
+
+
+def test_the_triton_prompt_asks_for_triton(examples):
+    task = load_task(examples / "triton_swish" / "model.py")
+    triton_prompt = single_turn_messages(task, "triton")[0]["content"]
+    assert "@triton.jit" in triton_prompt and "REGISTER_BINDING" not in triton_prompt and task.code.strip() in triton_prompt
+    assert "Triton" not in single_turn_messages(task)[0]["content"]
+    with pytest.raises(CandidateError, match="unknown candidate language"):
+        single_turn_messages(task, "mojo")

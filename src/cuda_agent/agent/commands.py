@@ -22,7 +22,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from cuda_agent.evaluate.interface import EvaluatorLike
-from cuda_agent.candidates import CandidateError, load_workspace
+from cuda_agent.agent.workspace import workspace_candidate
+from cuda_agent.candidates import CandidateError
+from cuda_agent.candidates.triton import TRITON_COMPILE_NOTE
+from cuda_agent.guard import check_candidate
 from cuda_agent.candidates.candidate import Candidate
 from cuda_agent.evaluate.counters import times_of, unavailable
 from cuda_agent.evaluate.result import EvalResult
@@ -65,8 +68,10 @@ class CommandServer:
     """Serves compile / verify / profile for one workspace; ``turn`` is set by the loop."""
 
     def __init__(self, workspace: Path, task: Task, evaluator: EvaluatorLike,
-                 on_evaluation: Callable[[Evaluation], None] | None = None, counters: bool = True):
+                 on_evaluation: Callable[[Evaluation], None] | None = None, counters: bool = True,
+                 language: str = "cuda"):
         self.workspace = Path(workspace)
+        self.language = language
         # profile ends with the hardware counters of a correct candidate (GPU; the CPU says it has none)
         self.counters = counters
         self.task = task
@@ -124,10 +129,14 @@ class CommandServer:
         if command not in ("compile", "verify", "profile"):
             return f"unknown command {command!r}; use compile, verify or profile", 2
         try:
-            candidate = load_workspace(self.workspace)
+            candidate = workspace_candidate(self.workspace, self.language)
         except CandidateError as exc:
             return f"{command}: {exc}", 1
         with self._lock:
+            if command == "compile" and candidate.language == "triton":
+                problems = check_candidate(candidate, self.evaluator.policy.code_policy())
+                return ("\n".join(["compile: FAILED (static checks)"] + [f"  {v.describe()}" for v in problems])
+                        if problems else f"compile: ok ({TRITON_COMPILE_NOTE})"), 1 if problems else 0
             if command == "compile":
                 built = self.evaluator.build(candidate)
                 return compile_text(built), 0 if built.ok else 1

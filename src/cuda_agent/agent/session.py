@@ -24,8 +24,8 @@ from typing import Any, Callable
 from cuda_agent.agent.commands import CommandServer, Evaluation, better, candidate_files
 from cuda_agent.agent.tools import Toolbox
 from cuda_agent.agent.tools.registry import ToolResult
-from cuda_agent.agent.workspace import SOCKET_ENV, Workspace, create_workspace
-from cuda_agent.candidates import CandidateError, load_workspace
+from cuda_agent.agent.workspace import SOCKET_ENV, Workspace, create_workspace, workspace_candidate
+from cuda_agent.candidates import CandidateError
 from cuda_agent.evaluate.interface import EvaluatorLike
 from cuda_agent.evaluate.result import EvalResult
 from cuda_agent.tasks.task import Task
@@ -34,6 +34,11 @@ SYSTEM_PROMPT = """You are an expert CUDA performance engineer. You work alone i
 through the tools you are given. Your goal: a ModelNew that is correct and faster than torch.compile, \
 following SKILL.md exactly. Act, check the result of every action, and keep going until the goal is met; \
 then reply with a short summary and no tool call."""
+
+TRITON_SYSTEM_PROMPT = """You are an expert GPU performance engineer who writes Triton kernels. You work alone in a \
+sandboxed workspace through the tools you are given. Your goal: a ModelNew whose forward launches your own \
+@triton.jit kernels, correct and faster than torch.compile, following SKILL.md exactly. Act, check the result \
+of every action, and keep going until the goal is met; then reply with a short summary and no tool call."""
 
 
 @dataclass
@@ -46,6 +51,7 @@ class AgentConfig:
     # utils/profile.py ends with the hardware counters of a correct candidate (GPU only; about 10 s more
     # per profile, docs/COUNTERS.md)
     counters: bool = True
+    language: str = "cuda"  # the kernels' language: "cuda" (C++/CUDA extension) or "triton" (agent.workspace)
 
 
 @dataclass
@@ -70,7 +76,7 @@ def first_messages(task: Task, workspace: Workspace) -> list[dict[str, Any]]:
     """The episode's opening: the system prompt, then SKILL.md and the task."""
     skill = (workspace.root / "SKILL.md").read_text()
     return [
-        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "system", "content": TRITON_SYSTEM_PROMPT if workspace.language == "triton" else SYSTEM_PROMPT},
         {"role": "user", "content": f"{skill}\n\n# The task: model.py\n\n```python\n{task.code}\n```\n\n"
                                     f"The workspace is your current directory: {workspace.root}"},
     ]
@@ -85,13 +91,15 @@ class EpisodeSession:
                  sandbox: Any = "auto", on_evaluation: Callable[[Evaluation], None] | None = None):
         self.task, self.evaluator = task, evaluator
         self.config = config or AgentConfig()
-        self.workspace = create_workspace(Path(workdir) / "workspace", task, evaluator.policy, evaluator.device)
+        self.workspace = create_workspace(Path(workdir) / "workspace", task, evaluator.policy, evaluator.device,
+                                          self.config.language)
         self.messages = first_messages(task, self.workspace)
         self.outcome: SessionOutcome | None = None
         self._stack = contextlib.ExitStack()
         try:
             self.server = self._stack.enter_context(CommandServer(
-                self.workspace.root, task, evaluator, on_evaluation=on_evaluation, counters=self.config.counters))
+                self.workspace.root, task, evaluator, on_evaluation=on_evaluation, counters=self.config.counters,
+                language=self.workspace.language))
             # Only what the commands need: the toolbox's own minimal environment keeps API keys out of the shell.
             env = {SOCKET_ENV: str(self.server.socket_path)}
             self.toolbox = self._stack.enter_context(Toolbox(
@@ -125,7 +133,7 @@ class EpisodeSession:
         best = self.server.best
         # After the shell and its background jobs are gone: nothing may run beside the final timing.
         self._stack.close()
-        final, files = final_evaluation(self.task, self.evaluator, self.workspace.root)
+        final, files = final_evaluation(self.task, self.evaluator, self.workspace.root, self.workspace.language)
         if files is not None:
             closing = Evaluation("final", self.turn + 1 if turn is None else turn, 0.0, final, files)
             if better(best, closing):
@@ -144,10 +152,11 @@ class EpisodeSession:
         self.close()
 
 
-def final_evaluation(task: Task, evaluator: EvaluatorLike, root: Path) -> tuple[dict[str, Any], dict[str, str] | None]:
+def final_evaluation(task: Task, evaluator: EvaluatorLike, root: Path,
+                     language: str = "cuda") -> tuple[dict[str, Any], dict[str, str] | None]:
     """A fresh trusted evaluation of the workspace as the agent left it (and its files)."""
     try:
-        candidate = load_workspace(root)
+        candidate = workspace_candidate(root, language)
     except CandidateError as exc:
         result = EvalResult.unloadable(task.to_dict(), str(root), evaluator.device, evaluator.policy.to_dict(),
                                        evaluator.timing.to_dict(), str(exc))

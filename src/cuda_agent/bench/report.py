@@ -46,8 +46,9 @@ class RunTable:
     samples: dict[tuple[int, int], int]
 
 
-def run_table(run_dir: Path, levels: list[int] | None = None) -> RunTable:
-    """``levels``: only the tasks of these KernelBench levels (default: every task of the run)."""
+def run_table(run_dir: Path, levels: list[int] | None = None, language: str | None = None) -> RunTable:
+    """``levels``: only the tasks of these KernelBench levels (default: every task of the run); ``language``: only
+    the entries in that kernel language (a task without one counts as missing)."""
     spec = read_run(run_dir)
     degenerate = set(spec.get("degenerate", []))
     tasks = {(t["level"], t["problem_id"]): t["name"] for t in spec["tasks"]
@@ -55,6 +56,8 @@ def run_table(run_dir: Path, levels: list[int] | None = None) -> RunTable:
              and (levels is None or t["level"] in levels)}
     grouped: dict[tuple[int, int], list[tuple[TaskOutcome, dict[str, Any]]]] = {}
     for row in read_results(run_dir):
+        if language is not None and _row_language(row, spec) != language:
+            continue
         outcome = TaskOutcome.from_result(row, degenerate=row["task"]["name"] in degenerate)
         if outcome.key in tasks:
             grouped.setdefault(outcome.key, []).append((outcome, row))
@@ -88,6 +91,13 @@ def write_report(run_dir: Path, exclude_degenerate: bool = False, plots: bool = 
     table = run_table(run_dir, levels)
     report = metrics(table.outcomes, exclude_degenerate=exclude_degenerate)
     report["paper_table1"] = paper_table()
+    report["languages"] = run_languages(table)
+    entries = {_row_language(row, table.spec) for row in read_results(run_dir)}
+    if len(entries) > 1:
+        # Solutions in several languages: the paper's metrics over each language's entries alone, on every task.
+        report["by_language"] = {language: metrics(run_table(run_dir, levels, language).outcomes,
+                                                   exclude_degenerate=exclude_degenerate)["overall"]
+                                 for language in sorted(entries)}
     (run_dir / "metrics.json").write_text(json.dumps(report, indent=1) + "\n")
     groups = {**report["levels"], "overall": report["overall"]}
     with (run_dir / "levels.csv").open("w", newline="") as handle:
@@ -113,12 +123,31 @@ def write_report(run_dir: Path, exclude_degenerate: bool = False, plots: bool = 
     return report
 
 
+def _row_language(row: dict[str, Any], spec: dict[str, Any]) -> str:
+    return (row.get("candidate") or {}).get("language") or spec.get("language") or "cuda"
+
+
+def run_languages(table: RunTable) -> dict[str, int]:
+    """How many tasks' best entries are in each kernel language (``cuda``, ``triton``)."""
+    counts: dict[str, int] = {}
+    for row in table.best_rows.values():
+        language = _row_language(row, table.spec)
+        counts[language] = counts.get(language, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def _languages_label(table: RunTable) -> str:
+    languages = run_languages(table)
+    return "/".join(languages) if languages else table.spec.get("language", "cuda")
+
+
 def render_markdown(table: RunTable, report: dict[str, Any]) -> str:
     spec = table.spec
     policy = spec.get("policy") or next((r["policy"].get("name") for r in table.best_rows.values() if r.get("policy")), "?")
     groups = {**report["levels"], "overall": report["overall"]}
     lines = ["# Benchmark run", "",
-             f"Solutions `{spec.get('solutions')}` on `{spec.get('device')}`, policy `{policy}`; "
+             f"Solutions `{spec.get('solutions')}` ({_languages_label(table)}) on `{spec.get('device')}`, "
+             f"policy `{policy}`; "
              f"{report['overall']['tasks']} tasks" + (" (degenerate tasks left out)" if report["exclude_degenerate"] else "")
              + ". Rates are shares of all tasks (a task without a solution counts as not passed); geometric means "
              "are over the correct ones. A task with several entries counts with its best.", "",
@@ -127,6 +156,12 @@ def render_markdown(table: RunTable, report: dict[str, Any]) -> str:
     for level, row in groups.items():
         lines.append(f"| {_level_label(level)} | {row['tasks']} | "
                      + " | ".join(_fmt(row[k], k) for k, _ in RATE_COLUMNS) + f" | {row['degenerate']} |")
+    if report.get("by_language"):
+        lines += ["", "## By kernel language (each language's entries alone, over every task)", "",
+                  "| language | " + " | ".join(label for _, label in RATE_COLUMNS) + " |",
+                  "|---|" + "---:|" * len(RATE_COLUMNS)]
+        for language, row in report["by_language"].items():
+            lines.append(f"| {language} | " + " | ".join(_fmt(row[k], k) for k, _ in RATE_COLUMNS) + " |")
     lines += ["", "## Next to the paper's Table 1 (H100, their baselines)", "",
               "| split | model | pass | > eager | > compile | x eager | x compile |", "|---|---|---:|---:|---:|---:|---:|"]
     for level, row in groups.items():
@@ -256,7 +291,10 @@ def compare_runs(a: Path, b: Path, exclude_degenerate: bool = False, levels: lis
                          f"({named}): they are different task sets, and their rows would be compared as one task. "
                          "Compare runs over the same tasks, or give --force to compare anyway.")
     ma, mb = (metrics(t.outcomes, exclude_degenerate=exclude_degenerate) for t in (ta, tb))
-    lines = [f"# {Path(a).name} vs {Path(b).name}", ""]
+    la, lb = _languages_label(ta), _languages_label(tb)
+    lines = [f"# {Path(a).name} ({la}) vs {Path(b).name} ({lb})", ""]
+    if la != lb:
+        lines += [f"Kernel languages compared on the same tasks: A is {la}, B is {lb}.", ""]
     if differ:
         lines += [f"**Warning**: {len(differ)} task(s) have different code in the two runs ({named}); "
                   "their rows below compare different programs.", ""]

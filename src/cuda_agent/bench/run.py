@@ -70,6 +70,12 @@ def seed_baselines(table: Path, cache_dir: Path, policy: Policy, device: str) ->
     return put
 
 
+def language_settings(language: str | None) -> dict[str, Any]:
+    """What ``run.json`` records of the kernel language asked for: nothing for CUDA (runs from before
+    languages were asked for continue unchanged), ``language`` otherwise."""
+    return {} if language in (None, "cuda") else {"language": language}
+
+
 def start_run(run_dir: Path, tasks: list[Task], solutions: str, settings: dict[str, Any]) -> dict[str, Any]:
     """Write ``run.json``, or check that the one there asks for the same run. ``solutions`` says
     where they come from: a directory, or ``agent:MODEL``."""
@@ -94,10 +100,12 @@ def run_bench(run_dir: Path, tasks: list[Task], solutions: SolutionSet, device: 
               gpus: list[int] | None = None, evaluator_options: dict[str, Any] | None = None,
               settings: dict[str, Any] | None = None,
               progress: Callable[[int, int, dict[str, Any]], None] | None = None,
-              evaluator: EvaluatorLike | None = None, concurrency: int = 1) -> list[dict[str, Any]]:
+              evaluator: EvaluatorLike | None = None, concurrency: int = 1,
+              language: str | None = None) -> list[dict[str, Any]]:
     """Evaluate every entry of ``solutions`` not yet in the run; the rows written now. With
     ``evaluator`` (an evaluation service's ``RemoteEvaluator``), ``concurrency`` evaluations are sent
-    to it at once instead of running local evaluators."""
+    to it at once instead of running local evaluators. ``language``: every entry is read as a candidate
+    in it (``cuda`` or ``triton``; None: each entry's own, read from its sources)."""
     from cuda_agent.candidates import CandidateError, load_candidate
     from cuda_agent.evaluate.pool import evaluate_many
     from cuda_agent.evaluate.result import EvalResult
@@ -122,7 +130,7 @@ def run_bench(run_dir: Path, tasks: list[Task], solutions: SolutionSet, device: 
         entry = str(path.relative_to(solutions.root))
         task = by_name[name]
         try:
-            pairs.append((task, load_candidate(path)))
+            pairs.append((task, load_candidate(path, language=language)))
             entries.append(entry)
         except CandidateError as exc:
             policy = (evaluator_options or {}).get("policy") or Policy()

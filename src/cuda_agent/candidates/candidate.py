@@ -58,7 +58,9 @@ class Candidate:
     """What the evaluator builds and runs.
 
     ``kind`` is ``workspace`` (the paper's layout), ``inline`` (a KernelBench
-    generation carrying ``load_inline`` sources) or ``python`` (no extension).
+    generation carrying ``load_inline`` sources), ``python`` (no extension) or
+    ``triton`` (``model_new.py`` launching ``@triton.jit`` kernels, ``candidates.triton``).
+    ``language`` is ``cuda`` (C++/CUDA extensions) or ``triton``.
     """
 
     model_new: str
@@ -66,6 +68,7 @@ class Candidate:
     kind: str
     origin: str
     notes: tuple[str, ...] = field(default=(), compare=False)
+    language: str = "cuda"
 
     @property
     def uses_cuda(self) -> bool:
@@ -77,11 +80,14 @@ class Candidate:
             "model_new": self.model_new,
             "extensions": [e.fingerprint() for e in self.extensions],
         }
+        if self.language != "cuda":
+            payload["language"] = self.language
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "kind": self.kind,
+            "language": self.language,
             "origin": self.origin,
             "digest": self.digest,
             "extensions": {e.name: e.compile_units for e in self.extensions},
@@ -164,20 +170,48 @@ def fixed_file(name: str) -> str:
     return resources.files("cuda_agent.candidates").joinpath("fixed", name).read_text()
 
 
-def load_candidate(path: str | Path) -> Candidate:
-    """A workspace directory, or a single KernelBench-style ``ModelNew`` file."""
+def load_candidate(path: str | Path, language: str | None = None) -> Candidate:
+    """A workspace directory, or a single KernelBench-style ``ModelNew`` file. ``language`` (``cuda`` or
+    ``triton``) says which kind of candidate it must be; None reads it from the source: a ``model_new.py``
+    with ``@triton.jit`` kernels and no C++/CUDA sources is a Triton candidate."""
+    from cuda_agent.candidates.triton import check_language, triton_candidate, triton_kernels
+
     path = Path(path)
+    check_language(language)
     if path.is_dir():
+        model_path = path / "model_new.py"
+        if not model_path.is_file():
+            return load_workspace(path)  # which says what a candidate directory holds
+        code = read_text(model_path, CandidateError)
+        check_model_new(code, str(model_path))
+        native = _native_files(path)
+        if language == "triton" or (language is None and not native and triton_kernels(code)):
+            return triton_candidate(code, str(model_path))
+        if not native:
+            raise CandidateError(f"{path}: neither a CUDA candidate (no .cu/.cpp sources under kernels/) nor a Triton "
+                                 "one (no @triton.jit kernel in model_new.py); add the kernel sources, or the Triton "
+                                 "kernel.")
         return load_workspace(path)
     if path.is_file() and path.suffix == ".py":
         from cuda_agent.candidates.inline import load_inline_file
 
+        code = read_text(path, CandidateError)
+        if language == "triton" or (language is None and "load_inline" not in code and triton_kernels(code)):
+            return triton_candidate(code, str(path))
         return load_inline_file(path)
     if not path.exists():
         raise CandidateError(f"{path}: no such file or directory.")
     raise CandidateError(
         f"{path}: a candidate is a directory (model_new.py + kernels/) or a .py file with ModelNew."
     )
+
+
+def _native_files(root: Path) -> list[Path]:
+    """The C++/CUDA sources of a workspace (the fixed binding files aside)."""
+    files = [p for p in root.glob("*") if p.is_file() and p.suffix in SOURCE_SUFFIXES]
+    if (root / "kernels").is_dir():
+        files += [p for p in (root / "kernels").rglob("*") if p.is_file() and p.suffix in SOURCE_SUFFIXES]
+    return [p for p in files if p.relative_to(root).as_posix() not in FIXED_FILES]
 
 
 def load_workspace(root: str | Path) -> Candidate:

@@ -26,7 +26,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     evaluator = Evaluator(device, policy=Policy.preset(args.policy), sandbox=args.sandbox, timeouts=_timeouts(args),
                           memory_limit=_memory_limit(args), timing_lock=DeviceLock(), **long_lived(device))
     config = AgentConfig(max_turns=args.max_turns, context_tokens=args.context_tokens,
-                         wall_clock_s=args.wall_clock_s, counters=not args.no_counters)
+                         wall_clock_s=args.wall_clock_s, counters=not args.no_counters, language=args.language)
     start = time.monotonic()
 
     def show(episode: int, entry: dict) -> None:
@@ -82,6 +82,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--episodes", type=int, default=1, help="episodes run at once; the best solution is kept "
                                                            "(default 1)")
     p.add_argument("--max-turns", type=int, default=150, help="model turns per episode (default 150)")
+    p.add_argument("--language", default="cuda", choices=("cuda", "triton"),
+                   help="the kernels the agent writes: cuda (a C++/CUDA extension, default) or triton")
     p.add_argument("--context-tokens", type=int, default=128_000,
                    help="context budget; past it the oldest turns go, the system prompt and task stay (default 128000)")
     p.add_argument("--wall-clock-s", type=float, default=None, help="end an episode after this many seconds "

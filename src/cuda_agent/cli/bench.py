@@ -23,7 +23,9 @@ BEAT_S = 15.0  # how often bench says what is running while no entry finishes
 def cmd_bench(args: argparse.Namespace) -> int:
     from cuda_agent.bench.baselines import read_table
     from cuda_agent.bench.report import write_report
-    from cuda_agent.bench.run import read_results, run_agent_bench, run_bench, seed_baselines, without_verdict
+    from cuda_agent.bench.run import (
+        language_settings, read_results, run_agent_bench, run_bench, seed_baselines, without_verdict,
+    )
     from cuda_agent.bench.solutions import find_solutions
     from cuda_agent.paths import cache_root
 
@@ -90,7 +92,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         # The table's baselines stand (a run over all of KernelBench compiles and times none again); the
         # candidate alone is timed in rounds. Without a table, baselines are timed beside each candidate.
         options["timing"] = TimingConfig(baselines="cached")
-    settings = {"device": device, "policy": policy.name, "degenerate": degenerate}
+    settings = {"device": device, "policy": policy.name, "degenerate": degenerate} | language_settings(args.language)
     if not args.quiet:
         work = (f"evaluating {_plural(state['total'], 'entry', 'entries')}" if args.model is None
                 else f"running the agent on {_plural(state['total'], 'task')}")
@@ -99,11 +101,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     with heartbeat(still_running, BEAT_S, lambda: state["said"]) if not args.quiet else contextlib.nullcontext():
         if args.model is None:
             run_bench(args.out, tasks, solutions, device, gpus=args.gpus, evaluator_options=options,
-                      settings=settings, progress=show, evaluator=remote, concurrency=concurrency)
+                      settings=settings, progress=show, evaluator=remote, concurrency=concurrency,
+                      language=args.language)
         else:
             from cuda_agent.agent.loop import AgentConfig
 
-            config = AgentConfig(max_turns=args.max_turns)
+            config = AgentConfig(max_turns=args.max_turns, language=args.language or "cuda")
             run_agent_bench(args.out, tasks, backend, device, model=args.model, gpus=args.gpus,
                             evaluator_options=options, config=config, sandbox=args.sandbox,
                             settings=settings | {"max_turns": args.max_turns}, progress=show, evaluator=remote,
@@ -202,6 +205,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="live: native tool calls (default), or <tool_call> text for servers without a tool parser")
     p.add_argument("--max-turns", type=int, default=200, help="live: turns per episode (default 200, as the paper "
                                                               "evaluates)")
+    p.add_argument("--language", default=None, choices=("cuda", "triton"),
+                   help="the kernels' language: solutions are read as cuda or triton candidates, and the live agent "
+                        "writes that language (default: each solution's own, read from its sources; the agent: cuda)")
     p.add_argument("--out", type=Path, required=True, help="run directory (a rerun continues it, retrying error rows)")
     add_level_option(p)
     add_device_option(p)

@@ -299,3 +299,11 @@ def _kernelbench_default() -> Path | None:
         if path and (Path(path) / "kernelbench.jsonl").exists():
             return Path(path) / "kernelbench.jsonl"
     return None
+
+
+def add_language_option(p: argparse.ArgumentParser) -> None:
+    from cuda_agent.candidates.triton import LANGUAGES
+
+    p.add_argument("--language", choices=LANGUAGES, default=None,
+                   help="the candidate's language: cuda (a C++/CUDA extension) or triton (model_new.py launching "
+                        "@triton.jit kernels); default: read from its sources")

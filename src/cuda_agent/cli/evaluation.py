@@ -9,14 +9,17 @@ import threading
 
 from cuda_agent.build import build, compile_only
 from cuda_agent.candidates import Candidate, load_candidate
+from cuda_agent.candidates.triton import TRITON_COMPILE_NOTE
 from cuda_agent.cli.common import (EXIT_CODES, GIB, USER_ERRORS, StageProgress, _memory_limit, _plural, _retry,
     _status_line, _timeouts, add_cache_option, add_device_option, add_memory_option, add_policy_option,
-    add_retries_option, add_sandbox_option, add_timeout_option, add_verbose_option, exit_status, say)
+    add_language_option, add_retries_option, add_sandbox_option, add_timeout_option, add_verbose_option, exit_status,
+    say)
 from cuda_agent.evaluate import Evaluator, Policy, TimingConfig, resolve_device
 from cuda_agent.evaluate.counters import times_of, unavailable
 from cuda_agent.evaluate.counters_run import find_ncu
 from cuda_agent.evaluate.evaluator import default_memory_limit
 from cuda_agent.evaluate.result import BUSY, BUSY_ADVICE, EvalResult
+from cuda_agent.guard import check_candidate
 from cuda_agent.paths import EXAMPLES
 from cuda_agent.tasks import load_task
 
@@ -28,7 +31,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     progress = StageProgress(verbose=args.verbose, silent=args.json)
     try:
         task = load_task(args.task)
-        candidate = load_candidate(args.candidate)
+        candidate = load_candidate(args.candidate, language=args.language)
         overrides = {k: getattr(args, k) for k in ("checks", "atol", "rtol", "reward") if getattr(args, k) is not None}
         policy = Policy.preset(args.policy, **overrides)
         timing = TimingConfig(method=args.timing)
@@ -133,7 +136,11 @@ def _remote_evaluator(args: argparse.Namespace, policy: Policy):
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
-    candidate = load_candidate(args.candidate)
+    candidate = load_candidate(args.candidate, language=args.language)
+    if candidate.language == "triton":
+        problems = check_candidate(candidate, Policy().code_policy())
+        print("\n".join(v.describe() for v in problems) or f"ok: {TRITON_COMPILE_NOTE}")
+        return 1 if problems else 0
     backend, why = _compile_backend(args.backend, candidate)
     # Where `eval` on this machine would build for the same backend, build as it does (compile and link):
     # the same cache key, so the eval that follows starts from the cached build. Elsewhere (CUDA sources on
@@ -201,7 +208,7 @@ def cmd_example(args: argparse.Namespace) -> int:
         task=str(root / "model.py"), candidate=str(root / "solution"), device=device, policy="fair",
         checks=None, atol=None, rtol=None, reward=None, timing="auto", cache_dir=args.cache_dir,
         no_compile=False, json=args.json, sandbox=args.sandbox, timeout=args.timeout, remote=None, counters=False,
-        memory_limit=args.memory_limit, retries=args.retries, verbose=args.verbose,
+        memory_limit=args.memory_limit, retries=args.retries, verbose=args.verbose, language=None,
     )
     return cmd_eval(ns)
 
@@ -212,6 +219,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "build, verify, time against eager and torch.compile, reward.", epilog=EXIT_CODES)
     p.add_argument("task", help="the task: a .py file (KernelBench format), or TABLE#LEVEL/ID / TABLE#NAME")
     p.add_argument("candidate", help="candidate directory (model_new.py + kernels/) or KernelBench-style .py")
+    add_language_option(p)
     add_device_option(p)
     add_policy_option(p)
     p.add_argument("--checks", type=int, default=None, help="verification checks on fresh inputs (default: the "
@@ -243,6 +251,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("compile", help="compile-only check of a candidate's sources (no GPU needed); warms the "
                                        "build cache eval uses")
     p.add_argument("candidate", help="candidate directory (model_new.py + kernels/) or KernelBench-style .py")
+    add_language_option(p)
     p.add_argument("--backend", default="auto", choices=("auto", "cpu", "cuda"),
                    help="auto (default): cuda where a CUDA GPU is visible or the candidate has .cu sources, else "
                         "cpu; cuda compiles with nvcc without a GPU (C++ binding files need a CUDA build "

@@ -62,7 +62,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
     config = SynthConfig(n=args.n, out=args.out, device=device, composer=args.composer,
                          seed=args.seed, workers=args.workers, window_ms=tuple(args.window_ms) if args.window_ms else None,
                          max_candidates=args.max_candidates, kernelbench=kernelbench, sandbox=args.sandbox,
-                         ray=args.ray, cache_dir=args.cache_dir,
+                         ray=args.ray, cache_dir=args.cache_dir, language=args.language,
                          **({"timeout_s": args.timeout} if args.timeout is not None else {}))
     catalog = default_catalog(transformers=not args.no_transformers)
     summary = synthesize(config, catalog, progress=not args.quiet, **llm)
@@ -178,6 +178,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="where the screeners keep torch.compile's cache, DIR/inductor, shared with evaluations "
                         "and later runs (default: $CUDA_AGENT_CACHE, else ~/.cache/cuda-agent)")
     add_sandbox_option(p)
+    p.add_argument("--language", default="cuda", choices=("cuda", "triton"),
+                   help="the kernels the tasks are for (default cuda; a column of tasks.jsonl, which prompts made "
+                        "from it follow)")
     p.set_defaults(func=cmd_synth, kept=_continue(lambda a: f"verdicts and accepted tasks so far are in {a.out}"))
 
     p = sub.add_parser("baselines", help="time eager and torch.compile for every task here (resumable table)")

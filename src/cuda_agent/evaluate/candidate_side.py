@@ -19,6 +19,7 @@ from cuda_agent.evaluate.regions import CHECK_REGION, Ringer
 from cuda_agent.evaluate.shared import SharedBuffer, SharedError
 from cuda_agent.evaluate.profiling import profile_call
 from cuda_agent.evaluate.transfer import TransferError, write_outputs
+from cuda_agent.evaluate.triton_runtime import prepare_triton
 from cuda_agent.evaluate.vmm import VmmError, spans as vmm_spans
 from cuda_agent.sandbox.nothreads import forbid_new_tasks
 from cuda_agent.sandbox.process import receive_fd
@@ -80,6 +81,11 @@ class CandidateSide(_Side):
                 if msg.bell_regions and self.ringer is not None:
                     self.ringer.fail(0xFFFFFFFF)  # the evaluator waits for brackets no more: this reply says why
                 raise
+            triton = None
+            if msg.language == "triton":
+                # Triton's own start-up (on a GPU it runs the C compiler and asks tools their versions) is the
+                # harness's, before the ban and before the guard's snapshot.
+                triton = prepare_triton(self.device, msg.triton_kernels)
             self.guard = CallGuard(msg.allowed_aten or ())
             if self.ban_threads:
                 # The last moment before the candidate's code: the task program and the no-op regions have
@@ -88,7 +94,7 @@ class CandidateSide(_Side):
                 self.thread_ban = forbid_new_tasks() or "on"
             self.guard.watch_quiet(lambda: self._load_candidate(msg), "while model_new.py was imported")
             self.guard.verify_harness("while model_new.py was imported")
-            reply = {"thread_ban": self.thread_ban}
+            reply = {"thread_ban": self.thread_ban} | ({"triton": triton} if triton else {})
             return reply | ({"bell_ms": bell_ms, "bell_tail_ms": bell_tail_ms} if bell_ms is not None else {})
         if op == "weights":
             # A separate step so the candidate can load while the reference still builds Model.

@@ -122,3 +122,6 @@ class Evaluation:
     brackets: CandidateBrackets | None = None  # the candidate's region brackets (TimingConfig.brackets)
     gpu_quiet: GpuQuiet | None = None  # judges the reference's quiet probes (a GPU's evaluations)
     call_bytes: int = 0  # a call's inputs and output as the reference drew and computed them (the checks)
+    language: str = "cuda"  # the candidate's (``candidates.triton``)
+    triton_kernels: Path | None = None  # a Triton candidate on a GPU: its build stage's kernels, copied into the job
+    kernel_names: frozenset[str] = frozenset()  # a Triton candidate's kernels (``candidates.triton.triton_kernels``)

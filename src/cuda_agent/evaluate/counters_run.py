@@ -20,6 +20,7 @@ from cuda_agent.evaluate.counters import (
 )
 from cuda_agent.evaluate.processes import copy_modules, new_job
 from cuda_agent.evaluate.protocol import LoadRequest
+from cuda_agent.evaluate.triton_build import triton_kernels_of
 from cuda_agent.guard.attribution import AttributionError, extension_kernels, own_matcher
 from cuda_agent.paths import PACKAGE_ROOT, worker_env
 from cuda_agent.sandbox import Limits, run_command
@@ -44,7 +45,9 @@ def profile_counters(setup: Setup, task: Task, candidate: Candidate, times: dict
                      built: BuildResult, raw_to: Path | None, ncu: str) -> CounterReport:
     """The profile run of ``Evaluator.counters``, for a candidate that built (``built.ok``)."""
     try:
-        own = extension_kernels([Path(p) for p in built.modules.values()])
+        # A Triton candidate's kernels are named after its @triton.jit functions (it compiles them itself here).
+        own = (frozenset(triton_kernels_of(candidate)) if candidate.language == "triton"
+               else extension_kernels([Path(p) for p in built.modules.values()]))
     except AttributionError:
         own = frozenset()  # every kernel then shows as library/other; the counters still stand
     job = new_job(setup.work_dir, "cuda-agent-counters-")

@@ -43,6 +43,9 @@ from cuda_agent.evaluate.device_lock import HUNGRY_SHARE, MEMORY_HUNGRY, DeviceL
 from cuda_agent.evaluate.environment import describe_environment
 from cuda_agent.evaluate.policy import Policy, TimingConfig
 from cuda_agent.evaluate.timing import flush_bytes
+from cuda_agent.evaluate.triton_build import (
+    build_launcher, compile_triton, copy_kernels, triton_kernels_of, triton_own_kernels,
+)
 from cuda_agent.evaluate.processes import (
     SPARE_CANDIDATES, Workers, close_all, copy_modules, spares_stopped, start_workers, take_workers,
 )
@@ -129,6 +132,7 @@ class Evaluator:
         self._probe_imports: frozenset[str] | None = None
         self._probe: BuildResult | None = None
         self._probe_lock = threading.Lock()
+        self._triton_launcher: Path | None = None  # Triton's launcher module, built by the harness (``triton_build``)
         # With ``prestart``, each evaluation ends by topping up the candidate processes started ahead
         # (torch imported, CUDA up: a process takes longer to start than a warm evaluation takes, so
         # back-to-back evaluations need several in flight; docs/CONSTANTS.md); close() stops them.
@@ -384,7 +388,14 @@ class Evaluator:
         # theirs and times it alone (on the CPU backend its compiles use the device too: ``build``).
         built = self._built(candidate, build_result, result)
         with shared_use(setup.timing_lock):
-            self._evaluate_built(task, candidate, built, result, timed, setup, code_policy)
+            kernels = None
+            if candidate.language == "triton":
+                # Triton compiles and autotunes here, on the task's shapes, never in the evaluated process; on the
+                # device side by side with other evaluations, as the rest of this one, never during their timing.
+                kernels = compile_triton(setup, task, candidate, result)
+                if kernels is not None:
+                    self._triton_launcher = self._triton_launcher or build_launcher(setup)
+            self._evaluate_built(task, candidate, built, result, timed, setup, code_policy, kernels)
 
     def _built(self, candidate: Candidate, build_result: BuildResult | None, result: EvalResult) -> BuildResult:
         clock = time.monotonic()
@@ -398,8 +409,8 @@ class Evaluator:
         return built
 
     def _evaluate_built(self, task: Task, candidate: Candidate, built: BuildResult, result: EvalResult, timed: bool,
-                        setup: Setup, code_policy: CodePolicy) -> None:
-        if self.policy.static_checks:
+                        setup: Setup, code_policy: CodePolicy, triton_kernels: Path | None = None) -> None:
+        if self.policy.static_checks and built.modules:
             self._refuse(audit_symbols([Path(p) for p in built.modules.values()], code_policy,
                                        self.toolchain_imports()), result, "built extension: ")
 
@@ -420,7 +431,10 @@ class Evaluator:
                 brackets = CandidateBrackets.open(workers.candidate, setup.device,
                                                   setup.policy.writes_inputs(setup.device))
             run = Evaluation(setup, task, result, job, reference, Channel(workers.candidate, "candidate"), fresh,
-                             brackets)
+                             brackets, language=candidate.language,
+                             kernel_names=frozenset(triton_kernels_of(candidate)),
+                             triton_kernels=copy_kernels(triton_kernels, job, self._triton_launcher)
+                             if triton_kernels else None)
             self._run(run, built, copy_modules(built, job), timed)
         finally:
             if brackets is not None:
@@ -462,7 +476,8 @@ class Evaluator:
         """The pipeline after the build: load, verify, time, check the timed outputs, decide. The watchers
         are asked between stages, about what the candidate did since they last looked."""
         setup, result = run.setup, run.result
-        own = own_kernels(setup, built, result)
+        own = (own_kernels(setup, built, result) if run.language == "cuda"
+               else triton_own_kernels(setup, run.kernel_names))
         signals, threads, integrity = self._load(run, modules)
         # One spare is started now, once this evaluation's own processes are up, not only as it ends: the next
         # evaluation takes the oldest spare at once, and one started at the end is the one it would wait for
@@ -549,7 +564,10 @@ class Evaluator:
                                     f"{ready.gpu_export}")
             calibrating = brackets.calibration_fields(bracket_hold(setup), setup.timing.to_dict())
         candidate.send("load", LoadRequest(**setup.task_message(run.task, run.job, reference.init_seed),
-                                           model_new_file=str(run.job / "model_new.py"), modules=modules, **calibrating))
+                                           model_new_file=str(run.job / "model_new.py"), modules=modules,
+                                           language=run.language,
+                                           triton_kernels=str(run.triton_kernels) if run.triton_kernels else None,
+                                           **calibrating))
         # The no-op regions run once the task is loaded in the candidate's process, before its code is, and
         # once the reference has loaded: a reference importing, compiling and warming up beside them (on the host's
         # cores and on the GPU) spreads their brackets by up to milliseconds, which would loosen every later region's
@@ -578,6 +596,8 @@ class Evaluator:
         except OSError:
             shutil.copy2(reference.state_dict, weights)
         loaded = candidate.receive_typed("load", LoadReply, setup.timeouts.load_s)
+        if loaded.triton:
+            result.notes.append(f"Triton: {loaded.triton}")
         if loaded.thread_ban == "on":
             result.notes.append("new threads and processes of the candidate's code refused by the kernel from its load on "
                                 "(seccomp: the process ends)")

@@ -51,6 +51,8 @@ class LoadRequest(_Request):
     warm: ExpectRequest | None = None  # reference: one expected output computed and dropped
     model_new_file: str | None = None  # candidate
     modules: dict[str, str] | None = None  # candidate: extension name -> built file
+    language: str = "cuda"  # candidate: "triton" sets Triton up before its code loads (``evaluate.triton_runtime``)
+    triton_kernels: str | None = None  # candidate, Triton on a GPU: the build stage's kernel cache, copied into the job
     # candidate: no-op regions through the brackets once the task is loaded and before its code is, which
     # tell the evaluator what the brackets cost (region_clock.Overhead), with this hold and seed
     bell_regions: int = 0
@@ -367,6 +369,7 @@ class LoadReply(_Reply):
     device_bytes: int = 0  # reference: its GPU's memory (0: the CPU backend), what sizes a region's calls
     output_bytes: int = 0  # reference: its warm call's output, what says a task is memory-hungry (``HUNGRY_SHARE``)
     thread_ban: str | None = None  # candidate: whether the kernel ends it on a new thread or process (``sandbox.nothreads``)
+    triton: str | None = None  # candidate, a Triton one: how Triton runs in its process (``evaluate.triton_runtime``)
 
 
 @dataclass(frozen=True)

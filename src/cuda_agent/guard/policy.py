@@ -27,6 +27,11 @@ STATIC_RULES: dict[str, str] = {
     "library": "a vendor library (cuBLAS, cuDNN, cuFFT, ...) the policy does not allow",
     "token-paste": "preprocessor or namespace tricks that hide a name from the scan (##, aliasing macros, using-directives)",
     "build-flag": "a compiler or linker flag beyond what a kernel needs (macros, forced includes, link tricks)",
+    "triton-api": "a Triton name beyond writing and launching kernels (jit, language, autotune, Config, heuristics, "
+    "cdiv, next_power_of_2): Triton's compiler, runtime, driver, cache and knobs are the harness's",
+    "triton-kernel": "a Triton kernel body reads something other than triton.language, its arguments, module "
+    "constants and other kernels, holds a statement Triton's compiler refuses, or reaches the interpreter's host "
+    "values (under the interpreter it would run host Python)",
     "cache-control": "L2 persistence controls (persisting-L2 limit, access policy windows) that keep data "
     "cached across the flush before each timed call",
 }
@@ -65,6 +70,10 @@ RUNTIME_RULES: dict[str, str] = {
     "memory": "the candidate's process ran out of the memory it is allowed (Evaluator memory_limit)",
     "state-dict": "Model's state dict does not load into ModelNew",
     "interface": "model_new.py does not define ModelNew",
+    "triton-compile": "a Triton kernel the build stage did not compile for this launch (another shape, dtype or "
+    "specialisation, or a kernel first launched in a timed call): the candidate's process only loads kernels",
+    "triton-autotune": "Triton autotuning in the candidate's process (configs are chosen in the build stage, on the "
+    "task's shapes; benchmarking configs on the evaluated inputs is not the candidate's to do)",
     "harness": "the candidate cannot be run by the harness's protocol (extension not loadable, unknown "
     "load_inline name, a timing run cut short)",
 }

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from cuda_agent.guard import names as N
 from cuda_agent.guard.policy import CodePolicy, Violation
+from cuda_agent.guard.tritoncheck import check_kernels, kernel_functions, triton_api_problem
 
 EXT = "<ext>"
 CONTAINER = "{c}"
@@ -41,12 +42,14 @@ _MAX_DEPTH = 24
 _MAX_PATHS = 32
 
 
-def check_python(source: str, filename: str, policy: CodePolicy) -> list[Violation]:
+def check_python(source: str, filename: str, policy: CodePolicy, triton: bool = False) -> list[Violation]:
+    """``triton``: the file is a Triton candidate's, which may import Triton's kernel-writing API and whose kernel
+    bodies are checked too (``guard.tritoncheck``)."""
     try:
         tree = ast.parse(source, filename=filename)
     except SyntaxError as exc:
         return [Violation("syntax", filename, exc.lineno, f"does not parse: {exc.msg}")]
-    return _Checker(tree, filename, policy).run()
+    return _Checker(tree, filename, policy, triton).run()
 
 
 # -- paths ---------------------------------------------------------------------------
@@ -386,10 +389,12 @@ def _grown(method: str, call: ast.Call) -> list[ast.expr]:
 
 
 class _Checker:
-    def __init__(self, tree: ast.Module, filename: str, policy: CodePolicy):
+    def __init__(self, tree: ast.Module, filename: str, policy: CodePolicy, triton: bool = False):
         self.tree = tree
         self.filename = filename
         self.policy = policy
+        self.triton = triton
+        self.kernels = {fn.name for fn in kernel_functions(tree)} if triton else set()
         self.extension_modules = {N.WORKSPACE_EXTENSION} | _load_inline_names(tree)
         self.index = _Index(tree, self.extension_modules)
         self.parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
@@ -399,6 +404,8 @@ class _Checker:
         self._check_imports()
         self._check_everywhere()
         self._check_forward()
+        if self.triton:
+            self.violations += check_kernels(self.tree, self.filename)
         return self.violations
 
     def report(self, rule: str, node: ast.AST | None, message: str) -> None:
@@ -428,7 +435,7 @@ class _Checker:
             return
         if root == "cuda_agent":
             self.report("forbidden-import", node, f"import of {module}: the harness is not the candidate's to use")
-        elif root in N.ALLOWED_IMPORT_ROOTS:
+        elif root in N.ALLOWED_IMPORT_ROOTS or (self.triton and root == "triton"):
             self._classify_path(self.index.module_path(full or module), node)
         else:
             rule = N.IMPORT_RULES.get(root, "forbidden-import")
@@ -516,6 +523,10 @@ class _Checker:
             self._classify_os(path, node)
         elif _matches(path, "sys.modules"):
             self.report("frame-access", node, "sys.modules reaches every loaded module")
+        elif self.triton and _matches(path, "triton"):
+            problem = triton_api_problem(path)
+            if problem:
+                self.report("triton-api", node, problem)
 
     def _classify_torch(self, path: str, node: ast.AST) -> None:
         segments = _segments(path)
@@ -614,6 +625,8 @@ class _Checker:
         if path.startswith(("<def:", "<method:")) and path.endswith(">()"):
             path = path[:-2]  # what a local function returns may be called: look inside it
         if path.startswith("<def:") and path.endswith(">"):
+            if path[5:-1] in self.kernels:
+                return None  # a Triton kernel's body is Triton, not host Python: guard.tritoncheck reads it
             return (None, index.functions[path[5:-1]])
         if path.startswith("<lambda:") and path.endswith(">"):
             return (None, index.lambdas[int(path[8:-1])])

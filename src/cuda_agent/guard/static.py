@@ -25,9 +25,10 @@ _FLAG_PREFIXES = (
 )
 
 
-def check_model_new(source: str, filename: str = "model_new.py", policy: CodePolicy = CodePolicy()) -> list[Violation]:
-    """Policy violations in a candidate's Python file (see ``RULES``)."""
-    return sorted_unique(check_python(source, filename, policy))
+def check_model_new(source: str, filename: str = "model_new.py", policy: CodePolicy = CodePolicy(),
+                    triton: bool = False) -> list[Violation]:
+    """Policy violations in a candidate's Python file (see ``RULES``); ``triton`` for a Triton candidate's."""
+    return sorted_unique(check_python(source, filename, policy, triton))
 
 
 def check_native_source(source: str, filename: str, policy: CodePolicy = CodePolicy()) -> list[Violation]:
@@ -44,7 +45,7 @@ def check_candidate(candidate: Candidate, policy: CodePolicy = CodePolicy()) -> 
     ``<module>/cuda.cu``, lines counted in those generated files.
     """
     model_name = "model_new.py" if candidate.kind == "workspace" else candidate.origin.rsplit("/", 1)[-1]
-    found = check_python(candidate.model_new, model_name, policy)
+    found = check_python(candidate.model_new, model_name, policy, triton=candidate.language == "triton")
     for extension in candidate.extensions:
         sources = _own_sources(extension)
         # Functions one file declares may be called unqualified from another.

@@ -33,6 +33,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from cuda_agent.agent.commands import Evaluation
 from cuda_agent.agent.session import AgentConfig, EpisodeSession, SessionOutcome
 from cuda_agent.evaluate.result import no_reward_reason
+from cuda_agent.candidates.triton import check_language
 from cuda_agent.tasks import Task, load_tasks
 from cuda_agent.tasks.rows import TASK_COLUMNS, task_columns, task_from_row
 from cuda_agent.train.evaluators import EvaluatorOptions
@@ -40,35 +41,53 @@ from cuda_agent.train.single_turn import (FAILURE_REWARD, SingleTurnOutcome, com
                                           single_turn_messages)
 
 __all__ = ["FAILURE_REWARD", "TASK_COLUMNS", "EvaluatorOptions", "ToolEpisode", "completion_text", "feedback",
-           "load_task_rows", "rollout_metrics", "score_completion", "score_completions", "score_outcomes", "shareable",
-           "single_turn_messages", "task_columns", "task_from_row"]
+           "load_task_rows", "rollout_metrics", "row_language", "score_completion", "score_completions",
+           "score_outcomes", "shareable", "single_turn_messages", "task_columns", "task_from_row"]
 
 
-def load_task_rows(source: str | Path, levels: Iterable[int] | None = None) -> list[dict[str, Any]]:
+def load_task_rows(source: str | Path, levels: Iterable[int] | None = None,
+                   language: str | None = None) -> list[dict[str, Any]]:
     """Every task of ``source`` (a task file, a folder of them, a KernelBench tree, JSONL/parquet, a hub
-    dataset: ``tasks.load_tasks``) as rows: the single-turn ``prompt`` (chat messages) and the task columns."""
-    return [{"prompt": single_turn_messages(task), **task_columns(task)} for task in load_tasks(source, levels)]
+    dataset: ``tasks.load_tasks``) as rows: the single-turn ``prompt`` (chat messages) asking for kernels in
+    ``language`` (None: the language a synthesised task names, else cuda), the task columns and ``language``
+    (which the rewards read back: ``row_language``)."""
+    rows = []
+    for task in load_tasks(source, levels):
+        wanted = language or row_language(task.metadata)
+        rows.append({"prompt": single_turn_messages(task, wanted), **task_columns(task), "language": wanted})
+    return rows
+
+
+def row_language(row: Mapping[str, Any]) -> str:
+    """The kernel language a row asks for (``cuda`` where it says none); an unknown one is an error naming it."""
+    language = row.get("language") or "cuda"
+    check_language(language)
+    return language
 
 
 def score_completions(tasks: Sequence[Task], completions: Sequence[Any], options: EvaluatorOptions,
-                      workers: int = 4) -> list[float | None]:
+                      workers: int = 4, languages: Sequence[str | None] | None = None) -> list[float | None]:
     """The single-turn reward of each completion for its task (the failure reward when it writes no usable
     candidate, None without a verdict), ``workers`` at a time: builds and checks overlap; timed regions never
     do (one timing lock, or the service's scheduling)."""
-    return [outcome.reward for outcome in score_outcomes(tasks, completions, options, workers)]
+    return [outcome.reward for outcome in score_outcomes(tasks, completions, options, workers, languages)]
 
 
 def score_outcomes(tasks: Sequence[Task], completions: Sequence[Any], options: EvaluatorOptions,
-                   workers: int = 4) -> list[SingleTurnOutcome]:
+                   workers: int = 4, languages: Sequence[str | None] | None = None) -> list[SingleTurnOutcome]:
     """``score_completions`` with each outcome whole: its reward and the reason (a no-verdict's among them). The
-    same reply to the same task is evaluated once and shares its outcome (a group of samples often repeats one)."""
+    same reply to the same task is evaluated once and shares its outcome (a group of samples often repeats one).
+    ``languages``: the kernel language each completion was asked for (None: read from the reply)."""
     if len(tasks) != len(completions):
         raise ValueError(f"{len(tasks)} tasks for {len(completions)} completions")
-    keys = [(task.digest, completion_text(completion)) for task, completion in zip(tasks, completions)]
-    first = {key: (task, completion) for key, task, completion in reversed(list(zip(keys, tasks, completions)))}
+    asked = list(languages) if languages is not None else [None] * len(tasks)
+    keys = [(task.digest, completion_text(completion), language)
+            for task, completion, language in zip(tasks, completions, asked)]
+    first = {key: (task, completion, language)
+             for key, task, completion, language in reversed(list(zip(keys, tasks, completions, asked)))}
 
-    def one(pair: tuple[Task, Any]) -> SingleTurnOutcome:
-        return score_completion(*pair, options)
+    def one(item: tuple[Task, Any, str | None]) -> SingleTurnOutcome:
+        return score_completion(item[0], item[1], options, item[2])
 
     if options.evaluator is not None and not shareable(options.evaluator):
         workers = 1  # a local Evaluator keeps per-evaluation processes: one caller at a time

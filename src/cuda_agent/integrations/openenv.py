@@ -62,6 +62,7 @@ except ImportError as exc:  # pragma: no cover - the message is the point
     raise ImportError(f"the OpenEnv adapter needs openenv ({exc}): {install_hint('openenv')}") from exc
 
 from cuda_agent.agent.session import AgentConfig
+from cuda_agent.candidates.triton import LANGUAGES
 from cuda_agent.integrations.core import EvaluatorOptions, ToolEpisode, score_completion, single_turn_messages
 from cuda_agent.integrations.tool_functions import tool_function, tool_schemas
 from cuda_agent.tasks import Task, TaskError, load_tasks
@@ -350,15 +351,16 @@ class KernelReplyEnv(_OverTasks, Environment[ReplyAction, KernelObservation, Ker
 
     SUPPORTS_CONCURRENT_SESSIONS = True
 
-    def __init__(self, tasks: Sequence[Task], options: EvaluatorOptions | None = None):
+    def __init__(self, tasks: Sequence[Task], options: EvaluatorOptions | None = None, language: str = "cuda"):
         super().__init__()
         self._set_tasks(tasks, options)
+        self.language = language  # the kernels the prompt asks for and the reply must be in
 
     def reset(self, seed: Optional[int] = None, episode_id: Optional[str] = None, task: Optional[str] = None,
               **kwargs: Any) -> KernelObservation:
         """The single-turn prompt of ``task`` (a name), else the ``seed``-th task, else the next task in turn."""
         name = self._pick(task, seed)
-        messages = single_turn_messages(self.tasks[name])
+        messages = single_turn_messages(self.tasks[name], self.language)
         self._state = KernelState(episode_id=episode_id or uuid.uuid4().hex[:12], step_count=0, task=name)
         return KernelObservation(content=messages[-1]["content"], task=name, messages=messages)
 
@@ -366,7 +368,7 @@ class KernelReplyEnv(_OverTasks, Environment[ReplyAction, KernelObservation, Ker
         if not self._state.task or self._state.done:
             raise RuntimeError("no episode in progress: call reset first")
         self._state.step_count += 1
-        outcome = score_completion(self.tasks[self._state.task], action.reply, self.options)
+        outcome = score_completion(self.tasks[self._state.task], action.reply, self.options, self.language)
         self._state.done, self._state.reward, self._state.reason = True, outcome.reward, outcome.reason
         return KernelObservation(content=f"evaluation: {outcome.reason}", task=self._state.task,
                                  status=outcome.status, done=True, reward=outcome.reward,
@@ -441,7 +443,8 @@ def make_app(tasks: Sequence[Task], options: EvaluatorOptions | None = None, *, 
                                   CallToolAction, KernelToolObservation, max_concurrent_envs=max_sessions,
                                   env_name=ENV_NAME, state_cls=KernelState)
     if single_turn:
-        return create_fastapi_app(lambda: KernelReplyEnv(tasks, options), ReplyAction, KernelObservation,
+        language = config.language if config is not None else "cuda"
+        return create_fastapi_app(lambda: KernelReplyEnv(tasks, options, language), ReplyAction, KernelObservation,
                                   max_concurrent_envs=max_sessions, env_name=ENV_NAME, state_cls=KernelState)
 
     def factory() -> KernelEnv:
@@ -498,12 +501,15 @@ def main(argv: list[str] | None = None, prog: str = "python -m cuda_agent.integr
     mode.add_argument("--mcp", action="store_true",
                       help="the tools as MCP tools (KernelToolEnv, OpenEnv's tool-environment convention), as the "
                            "OpenEnv package serves them")
+    serve.add_argument("--language", default="cuda", choices=LANGUAGES,
+                       help="the kernels episodes ask for: cuda (C++/CUDA extensions) or triton")
     args = parser.parse_args(argv)
     import uvicorn
 
     options = EvaluatorOptions(args.service, args.device, args.policy, args.sandbox)
     app = make_app(load_tasks(args.tasks, args.levels or None), options, max_sessions=args.max_sessions,
-                   max_steps=args.max_steps, single_turn=args.single_turn, mcp=args.mcp)
+                   max_steps=args.max_steps, single_turn=args.single_turn, mcp=args.mcp,
+                   config=AgentConfig(language=args.language))
     uvicorn.run(app, host=args.host, port=args.port)
     return 0
 

@@ -41,6 +41,7 @@ Multi-turn::
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -55,9 +56,9 @@ except ImportError as exc:  # pragma: no cover - the message is the point
     from cuda_agent.paths import install_hint
     raise ImportError(f"the TRL adapter needs trl and datasets ({exc}): {install_hint('trl')}") from exc
 
-from cuda_agent.agent.session import SYSTEM_PROMPT, AgentConfig
+from cuda_agent.agent.session import SYSTEM_PROMPT, TRITON_SYSTEM_PROMPT, AgentConfig
 from cuda_agent.integrations.core import (FAILURE_REWARD, TASK_COLUMNS, EvaluatorOptions, ToolEpisode, load_task_rows,
-                                          score_outcomes, shareable, task_from_row)
+                                          row_language, score_outcomes, shareable, task_from_row)
 from cuda_agent.integrations.tool_functions import tool_function, tool_schemas
 from cuda_agent.train.evaluators import options_from_settings
 
@@ -66,14 +67,17 @@ WORKERS_ENV = "CUDA_AGENT_REWARD_WORKERS"  # evaluations at once per reward call
 
 
 def tasks_to_dataset(source: str | Path, *, levels: Iterable[int] | None = None,
-                     multi_turn: bool = False) -> "datasets.Dataset":
+                     multi_turn: bool = False, language: str | None = None) -> "datasets.Dataset":
     """The tasks of ``source`` as TRL's prompt dataset (conversational format). Single-turn: the prompt asks for
     the whole solution in one reply. ``multi_turn``: the prompt is our system prompt and an empty user message;
-    the environment's ``reset`` fills the user message with SKILL.md and the task, as our loop's opens."""
-    rows = load_task_rows(source, levels)
+    the environment's ``reset`` fills the user message with SKILL.md and the task, as our loop's opens.
+    ``language``: the kernels asked for (``cuda`` or ``triton``; None: as each task says, else cuda), a column
+    the reward and environment read."""
+    rows = load_task_rows(source, levels, language)
     if multi_turn:
         for row in rows:
-            row["prompt"] = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": ""}]
+            system = TRITON_SYSTEM_PROMPT if row["language"] == "triton" else SYSTEM_PROMPT
+            row["prompt"] = [{"role": "system", "content": system}, {"role": "user", "content": ""}]
     return datasets.Dataset.from_list(rows)
 
 
@@ -95,7 +99,9 @@ class KernelReward:
     def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **columns: Any) -> list[float | None]:
         keys = [k for k in (*TASK_COLUMNS, "extra_info") if k in columns]
         tasks = [task_from_row({k: columns[k][i] for k in keys}) for i in range(len(completions))]
-        outcomes = score_outcomes(tasks, completions, self.options, workers=self.workers)
+        languages = [row_language({"language": columns["language"][i]}) if "language" in columns else None
+                     for i in range(len(completions))]
+        outcomes = score_outcomes(tasks, completions, self.options, workers=self.workers, languages=languages)
         for task, outcome in zip(tasks, outcomes):
             if outcome.no_verdict:
                 self.no_verdict += 1
@@ -190,7 +196,8 @@ class KernelEnvironment:
         """Start the episode of the row's task (the previous one, if any, is closed): the user message our loop
         opens with (SKILL.md, the task, the workspace)."""
         self._close()
-        self.episode = ToolEpisode(task_from_row(row), self.options, self.config, self.workdir)
+        config = dataclasses.replace(self.config, language=row_language(row))
+        self.episode = ToolEpisode(task_from_row(row), self.options, config, self.workdir)
         messages = self.episode.open()
         return messages[-1]["content"]
 

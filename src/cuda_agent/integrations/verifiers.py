@@ -143,6 +143,8 @@ class KernelHarnessConfig(vf.HarnessConfig):
     max_output_chars: int = 20_000
     workdir: str | None = None
     """Where episodes' scratch folders go (default: the system's temporary folder)."""
+    language: str = "cuda"
+    """The kernels episodes ask for: cuda (C++/CUDA extensions) or triton."""
 
 
 class KernelHarness(vf.Harness[KernelHarnessConfig]):
@@ -179,8 +181,8 @@ class KernelHarness(vf.Harness[KernelHarnessConfig]):
     async def _single_turn(self, task, model: str, endpoint: str, secret: str, trace: vf.Trace) -> vf.ProgramResult:
         """One model call through the interception (the single-turn prompt, no tools), its reply scored."""
         backend = OpenAIChat(model, base_url=endpoint, api_key=secret)
-        reply = await asyncio.to_thread(backend.complete, single_turn_messages(task), [])
-        outcome = await asyncio.to_thread(score_completion, task, reply.content, self._options())
+        reply = await asyncio.to_thread(backend.complete, single_turn_messages(task, self.config.language), [])
+        outcome = await asyncio.to_thread(score_completion, task, reply.content, self._options(), self.config.language)
         trace.state.reward = outcome.reward
         trace.state.status = outcome.status
         trace.state.end_reason = "single_turn"
@@ -197,7 +199,7 @@ class KernelHarness(vf.Harness[KernelHarnessConfig]):
         # The interception sets the model, sampling and limits itself; the loop only speaks to it.
         backend = OpenAIChat(model, base_url=endpoint, api_key=secret)
         agent = AgentConfig(max_turns=config.max_turns, command_timeout_s=config.command_timeout_s,
-                            max_output_chars=config.max_output_chars)
+                            max_output_chars=config.max_output_chars, language=config.language)
         with options.lend() as evaluator, tempfile.TemporaryDirectory(prefix="cuda-agent-vf-",
                                                                        dir=config.workdir) as where:
             return run_episode(task, backend, evaluator, Path(where), config=agent, model=model,

@@ -15,6 +15,7 @@ from typing import Any
 
 from cuda_agent.candidates import Candidate, check_candidate
 from cuda_agent.candidates.candidate import MAX_EXTENSIONS, MAX_SOURCE_BYTES, Extension
+from cuda_agent.candidates.triton import LANGUAGES
 from cuda_agent.tasks import Task
 
 __all__ = ["TOKEN_ENV", "OPS", "ERROR_KINDS", "task_to_wire", "MAX_NAME_CHARS", "task_from_wire", "candidate_to_wire",
@@ -48,7 +49,8 @@ def task_from_wire(data: dict[str, Any]) -> Task:
 
 def candidate_to_wire(candidate: Candidate) -> dict[str, Any]:
     return {"model_new": candidate.model_new, "kind": candidate.kind, "origin": candidate.origin,
-            "notes": list(candidate.notes), "extensions": [dataclasses.asdict(e) for e in candidate.extensions]}
+            "notes": list(candidate.notes), "extensions": [dataclasses.asdict(e) for e in candidate.extensions],
+            "language": candidate.language}
 
 
 def candidate_from_wire(data: dict[str, Any]) -> Candidate:
@@ -70,11 +72,16 @@ def candidate_from_wire(data: dict[str, Any]) -> Candidate:
             raise ValueError("a candidate extension's cflags, cuda_cflags and ldflags are lists of strings")
         extensions.append(Extension(name=e["name"], sources=dict(e["sources"]),
                                     **{k: tuple(v) for k, v in flags.items()}))
+    language = data.get("language", "cuda")
+    if language not in LANGUAGES:
+        raise ValueError(f"a job's candidate language must be one of {', '.join(LANGUAGES)}, "
+                         f"got {str(language)[:40]!r}")
     notes = data.get("notes", ())
     if not isinstance(notes, (list, tuple)) or len(notes) > 64 or not all(isinstance(n, str) for n in notes):
         raise ValueError("a job's candidate notes are a list of at most 64 strings")
     return check_candidate(Candidate(model_new=data["model_new"], extensions=tuple(extensions), kind=data["kind"],
-                                     origin=data["origin"], notes=tuple(n[:MAX_NAME_CHARS] for n in notes)), "a job's candidate")
+                                     origin=data["origin"], notes=tuple(n[:MAX_NAME_CHARS] for n in notes),
+                                     language=language), "a job's candidate")
 
 
 def _require(data: Any, keys: tuple[str, ...], what: str) -> None:

@@ -39,6 +39,7 @@ from typing import Any, Protocol
 
 from cuda_agent.scratch import made
 from cuda_agent.evaluate.policy import Policy
+from cuda_agent.candidates.triton import check_language
 from cuda_agent.jsonl import read_jsonl
 from cuda_agent.paths import PACKAGE_ROOT, cache_root, worker_env
 from cuda_agent.sandbox.factory import make_sandbox
@@ -83,6 +84,7 @@ class SynthConfig:
     policy: str = "fair"
     ray: str | None = None  # a Ray cluster address ("local": start one here); None: local processes
     cache_dir: Path | None = None  # None: paths.cache_root(); screeners compile into cache_dir/inductor
+    language: str = "cuda"  # the kernels the tasks are for (a column of tasks.jsonl, which prompts made from it follow)
 
     def __post_init__(self) -> None:
         self.out = Path(self.out)
@@ -90,6 +92,7 @@ class SynthConfig:
             raise ValueError("--n must be at least 1.")
         if self.workers < 1:
             raise ValueError("--workers must be at least 1.")
+        check_language(self.language)
         if self.device not in WINDOWS_MS:
             raise ValueError(f"unknown device {self.device!r}; use cuda or cpu.")
         if self.window_ms is None:
@@ -323,7 +326,7 @@ class Synthesis:
         candidates_file.write(json.dumps(outcome.record()) + "\n")
         candidates_file.flush()
         if outcome.accepted and outcome.program is not None:
-            tasks_file.write(json.dumps(task_row(outcome, self.config.device)) + "\n")
+            tasks_file.write(json.dumps(task_row(outcome, self.config.device, self.config.language)) + "\n")
             tasks_file.flush()
 
     # -- one candidate -----------------------------------------------------------------------
@@ -419,8 +422,9 @@ class Synthesis:
             return None
 
 
-def task_row(outcome: Outcome, device: str) -> dict[str, Any]:
-    """An accepted task: CUDA-Agent-Ops-6K's columns (code, ops, data_source) and our metadata."""
+def task_row(outcome: Outcome, device: str, language: str = "cuda") -> dict[str, Any]:
+    """An accepted task: CUDA-Agent-Ops-6K's columns (code, ops, data_source) and our metadata, with the kernel
+    language wanted (``language``)."""
     program = outcome.program
     assert program is not None
     return {
@@ -428,7 +432,7 @@ def task_row(outcome: Outcome, device: str) -> dict[str, Any]:
         "id": program.id, "composer": program.composer, "seed": program.seed, "index": program.index,
         "device": device, "eager_ms": outcome.eager_ms, "compile_ms": outcome.compile_ms,
         "compile_seconds": outcome.compile_seconds, "input_shapes": program.input_shapes,
-        "max_similarity": outcome.similarity, "closest_kernelbench": outcome.closest,
+        "max_similarity": outcome.similarity, "closest_kernelbench": outcome.closest, "language": language,
     }
 
 

@@ -230,7 +230,8 @@ def _ops6k_row(row: dict[str, Any], index: int, where: str) -> Task:
         name=f"ops6k/{index}",
         code=row["code"],
         source=where,
-        metadata={"ops": list(ops), "data_source": row["data_source"]},
+        metadata={"ops": list(ops), "data_source": row["data_source"],
+                  **({"language": row["language"]} if row.get("language") else {})},
     )
 
 

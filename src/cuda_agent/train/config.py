@@ -69,6 +69,7 @@ class RolloutConfig:
     workers: int = 4  # episodes in flight at once (each with its own evaluator; they share one timing lock)
     generate_batch: int = 16  # single-turn replies sampled together in one generate call
     wall_clock_s: float | None = None  # per agentic episode
+    language: str = "cuda"  # the kernels episodes ask for: "cuda" (C++/CUDA extensions) or "triton"
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from cuda_agent.evaluate.device_lock import DeviceLock
 from cuda_agent.agent.tokens import TokenChat, TokenOutput
 from cuda_agent.tasks import Task
 from cuda_agent.train.rollout import Rollout, RolloutError, rollouts_from_trace
+from cuda_agent.candidates.triton import check_language
 from cuda_agent.train.single_turn import FAILURE_REWARD, score_reply, single_turn_messages
 
 
@@ -98,8 +99,10 @@ class EpisodeRunner:
                  make_evaluator: Callable[[threading.Lock], Any], workers: int = 4, max_new_tokens: int = 8192,
                  generate_batch: int = 16,
                  context_tokens: int = 32_768, max_turns: int = 150, wall_clock_s: float | None = None,
-                 sandbox: str = "auto", model_name: str = ""):
+                 sandbox: str = "auto", model_name: str = "", language: str = "cuda"):
+        check_language(language)
         self.backend, self.tokenizer, self.single_turn = backend, tokenizer, single_turn
+        self.language = language  # the kernels the prompts ask for and the replies must be in
         self.workdir = Path(workdir)
         self.make_evaluator, self.workers = make_evaluator, workers
         self.max_new_tokens, self.context_tokens, self.generate_batch = max_new_tokens, context_tokens, generate_batch
@@ -152,7 +155,8 @@ class EpisodeRunner:
 
     def _prompt(self, task: Task) -> tuple[list[int], int]:
         """A single-turn episode's prompt ids and the tokens left for its reply in the context."""
-        prompt = list(self.tokenizer.apply_chat_template(single_turn_messages(task), add_generation_prompt=True,
+        prompt = list(self.tokenizer.apply_chat_template(single_turn_messages(task, self.language),
+                                                         add_generation_prompt=True,
                                                          tokenize=True, return_dict=False))
         return prompt, min(self.max_new_tokens, self.context_tokens - len(prompt))
 
@@ -192,7 +196,7 @@ class EpisodeRunner:
                                   record={"task": task.name, "prompt_tokens": len(prompt)})
         text = self.tokenizer.decode(out.ids, skip_special_tokens=True)
         folder.mkdir(parents=True, exist_ok=True)
-        outcome = score_reply(task, text, timed, folder)
+        outcome = score_reply(task, text, timed, folder, self.language)
         # Without a verdict the reply has no reward: dropped from the batch (counted as ``no_verdict``).
         rollouts = [Rollout(tuple(prompt), tuple(out.ids), (1,) * len(out.ids), tuple(out.logprobs), outcome.reward)] \
             if out.ids and not outcome.no_verdict else []
@@ -209,7 +213,7 @@ class EpisodeRunner:
         timed = _TimedEvaluator(evaluator)
         chat = TokenChat(generation, self.tokenizer, max_new_tokens=self.max_new_tokens)
         config = AgentConfig(max_turns=self.max_turns, context_tokens=self.context_tokens,
-                             wall_clock_s=self.wall_clock_s)
+                             wall_clock_s=self.wall_clock_s, language=self.language)
         episode = run_episode(task, chat, timed, folder, config=config, model=self.model_name, sandbox=self.sandbox)
         if episode.final.get("status") == "error":
             reward, rollouts = None, []  # no verdict: no reward, so nothing of the episode trains (``no_verdict``)

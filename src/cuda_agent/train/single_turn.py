@@ -2,7 +2,9 @@
 
 The reply holds the files of the agent's workspace as fenced blocks, each after a line naming its path
 (``### model_new.py``, then a fenced block). A reply with one unnamed Python block is read as a
-KernelBench-style ``ModelNew`` file with ``load_inline`` sources. A reply that yields no candidate earns
+KernelBench-style ``ModelNew`` file with ``load_inline`` sources, or as a Triton ``model_new.py`` (its
+``@triton.jit`` kernels and ``ModelNew``). ``language`` (``cuda`` or ``triton``) says which the prompt asks
+for and which the reply must be. A reply that yields no candidate earns
 the failure reward, as an incorrect one does. An evaluation without a verdict (the evaluator could not decide:
 a busy host) earns no reward at all: ``None``, with the reason, which every consumer passes on in its own
 library's way and never as the failure reward.
@@ -18,6 +20,7 @@ from typing import Any, Mapping
 
 from cuda_agent.candidates import Candidate, CandidateError, load_candidate
 from cuda_agent.candidates.candidate import SOURCE_SUFFIXES
+from cuda_agent.candidates.triton import check_language, triton_kernels
 from cuda_agent.evaluate.result import no_reward_reason
 from cuda_agent.tasks import Task
 
@@ -56,9 +59,31 @@ The program:
 """
 
 
-def single_turn_messages(task: Task) -> list[dict[str, str]]:
-    """The chat messages of a single-turn episode for ``task``."""
-    return [{"role": "user", "content": INSTRUCTIONS.format(code=task.code.strip())}]
+TRITON_INSTRUCTIONS = """Write a faster implementation of the PyTorch program below with Triton kernels.
+Reply with the complete file, as a path line followed by a fenced code block:
+
+### model_new.py
+```python
+(import triton and triton.language as tl; your @triton.jit kernels; class ModelNew: same constructor
+ and forward signature as Model, forward allocates the outputs and launches the kernels)
+```
+
+Torch may only allocate tensors and take views; all computation runs in your Triton kernels. Use
+triton.jit, triton.language, triton.autotune/Config/heuristics, triton.cdiv and triton.next_power_of_2;
+kernels are compiled and autotuned once, on the program's input shapes.
+
+The program:
+```python
+{code}
+```
+"""
+
+
+def single_turn_messages(task: Task, language: str = "cuda") -> list[dict[str, str]]:
+    """The chat messages of a single-turn episode for ``task``, asking for kernels in ``language``."""
+    check_language(language)
+    template = TRITON_INSTRUCTIONS if language == "triton" else INSTRUCTIONS
+    return [{"role": "user", "content": template.format(code=task.code.strip())}]
 
 
 def reply_files(text: str) -> dict[str, str]:
@@ -74,13 +99,15 @@ def reply_files(text: str) -> dict[str, str]:
     return files
 
 
-def candidate_from_reply(text: str, where: Path | None = None) -> Candidate:
+def candidate_from_reply(text: str, where: Path | None = None, language: str | None = None) -> Candidate:
     """The candidate a single-turn reply writes, or ``CandidateError`` saying why there is none. The
-    files are written under ``where`` (a temporary directory without one) and read back as a workspace."""
+    files are written under ``where`` (a temporary directory without one) and read back as a workspace.
+    ``language``: the one the reply must be in (None: read from it)."""
+    check_language(language)
     files = reply_files(text)
     if "model_new.py" not in files:
         python = [m["body"] for m in _ANY_BLOCK.finditer(text) if m["lang"] in ("python", "py", "")]
-        if len(python) == 1 and "load_inline" in python[0]:
+        if len(python) == 1 and ("load_inline" in python[0] or triton_kernels(python[0])):
             files = {"model_new.py": python[0] + "\n"}
         else:
             raise CandidateError("the reply holds no model_new.py: write each file as a path line "
@@ -91,8 +118,12 @@ def candidate_from_reply(text: str, where: Path | None = None) -> Candidate:
         target = where / name
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(source)
-    # model_new.py alone is a KernelBench-style file (its sources inline); with kernels/, a workspace.
-    return load_candidate(where / "model_new.py" if list(files) == ["model_new.py"] else where)
+    # model_new.py alone is a KernelBench-style file (its sources inline) or a Triton one; with kernels/, a workspace.
+    if language == "triton" and list(files) != ["model_new.py"]:
+        raise CandidateError("a Triton reply is model_new.py alone (its @triton.jit kernels in it); it also wrote "
+                             + ", ".join(sorted(set(files) - {"model_new.py"})))
+    candidate = load_candidate(where / "model_new.py" if list(files) == ["model_new.py"] else where, language=language)
+    return candidate
 
 
 @dataclass(frozen=True)
@@ -112,11 +143,11 @@ class SingleTurnOutcome:
         return (self.evaluation or {}).get("status") or "no candidate"
 
 
-def score_reply(task: Task, text: str, evaluator: Any, where: Path) -> SingleTurnOutcome:
-    """Parse a reply and evaluate what it writes; the failure reward when it writes nothing usable, no reward
-    (``None``) when the evaluation has no verdict."""
+def score_reply(task: Task, text: str, evaluator: Any, where: Path, language: str | None = None) -> SingleTurnOutcome:
+    """Parse a reply and evaluate what it writes; the failure reward when it writes nothing usable (or not in
+    ``language``, when given), no reward (``None``) when the evaluation has no verdict."""
     try:
-        candidate = candidate_from_reply(text, where)
+        candidate = candidate_from_reply(text, where, language)
     except CandidateError as exc:
         return SingleTurnOutcome(FAILURE_REWARD, f"no candidate: {exc}")
     result = evaluator.evaluate(task, candidate)
@@ -137,9 +168,10 @@ def completion_text(completion: Any) -> str:
     return "\n".join(str(m.get("content") or "") for m in completion if m.get("role", "assistant") == "assistant")
 
 
-def score_completion(task: Task, completion: Any, options: Any) -> SingleTurnOutcome:
+def score_completion(task: Task, completion: Any, options: Any, language: str | None = None) -> SingleTurnOutcome:
     """One single-turn reply (text or chat messages) scored for ``task``: parsed into a candidate and evaluated
     (``score_reply``) by an evaluator ``options`` (``train.evaluators.EvaluatorOptions``) lends for the call, in a
-    scratch folder removed afterwards. Every stack's single-turn reward is this (TRL, verl, verifiers, OpenEnv)."""
+    scratch folder removed afterwards. Every stack's single-turn reward is this (TRL, verl, verifiers, OpenEnv).
+    ``language``: the kernel language the prompt asked for (None: whichever the reply is)."""
     with options.lend() as evaluator, tempfile.TemporaryDirectory(prefix="cuda-agent-reply-") as where:
-        return score_reply(task, completion_text(completion), evaluator, Path(where))
+        return score_reply(task, completion_text(completion), evaluator, Path(where), language)

@@ -354,7 +354,7 @@ def run_ppo(config: StageConfig, out: Path, single_turn: bool, *, say: Say = _st
                            generate_batch=config.rollout.generate_batch,
                            context_tokens=config.context_tokens(single_turn), max_turns=config.rollout.max_turns,
                            wall_clock_s=config.rollout.wall_clock_s, sandbox=config.evaluator.sandbox,
-                           model_name=config.model.actor)
+                           model_name=config.model.actor, language=config.rollout.language)
     pad = begin.pad
     try:
         for step in range(done + 1, config.steps + 1):
@@ -427,7 +427,7 @@ def run_collect(config: StageConfig, out: Path, *, say: Say = _stderr,
                            workers=config.rollout.workers, max_new_tokens=config.rollout.max_new_tokens,
                            context_tokens=config.context_tokens(False), max_turns=config.rollout.max_turns,
                            wall_clock_s=config.rollout.wall_clock_s, sandbox=config.evaluator.sandbox,
-                           model_name=config.model.actor)
+                           model_name=config.model.actor, language=config.rollout.language)
     lock = threading.Lock()
     recorded = len(run.metrics())
     try:

@@ -55,7 +55,7 @@ from cuda_agent.agent.tokens import TokenOutput
 from cuda_agent.train.episodes import EpisodeOutcome, EpisodeRunner
 from cuda_agent.tasks.rows import task_from_row
 from cuda_agent.train.evaluators import lend_evaluator
-from cuda_agent.train.verl.data import AGENT_NAME
+from cuda_agent.train.verl.data import AGENT_NAME, language_of
 from cuda_agent.train.verl.reward import NO_VERDICT_SCORE
 
 # The loop's own context budget guesses tokens from characters; the backend counts the real ones against
@@ -166,10 +166,11 @@ class CudaAgentLoop(AgentLoopBase):
         backend = ServerBackend(self.server_manager, loop, request_id, sampling_params,
                                 eos_id=self.tokenizer.eos_token_id, prompt_length=self.prompt_length,
                                 response_length=self.response_length, priority=priority)
-        outcome = await loop.run_in_executor(_episode_threads(self.episodes), self._episode, task, backend)
+        language = language_of(kwargs.get("extra_info"))
+        outcome = await loop.run_in_executor(_episode_threads(self.episodes), self._episode, task, backend, language)
         return self._output(outcome, backend)
 
-    def _episode(self, task: Any, backend: ServerBackend) -> EpisodeOutcome:
+    def _episode(self, task: Any, backend: ServerBackend, language: str = "cuda") -> EpisodeOutcome:
         if self.workdir:
             Path(self.workdir).mkdir(parents=True, exist_ok=True)
         folder = Path(tempfile.mkdtemp(prefix="cuda-agent-verl-", dir=self.workdir))
@@ -180,7 +181,7 @@ class CudaAgentLoop(AgentLoopBase):
                                        make_evaluator=lambda _lock: evaluator, workers=1,
                                        max_new_tokens=self.max_new_tokens, context_tokens=_NO_BUDGET,
                                        max_turns=self.max_turns, wall_clock_s=self.wall_clock_s, sandbox=self.sandbox,
-                                       model_name=self.model_name)
+                                       model_name=self.model_name, language=language)
                 (outcome,) = runner.run([task])
                 # No runner.close(): the evaluator is the pool's (or the caller's), not the runner's.
             return outcome

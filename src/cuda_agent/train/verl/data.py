@@ -21,6 +21,7 @@ import argparse
 from pathlib import Path
 from typing import Any, Iterable
 
+from cuda_agent.candidates.triton import LANGUAGES, check_language
 from cuda_agent.tasks import Task, load_tasks
 from cuda_agent.tasks.rows import task_columns
 from cuda_agent.train.single_turn import single_turn_messages
@@ -30,28 +31,38 @@ SINGLE_TURN_AGENT = "single_turn_agent"  # verl's single-turn loop (verl/experim
 
 
 def task_row(task: Task, index: int, *, agent_name: str = AGENT_NAME, data_source: str = "cuda_agent",
-             split: str = "train", reward_settings: str | None = None) -> dict[str, Any]:
-    """One dataset row for ``task``; ``reward_settings`` (JSON, ``train.evaluators.settings_of``) in its
-    ``extra_info`` for ``reward.compute_score``."""
+             split: str = "train", reward_settings: str | None = None, language: str = "cuda") -> dict[str, Any]:
+    """One dataset row for ``task``, asking for kernels in ``language`` (``extra_info.language``);
+    ``reward_settings`` (JSON, ``train.evaluators.settings_of``) in its ``extra_info`` for ``reward.compute_score``."""
     return {
         "data_source": data_source,
-        "prompt": single_turn_messages(task),
-        "ability": "cuda",
+        "prompt": single_turn_messages(task, language),
+        "ability": language,
         "reward_model": {"style": "rule", "ground_truth": task.digest},
-        "extra_info": {"index": index, "split": split, **task_columns(task), "reward_settings": reward_settings},
+        "extra_info": {"index": index, "split": split, "language": language, **task_columns(task),
+                       "reward_settings": reward_settings},
         "agent_name": agent_name,
     }
 
 
+def language_of(extra_info: Any) -> str:
+    """The kernel language a verl row asks for (``cuda`` for rows written without one)."""
+    language = (extra_info.get("language") if isinstance(extra_info, dict) else None) or "cuda"
+    check_language(language)
+    return language
+
+
 def tasks_to_parquet(source: str | Path, out_path: str | Path, *, levels: Iterable[int] | None = None,
-                     agent_name: str = AGENT_NAME, data_source: str = "cuda_agent", split: str = "train") -> Path:
+                     agent_name: str = AGENT_NAME, data_source: str = "cuda_agent", split: str = "train",
+                     language: str = "cuda") -> Path:
     """Every task of ``source`` (anything ``tasks.load_tasks`` reads) as a verl dataset at ``out_path``."""
     return write_parquet(load_tasks(source, levels), out_path, agent_name=agent_name, data_source=data_source,
-                         split=split)
+                         split=split, language=language)
 
 
 def write_parquet(tasks: Iterable[Task], out_path: str | Path, *, agent_name: str = AGENT_NAME,
-                  data_source: str = "cuda_agent", split: str = "train", reward_settings: str | None = None) -> Path:
+                  data_source: str = "cuda_agent", split: str = "train", reward_settings: str | None = None,
+                  language: str = "cuda") -> Path:
     """``tasks`` as a verl dataset at ``out_path`` (``cuda-agent export --format verl`` writes through it)."""
     try:
         import pyarrow as pa
@@ -60,7 +71,7 @@ def write_parquet(tasks: Iterable[Task], out_path: str | Path, *, agent_name: st
         from cuda_agent.paths import install_hint
         raise ImportError(f"writing verl's parquet needs pyarrow: {install_hint('verl')}") from None
     rows = [task_row(task, i, agent_name=agent_name, data_source=data_source, split=split,
-                     reward_settings=reward_settings) for i, task in enumerate(tasks)]
+                     reward_settings=reward_settings, language=language) for i, task in enumerate(tasks)]
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(rows, schema=_schema(pa)), out)
@@ -76,9 +87,9 @@ def _schema(pa: Any) -> Any:
         ("prompt", pa.list_(pa.struct([("role", text), ("content", text)]))),
         ("ability", text),
         ("reward_model", pa.struct([("style", text), ("ground_truth", text)])),
-        ("extra_info", pa.struct([("index", pa.int64()), ("split", text), ("name", text), ("code", text),
-                                  ("source", text), ("level", pa.int64()), ("problem_id", pa.int64()),
-                                  ("reward_settings", text)])),
+        ("extra_info", pa.struct([("index", pa.int64()), ("split", text), ("language", text), ("name", text),
+                                  ("code", text), ("source", text), ("level", pa.int64()),
+                                  ("problem_id", pa.int64()), ("reward_settings", text)])),
         ("agent_name", text),
     ])
 
@@ -92,9 +103,10 @@ def main(argv: list[str] | None = None) -> None:
                         help=f"the agent loop per row: {AGENT_NAME} (agentic) or {SINGLE_TURN_AGENT} (single-turn)")
     parser.add_argument("--data-source", default="cuda_agent")
     parser.add_argument("--split", default="train")
+    parser.add_argument("--language", default="cuda", choices=LANGUAGES, help="the kernels each row asks for")
     args = parser.parse_args(argv)
     out = tasks_to_parquet(args.source, args.out, levels=args.levels or None, agent_name=args.agent,
-                           data_source=args.data_source, split=args.split)
+                           data_source=args.data_source, split=args.split, language=args.language)
     print(out)
 
 

@@ -1,0 +1,214 @@
+"""Triton in the candidate's process, set up by the harness before the candidate's code loads.
+
+Triton compiles at run time (its frontend and LLVM in the process, ``ptxas`` and the C compiler as
+subprocesses, autotuning by timing configs, a cache on disk). None of that may happen where a candidate
+is evaluated: from its load on, a new thread or process ends the process (``sandbox.nothreads``) and
+whatever is timed must be the kernels alone. So (docs/SECURITY.md, "Triton candidates"):
+
+* On a GPU, every kernel was compiled and every autotuned choice made in the build stage
+  (``evaluate.triton_build``), on the task's own input shapes; the candidate's process reads them from a
+  copy of that cache. Before the candidate's code loads, Triton's own start-up runs here (its launcher
+  module, built from Triton's source, and the tool versions it asks subprocesses for). Then a compile
+  is refused with rule ``triton-compile`` (a launch the build stage did not see: another shape, dtype or
+  specialisation), and autotuning that finds no choice from the build stage with ``triton-autotune``.
+* On the CPU, kernels run in Triton's interpreter (``TRITON_INTERPRET=1``): nothing is compiled. The
+  interpreter's copies of arguments to the host and back are skipped for tensors already on it, so that
+  forward dispatches no torch operator of the harness's for the compute guard to tell apart from the
+  candidate's. Autotuned kernels run their first config (the interpreter's timings say nothing of a GPU's).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from cuda_agent.guard.runtime import RuleBroken
+
+INTERPRET_ENV = "TRITON_INTERPRET"
+CACHE_ENV = "TRITON_CACHE_DIR"
+AUTOTUNE_CACHE_ENV = "TRITON_CACHE_AUTOTUNING"
+TRITON_KEY_FILE = "triton_key"  # beside the launcher: Triton's own key, as ``triton.runtime.cache.triton_key`` says
+LAUNCHER_DIR = "triton-harness"  # in a job: Triton's launcher module as the evaluator built it (``build_launcher``)
+
+
+def triton_missing() -> str | None:
+    """Why Triton cannot be imported here (with the fix), or None."""
+    try:
+        import triton  # noqa: F401
+    except ImportError as exc:
+        return f"Triton is not installed ({exc}); pip install 'cuda-agent[triton]' (or pip install triton)."
+    return None
+
+
+def prepare_triton(device: str, kernels: str | None) -> str:
+    """Set Triton up in this process before a Triton candidate loads; returns how (for the result's notes).
+    ``kernels``: the build stage's cache (GPU), read-only to this process. Triton's own launcher module is the
+    evaluator's build copied beside it (``LAUNCHER_DIR``), else built here, under this process's own directory
+    (``TRITON_CACHE_DIR``, set by ``paths.worker_env``)."""
+    # Read as Triton imports: its own library kernels (tl.sigmoid, ...) are made interpreted or compiled then.
+    if device == "cpu":
+        os.environ[INTERPRET_ENV] = "1"
+    else:
+        os.environ.pop(INTERPRET_ENV, None)
+    missing = triton_missing()
+    if missing:
+        raise RuleBroken("harness", missing)
+    if device == "cpu":
+        import triton.language as tl
+        from triton.runtime.interpreter import InterpretedFunction
+
+        if not isinstance(tl.sigmoid, InterpretedFunction):
+            raise RuleBroken("harness", f"Triton was imported before {INTERPRET_ENV}=1 was set in this process, so its "
+                             "own kernels are compiled ones; start the worker with it set (evaluate.processes)")
+        _interpret_on_host()
+        return "Triton's interpreter (TRITON_INTERPRET=1): kernels run on the CPU, timings are the interpreter's"
+    if kernels is None:
+        raise RuleBroken("harness", "a Triton candidate on a GPU needs the build stage's kernel cache")
+    import triton
+    from triton.backends.nvidia import driver as nvidia_driver
+
+    if hasattr(nvidia_driver, "make_launcher"):
+        # Such a Triton compiles a C launcher per kernel signature at its first launch: a compiler process after
+        # the ban, which would end the evaluated process.
+        raise RuleBroken("harness", f"Triton {triton.__version__} compiles a launcher per kernel at its first "
+                         "launch; Triton candidates on a GPU need a Triton whose launcher is generic (as 3.9's is)")
+    os.environ[AUTOTUNE_CACHE_ENV] = "1"
+    point_at_libcuda()
+    harness = Path(os.environ.get(CACHE_ENV) or tempfile.gettempdir()) / "triton-harness"
+    built = Path(kernels).parent / LAUNCHER_DIR
+    if built.is_dir() and not harness.exists():
+        shutil.copytree(built, harness)  # the evaluator's build of Triton's launcher: found, not compiled again
+    _start_triton(harness)
+    from triton import knobs
+
+    knobs.cache.dir = kernels  # from here on, kernels are looked up in the build stage's cache, read-only
+    knobs.cache.manager_class = _read_only_cache()
+    _refuse_compiles()
+    return f"Triton kernels loaded from the build stage's cache; compiling and autotuning refused ({kernels})"
+
+
+def point_at_libcuda() -> None:
+    """Tell Triton where the CUDA driver library is (``TRITON_LIBCUDA_PATH``): the one this process has loaded
+    (torch's CUDA context), so that Triton does not ask ``ldconfig``, which a sandbox may not hold."""
+    if os.environ.get("TRITON_LIBCUDA_PATH"):
+        return
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "libcuda.so" in line and "/" in line}
+    except OSError:
+        return
+    if paths:
+        os.environ["TRITON_LIBCUDA_PATH"] = os.path.dirname(sorted(paths)[0])
+
+
+def _read_only_cache() -> type:
+    """Triton's cache manager over the build stage's kernels: it finds what is there and writes nothing (a write
+    would be a compile's or an autotuning's result, which the rules below refuse first)."""
+    from triton import knobs
+    from triton.runtime.cache import FileCacheManager
+
+    class ReadOnlyCache(FileCacheManager):
+        def __init__(self, key: str, override: bool = False, dump: bool = False) -> None:
+            self.key, self.lock_path = key, None
+            self.cache_dir = os.path.join(knobs.cache.dir, key)
+
+        def put(self, data: Any, filename: str, binary: bool = True) -> str:
+            raise RuleBroken("triton-compile", f"Triton tried to add {filename} to the build stage's cache: something "
+                             "was compiled or tuned in the candidate's process")
+
+    return ReadOnlyCache
+
+
+def _start_triton(harness: Path) -> None:
+    """What Triton does once per process, done before the candidate's code (it runs the C compiler and asks
+    ``ptxas`` its version): its launcher module, built from Triton's own source into ``harness`` or found there;
+    and Triton's own key (a hash of its sources and its 500 MB library, part of every cache key), read from
+    ``harness`` where the evaluator's build wrote it."""
+    import triton.runtime.autotuner
+    import triton.runtime.cache
+    from triton import knobs
+    from triton.compiler.compiler import make_backend
+    from triton.runtime import driver
+
+    harness.mkdir(parents=True, exist_ok=True)
+    knobs.cache.dir = str(harness)
+    active = driver.active
+    active.utils  # noqa: B018 - builds (the C compiler runs here, before the ban) or loads Triton's launcher
+    backend = make_backend(active.get_current_target())
+    backend.hash()  # ptxas --version, remembered by Triton
+    active.get_current_device()
+    saved = harness / TRITON_KEY_FILE
+    key = saved.read_text().strip() if saved.is_file() else triton.runtime.cache.triton_key()
+    if not saved.is_file():
+        saved.write_text(key)
+    triton.runtime.cache.triton_key = triton.runtime.autotuner.triton_key = lambda: key
+
+
+def _refuse_compiles() -> None:
+    from triton.backends.nvidia.compiler import CUDABackend
+    from triton.runtime.autotuner import Autotuner
+
+    def add_stages(self: Any, *args: Any, **kwargs: Any) -> None:
+        raise RuleBroken("triton-compile", "a Triton kernel was launched with arguments the build stage did not "
+                         "compile it for (another shape, dtype, alignment or constexpr than the task's inputs give): "
+                         "the candidate's process only loads kernels compiled in the build stage")
+
+    def bench(self: Any, *args: Any, config: Any, **meta: Any) -> Any:
+        raise RuleBroken("triton-autotune", f"{self.base_fn.__name__} was autotuned in the candidate's process (a key "
+                         "the build stage did not tune on the task's shapes): configs are chosen in the build stage")
+
+    CUDABackend.add_stages = add_stages
+    Autotuner._bench = bench
+
+
+def _interpret_on_host() -> None:
+    import torch
+    from triton.runtime import interpreter
+    from triton.runtime.autotuner import Autotuner
+
+    executor = interpreter.GridExecutor
+    if getattr(executor, "_cuda_agent_host", False):
+        return
+    to_host, back = executor._init_args_hst, executor._restore_args_dev
+
+    def on_host(value: Any) -> bool:
+        if isinstance(value, tuple):
+            return all(on_host(v) for v in value)
+        # Plain tensors and parameters (weights a kernel reads); anything else takes the interpreter's own path.
+        return not hasattr(value, "data_ptr") or (type(value) in (torch.Tensor, torch.nn.Parameter)
+                                                  and value.device.type == "cpu")
+
+    def init_args(self: Any, args_dev: Any, kwargs: dict[str, Any]) -> Any:
+        if on_host(tuple(args_dev)) and on_host(tuple(kwargs.values())):
+            return list(args_dev), dict(kwargs)
+        return to_host(self, args_dev, kwargs)
+
+    def restore_args(self: Any, args_dev: Any, args_hst: Any, kwargs: Any, kwargs_hst: Any) -> None:
+        if all(a is b for a, b in zip(args_dev, args_hst)) and all(kwargs[k] is kwargs_hst[k] for k in kwargs):
+            return
+        back(self, args_dev, args_hst, kwargs, kwargs_hst)
+
+    def first_config(self: Any, *args: Any, config: Any, **meta: Any) -> list[float]:
+        return [float(self.configs.index(config))] * 3 if config in self.configs else [float("inf")] * 3
+
+    executor._init_args_hst, executor._restore_args_dev = init_args, restore_args
+    executor._cuda_agent_host = True
+    Autotuner._bench = first_config
+
+
+def build_launcher(where: Path) -> None:
+    """Triton's launcher module built from Triton's own source into ``where`` (a Triton cache), as an evaluated
+    process would build it: torch's CUDA context first, so that the driver library is found the same way."""
+    import torch
+
+    torch.cuda.init()
+    point_at_libcuda()
+    _start_triton(where)
+
+
+if __name__ == "__main__":  # python -m cuda_agent.evaluate.triton_runtime DIR: the evaluator's launcher build
+    build_launcher(Path(sys.argv[1]))
