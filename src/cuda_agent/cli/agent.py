@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+from cuda_agent.candidates.triton import LANGUAGES
 from cuda_agent.cli.common import (_chat_backend, _memory_limit, _timeouts, add_device_option, add_memory_option,
     add_policy_option, add_quiet_option, add_sandbox_option, add_timeout_option, out_dir, say)
 from cuda_agent.evaluate import Evaluator, Policy, long_lived, resolve_device
@@ -82,7 +83,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--episodes", type=int, default=1, help="episodes run at once; the best solution is kept "
                                                            "(default 1)")
     p.add_argument("--max-turns", type=int, default=150, help="model turns per episode (default 150)")
-    p.add_argument("--language", default="cuda", choices=("cuda", "triton"),
+    p.add_argument("--language", default="cuda", choices=LANGUAGES,
                    help="the kernels the agent writes: cuda (a C++/CUDA extension, default) or triton")
     p.add_argument("--context-tokens", type=int, default=128_000,
                    help="context budget; past it the oldest turns go, the system prompt and task stay (default 128000)")

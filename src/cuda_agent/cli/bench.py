@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from cuda_agent.candidates.triton import LANGUAGES
 from cuda_agent.cli.common import (EXIT_CORRECT, EXIT_NO_VERDICT, EXIT_USAGE, StageProgress, _chat_backend, _continue,
     _memory_limit, _plural, _retry, _timeouts, add_cache_option, add_device_option, add_level_option,
     add_memory_option, add_policy_option, add_quiet_option, add_retries_option, add_sandbox_option,
@@ -205,7 +206,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="live: native tool calls (default), or <tool_call> text for servers without a tool parser")
     p.add_argument("--max-turns", type=int, default=200, help="live: turns per episode (default 200, as the paper "
                                                               "evaluates)")
-    p.add_argument("--language", default=None, choices=("cuda", "triton"),
+    p.add_argument("--language", default=None, choices=LANGUAGES,
                    help="the kernels' language: solutions are read as cuda or triton candidates, and the live agent "
                         "writes that language (default: each solution's own, read from its sources; the agent: cuda)")
     p.add_argument("--out", type=Path, required=True, help="run directory (a rerun continues it, retrying error rows)")

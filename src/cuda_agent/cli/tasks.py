@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from cuda_agent.candidates.triton import LANGUAGES
 from cuda_agent.cli.common import (TASKS_HELP, _chat_backend, _continue, _kernelbench_default, _memory_limit, _plural,
     _timeouts, add_cache_option, add_device_option, add_level_option, add_memory_option, add_policy_option,
     add_quiet_option, add_sandbox_option, add_timeout_option, clip, out_dir, say)
@@ -178,7 +179,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="where the screeners keep torch.compile's cache, DIR/inductor, shared with evaluations "
                         "and later runs (default: $CUDA_AGENT_CACHE, else ~/.cache/cuda-agent)")
     add_sandbox_option(p)
-    p.add_argument("--language", default="cuda", choices=("cuda", "triton"),
+    p.add_argument("--language", default="cuda", choices=LANGUAGES,
                    help="the kernels the tasks are for (default cuda; a column of tasks.jsonl, which prompts made "
                         "from it follow)")
     p.set_defaults(func=cmd_synth, kept=_continue(lambda a: f"verdicts and accepted tasks so far are in {a.out}"))
