@@ -29,6 +29,8 @@ def test_a_single_file_is_detected_and_a_declared_language_is_obeyed(examples, t
 def test_the_cuda_examples_stay_cuda(examples):
     candidate = load_candidate(examples / "cpu_swish" / "solution")
     assert (candidate.kind, candidate.language) == ("workspace", "cuda")
+    with pytest.raises(CandidateError, match="declared a CUDA candidate but has no .cu/.cpp sources"):
+        load_candidate(examples / "triton_swish" / "solution", language="cuda")
 
 
 def test_neither_cuda_nor_triton_is_one_line_naming_both(tmp_path):

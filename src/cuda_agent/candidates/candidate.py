@@ -187,6 +187,9 @@ def load_candidate(path: str | Path, language: str | None = None) -> Candidate:
         native = _native_files(path)
         if language == "triton" or (language is None and not native and triton_kernels(code)):
             return triton_candidate(code, str(model_path))
+        if not native and language == "cuda":
+            raise CandidateError(f"{path}: declared a CUDA candidate but has no .cu/.cpp sources under kernels/; add "
+                                 "them (or declare the candidate's language as triton).")
         if not native:
             raise CandidateError(f"{path}: neither a CUDA candidate (no .cu/.cpp sources under kernels/) nor a Triton "
                                  "one (no @triton.jit kernel in model_new.py); add the kernel sources, or the Triton "
