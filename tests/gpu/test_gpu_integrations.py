@@ -37,7 +37,7 @@ pytestmark = [
 TESTS = Path(__file__).resolve().parents[1]
 # tests/ (tiny_lm, scripted_policy) and tests/integrations (integration_setup), as their own tests import them.
 sys.path[:0] = [p for p in (str(TESTS), str(TESTS / "integrations")) if p not in sys.path]
-from integration_setup import CORRECT, INCORRECT, NEVER_FASTER, SANDBOX  # noqa: E402
+from integration_setup import CORRECT, INCORRECT, NEVER_FASTER, SANDBOX, console_script  # noqa: E402
 from scripted_policy import COMMANDS, write_solution  # noqa: E402
 from tiny_lm import save_replying_model, save_tiny_model, solution_reply, train_tokenizer  # noqa: E402
 
@@ -118,13 +118,6 @@ def test_grpo_step_with_the_model_on_the_gpu_is_rewarded_by_the_cuda_evaluator(t
     assert logged and logged[0]["reward"] == pytest.approx((CORRECT + INCORRECT) / 2)
 
 
-def trl_command() -> list[str]:
-    """TRL's command line: the ``trl`` script beside this Python, else its module (wheels installed with --target
-    leave the script in a bin/ folder off the path)."""
-    script = Path(sys.executable).parent / "trl"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "trl.cli.main"]
-
-
 def test_trl_grpo_command_step_on_the_gpu_is_rewarded_by_the_cuda_evaluator(tmp_path, cache_dir):
     """``trl grpo`` with our reward function by its dotted path, on the dataset ``cuda-agent export --format trl``
     wrote (reward settings: cuda, no compile baseline); the tiny model, fitted here to answer with the example's
@@ -144,8 +137,10 @@ def test_trl_grpo_command_step_on_the_gpu_is_rewarded_by_the_cuda_evaluator(tmp_
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", CUDA_AGENT_REWARD_WORKERS="2",
                PYTHONPATH=os.pathsep.join(p for p in (src, str(TESTS), os.environ.get("PYTHONPATH")) if p))
     env.pop("CUDA_AGENT_SERVICE", None)
-    command = [*trl_command(), "grpo", "--model_name_or_path", str(model), "--dataset_name", str(data),
-               "--reward_funcs", "cuda_agent.integrations.trl.kernel_reward", "--output_dir", str(out),
+    # Wheels installed with --target leave the script off the path: console_script runs what it would.
+    command = [*console_script("trl", "trl.cli.main:main"), "grpo", "--model_name_or_path", str(model),
+               "--dataset_name", str(data), "--reward_funcs", "cuda_agent.integrations.trl.kernel_reward",
+               "--output_dir", str(out),
                "--per_device_train_batch_size", "2", "--num_generations", "2", "--max_completion_length", "4",
                "--max_steps", "1", "--report_to", "none", "--logging_steps", "1", "--save_strategy", "steps",
                "--save_steps", "1", "--bf16", "false", "--dtype", "float32"]

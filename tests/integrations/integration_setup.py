@@ -11,3 +11,18 @@ from cuda_agent.evaluate.policy import Policy
 SANDBOX = "auto" if shutil.which("bwrap") else "none"
 CORRECT, INCORRECT = 1.0, -1.0
 NEVER_FASTER = Policy(beat_factor=1e-6)  # "faster" would need t < 1e-6 * t_baseline
+
+
+def console_script(name: str, target: str) -> list[str]:
+    """A library's command (``trl``, ``openenv``, ``vf-eval``) as a user runs it, for this Python: the script beside
+    the interpreter, else what the script runs (``target``, "module:function"; pip may put scripts elsewhere than
+    the interpreter, as a system Python's /usr/local/bin)."""
+    import sys
+    from pathlib import Path
+
+    script = Path(sys.executable).parent / name
+    if script.exists():
+        return [str(script)]
+    module, function = target.split(":")
+    return [sys.executable, "-c", f"import sys; from {module} import {function}; sys.argv[0] = {name!r}; "
+                                  f"sys.exit({function}())"]

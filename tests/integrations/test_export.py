@@ -11,7 +11,7 @@ import pytest
 from cuda_agent.cli import main as cli
 from cuda_agent.tasks import load_tasks
 from cuda_agent.tasks.rows import task_from_row
-from cuda_agent.train.evaluators import SETTINGS_ENV, EvaluatorOptions, options_from_settings, settings_of
+from cuda_agent.train.evaluators import options_from_settings
 from cuda_agent.train.single_turn import single_turn_messages
 
 
@@ -54,19 +54,6 @@ def test_verifiers_and_openenv_get_a_task_table_and_their_settings_file(examples
     values = dict(line.split("=", 1) for line in (oe / "openenv.env").read_text().splitlines())
     assert load_tasks(values["CUDA_AGENT_TASKS"]) == load_tasks(oe / "tasks.jsonl")
     assert options_from_settings(environ=values).service == "http://h:2"
-
-
-def test_the_environment_wins_over_the_dataset_and_bad_settings_say_how_to_fix_them():
-    written = json.dumps(settings_of(EvaluatorOptions(device="cpu", policy="strict")))
-    environ = {SETTINGS_ENV["policy"]: "paper", "CUDA_AGENT_SERVICE": "http://s"}
-    options = options_from_settings(written, environ=environ)
-    assert (options.device, options.policy, options.service) == ("cpu", "paper", "http://s")
-    with pytest.raises(ValueError, match="unknown policy 'loose'.*fair"):
-        options_from_settings({"policy": "loose"}, environ={})
-    with pytest.raises(ValueError, match="CUDA_AGENT_REWARD_TIME_COMPILE='maybe' is not a yes/no"):
-        options_from_settings(environ={SETTINGS_ENV["time_compile"]: "maybe"})
-    with pytest.raises(ValueError, match="unknown reward setting"):
-        options_from_settings({"gpus": 8}, environ={})
 
 
 def test_an_unknown_format_is_refused_by_argparse(examples, tmp_path, capsys):

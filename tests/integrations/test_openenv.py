@@ -10,7 +10,6 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -29,7 +28,7 @@ from cuda_agent.integrations.tool_functions import tool_schemas  # noqa: E402
 from openenv.core.env_server.mcp_types import CallToolAction  # noqa: E402
 from cuda_agent.train.single_turn import FAILURE_REWARD, score_reply, single_turn_messages  # noqa: E402
 
-from integration_setup import CORRECT, SANDBOX  # noqa: E402
+from integration_setup import CORRECT, SANDBOX, console_script  # noqa: E402
 from tiny_lm import solution_reply  # noqa: E402
 
 
@@ -76,7 +75,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "envs" / "cuda_agent_env"
 
 def openenv_cli(*args: str) -> subprocess.CompletedProcess:
     """OpenEnv's own command line (``openenv``), as a user runs it."""
-    command = [str(Path(sys.executable).parent / "openenv"), *args]
+    command = [*console_script("openenv", "openenv.cli.__main__:main"), *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=300, env=dict(os.environ, NO_COLOR="1"))
 
 

@@ -7,8 +7,6 @@ import inspect
 import json
 import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -19,7 +17,7 @@ from tiny_lm import save_replying_model, save_tiny_model, solution_reply, train_
 from cuda_agent.integrations.trl import KernelEnvironment, tasks_to_dataset  # noqa: E402
 from cuda_agent.train.single_turn import single_turn_messages  # noqa: E402
 
-from integration_setup import CORRECT, INCORRECT, SANDBOX  # noqa: E402
+from integration_setup import CORRECT, INCORRECT, SANDBOX, console_script  # noqa: E402
 
 
 def test_dataset_holds_prompts_and_tasks_from_a_folder_of_task_files(examples, task):
@@ -48,7 +46,7 @@ def test_trl_grpo_command_step_is_rewarded_by_the_evaluator(tmp_path, examples, 
     env = dict(os.environ, CUDA_AGENT_REWARD_SANDBOX=SANDBOX, CUDA_AGENT_REWARD_WORKERS="1", OMP_NUM_THREADS="1",
                HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     env.pop("CUDA_AGENT_SERVICE", None)
-    command = [str(Path(sys.executable).parent / "trl"), "grpo", "--model_name_or_path", str(model),
+    command = [*console_script("trl", "trl.cli.main:main"), "grpo", "--model_name_or_path", str(model),
                "--dataset_name", str(data), "--reward_funcs", "cuda_agent.integrations.trl.kernel_reward",
                "--output_dir", str(out), "--per_device_train_batch_size", "2", "--num_generations", "2",
                "--max_completion_length", "4", "--max_steps", "1", "--report_to", "none", "--use_cpu", "true",

@@ -14,9 +14,7 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import threading
-from pathlib import Path
 
 import pytest
 
@@ -34,7 +32,7 @@ from cuda_agent.integrations.verifiers import (TASKSET_ID, KernelEnv, KernelHarn
 from cuda_agent.tasks import TaskError  # noqa: E402
 from cuda_agent.train.single_turn import FAILURE_REWARD, single_turn_messages  # noqa: E402
 
-from integration_setup import CORRECT, SANDBOX  # noqa: E402
+from integration_setup import CORRECT, SANDBOX, console_script  # noqa: E402
 
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None,
                                  reason="bubblewrap (bwrap) is missing: the episode's shell and candidates run in it")
@@ -135,7 +133,8 @@ def test_vf_eval_command_scores_single_turn_rollouts_with_metrics(examples, tmp_
             return next(replies)
 
     with OpenAIServer(answer) as model:
-        command = [str(Path(sys.executable).parent / "vf-eval"), "@", str(data / "vf-eval.toml"), "-m", "scripted",
+        command = [*console_script("vf-eval", "verifiers.v1.cli.eval.main:main"), "@", str(data / "vf-eval.toml"),
+                   "-m", "scripted",
                    "--client.base-url", model.url, "-r", "2", "-c", "1", "--no-push", "-o", str(tmp_path / "runs")]
         env = {k: v for k, v in os.environ.items() if k != "CUDA_AGENT_SERVICE"}
         done = subprocess.run(command, cwd=tmp_path, env=env | {"OPENAI_API_KEY": "unused"}, capture_output=True,
