@@ -19,7 +19,7 @@ WORK_LOG = re.compile(r"(?<!\d)20\d\d-\d\d-\d\d(?!\d)|\b[Ii]ssues? #?\d+|\b[Ss]e
 
 
 # Pages another change rewrites in the present tense; checked once that lands.
-PENDING = {"INTEGRATIONS.md"}
+PENDING: set[str] = set()  # docs still being rewritten, skipped by the checks below
 
 
 def docs() -> list[Path]:
