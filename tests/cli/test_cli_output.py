@@ -232,3 +232,17 @@ def test_on_a_terminal_progress_is_one_line_rewritten_in_place():
     text = screen.getvalue()
     assert "\n" not in text and text.endswith("\r\x1b[K")  # nothing left on the line for the summary
     assert "timing the candidate (round 24)" in text and "151797993" not in text
+
+
+def test_the_cli_is_one_small_module_per_command_family():
+    from pathlib import Path
+
+    import cuda_agent.cli as cli
+    from cuda_agent.cli.main import FAMILIES
+
+    folder = Path(cli.__file__).parent
+    sizes = {p.name: len(p.read_text().splitlines()) for p in folder.glob("*.py")}
+    assert max(sizes.values()) <= 600, sizes
+    # Every command is registered by the family module that defines it.
+    for family in FAMILIES:
+        assert callable(family.register) and family.__name__.startswith("cuda_agent.cli.")
