@@ -5,9 +5,12 @@ the task's input shapes, in a sandboxed process of their own; the evaluated proc
 The compile process (``evaluate.triton_target``) imports the candidate, builds ``ModelNew`` and runs forward
 twice on inputs drawn from a seed of its own, with a private ``TRITON_CACHE_DIR`` and autotuning results kept
 on disk. Of what it leaves, only Triton's kernel files (metadata ``.json`` and ``.cubin``, autotuned choices
-``.autotune.json``) are kept: the launcher module the process built is never loaded anywhere else, since
-its code ran beside the candidate's (the evaluated process builds its own before the candidate loads).
-The kept kernels are cached by candidate, task, GPU and Triton version, like built extensions.
+``.autotune.json``) are kept: the native modules the process built (Triton's launchers) are never loaded anywhere
+else, since they were built beside the candidate's code. Where Triton compiles a launcher per kernel signature
+(3.6), the evaluator builds each one again itself, in a process of its own that runs no candidate code, from the
+signatures the build stage recorded (checked as data: ``triton_runtime.launcher_records``), into the kept cache,
+where the evaluated process finds them. The kept kernels are cached by candidate, task, GPU and Triton version,
+like built extensions.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any, Callable
 
 from cuda_agent.candidates import Candidate
 from cuda_agent.candidates.triton import triton_kernels
@@ -30,7 +34,7 @@ from cuda_agent.evaluate.context import Setup
 from cuda_agent.evaluate.processes import new_job
 from cuda_agent.evaluate.protocol import LoadRequest
 from cuda_agent.evaluate.result import EvalResult
-from cuda_agent.evaluate.triton_runtime import LAUNCHER_DIR
+from cuda_agent.evaluate.triton_runtime import LAUNCHER_DIR, LAUNCHERS_FILE, launcher_records
 from cuda_agent.paths import PACKAGE_ROOT, worker_env
 from cuda_agent.sandbox import Limits, run_command
 from cuda_agent.tasks import Task
@@ -39,7 +43,9 @@ KEPT_SUFFIXES = (".json", ".cubin")  # metadata (and autotuned choices) and the 
 GROUP_PREFIX = "__grp__"  # Triton's file naming the files of one compiled kernel
 MAX_FILES = 4096
 MAX_BYTES = 512 * 1024 * 1024
+MAX_LAUNCHERS_FILE = 16 * 1024 * 1024
 BUILD_SEED = 7  # the compile process's inputs: only their shapes, dtypes and layouts matter
+LAYOUT = 2  # what a kept cache holds (2: with the evaluator's per-signature launchers), part of its key
 
 
 def triton_kernels_of(candidate: Candidate) -> list[str]:
@@ -71,7 +77,8 @@ def compile_triton(setup: Setup, task: Task, candidate: Candidate, result: EvalR
         return None
     clock = time.monotonic()
     gpu = result.environment.get("gpu", "") if isinstance(result.environment, dict) else ""
-    key = hashlib.sha256(json.dumps([candidate.digest, task.digest, gpu, _version(), setup.policy.tf32]).encode())
+    key = hashlib.sha256(json.dumps([candidate.digest, task.digest, gpu, _version(), setup.policy.tf32,
+                                     LAYOUT]).encode())
     home = setup.cache_dir / "triton" / key.hexdigest()[:32]
     if (home / "done").exists():
         result.durations["triton_compile"] = 0.0
@@ -99,7 +106,8 @@ def compile_triton(setup: Setup, task: Task, candidate: Candidate, result: EvalR
         if ran.timed_out or ran.returncode != 0 or not (job / "compiled").exists():
             why = f"timed out after {setup.timeouts.build_s:.0f} s" if ran.timed_out else _last_line(ran.output)
             raise Stop("failed", "build", f"Triton compile on the task's shapes failed: {why}")
-        _keep(job / "kernels", home)
+        records = _recorded_launchers(job / LAUNCHERS_FILE)
+        _keep(job / "kernels", home, lambda staging: build_kernel_launchers(setup, records, staging))
         return home
     finally:
         shutil.rmtree(job, ignore_errors=True)
@@ -110,11 +118,46 @@ def _last_line(output: str) -> str:
     return lines[-1][:600] if lines else "the compile process printed nothing"
 
 
-def _keep(source: Path, home: Path) -> None:
+def _recorded_launchers(path: Path) -> list[dict[str, Any]]:
+    """The launcher signatures the build stage recorded, checked; one that is not what Triton records (it was
+    written where the candidate's code ran) stops the build."""
+    try:
+        if path.stat().st_size > MAX_LAUNCHERS_FILE:
+            raise ValueError(f"larger than {MAX_LAUNCHERS_FILE >> 20} MiB")
+        return launcher_records(json.loads(path.read_text()))
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError) as exc:
+        raise Stop("failed", "build", f"the build stage's record of Triton's launchers is not Triton's: {exc}") \
+            from None
+
+
+def build_kernel_launchers(setup: Setup, records: list[dict[str, Any]], where: Path) -> None:
+    """Triton's launcher for each recorded signature, built into ``where`` (the kept cache being made) by a process
+    that runs harness code alone, outside the sandbox, as ``build_launcher``: Triton's own template and the C
+    compiler, fed the checked signatures. A launcher that does not build is the harness's failure (an error)."""
+    if not records:
+        return
+    env = dict(os.environ) | ({"CUDA_VISIBLE_DEVICES": str(setup.gpu_index)} if setup.gpu_index is not None else {})
+    env["PYTHONPATH"] = str(PACKAGE_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
+    env.pop("TRITON_INTERPRET", None)
+    argv = [sys.executable, "-m", "cuda_agent.evaluate.triton_runtime", "--launchers", str(where)]
+    try:
+        ran = subprocess.run(argv, env=env, input=json.dumps(records), capture_output=True, text=True,
+                             timeout=setup.timeouts.build_s)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise Stop("error", "build", f"Triton's launchers for the candidate's kernels did not build: {exc}") from None
+    if ran.returncode != 0:
+        raise Stop("error", "build", "Triton's launchers for the candidate's kernels did not build: "
+                   f"{_last_line(ran.stderr or ran.stdout)}")
+
+
+def _keep(source: Path, home: Path, launchers: Callable[[Path], None] | None = None) -> None:
     """Triton's kernel files from ``source`` into ``home``, bounded; the directory appears whole or not at all.
     A group file (``__grp__NAME.json``: which files make one compiled kernel) names its files by absolute path;
     kept, each is named relative to the cache (``HASH/FILE``) and only where it lies in the group's own folder
-    and is kept too. ``copy_kernels`` makes them absolute again where the copy lies."""
+    and is kept too. ``copy_kernels`` makes them absolute again where the copy lies. ``launchers`` adds the
+    evaluator's own builds of Triton's launchers to the directory before it appears."""
     staging = home.with_name(home.name + f".{os.getpid()}.{secrets.token_hex(4)}")
     files = [p for p in sorted(source.rglob("*")) if not p.is_symlink() and p.is_file()
              and p.name.endswith(KEPT_SUFFIXES)] if source.is_dir() else []
@@ -133,6 +176,12 @@ def _keep(source: Path, home: Path) -> None:
             continue
         shutil.copyfile(path, target)
     staging.mkdir(parents=True, exist_ok=True)
+    try:
+        if launchers is not None:
+            launchers(staging)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     (staging / "done").write_text("")
     try:
         staging.rename(home)

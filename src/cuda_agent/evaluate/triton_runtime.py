@@ -8,9 +8,13 @@ whatever is timed must be the kernels alone. So (docs/SECURITY.md, "Triton candi
 * On a GPU, every kernel was compiled and every autotuned choice made in the build stage
   (``evaluate.triton_build``), on the task's own input shapes; the candidate's process reads them from a
   copy of that cache. Before the candidate's code loads, Triton's own start-up runs here (its launcher
-  module, built from Triton's source, and the tool versions it asks subprocesses for). Then a compile
+  module, built from Triton's source, and the tool versions it asks subprocesses for). Where Triton
+  compiles a C launcher per kernel signature (3.6 and earlier), each launcher the build stage's launches
+  needed was built by the evaluator from the signatures recorded there (``record_launchers``,
+  ``build_kernel_launchers``) and lies in the same cache, found there at the first launch. Then a compile
   is refused with rule ``triton-compile`` (a launch the build stage did not see: another shape, dtype or
-  specialisation), and autotuning that finds no choice from the build stage with ``triton-autotune``.
+  specialisation; a launcher the evaluator did not build), and autotuning that finds no choice from the
+  build stage with ``triton-autotune``.
 * On the CPU, kernels run in Triton's interpreter (``TRITON_INTERPRET=1``): nothing is compiled. The
   interpreter's copies of arguments to the host and back are skipped for tensors already on it, so that
   forward dispatches no torch operator of the harness's for the compute guard to tell apart from the
@@ -19,10 +23,12 @@ whatever is timed must be the kernels alone. So (docs/SECURITY.md, "Triton candi
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
 import tempfile
+import types
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +39,7 @@ CACHE_ENV = "TRITON_CACHE_DIR"
 AUTOTUNE_CACHE_ENV = "TRITON_CACHE_AUTOTUNING"
 TRITON_KEY_FILE = "triton_key"  # beside the launcher: Triton's own key, as ``triton.runtime.cache.triton_key`` says
 LAUNCHER_DIR = "triton-harness"  # in a job: Triton's launcher module as the evaluator built it (``build_launcher``)
+LAUNCHERS_FILE = "launchers.json"  # beside the build stage's spec: the kernel signatures Triton made launchers for
 
 
 def triton_missing() -> str | None:
@@ -68,14 +75,6 @@ def prepare_triton(device: str, kernels: str | None) -> str:
         return "Triton's interpreter (TRITON_INTERPRET=1): kernels run on the CPU, timings are the interpreter's"
     if kernels is None:
         raise RuleBroken("harness", "a Triton candidate on a GPU needs the build stage's kernel cache")
-    import triton
-    from triton.backends.nvidia import driver as nvidia_driver
-
-    if hasattr(nvidia_driver, "make_launcher"):
-        # Such a Triton compiles a C launcher per kernel signature at its first launch: a compiler process after
-        # the ban, which would end the evaluated process.
-        raise RuleBroken("harness", f"Triton {triton.__version__} compiles a launcher per kernel at its first "
-                         "launch; Triton candidates on a GPU need a Triton whose launcher is generic (as 3.9's is)")
     os.environ[AUTOTUNE_CACHE_ENV] = "1"
     point_at_libcuda()
     harness = Path(os.environ.get(CACHE_ENV) or tempfile.gettempdir()) / "triton-harness"
@@ -83,12 +82,18 @@ def prepare_triton(device: str, kernels: str | None) -> str:
     if built.is_dir() and not harness.exists():
         shutil.copytree(built, harness)  # the evaluator's build of Triton's launcher: found, not compiled again
     _start_triton(harness)
+    load_only(kernels)
+    return f"Triton kernels loaded from the build stage's cache; compiling and autotuning refused ({kernels})"
+
+
+def load_only(kernels: str) -> None:
+    """From here on, kernels (and, where Triton has them, their launchers) are looked up in the build stage's
+    cache, read-only; whatever is not there is refused, never compiled."""
     from triton import knobs
 
-    knobs.cache.dir = kernels  # from here on, kernels are looked up in the build stage's cache, read-only
+    knobs.cache.dir = kernels
     knobs.cache.manager_class = _read_only_cache()
     _refuse_compiles()
-    return f"Triton kernels loaded from the build stage's cache; compiling and autotuning refused ({kernels})"
 
 
 def point_at_libcuda() -> None:
@@ -136,6 +141,7 @@ def _start_triton(harness: Path) -> None:
 
     harness.mkdir(parents=True, exist_ok=True)
     knobs.cache.dir = str(harness)
+    remember_platform()
     active = driver.active
     active.utils  # noqa: B018 - builds (the C compiler runs here, before the ban) or loads Triton's launcher
     backend = make_backend(active.get_current_target())
@@ -148,7 +154,19 @@ def _start_triton(harness: Path) -> None:
     triton.runtime.cache.triton_key = triton.runtime.autotuner.triton_key = lambda: key
 
 
+def remember_platform() -> None:
+    """Triton keys each native module it builds (its launchers) by the platform too, which
+    ``platform.architecture`` learns by running ``file`` on the interpreter: asked here, before the ban, and
+    remembered by Triton for every launcher looked up after it."""
+    from triton.runtime import build
+
+    key = getattr(build, "platform_key", None)
+    if key is not None:
+        key()
+
+
 def _refuse_compiles() -> None:
+    from triton import knobs
     from triton.backends.nvidia.compiler import CUDABackend
     from triton.runtime.autotuner import Autotuner
 
@@ -161,8 +179,16 @@ def _refuse_compiles() -> None:
         raise RuleBroken("triton-autotune", f"{self.base_fn.__name__} was autotuned in the candidate's process (a key "
                          "the build stage did not tune on the task's shapes): configs are chosen in the build stage")
 
+    def build(name: str, *args: Any, **kwargs: Any) -> str:
+        # Triton's C compiler, asked for a module its cache lacks: in the candidate's process only a kernel's launcher
+        # (Triton's own start-up built the rest), for a signature the build stage's launches never had.
+        raise RuleBroken("triton-compile", f"Triton's launcher module ({name}) for a kernel's argument types was not "
+                         "built by the evaluator: a launch with a signature the build stage did not see, whose "
+                         "launcher would be compiled in the candidate's process")
+
     CUDABackend.add_stages = add_stages
     Autotuner._bench = bench
+    knobs.build.impl = build  # consulted by triton.runtime.build before it runs any compiler
 
 
 def _interpret_on_host() -> None:
@@ -210,5 +236,134 @@ def build_launcher(where: Path) -> None:
     _start_triton(where)
 
 
-if __name__ == "__main__":  # python -m cuda_agent.evaluate.triton_runtime DIR: the evaluator's launcher build
-    build_launcher(Path(sys.argv[1]))
+def record_launchers() -> list[dict[str, Any]]:
+    """In the build stage's process, before the candidate's code: the list that fills with what each per-signature
+    launcher Triton makes is made from (its kernel's argument types, its tensor descriptors' metadata), for the
+    evaluator to build the same launchers itself; stays empty where Triton's launcher is generic (3.9)."""
+    seen: list[dict[str, Any]] = []
+    try:
+        from triton.backends.nvidia import driver as nvidia_driver
+    except ImportError:
+        return seen
+    make = getattr(nvidia_driver, "make_launcher", None)
+    if make is None:
+        return seen
+
+    def recording(constants: Any, signature: dict[Any, Any], tensordesc_meta: Any, *args: Any, **kwargs: Any) -> str:
+        seen.append({"signature": list(signature.values()), "tensordesc_meta": tensordesc_meta})
+        return make(constants, signature, tensordesc_meta, *args, **kwargs)
+
+    nvidia_driver.make_launcher = recording  # CudaLauncher looks it up in its module as it makes each launcher
+    return seen
+
+
+MAX_LAUNCHERS = 256  # distinct launcher signatures of one candidate (autotuned configs of a kernel share one)
+MAX_RECORD_CHARS = 64 * 1024
+MAX_NESTING = 4  # tuples of arguments within tuples
+# A type in a kernel's signature as Triton writes it: ``*fp32``, ``i32``, ``constexpr``, ``nvTmaDesc``,
+# ``tensordesc<fp16[64, 64]>``. Triton's launcher source maps each to fixed C text and never copies one into it;
+# the characters C would read as more than a name are refused all the same.
+TYPE_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_*<>[], .#=:-")
+
+
+def launcher_records(raw: Any) -> list[dict[str, Any]]:
+    """The build stage's recorded launchers (``record_launchers``, written by a process where candidate code ran),
+    checked and each once, or ValueError: a signature is a list of type names or of such lists, tensor descriptors'
+    metadata none or a list of plain JSON values, and there are at most ``MAX_LAUNCHERS``."""
+    if not isinstance(raw, list):
+        raise ValueError("not a list of launchers")
+    kept: dict[str, dict[str, Any]] = {}
+    for record in raw:
+        if not isinstance(record, dict) or set(record) != {"signature", "tensordesc_meta"}:
+            raise ValueError("a launcher is not {signature, tensordesc_meta}")
+        text = json.dumps(record, sort_keys=True)
+        if len(text) > MAX_RECORD_CHARS:
+            raise ValueError(f"a launcher's record is longer than {MAX_RECORD_CHARS} characters")
+        _check_types(record["signature"], 0)
+        meta = record["tensordesc_meta"]
+        if meta is not None and not (isinstance(meta, list) and all(_plain(m, 0) for m in meta)):
+            raise ValueError("tensor descriptors' metadata that is not a list of plain values")
+        kept.setdefault(text, record)
+        if len(kept) > MAX_LAUNCHERS:
+            raise ValueError(f"more than {MAX_LAUNCHERS} launcher signatures")
+    return list(kept.values())
+
+
+def _check_types(types_: Any, depth: int) -> None:
+    if not isinstance(types_, list) or depth > MAX_NESTING:
+        raise ValueError("a signature that is not a list of types")
+    for ty in types_:
+        if isinstance(ty, list):
+            _check_types(ty, depth + 1)
+        elif not (isinstance(ty, str) and 0 < len(ty) <= 256 and set(ty) <= TYPE_CHARS):
+            raise ValueError(f"not a type Triton writes: {str(ty)[:80]!r}")
+
+
+def _plain(value: Any, depth: int) -> bool:
+    if depth > MAX_NESTING:
+        return False
+    if value is None or isinstance(value, (bool, int, float)):
+        return True
+    if isinstance(value, str):
+        return len(value) <= 256
+    if isinstance(value, list):
+        return all(_plain(v, depth + 1) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain(v, depth + 1) for k, v in value.items())
+    return False
+
+
+def _as_signature(types_: list[Any]) -> dict[int, Any]:
+    def typed(ty: Any) -> Any:  # JSON made Triton's tuples of types lists
+        return tuple(typed(t) for t in ty) if isinstance(ty, list) else ty
+
+    return {i: typed(ty) for i, ty in enumerate(types_)}
+
+
+def build_kernel_launchers(where: Path, records: list[dict[str, Any]]) -> list[str]:
+    """Triton's launcher for each recorded signature, made by Triton's own ``CudaLauncher`` (its source from
+    Triton's template, the C compiler run here) into the Triton cache ``where``, where a launch with that signature
+    finds it by the hash of the same source; the modules' paths. For the evaluator's own process, which runs no
+    candidate code: the records are data, checked again here."""
+    from triton import knobs
+    from triton.backends.nvidia import driver as nvidia_driver
+
+    _find_libcuda()
+    where.mkdir(parents=True, exist_ok=True)
+    knobs.cache.dir = str(where)
+    knobs.cache.manager_class = None  # Triton's own file cache: each module under the hash of its source
+    for record in launcher_records(records):
+        signature = _as_signature(record["signature"])
+        # What CudaLauncher reads of a kernel: the source (argument types) and the tensor descriptors' metadata
+        # shape the launcher; the rest (scratch sizes, launch flags) only what it passes at each launch.
+        source = types.SimpleNamespace(constants={}, signature=signature, fn=types.SimpleNamespace(arg_names=[]))
+        metadata = types.SimpleNamespace(tensordesc_meta=record["tensordesc_meta"], num_ctas=1,
+                                         global_scratch_size=0, global_scratch_align=1, profile_scratch_size=0,
+                                         profile_scratch_align=1, launch_cooperative_grid=False, launch_pdl=False)
+        nvidia_driver.CudaLauncher(source, metadata)
+    return sorted(str(p) for p in where.rglob("__triton_launcher*"))
+
+
+def _find_libcuda() -> None:
+    """``TRITON_LIBCUDA_PATH`` for the launchers' link: the driver library the dynamic loader finds, loaded without
+    a CUDA context (none is needed to build); Triton asks ``ldconfig`` where none is found this way."""
+    if os.environ.get("TRITON_LIBCUDA_PATH"):
+        return
+    import ctypes
+
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return
+    point_at_libcuda()
+
+
+def _main(argv: list[str]) -> None:
+    if argv[:1] == ["--launchers"]:  # the records on stdin: the kernels' launchers, built by the evaluator
+        print(json.dumps(build_kernel_launchers(Path(argv[1]), json.loads(sys.stdin.read()))))
+    else:
+        build_launcher(Path(argv[0]))
+
+
+if __name__ == "__main__":  # python -m cuda_agent.evaluate.triton_runtime [--launchers] DIR: the evaluator's builds
+    _main(sys.argv[1:])

@@ -5,8 +5,9 @@
 SPEC holds a ``LoadRequest`` (``request``) and an input ``seed``. The task loads, then the candidate; forward
 runs twice on the task's inputs (the first call compiles and autotunes into ``TRITON_CACHE_DIR``, the second
 shows that nothing more is compiled for them). Nothing this process computes is compared or timed, and
-nothing it leaves but Triton's kernel files is used (``triton_build.KEPT_SUFFIXES``). ``compiled`` beside SPEC
-says it finished.
+nothing it leaves but Triton's kernel files is used (``triton_build.KEPT_SUFFIXES``), and, where Triton compiles
+a launcher per kernel signature, the signatures it made them for (``triton_runtime.LAUNCHERS_FILE``: data the
+evaluator checks and builds Triton's launchers from itself). ``compiled`` beside SPEC says it finished.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     from cuda_agent.evaluate.protocol import LoadRequest
-    from cuda_agent.evaluate.triton_runtime import point_at_libcuda
+    from cuda_agent.evaluate.triton_runtime import LAUNCHERS_FILE, point_at_libcuda, record_launchers
     from cuda_agent.evaluate.worker import CandidateSide
 
     torch.cuda.init()
@@ -29,6 +30,7 @@ def main(argv: list[str] | None = None) -> None:
     spec_path = Path((argv or sys.argv[1:])[0])
     spec = json.loads(spec_path.read_text())
     request = LoadRequest(**spec["request"])
+    launchers = record_launchers()
     side = CandidateSide()
     side.load_task(request)
     side.load_unguarded(request)
@@ -37,6 +39,7 @@ def main(argv: list[str] | None = None) -> None:
         for _ in range(2):
             side.model(*inputs)
             torch.cuda.synchronize()
+    (spec_path.parent / LAUNCHERS_FILE).write_text(json.dumps(launchers))
     (spec_path.parent / "compiled").write_text("")
     print("compiled the Triton kernels on the task's inputs", flush=True)
 
