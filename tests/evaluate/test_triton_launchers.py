@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from cuda_agent.evaluate.channel import Stop
-from cuda_agent.evaluate.triton_build import _keep, _recorded_launchers, build_kernel_launchers, copy_kernels
+from cuda_agent.evaluate.triton_build import _keep, _recorded_launchers, build_recorded_launchers, copy_kernels
 from cuda_agent.evaluate.triton_runtime import LAUNCHERS_FILE, MAX_LAUNCHERS, launcher_records
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,7 +76,7 @@ def test_a_launcher_that_does_not_build_is_the_harness_error_and_leaves_no_cache
     home = tmp_path / "home"
     records = [{"signature": SIGNATURE, "tensordesc_meta": None}]
     with pytest.raises(Stop) as stopped:
-        _keep(source, home, lambda staging: build_kernel_launchers(setup, records, staging))
+        _keep(source, home, lambda staging: build_recorded_launchers(setup, records, staging))
     assert (stopped.value.status, stopped.value.stage) == ("error", "build")
     assert not home.exists() and list(tmp_path.iterdir()) == [source]
 
@@ -211,7 +211,7 @@ def test_the_evaluator_builds_the_launcher_and_the_evaluated_process_finds_it_wi
     home = tmp_path / "cache" / "key"
     home.parent.mkdir()
     setup = types.SimpleNamespace(gpu_index=None, timeouts=types.SimpleNamespace(build_s=300))
-    _keep(job / "kernels", home, lambda staging: build_kernel_launchers(setup, records, staging))
+    _keep(job / "kernels", home, lambda staging: build_recorded_launchers(setup, records, staging))
     kept = list(home.rglob("__triton_launcher*"))
     # The evaluator's build lies where a launch with that signature looks: under the hash of the same source.
     assert [p.relative_to(home) for p in kept] == [made[0].relative_to(job / "kernels")]

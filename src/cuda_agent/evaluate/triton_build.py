@@ -107,7 +107,7 @@ def compile_triton(setup: Setup, task: Task, candidate: Candidate, result: EvalR
             why = f"timed out after {setup.timeouts.build_s:.0f} s" if ran.timed_out else _last_line(ran.output)
             raise Stop("failed", "build", f"Triton compile on the task's shapes failed: {why}")
         records = _recorded_launchers(job / LAUNCHERS_FILE)
-        _keep(job / "kernels", home, lambda staging: build_kernel_launchers(setup, records, staging))
+        _keep(job / "kernels", home, lambda staging: build_recorded_launchers(setup, records, staging))
         return home
     finally:
         shutil.rmtree(job, ignore_errors=True)
@@ -132,7 +132,7 @@ def _recorded_launchers(path: Path) -> list[dict[str, Any]]:
             from None
 
 
-def build_kernel_launchers(setup: Setup, records: list[dict[str, Any]], where: Path) -> None:
+def build_recorded_launchers(setup: Setup, records: list[dict[str, Any]], where: Path) -> None:
     """Triton's launcher for each recorded signature, built into ``where`` (the kept cache being made) by a process
     that runs harness code alone, outside the sandbox, as ``build_launcher``: Triton's own template and the C
     compiler, fed the checked signatures. A launcher that does not build is the harness's failure (an error)."""

@@ -257,7 +257,7 @@ def record_launchers() -> list[dict[str, Any]]:
     return seen
 
 
-MAX_LAUNCHERS = 256  # distinct launcher signatures of one candidate (autotuned configs of a kernel share one)
+MAX_LAUNCHERS = 64  # distinct launcher signatures of one candidate (autotuned configs of a kernel share one)
 MAX_RECORD_CHARS = 64 * 1024
 MAX_NESTING = 4  # tuples of arguments within tuples
 # A type in a kernel's signature as Triton writes it: ``*fp32``, ``i32``, ``constexpr``, ``nvTmaDesc``,
