@@ -81,6 +81,24 @@ def test_a_launcher_that_does_not_build_is_the_harness_error_and_leaves_no_cache
     assert not home.exists() and list(tmp_path.iterdir()) == [source]
 
 
+@pytest.mark.slow
+def test_a_record_tritons_template_refuses_fails_the_candidates_build(tmp_path, monkeypatch):
+    """A type of the allowed characters that Triton does not know (or, under a Triton whose launcher is generic, any
+    record at all): the build stage's record was not Triton's, the candidate's build fails and nothing is kept."""
+    pytest.importorskip("triton")
+    for name, value in _env().items():
+        monkeypatch.setenv(name, value)
+    source = tmp_path / "kernels"
+    (source / "HASH").mkdir(parents=True)
+    (source / "HASH" / "k.json").write_text("{}")
+    setup = types.SimpleNamespace(gpu_index=None, timeouts=types.SimpleNamespace(build_s=300))
+    records = [{"signature": ["*fp32", "i33"], "tensordesc_meta": None}]
+    with pytest.raises(Stop) as stopped:
+        _keep(source, tmp_path / "home", lambda staging: build_recorded_launchers(setup, records, staging))
+    assert (stopped.value.status, stopped.value.stage) == ("failed", "build")
+    assert "not Triton's" in stopped.value.reason and not (tmp_path / "home").exists()
+
+
 REFUSE_BUILD = r'''
 import json, subprocess, sys
 from cuda_agent.evaluate.triton_runtime import load_only, remember_platform

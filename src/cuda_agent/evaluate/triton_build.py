@@ -34,7 +34,7 @@ from cuda_agent.evaluate.context import Setup
 from cuda_agent.evaluate.processes import new_job
 from cuda_agent.evaluate.protocol import LoadRequest
 from cuda_agent.evaluate.result import EvalResult
-from cuda_agent.evaluate.triton_runtime import LAUNCHER_DIR, LAUNCHERS_FILE, launcher_records
+from cuda_agent.evaluate.triton_runtime import LAUNCHER_DIR, LAUNCHERS_FILE, REFUSED_EXIT, launcher_records
 from cuda_agent.paths import PACKAGE_ROOT, worker_env
 from cuda_agent.sandbox import Limits, run_command
 from cuda_agent.tasks import Task
@@ -135,7 +135,8 @@ def _recorded_launchers(path: Path) -> list[dict[str, Any]]:
 def build_recorded_launchers(setup: Setup, records: list[dict[str, Any]], where: Path) -> None:
     """Triton's launcher for each recorded signature, built into ``where`` (the kept cache being made) by a process
     that runs harness code alone, outside the sandbox, as ``build_launcher``: Triton's own template and the C
-    compiler, fed the checked signatures. A launcher that does not build is the harness's failure (an error)."""
+    compiler, fed the checked signatures. A signature Triton's template refuses fails the candidate's build; a
+    launcher that does not build otherwise is the harness's failure (an error)."""
     if not records:
         return
     env = dict(os.environ) | ({"CUDA_VISIBLE_DEVICES": str(setup.gpu_index)} if setup.gpu_index is not None else {})
@@ -147,6 +148,8 @@ def build_recorded_launchers(setup: Setup, records: list[dict[str, Any]], where:
                              timeout=setup.timeouts.build_s)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise Stop("error", "build", f"Triton's launchers for the candidate's kernels did not build: {exc}") from None
+    if ran.returncode == REFUSED_EXIT:  # a record Triton's template refuses: written where the candidate's code ran
+        raise Stop("failed", "build", _last_line(ran.stderr))
     if ran.returncode != 0:
         raise Stop("error", "build", "Triton's launchers for the candidate's kernels did not build: "
                    f"{_last_line(ran.stderr or ran.stdout)}")

@@ -320,28 +320,55 @@ def _as_signature(types_: list[Any]) -> dict[int, Any]:
     return {i: typed(ty) for i, ty in enumerate(types_)}
 
 
-def build_kernel_launchers(where: Path, records: list[dict[str, Any]]) -> list[str]:
+class RecordRefused(ValueError):
+    """A recorded launcher that is not one Triton makes: the build stage's record was not Triton's."""
+
+
+REFUSED_EXIT = 3  # the launcher build's exit status when a record is refused (the candidate's failure)
+
+
+def build_kernel_launchers(where: Path, records: Any) -> list[str]:
     """Triton's launcher for each recorded signature, made by Triton's own ``CudaLauncher`` (its source from
     Triton's template, the C compiler run here) into the Triton cache ``where``, where a launch with that signature
     finds it by the hash of the same source; the modules' paths. For the evaluator's own process, which runs no
-    candidate code: the records are data, checked again here."""
+    candidate code: the records are data, checked again here, and each must make a source with Triton's template
+    before any is built (else ``RecordRefused``)."""
     from triton import knobs
     from triton.backends.nvidia import driver as nvidia_driver
 
+    try:
+        checked = launcher_records(records)
+    except ValueError as exc:
+        raise RecordRefused(str(exc)) from None
+    make = getattr(nvidia_driver, "make_launcher", None)
+    if checked and make is None:
+        raise RecordRefused(f"Triton {_triton_version()}'s launcher is generic: it records no per-signature launchers")
+    for record in checked:
+        try:
+            make({}, _as_signature(record["signature"]), record["tensordesc_meta"])
+        except (KeyError, ValueError, TypeError, AttributeError, IndexError, AssertionError) as exc:
+            raise RecordRefused(f"Triton's template refuses a recorded signature ({type(exc).__name__}: "
+                                f"{str(exc)[:200]})") from None
     _find_libcuda()
     where.mkdir(parents=True, exist_ok=True)
     knobs.cache.dir = str(where)
     knobs.cache.manager_class = None  # Triton's own file cache: each module under the hash of its source
-    for record in launcher_records(records):
-        signature = _as_signature(record["signature"])
+    for record in checked:
         # What CudaLauncher reads of a kernel: the source (argument types) and the tensor descriptors' metadata
         # shape the launcher; the rest (scratch sizes, launch flags) only what it passes at each launch.
-        source = types.SimpleNamespace(constants={}, signature=signature, fn=types.SimpleNamespace(arg_names=[]))
+        source = types.SimpleNamespace(constants={}, signature=_as_signature(record["signature"]),
+                                       fn=types.SimpleNamespace(arg_names=[]))
         metadata = types.SimpleNamespace(tensordesc_meta=record["tensordesc_meta"], num_ctas=1,
                                          global_scratch_size=0, global_scratch_align=1, profile_scratch_size=0,
                                          profile_scratch_align=1, launch_cooperative_grid=False, launch_pdl=False)
         nvidia_driver.CudaLauncher(source, metadata)
     return sorted(str(p) for p in where.rglob("__triton_launcher*"))
+
+
+def _triton_version() -> str:
+    import triton
+
+    return triton.__version__
 
 
 def _find_libcuda() -> None:
@@ -360,7 +387,11 @@ def _find_libcuda() -> None:
 
 def _main(argv: list[str]) -> None:
     if argv[:1] == ["--launchers"]:  # the records on stdin: the kernels' launchers, built by the evaluator
-        print(json.dumps(build_kernel_launchers(Path(argv[1]), json.loads(sys.stdin.read()))))
+        try:
+            print(json.dumps(build_kernel_launchers(Path(argv[1]), json.loads(sys.stdin.read()))))
+        except RecordRefused as exc:
+            print(f"the build stage's record of Triton's launchers is not Triton's: {exc}", file=sys.stderr)
+            sys.exit(REFUSED_EXIT)
     else:
         build_launcher(Path(argv[0]))
 
