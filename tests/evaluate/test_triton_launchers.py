@@ -65,6 +65,11 @@ def test_a_record_that_is_not_tritons_stops_the_build(tmp_path):
     path.write_text("not json")
     with pytest.raises(Stop):
         _recorded_launchers(path)
+    path.unlink()
+    (tmp_path / "elsewhere.json").write_text(json.dumps([{"signature": ["*fp32"], "tensordesc_meta": None}]))
+    path.symlink_to(tmp_path / "elsewhere.json")  # a file that is not the build stage's, however well formed
+    with pytest.raises(Stop, match="not a plain file"):
+        _recorded_launchers(path)
 
 
 def test_a_launcher_that_does_not_build_is_the_harness_error_and_leaves_no_cache(tmp_path, monkeypatch):

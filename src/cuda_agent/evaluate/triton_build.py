@@ -121,12 +121,14 @@ def _last_line(output: str) -> str:
 def _recorded_launchers(path: Path) -> list[dict[str, Any]]:
     """The launcher signatures the build stage recorded, checked; one that is not what Triton records (it was
     written where the candidate's code ran) stops the build."""
+    if not path.exists() and not path.is_symlink():
+        return []  # none recorded: every launch then needs a launcher that is not there (triton-compile)
     try:
+        if path.is_symlink() or not path.is_file():  # a link could name a file that is not the build stage's
+            raise ValueError("not a plain file")
         if path.stat().st_size > MAX_LAUNCHERS_FILE:
             raise ValueError(f"larger than {MAX_LAUNCHERS_FILE >> 20} MiB")
         return launcher_records(json.loads(path.read_text()))
-    except FileNotFoundError:
-        return []
     except (OSError, ValueError) as exc:
         raise Stop("failed", "build", f"the build stage's record of Triton's launchers is not Triton's: {exc}") \
             from None
