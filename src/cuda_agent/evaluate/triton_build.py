@@ -107,7 +107,12 @@ def compile_triton(setup: Setup, task: Task, candidate: Candidate, result: EvalR
             why = f"timed out after {setup.timeouts.build_s:.0f} s" if ran.timed_out else _last_line(ran.output)
             raise Stop("failed", "build", f"Triton compile on the task's shapes failed: {why}")
         records = _recorded_launchers(job / LAUNCHERS_FILE)
+        clock = time.monotonic()
         _keep(job / "kernels", home, lambda staging: build_recorded_launchers(setup, records, staging))
+        if records:
+            result.durations["triton_launchers"] = round(time.monotonic() - clock, 3)
+            result.notes.append(f"Triton: {len(records)} launcher(s) built by the evaluator from the build stage's "
+                                "recorded signatures")
         return home
     finally:
         shutil.rmtree(job, ignore_errors=True)
