@@ -53,7 +53,7 @@ def imported_modules(path: Path) -> list[tuple[int, str]]:
 
 
 def _package_of(dotted: str) -> str | None:
-    """``cuda_agent.evaluate.compare`` -> ``evaluate``; ``cuda_agent.cli`` -> ``cli``; else None."""
+    """``cuda_agent.evaluate.protocol.compare`` -> ``evaluate``; ``cuda_agent.cli`` -> ``cli``; else None."""
     parts = dotted.split(".")
     return parts[1] if len(parts) > 1 and parts[0] == "cuda_agent" else None
 

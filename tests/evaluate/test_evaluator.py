@@ -17,7 +17,7 @@ from cuda_agent import EvalResult, Evaluator, load_candidate, load_task
 from cuda_agent.evaluate.evaluator import TIMED_CHECKS
 from cuda_agent.evaluate import Timeouts
 from cuda_agent.evaluate.baseline import baseline_key
-from cuda_agent.evaluate.policy import TimingConfig
+from cuda_agent.evaluate.protocol.policy import TimingConfig
 from cuda_agent.evaluate.pool import evaluate_many
 from cuda_agent.evaluate.pressure import cpu_stall_us
 from cuda_agent.evaluate.reference_process import cached_baseline
@@ -383,7 +383,7 @@ def test_a_region_whose_calls_are_left_out_is_forged(example, evaluator, tmp_pat
     region) is refused, and so is a reply that brings records of its own."""
     task, solution = example
     for name, prelude, reason in (
-            ("dropper", "import sys\n_side = sys.modules['cuda_agent.evaluate.side']\n_encode = _side.encode_calls\n"
+            ("dropper", "import sys\n_side = sys.modules['cuda_agent.evaluate.worker.side']\n_encode = _side.encode_calls\n"
                         "_side.encode_calls = lambda calls: _encode(calls[1:])\n",
              "described other calls than were asked for"),
             ("recorder", "import sys\n_cls = sys.modules['__main__'].CandidateSide\n_time = _cls.time\n"

@@ -22,7 +22,7 @@ from importlib import resources
 from pathlib import Path
 
 from cuda_agent.candidates import fixed_file
-from cuda_agent.evaluate.policy import Policy
+from cuda_agent.evaluate.protocol.policy import Policy
 from cuda_agent.tasks.task import Task
 
 PROTECTED = ("SKILL.md", "model.py", "binding.cpp", "binding_registry.h", "utils")

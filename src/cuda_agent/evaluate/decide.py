@@ -21,9 +21,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 from cuda_agent.evaluate.region_clock import robust_sd
-from cuda_agent.evaluate.policy import Policy, TimingConfig
+from cuda_agent.evaluate.protocol.policy import Policy, TimingConfig
 from cuda_agent.evaluate.reward import milestone
-from cuda_agent.evaluate.timing import TimingStats
+from cuda_agent.evaluate.protocol.timing import TimingStats
 
 # A side times ``trials`` regions of ``calls`` calls each, its call indices starting at ``first``,
 # and returns one sample (ms per call) per region.

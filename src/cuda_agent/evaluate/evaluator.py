@@ -30,7 +30,7 @@ from cuda_agent.candidates import Candidate
 from cuda_agent.evaluate import reference_process as ref
 from cuda_agent.evaluate.baseline import BaselineCache
 from cuda_agent.evaluate.brackets import CandidateBrackets, bracket_hold
-from cuda_agent.evaluate.channel import Channel, Stop
+from cuda_agent.evaluate.protocol.channel import Channel, Stop
 from cuda_agent.evaluate.checks import TIMED_CHECKS, check_timed_outputs, own_kernels, run_checks
 from cuda_agent.evaluate.context import (
     Evaluation, Setup, StageCallback, Timeouts, default_memory_limit, resolve_device,
@@ -38,16 +38,16 @@ from cuda_agent.evaluate.context import (
 from cuda_agent.evaluate.counters import CounterReport, unavailable
 from cuda_agent.evaluate.counters_run import find_ncu, profile_counters
 from cuda_agent.evaluate.decide import Plan
-from cuda_agent.evaluate.degenerate import DegenerateReport
+from cuda_agent.evaluate.protocol.degenerate import DegenerateReport
 from cuda_agent.evaluate.device_lock import HUNGRY_SHARE, MEMORY_HUNGRY, DeviceLock, shared_use
 from cuda_agent.evaluate.environment import describe_environment
-from cuda_agent.evaluate.policy import Policy, TimingConfig
-from cuda_agent.evaluate.timing import flush_bytes
+from cuda_agent.evaluate.protocol.policy import Policy, TimingConfig
+from cuda_agent.evaluate.protocol.timing import flush_bytes
 from cuda_agent.evaluate.processes import (
     SPARE_CANDIDATES, Workers, close_all, copy_modules, spares_stopped, start_workers, take_workers,
 )
-from cuda_agent.evaluate.protocol import LoadReply, LoadRequest, ReadyReply, ReadyRequest, ReleaseRequest, WeightsRequest
-from cuda_agent.evaluate.quiet import GpuQuiet, quiet_after_stops
+from cuda_agent.evaluate.protocol.messages import LoadReply, LoadRequest, ReadyReply, ReadyRequest, ReleaseRequest, WeightsRequest
+from cuda_agent.evaluate.protocol.quiet import GpuQuiet, quiet_after_stops
 from cuda_agent.evaluate.references import REFERENCE_MEMORY, LiveReference, ReferencePool, kept_references
 from cuda_agent.evaluate.result import EvalResult
 from cuda_agent.evaluate.retry import RetryPolicy, with_retries

@@ -71,12 +71,12 @@ def spawn(setup: Setup, role: str, home: Path, readable: list[Path]) -> WorkerPr
         env[BAN_THREADS_ENV] = "1"  # no new thread or process once its code starts to load (sandbox.nothreads)
         if setup.device == "cuda":
             # Memory of the driver's VMM API, which another process can map: its timed outputs are read
-            # from outside it (evaluate.vmm). Replaces any other allocator setting of the user's.
+            # from outside it (evaluate.protocol.vmm). Replaces any other allocator setting of the user's.
             env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     limits = Limits(timeout_s=setup.timeouts.baseline_s, output_bytes=setup.output_limit,
                     memory_bytes=setup.memory_limit)
     return WorkerProcess(
-        argv=[sys.executable, "-m", "cuda_agent.evaluate.worker", "--role", role, "--device", setup.device],
+        argv=[sys.executable, "-m", "cuda_agent.evaluate.worker.loop", "--role", role, "--device", setup.device],
         cwd=home,
         env=env,
         limits=limits,

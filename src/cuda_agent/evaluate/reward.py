@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cuda_agent.evaluate.policy import Policy
+from cuda_agent.evaluate.protocol.policy import Policy
 
 
 def milestone_reward(correct: bool, t: float | None, t_eager: float | None, t_compile: float | None, beat: float = 0.95) -> float:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from cuda_agent.evaluate.baseline import BaselineCache
-from cuda_agent.evaluate.channel import Stop
+from cuda_agent.evaluate.protocol.channel import Stop
 from cuda_agent.evaluate.context import Setup
 from cuda_agent.evaluate.decide import BASELINES, Rounds, reward_settled, speedups
 from cuda_agent.evaluate.reference_process import keep_baseline
