@@ -196,7 +196,7 @@ def _spare_states_in_rounds(monkeypatch, spares) -> list[dict[int, str]]:
     """The state of each process of ``spares()`` (and its children) as each timing round starts."""
     import importlib
 
-    from cuda_agent.sandbox.process import descendants, process_state
+    from cuda_agent.sandbox.proctree import descendants, process_state
 
     rounds_module = importlib.import_module("cuda_agent.evaluate.rounds")
     seen: list[dict[int, str]] = []
@@ -214,7 +214,7 @@ def _spare_states_in_rounds(monkeypatch, spares) -> list[dict[int, str]]:
 def test_spares_stand_still_while_anything_is_timed(example, cache_dir, monkeypatch):
     """A prestarted process still starting puts work on the device; it is stopped during the rounds
     and runs again after them."""
-    from cuda_agent.sandbox.process import process_state
+    from cuda_agent.sandbox.proctree import process_state
 
     task, solution = example
     seen = _spare_states_in_rounds(monkeypatch, lambda: evaluator._spare)
@@ -233,7 +233,7 @@ def test_every_slots_spares_stand_still_while_one_slot_times(example, cache_dir,
     as its evaluation ended, is stopped during this slot's rounds too, not only this slot's own."""
     from cuda_agent.evaluate.device_lock import DeviceLock
     from cuda_agent.evaluate.processes import start_workers
-    from cuda_agent.sandbox.process import process_state
+    from cuda_agent.sandbox.proctree import process_state
 
     task, solution = example
     seen = _spare_states_in_rounds(monkeypatch, lambda: other._spare)

@@ -839,7 +839,7 @@ def test_work_after_the_let_go_counts_in_the_regions_cpu_time_on_the_cpu_backend
     while the worker is still stopped: 3 ms of CPU spent there on the written values show in the region's CPU time."""
     from cuda_agent.evaluate.brackets import CandidateBrackets
     from cuda_agent.evaluate.protocol.outside import InputWriter
-    from cuda_agent.sandbox.process import process_state
+    from cuda_agent.sandbox.proctree import process_state
 
     bell = Bell()
     config = TimingConfig(flush_l2=False)

@@ -293,7 +293,7 @@ def clock_check(walls_ms: list[float], claimed_ms: list[float], empty_ms: list[f
 
 def other_threads_ms(before: dict[int, tuple[str, int]], after: dict[int, tuple[str, int]],
                      main: int) -> tuple[float, list[tuple[float, str, int]]]:
-    """CPU milliseconds between two readings of a process tree's threads (``sandbox.process.tree_thread_cpu``):
+    """CPU milliseconds between two readings of a process tree's threads (``sandbox.proctree.tree_thread_cpu``):
     the ``main`` thread's, and (ms, name, tid) of every other thread present in both, busiest last."""
     main_ms = (after.get(main, ("", 0))[1] - before.get(main, ("", 0))[1]) / 1e6
     others = sorted(((after[tid][1] - ran) / 1e6, name, tid) for tid, (name, ran) in before.items()
