@@ -22,7 +22,7 @@ from typing import Callable
 
 from cuda_agent.evaluate.region_clock import robust_sd
 from cuda_agent.evaluate.protocol.policy import Policy, TimingConfig
-from cuda_agent.evaluate.reward import milestone
+from cuda_agent.evaluate.reward import beats, milestone, reward_line
 from cuda_agent.evaluate.protocol.timing import TimingStats
 
 # A side times ``trials`` regions of ``calls`` calls each, its call indices starting at ``first``,
@@ -93,7 +93,7 @@ class Speedup:
 
     @property
     def beats(self) -> bool:
-        return self.line is not None and self.estimate > self.line
+        return beats(self.estimate, self.line)
 
     @property
     def confident(self) -> bool:
@@ -127,8 +127,7 @@ BASELINES = ("eager", "compile")
 
 def speedups(rounds: "Rounds", policy: Policy, timing: TimingConfig) -> dict[str, Speedup]:
     """The candidate's speedup over each baseline timed (or fixed) in ``rounds``, against the reward's line."""
-    line = 1 / policy.beat_factor if policy.reward == "milestone" else None
-    return {side: speedup(side, rounds.ratios(side), line, timing.confidence)
+    return {side: speedup(side, rounds.ratios(side), reward_line(policy), timing.confidence)
             for side in BASELINES if (rounds.count(side) or side in rounds.fixed) and rounds.count("candidate")}
 
 
