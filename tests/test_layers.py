@@ -89,7 +89,7 @@ def _evaluate_part(dotted: str) -> str | None:
 
 def evaluate_part_violations(package: Path | None = None) -> list[str]:
     """One line per import in ``evaluate/worker`` or ``evaluate/protocol`` of a part of the evaluation core it may not
-    import: ``path:line: part imports module``. ``from cuda_agent.evaluate.protocol import x`` names the package
+    import: ``path:line: part imports module``. ``from cuda_agent.evaluate.protocol import timing`` names the package
     ``cuda_agent.evaluate`` on the way: a part's own package path is not counted against it."""
     package = package or PACKAGE
     problems = []
@@ -128,12 +128,12 @@ def test_the_part_check_sees_the_evaluators_side_and_the_worker(tmp_path, monkey
         (evaluate / part / "__init__.py").write_text("")
     (evaluate / "worker" / "loop.py").write_text("from ..protocol import messages\nfrom .. import evaluator\n"
                                                  "from cuda_agent.evaluate.result import EvalResult\n")
-    (evaluate / "protocol" / "timing.py").write_text("def f():\n    from cuda_agent.evaluate.worker import side\n")
+    (evaluate / "protocol" / "timing.py").write_text("def f():\n    from cuda_agent.evaluate.worker.side import Side\n")
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path / "cuda_agent")
     assert evaluate_part_violations() == [
         "cuda_agent/evaluate/worker/loop.py:2: worker imports cuda_agent.evaluate.evaluator",
         "cuda_agent/evaluate/worker/loop.py:3: worker imports cuda_agent.evaluate.result",
-        "cuda_agent/evaluate/protocol/timing.py:2: protocol imports cuda_agent.evaluate.worker",
+        "cuda_agent/evaluate/protocol/timing.py:2: protocol imports cuda_agent.evaluate.worker.side",
     ]
 
 
