@@ -137,6 +137,29 @@ def test_the_part_check_sees_the_evaluators_side_and_the_worker(tmp_path, monkey
     ]
 
 
+def started_modules() -> list[tuple[str, str]]:
+    """(file, module) for every ``"-m", "cuda_agent..."`` pair in a list or tuple of the package: the modules it starts
+    processes with, which no import names."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.List, ast.Tuple)):
+                values = [e.value if isinstance(e, ast.Constant) else None for e in node.elts]
+                found += [(str(path.relative_to(PACKAGE.parent)), module) for flag, module in zip(values, values[1:])
+                          if flag == "-m" and isinstance(module, str) and module.startswith("cuda_agent.")]
+    return found
+
+
+def test_evaluation_processes_start_worker_modules():
+    started = started_modules()
+    assert {module for _, module in started} >= {"cuda_agent.evaluate.worker.loop",
+                                                  "cuda_agent.evaluate.worker.counters_target"}
+    for path, module in started:
+        assert (PACKAGE.parent / (module.replace(".", "/") + ".py")).exists(), f"{path} starts {module}: no such module"
+        if module.startswith("cuda_agent.evaluate."):
+            assert _evaluate_part(module) == "worker", f"{path} starts {module}, outside evaluate/worker"
+
+
 def test_no_source_file_is_over_the_line_limit():
     long = {str(p.relative_to(PACKAGE.parent)): n for p in sorted(PACKAGE.rglob("*.py"))
             if (n := len(p.read_text().splitlines())) > MAX_LINES}
