@@ -24,7 +24,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from cuda_agent import Evaluator, load_candidate, load_task
-from cuda_agent.evaluate.policy import TimingConfig
+from cuda_agent.evaluate.protocol.policy import TimingConfig
 from cuda_agent.bench.solutions import task_of
 from cuda_agent.tasks import load_tasks
 
@@ -87,7 +87,7 @@ def main() -> None:
                 "rule": result.rule, "reason": (result.reason or "")[:300],
                 "candidate_ms": (result.times.get("candidate") or {}).get("median_ms"),
                 "speedup_eager": result.speedup_eager, "regions": regions,
-                "quiet_us": result.timing.get("quiet_us"),  # the longest quiet probe (evaluate.quiet)
+                "quiet_us": result.timing.get("quiet_us"),  # the longest quiet probe (evaluate.protocol.quiet)
                 "attempts": result.attempts, "durations": result.durations,
                 "plans": result.timing.get("plans"), "rounds": (result.decision or {}).get("rounds"),
                 "device": result.environment.get("gpu") or platform.processor(),

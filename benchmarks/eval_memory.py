@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from cuda_agent import Evaluator, Task, load_candidate
-from cuda_agent.sandbox.process import descendants
+from cuda_agent.sandbox.proctree import descendants
 from cuda_agent.tasks import load_tasks
 
 ROOT = Path(__file__).resolve().parents[1]

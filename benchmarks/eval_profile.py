@@ -26,6 +26,7 @@ from cuda_agent.sandbox.process import WorkerProcess
 
 # The package's ``evaluate`` name is the function, so the module is reached by its full name.
 evaluator_module = importlib.import_module("cuda_agent.evaluate.evaluator")
+stages = importlib.import_module("cuda_agent.evaluate.stages")
 processes = importlib.import_module("cuda_agent.evaluate.processes")
 reference_process = importlib.import_module("cuda_agent.evaluate.reference_process")
 checks = importlib.import_module("cuda_agent.evaluate.checks")
@@ -86,8 +87,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     trace_workers()
-    for name in ("describe_environment", "check_candidate", "audit_symbols", "own_kernels", "take_workers",
-                 "start_workers", "copy_modules"):
+    for name in ("describe_environment", "check_candidate", "audit_symbols", "take_workers", "start_workers",
+                 "copy_modules"):
         trace(evaluator_module, name)
     for name in ("baseline_key", "share_output_memory", "cached_baseline"):
         trace(reference_process, name)
@@ -96,8 +97,8 @@ def main() -> None:
     trace(processes.Workers, "close")
     for name in ("check_rerun", "compare"):
         trace(checks, name)
-    for name in ("run_checks", "check_timed_outputs"):  # imported by name there
-        trace(evaluator_module, name)
+    for name in ("own_kernels", "run_checks", "check_timed_outputs"):  # imported by name there
+        trace(stages, name)
     trace(brackets.CandidateBrackets, "keep_checked")
 
     if args.solution:

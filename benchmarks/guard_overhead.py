@@ -28,7 +28,7 @@ from pathlib import Path
 from common import examples, timed
 
 from cuda_agent import Evaluator
-from cuda_agent.evaluate.call_guard import CallGuard
+from cuda_agent.evaluate.worker.call_guard import CallGuard
 from cuda_agent.guard import audit_symbols, check_candidate
 
 

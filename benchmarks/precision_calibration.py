@@ -24,8 +24,8 @@ from pathlib import Path
 
 from cuda_agent import load_task
 from cuda_agent.evaluate import Policy
-from cuda_agent.evaluate.compare import compare_outputs, error_ratio, precision_allowance
-from cuda_agent.evaluate.worker import init_inputs, make_inputs, pin_precision, seed_everything
+from cuda_agent.evaluate.protocol.compare import compare_outputs, error_ratio, precision_allowance
+from cuda_agent.evaluate.worker.loop import init_inputs, make_inputs, pin_precision, seed_everything
 from cuda_agent.tasks.task import exec_task_module
 
 ROOT = Path(__file__).resolve().parents[1]

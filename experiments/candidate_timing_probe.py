@@ -1,5 +1,5 @@
 """Why does a candidate's median move between evaluations? Times one example's candidate the way the
-candidate process does (fresh inputs before every call, ``evaluate.timing.measure``) in several fresh
+candidate process does (fresh inputs before every call, ``evaluate.protocol.timing.measure``) in several fresh
 processes, in rounds that alternate that method, the same with the GPU held busy while the host
 launches (so host launch latency and stalls are left out), and fixed inputs.
 
@@ -30,8 +30,8 @@ def placements(task, model, setup, state, rounds: int) -> dict:
     some MiB held while the timed calls draw their inputs and outputs. Keys: ``side@spacer``."""
     import torch
 
-    from cuda_agent.evaluate.policy import TimingConfig
-    from cuda_agent.evaluate.timing import measure
+    from cuda_agent.evaluate.protocol.policy import TimingConfig
+    from cuda_agent.evaluate.protocol.timing import measure
 
     config = TimingConfig(method="events", end_fence="stream", hold_us=50.0, target_ms=200)
     reference = task.Model(*task.get_init_inputs()).cuda().eval()
@@ -52,10 +52,10 @@ def placements(task, model, setup, state, rounds: int) -> dict:
 def child(task_file: str, modules: dict[str, str], model_new: str, rounds: int, placement: bool = False) -> dict:
     import torch
 
-    from cuda_agent.evaluate.policy import TimingConfig
-    from cuda_agent.evaluate.profiling import profile_call
-    from cuda_agent.evaluate.timing import measure, trial_seed
-    from cuda_agent.evaluate.worker import install_inline_shim, load_extension, load_model_new, make_inputs
+    from cuda_agent.evaluate.protocol.policy import TimingConfig
+    from cuda_agent.evaluate.worker.profiling import profile_call
+    from cuda_agent.evaluate.protocol.timing import measure, trial_seed
+    from cuda_agent.evaluate.worker.loop import install_inline_shim, load_extension, load_model_new, make_inputs
     from cuda_agent.tasks.task import Task, exec_task_module
 
     task = exec_task_module(Task(name="probe", code=Path(task_file).read_text(), source=task_file))

@@ -26,10 +26,10 @@ sys.path.insert(0, str(ROOT / "tests" / "redteam"))
 def in_process(example: str, trials: int, repeats: int) -> dict:
     import torch
 
-    from cuda_agent.evaluate.policy import TimingConfig
-    from cuda_agent.evaluate.protocol import TimeRequest
-    from cuda_agent.evaluate.profiling import profile_call
-    from cuda_agent.evaluate.worker import _Side
+    from cuda_agent.evaluate.protocol.policy import TimingConfig
+    from cuda_agent.evaluate.protocol.messages import TimeRequest
+    from cuda_agent.evaluate.worker.profiling import profile_call
+    from cuda_agent.evaluate.worker.loop import _Side
     from cuda_agent.tasks import load_task
     from cuda_agent.tasks.task import exec_task_module
 

@@ -35,10 +35,10 @@ def main() -> None:
 
     import torch
 
-    from cuda_agent.evaluate.policy import TimingConfig
-    from cuda_agent.evaluate.timing import _empty_fence_ms, _flush_buffer, _sm_clock_ghz
+    from cuda_agent.evaluate.protocol.policy import TimingConfig
+    from cuda_agent.evaluate.protocol.timing import _empty_fence_ms, _flush_buffer, _sm_clock_ghz
     from cuda_agent.guard.device_state import reset_persisting_l2
-    from cuda_agent.evaluate.worker import make_inputs
+    from cuda_agent.evaluate.worker.loop import make_inputs
     from cuda_agent.tasks.task import exec_task_module
 
     task = exec_task_module(load_task(ROOT / "examples" / args.example / "model.py"))

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from cuda_agent.evaluate.policy import TimingConfig
-from cuda_agent.evaluate.timing import measure
+from cuda_agent.evaluate.protocol.policy import TimingConfig
+from cuda_agent.evaluate.protocol.timing import measure
 
 MIB = 1 << 20
 

@@ -27,7 +27,7 @@ mark("cuda context + first kernel")
 import torch._dynamo  # noqa: E402, F401
 
 mark("import torch._dynamo")
-from cuda_agent.evaluate.profiling import profile_call  # noqa: E402
+from cuda_agent.evaluate.worker.profiling import profile_call  # noqa: E402
 
 profile_call(lambda: torch.randn(1 << 10, device="cuda").sum(), "cuda")
 mark("profiler warm-up")

@@ -46,8 +46,8 @@ def main() -> None:
 
     import torch
 
-    from cuda_agent.evaluate.profiling import profile_call
-    from cuda_agent.evaluate.worker import warm_up_runtime
+    from cuda_agent.evaluate.worker.profiling import profile_call
+    from cuda_agent.evaluate.worker.loop import warm_up_runtime
 
     device = args.device
     if device == "cuda":

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # t
 from common import cv, examples, timed  # noqa: E402
 
 from cuda_agent import Evaluator
-from cuda_agent.evaluate.policy import TimingConfig
+from cuda_agent.evaluate.protocol.policy import TimingConfig
 
 VARIANTS = {
     "device": TimingConfig(end_fence="device"),

@@ -20,10 +20,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # the benchmarks' shared helpers
 from common import kernelbench_tasks  # noqa: E402
 
-from cuda_agent.evaluate.compare import compare_outputs, precision_allowance
-from cuda_agent.evaluate.shared import SharedBuffer
-from cuda_agent.evaluate.side import fingerprint, init_inputs, make_inputs, pin_precision, seed_everything
-from cuda_agent.evaluate.transfer import packed_bytes, read_outputs, write_outputs
+from cuda_agent.evaluate.protocol.compare import compare_outputs, precision_allowance
+from cuda_agent.evaluate.worker.shared import SharedBuffer
+from cuda_agent.evaluate.worker.side import fingerprint, init_inputs, make_inputs, pin_precision, seed_everything
+from cuda_agent.evaluate.worker.transfer import packed_bytes, read_outputs, write_outputs
 from cuda_agent.tasks.task import exec_task_module
 from cuda_agent.tensors import tensor_bytes
 

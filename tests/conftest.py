@@ -11,7 +11,7 @@ KERNELBENCH = Path(os.environ.get("KERNELBENCH_DATA", ROOT.parent / "shared" / "
 # Markers that keep a test out of the fast tier: it needs a GPU, takes long, or starts evaluation processes.
 NOT_FAST = ("gpu", "slow", "evaluates")
 # The processes of an evaluation (the candidate's and the reference's) and of a synth screening.
-EVALUATION_PROCESSES = ("cuda_agent.evaluate.worker", "cuda_agent.synth.screen")
+EVALUATION_PROCESSES = ("cuda_agent.evaluate.worker.loop", "cuda_agent.synth.screen")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cuda_agent.sandbox.process import descendants
+from cuda_agent.sandbox.proctree import descendants
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 import cuda_agent.tensors as tensors
-from cuda_agent.evaluate.compare import compare_outputs
+from cuda_agent.evaluate.protocol.compare import compare_outputs
 from cuda_agent.tensors import pieces, read_all, wide_squares, wide_sum
 
 torch = pytest.importorskip("torch")

@@ -21,7 +21,8 @@ from pathlib import Path
 
 from cuda_agent import Evaluator, Policy, load_candidate
 from cuda_agent.evaluate import long_lived
-from cuda_agent.evaluate import channel, reference_process, regions, watchers
+from cuda_agent.evaluate import reference_process, watchers
+from cuda_agent.evaluate.protocol import channel, regions
 from cuda_agent.sandbox import process
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import torch
 
-from cuda_agent.evaluate.quiet import probe_us
-from cuda_agent.evaluate.side import make_inputs
-from cuda_agent.evaluate.timing import TimingConfig, flush_bytes
+from cuda_agent.evaluate.protocol.quiet import probe_us
+from cuda_agent.evaluate.worker.side import make_inputs
+from cuda_agent.evaluate.protocol.timing import TimingConfig, flush_bytes
 
 
 def timed(step, repeats: int) -> list[float]:

@@ -88,7 +88,7 @@ def worker_env(home: Path, inductor_cache: Path | None = None) -> dict[str, str]
     (``passed_env``) and what the worker needs. The sandbox leaves only ``home`` (and
     ``inductor_cache``, when given) writable, so every cache goes there."""
     # Never an MPS client: its contexts would run beside other processes' instead of taking turns with them, and the
-    # GPU quiet probe (``evaluate.quiet``) and the timing's device to itself rest on taking turns. The sandbox's
+    # GPU quiet probe (``evaluate.protocol.quiet``) and the timing's device to itself rest on taking turns. The sandbox's
     # private /tmp hides MPS's default pipe directory; none of its variables is on the allowlist.
     env = passed_env()
     # The package first, then the evaluator's own path entries (paths, not secrets: where torch may live).

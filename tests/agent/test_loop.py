@@ -16,7 +16,7 @@ from cuda_agent.agent.trajectory import read_trajectories, render_html, render_t
 from cuda_agent.agent.workspace import PROTECTED, create_workspace
 from cuda_agent.cli import main
 from cuda_agent.evaluate.evaluator import Evaluator
-from cuda_agent.evaluate.policy import Policy
+from cuda_agent.evaluate.protocol.policy import Policy
 from cuda_agent.tasks import load_task
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

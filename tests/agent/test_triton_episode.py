@@ -16,7 +16,7 @@ from cuda_agent.agent.session import TRITON_SYSTEM_PROMPT
 from cuda_agent.agent.workspace import TRITON_PROTECTED, create_workspace, workspace_candidate
 from cuda_agent.candidates import CandidateError
 from cuda_agent.evaluate.evaluator import Evaluator
-from cuda_agent.evaluate.policy import Policy
+from cuda_agent.evaluate.protocol.policy import Policy
 from cuda_agent.evaluate.retry import RetryPolicy
 from cuda_agent.tasks import load_task
 

@@ -59,7 +59,7 @@ def test_rows_timed_by_another_method_are_timed_again(tmp_path, examples):
     first calls, so resuming that table must time every task again, and rows of the same method
     (written resolved: method "events") count as done."""
     from cuda_agent.bench.baselines import task_key, to_measure
-    from cuda_agent.evaluate.policy import TimingConfig
+    from cuda_agent.evaluate.protocol.policy import TimingConfig
 
     task = load_task(examples / "cpu_swish" / "model.py")
     out = tmp_path / "baselines.jsonl"

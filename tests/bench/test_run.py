@@ -15,7 +15,7 @@ from cuda_agent.bench.report import compare_runs, paper_table, write_report
 from cuda_agent.bench.run import language_settings, read_results, run_bench, seed_baselines
 from cuda_agent.bench.solutions import find_solutions, task_of
 from cuda_agent.cli import main
-from cuda_agent.evaluate.policy import Policy, TimingConfig
+from cuda_agent.evaluate.protocol.policy import Policy, TimingConfig
 from cuda_agent.tasks import load_tasks
 
 SANDBOX = "auto" if shutil.which("bwrap") else "none"

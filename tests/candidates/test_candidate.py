@@ -120,7 +120,7 @@ def _binding_files():
 def test_binding_files_include_the_torch_headers_they_use():
     from cuda_agent.agent.workspace import render_skill
     from cuda_agent.build.probe import probe_candidate
-    from cuda_agent.evaluate.policy import Policy
+    from cuda_agent.evaluate.protocol.policy import Policy
 
     texts = {str(p): p.read_text() for p in _binding_files()}
     assert len(texts) >= 4

@@ -27,7 +27,7 @@ PROBE = r'''
 import importlib.util, json, sys, types
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from cuda_agent.evaluate.triton_runtime import prepare_triton
+from cuda_agent.evaluate.worker.triton_runtime import prepare_triton
 from cuda_agent.guard.runtime import ALLOWED_ATEN
 
 

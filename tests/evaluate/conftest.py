@@ -8,7 +8,7 @@ import pytest
 @pytest.fixture
 def doubling_reference(tmp_path):
     """A reference process's side of the protocol, run here on the CPU, with a one-line task (x * 2) loaded."""
-    from cuda_agent.evaluate.worker import ReferenceSide
+    from cuda_agent.evaluate.worker.loop import ReferenceSide
 
     (tmp_path / "task.py").write_text(
         "import torch\nclass Model(torch.nn.Module):\n    def forward(self, x):\n        return x * 2\n"

@@ -1,14 +1,14 @@
-"""The timing loop calls the clocks it bound before candidate code loads (``evaluate.bound``): a name swapped
+"""The timing loop calls the clocks it bound before candidate code loads (``evaluate.protocol.bound``): a name swapped
 afterwards changes nothing it measures, and a swap of what it bound is reported by the harness snapshot."""
 
 import time
 
 import pytest
 
-from cuda_agent.evaluate import bound
-from cuda_agent.evaluate.call_guard import CallGuard
-from cuda_agent.evaluate.policy import TimingConfig
-from cuda_agent.evaluate.timing import calibrate, time_round
+from cuda_agent.evaluate.protocol import bound
+from cuda_agent.evaluate.worker.call_guard import CallGuard
+from cuda_agent.evaluate.protocol.policy import TimingConfig
+from cuda_agent.evaluate.protocol.timing import calibrate, time_round
 from cuda_agent.guard.runtime import RuleBroken
 
 SLEEP_S = 0.004
@@ -40,7 +40,7 @@ def test_swapping_a_bound_clock_is_monkeypatch(monkeypatch, name):
     with pytest.raises(RuleBroken) as caught:
         guard.verify_harness("during the timing rounds")
     assert caught.value.rule == "monkeypatch"
-    assert f"cuda_agent.evaluate.bound.{name}" in str(caught.value)
+    assert f"cuda_agent.evaluate.protocol.bound.{name}" in str(caught.value)
 
 
 def test_the_cuda_calls_are_held_to_their_identity(monkeypatch):

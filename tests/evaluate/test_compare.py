@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from cuda_agent.evaluate.compare import compare_outputs
+from cuda_agent.evaluate.protocol.compare import compare_outputs
 
 
 def one(expected, actual, atol=1e-2, rtol=1e-2):
@@ -81,7 +81,7 @@ def test_the_all_finite_path_gives_the_general_paths_figures(dtype, atol, rtol):
     # The fast path is taken for nearly every check; any figure it computed otherwise would change a verdict
     # or a report. Errors of every size, exact zeros on both sides, values equal where zero tolerance is
     # allowed, and a difference that overflows to infinity.
-    from cuda_agent.evaluate.compare import _any_piece, _finite_piece
+    from cuda_agent.evaluate.protocol.compare import _any_piece, _finite_piece
     from cuda_agent.tensors import read_all
 
     generator = torch.Generator().manual_seed(7)

@@ -6,7 +6,7 @@ import random
 import pytest
 
 from cuda_agent.evaluate.decide import Plan, Rounds, run_rounds, settled, speedup, t_quantile
-from cuda_agent.evaluate.policy import TimingConfig
+from cuda_agent.evaluate.protocol.policy import TimingConfig
 from cuda_agent.evaluate.reward import milestone
 
 LINE = 1 / 0.95
@@ -177,7 +177,7 @@ def test_timing_config_checks_the_region_bounds():
 
 def test_the_clock_check_passes_an_honest_round_and_fails_regions_reported_short():
     from cuda_agent.evaluate.decide import clock_check
-    from cuda_agent.evaluate.policy import TimingConfig
+    from cuda_agent.evaluate.protocol.policy import TimingConfig
 
     config = TimingConfig(clock_slack=0.1, clock_trial_us=50, clock_noise=3, clock_harness_share=0.0)
     # 10 regions of 1 ms reported; the rounds took 13 ms, of which 3 ms is the harness (empty rounds);
@@ -202,7 +202,7 @@ def test_the_clock_judges_short_regions_only_by_a_gross_excess():
     10-20 ms between processes. Over the limit there is not evidence of a forged report, unless the
     excess is several times the limit."""
     from cuda_agent.evaluate.decide import CLOCK_GROSS, clock_check
-    from cuda_agent.evaluate.policy import TimingConfig
+    from cuda_agent.evaluate.protocol.policy import TimingConfig
 
     config = TimingConfig()
     long_regions = clock_check([13.1, 13.0, 13.2], [5.5, 5.5, 5.5], [3.0, 3.2], 10, config)

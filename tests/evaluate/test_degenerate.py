@@ -4,7 +4,7 @@ import pytest
 
 from cuda_agent import Evaluator, load_task
 from cuda_agent.evaluate import Policy
-from cuda_agent.evaluate.degenerate import leaf_means, trivial_outputs
+from cuda_agent.evaluate.protocol.degenerate import leaf_means, trivial_outputs
 
 pytestmark = pytest.mark.slow
 

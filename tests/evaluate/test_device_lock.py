@@ -485,8 +485,8 @@ def test_a_task_whose_output_is_a_64th_of_the_gpu_goes_apart_before_its_candidat
     """Told by the reference's load, not by running out: only beside another evaluator on the GPU, only for an
     attempt beside any (not one already apart or alone), and only from 1/64 of the GPU's memory on."""
     from cuda_agent import Evaluator
-    from cuda_agent.evaluate.channel import Stop
-    from cuda_agent.evaluate.protocol import LoadReply
+    from cuda_agent.evaluate.protocol.channel import Stop
+    from cuda_agent.evaluate.protocol.messages import LoadReply
 
     gib = 1024**3
     lock = DeviceLock()
@@ -652,8 +652,8 @@ def test_a_timing_does_not_wait_for_an_evaluation_whose_candidate_process_is_sti
     for it, and the evaluation is still correct (here the start is held 4 s longer, and a timing asks meanwhile)."""
     from cuda_agent import Evaluator, load_candidate, load_task
     from cuda_agent.evaluate import Timeouts
-    from cuda_agent.evaluate.channel import Channel
-    from cuda_agent.evaluate.protocol import ReadyRequest
+    from cuda_agent.evaluate.protocol.channel import Channel
+    from cuda_agent.evaluate.protocol.messages import ReadyRequest
 
     task = load_task(examples / "cpu_swish" / "model.py")
     candidate = load_candidate(examples / "cpu_swish" / "solution")
@@ -741,7 +741,7 @@ def test_a_hungry_stop_leaves_the_untold_candidate_process_to_the_attempt_apart(
     it is scripted to say "hungry" at the step beside others.)"""
     from cuda_agent import Evaluator, load_candidate, load_task
     from cuda_agent.evaluate import Timeouts, evaluator as evaluator_module
-    from cuda_agent.evaluate.channel import Stop
+    from cuda_agent.evaluate.protocol.channel import Stop
 
     task = load_task(examples / "cpu_swish" / "model.py")
     candidate = load_candidate(examples / "cpu_swish" / "solution")

@@ -17,7 +17,7 @@ from cuda_agent import EvalResult, Evaluator, load_candidate, load_task
 from cuda_agent.evaluate.evaluator import TIMED_CHECKS
 from cuda_agent.evaluate import Timeouts
 from cuda_agent.evaluate.baseline import baseline_key
-from cuda_agent.evaluate.policy import TimingConfig
+from cuda_agent.evaluate.protocol.policy import TimingConfig
 from cuda_agent.evaluate.pool import evaluate_many
 from cuda_agent.evaluate.pressure import cpu_stall_us
 from cuda_agent.evaluate.reference_process import cached_baseline
@@ -196,7 +196,7 @@ def _spare_states_in_rounds(monkeypatch, spares) -> list[dict[int, str]]:
     """The state of each process of ``spares()`` (and its children) as each timing round starts."""
     import importlib
 
-    from cuda_agent.sandbox.process import descendants, process_state
+    from cuda_agent.sandbox.proctree import descendants, process_state
 
     rounds_module = importlib.import_module("cuda_agent.evaluate.rounds")
     seen: list[dict[int, str]] = []
@@ -214,7 +214,7 @@ def _spare_states_in_rounds(monkeypatch, spares) -> list[dict[int, str]]:
 def test_spares_stand_still_while_anything_is_timed(example, cache_dir, monkeypatch):
     """A prestarted process still starting puts work on the device; it is stopped during the rounds
     and runs again after them."""
-    from cuda_agent.sandbox.process import process_state
+    from cuda_agent.sandbox.proctree import process_state
 
     task, solution = example
     seen = _spare_states_in_rounds(monkeypatch, lambda: evaluator._spare)
@@ -233,7 +233,7 @@ def test_every_slots_spares_stand_still_while_one_slot_times(example, cache_dir,
     as its evaluation ended, is stopped during this slot's rounds too, not only this slot's own."""
     from cuda_agent.evaluate.device_lock import DeviceLock
     from cuda_agent.evaluate.processes import start_workers
-    from cuda_agent.sandbox.process import process_state
+    from cuda_agent.sandbox.proctree import process_state
 
     task, solution = example
     seen = _spare_states_in_rounds(monkeypatch, lambda: other._spare)
@@ -383,7 +383,7 @@ def test_a_region_whose_calls_are_left_out_is_forged(example, evaluator, tmp_pat
     region) is refused, and so is a reply that brings records of its own."""
     task, solution = example
     for name, prelude, reason in (
-            ("dropper", "import sys\n_side = sys.modules['cuda_agent.evaluate.side']\n_encode = _side.encode_calls\n"
+            ("dropper", "import sys\n_side = sys.modules['cuda_agent.evaluate.worker.side']\n_encode = _side.encode_calls\n"
                         "_side.encode_calls = lambda calls: _encode(calls[1:])\n",
              "described other calls than were asked for"),
             ("recorder", "import sys\n_cls = sys.modules['__main__'].CandidateSide\n_time = _cls.time\n"

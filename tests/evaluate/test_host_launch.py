@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from cuda_agent.evaluate.policy import TimingConfig
-from cuda_agent.evaluate.timing import HOST_WINDOW, HostLaunch, calibrate
+from cuda_agent.evaluate.protocol.policy import TimingConfig
+from cuda_agent.evaluate.protocol.timing import HOST_WINDOW, HostLaunch, calibrate
 
 CONFIG = TimingConfig(hold_us=200.0, hold_max_us=5000.0)
 
@@ -139,7 +139,7 @@ def test_bad_hold_settings_are_refused():
 
 
 def test_the_candidates_hold_is_the_one_the_evaluator_set():
-    from cuda_agent.evaluate.timing import host_hold
+    from cuda_agent.evaluate.protocol.timing import host_hold
 
     host = HostLaunch(fixed_us=650.0)
     host.recent.append(5000.0)  # whatever its process says it took

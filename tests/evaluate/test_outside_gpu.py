@@ -1,4 +1,4 @@
-"""Reading a GPU candidate's timed outputs from outside its process (evaluate.vmm, evaluate.outside.GpuMemory):
+"""Reading a GPU candidate's timed outputs from outside its process (evaluate.protocol.vmm, evaluate.protocol.outside.GpuMemory):
 the exported allocations' descriptors after each region (regions.Bell/Ringer), their relay, and the reads at the
 secret positions. On the CPU the allocations are memfds, read by a stand-in for the reference's mapping; on a GPU
 (``gpu`` marker) the real export and import, and a whole evaluation."""
@@ -13,11 +13,11 @@ import threading
 import pytest
 import torch
 
-from cuda_agent.evaluate.outside import GpuMemory, OutsideError, describe
-from cuda_agent.evaluate.records import OUTPUT_VALUES, positions
+from cuda_agent.evaluate.protocol.outside import GpuMemory, OutsideError, describe
+from cuda_agent.evaluate.protocol.records import OUTPUT_VALUES, positions
 from cuda_agent.evaluate.region_clock import judge, overhead
-from cuda_agent.evaluate.regions import CONT, GO, Bell, BellError, BellUnreadable, Ringer, decode_calls, encode_calls
-from cuda_agent.evaluate.vmm import spans
+from cuda_agent.evaluate.protocol.regions import CONT, GO, Bell, BellError, BellUnreadable, Ringer, decode_calls, encode_calls
+from cuda_agent.evaluate.protocol.vmm import spans
 from cuda_agent.sandbox.process import receive_fds, send_fds
 
 
@@ -116,7 +116,7 @@ class _Allocations:
         size = -(-len(data) // pieces)
         self.chunks = []
         for i in range(pieces):
-            from cuda_agent.evaluate.regions import Chunk
+            from cuda_agent.evaluate.protocol.regions import Chunk
             self.chunks.append(Chunk(base + i * size, size, _memfd(data[i * size:(i + 1) * size].ljust(size, b"\0"))))
         self.asked: list[int] = []  # descriptors sent with each request
         self.dropped: list[int] = []
@@ -162,7 +162,7 @@ def test_values_of_gpu_memory_are_read_at_the_secret_positions_across_allocation
 
     # An allocation exported again at the same address (another one took its place) replaces the one held, here
     # and in the reference, which is told to drop the old one as the new one is handed over.
-    from cuda_agent.evaluate.regions import Chunk
+    from cuda_agent.evaluate.protocol.regions import Chunk
 
     old_fd, old_name = reader.held[memory.base].fd, reader.ids[memory.base]
     zeros = _memfd(bytes(memory.chunks[0].size))
@@ -193,7 +193,7 @@ def test_spans_cover_every_described_tensor_and_a_region_exporting_more_is_allow
     assert decode_calls(encode_calls([call])) == [call]
 
     from cuda_agent.evaluate.region_clock import EXPORT_MS_PER_CHUNK
-    from cuda_agent.evaluate.regions import Bracket
+    from cuda_agent.evaluate.protocol.regions import Bracket
 
     def bracket(outside_ms: float, spanned: int, new: int) -> Bracket:
         return Bracket(0, 0, 0, 1_000_000, 1_000_000 + int(outside_ms * 1e6), looked_up=spanned, new_chunks=new)
@@ -275,7 +275,7 @@ class _Driver:
 
 
 def _exporter(driver: _Driver):
-    from cuda_agent.evaluate import vmm
+    from cuda_agent.evaluate.protocol import vmm
 
     exporter = vmm.Exporter.__new__(vmm.Exporter)
     exporter.__dict__.update(_retain=driver.retain, _range=driver.range, _export=driver.export,
@@ -350,7 +350,7 @@ class _Mapper:
 
 
 def test_the_reference_keeps_what_it_was_handed_mapped_and_writes_across_allocations_that_follow_one_another():
-    from cuda_agent.evaluate import vmm
+    from cuda_agent.evaluate.protocol import vmm
 
     driver = _Mapper()
     importer = vmm.Importer.__new__(vmm.Importer)
@@ -398,7 +398,7 @@ def test_the_reference_gathers_a_regions_reads_on_the_device_and_copies_them_out
     """``Importer.read``'s gather (test double of libcuda over host memory: a device address is a host one): each
     read lands in its own bytes, in the order asked, with one copy to the host per pass; a value written between
     the two passes is named; the staging buffer grows when a region reads more than it holds."""
-    from cuda_agent.evaluate import vmm
+    from cuda_agent.evaluate.protocol import vmm
 
     memory = [ctypes.create_string_buffer(bytes(range(256)) * 16) for _ in range(2)]
     kept: list = []

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from cuda_agent.evaluate import protocol as p
-from cuda_agent.evaluate.policy import Policy
+from cuda_agent.evaluate.protocol import messages as p
+from cuda_agent.evaluate.protocol.policy import Policy
 
 TOL = Policy.preset("fair").tolerance()
 TIMING = {"warmup": 3}
@@ -122,7 +122,7 @@ def test_serve_answers_a_request_that_does_not_parse_with_an_error(monkeypatch):
     import os
     import threading
 
-    from cuda_agent.evaluate.worker import ReferenceSide, serve
+    from cuda_agent.evaluate.worker.loop import ReferenceSide, serve
 
     req_r, req_w = os.pipe()
     resp_r, resp_w = os.pipe()
@@ -165,7 +165,7 @@ class FakeWorker:
     {"ok": True, "samples": [1.0], "verdict": "accept"},
 ])
 def test_an_ill_typed_candidate_reply_is_a_forged_reply(reply):
-    from cuda_agent.evaluate.channel import Channel, Stop
+    from cuda_agent.evaluate.protocol.channel import Channel, Stop
 
     request = p.TimeRequest(seed=1, first=0, trials=1, calls=1, timing=TIMING, probe=3)
     worker = FakeWorker(reply)
@@ -182,7 +182,7 @@ def test_an_ill_typed_candidate_reply_is_a_forged_reply(reply):
 
 
 def test_a_well_typed_reply_is_parsed():
-    from cuda_agent.evaluate.channel import Channel
+    from cuda_agent.evaluate.protocol.channel import Channel
 
     worker = FakeWorker({"ok": True, "seconds": 0.5, "samples": [1.0, 2]})
     reply = Channel(worker, "candidate").ask_typed("profile", p.TimedRequest(), p.TimeReply, 5)
@@ -200,7 +200,7 @@ def test_a_time_reply_carries_typed_records_and_refuses_ill_typed_ones():
 
 
 def test_stop_keeps_the_workers_own_words():
-    from cuda_agent.evaluate.channel import Channel, Stop
+    from cuda_agent.evaluate.protocol.channel import Channel, Stop
 
     worker = FakeWorker({"ok": False, "kind": "exception", "error": "ValueError: no"})
     with pytest.raises(Stop) as stop:

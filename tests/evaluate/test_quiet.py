@@ -1,4 +1,4 @@
-"""The GPU quiet before a baseline's region and before the candidate's GO (``evaluate.quiet``): how the
+"""The GPU quiet before a baseline's region and before the candidate's GO (``evaluate.protocol.quiet``): how the
 reference's probes are judged, and who is blamed. The probes themselves need a GPU (the red team's
 ``lingering-context-runtime`` case, tests/redteam/test_redteam_gpu.py)."""
 
@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from cuda_agent.evaluate.channel import Stop
-from cuda_agent.evaluate.policy import TimingConfig
-from cuda_agent.evaluate.protocol import QuietReply, QuietRequest
-from cuda_agent.evaluate.quiet import QUIET_US, GpuQuiet, quiet_after_stops
-from cuda_agent.evaluate.timing import time_round
+from cuda_agent.evaluate.protocol.channel import Stop
+from cuda_agent.evaluate.protocol.policy import TimingConfig
+from cuda_agent.evaluate.protocol.messages import QuietReply, QuietRequest
+from cuda_agent.evaluate.protocol.quiet import QUIET_US, GpuQuiet, quiet_after_stops
+from cuda_agent.evaluate.protocol.timing import time_round
 from cuda_agent.guard.policy import RULES
 
 

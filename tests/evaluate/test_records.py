@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from cuda_agent.evaluate import protocol as p
-from cuda_agent.evaluate.records import (OUTPUT_VALUES, Recorder, compare_record, positions, same_outputs, same_samples,
+from cuda_agent.evaluate.protocol import messages as p
+from cuda_agent.evaluate.protocol.records import (OUTPUT_VALUES, Recorder, compare_record, positions, same_outputs, same_samples,
                                          sample_output)
 
 

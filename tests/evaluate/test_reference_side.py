@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from cuda_agent.evaluate.transfer import write_outputs
-from cuda_agent.evaluate.worker import ReferenceSide, pin_precision
+from cuda_agent.evaluate.worker.transfer import write_outputs
+from cuda_agent.evaluate.worker.loop import ReferenceSide, pin_precision
 
 torch = pytest.importorskip("torch")
 
@@ -193,7 +193,7 @@ def test_gpu_requests_take_the_descriptors_handed_over_and_close_them_once_answe
     importer refuses as an error (the candidate's doing), not by raising."""
     import socket
 
-    from cuda_agent.evaluate.vmm import VmmError
+    from cuda_agent.evaluate.protocol.vmm import VmmError
     from cuda_agent.sandbox.process import send_fd
 
     class Importer:

@@ -161,9 +161,9 @@ def test_torch_compile_out_of_memory_beside_others_goes_the_ladder_and_is_kept_o
     task's rewards (and its cached record) for good, although the memory it lacked may have been theirs."""
     from types import SimpleNamespace
 
-    from cuda_agent.evaluate.channel import Stop
+    from cuda_agent.evaluate.protocol.channel import Stop
     from cuda_agent.evaluate.device_lock import DeviceLock
-    from cuda_agent.evaluate.protocol import CompileReply
+    from cuda_agent.evaluate.protocol.messages import CompileReply
     from cuda_agent.evaluate.reference_process import _baseline_sides
 
     class Channel:

@@ -1,4 +1,4 @@
-"""The region brackets (evaluate.regions) and the reads from outside (evaluate.outside), between real
+"""The region brackets (evaluate.protocol.regions) and the reads from outside (evaluate.protocol.outside), between real
 processes: a forked worker timing regions through the brackets, stopped and read from outside."""
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from cuda_agent.evaluate.channel import Stop
-from cuda_agent.evaluate.outside import OutsideError, ProcessMemory as OutsideReader, describe
-from cuda_agent.evaluate.policy import TimingConfig
-from cuda_agent.evaluate.records import OUTPUT_VALUES, positions
+from cuda_agent.evaluate.protocol.channel import Stop
+from cuda_agent.evaluate.protocol.outside import OutsideError, ProcessMemory as OutsideReader, describe
+from cuda_agent.evaluate.protocol.policy import TimingConfig
+from cuda_agent.evaluate.protocol.records import OUTPUT_VALUES, positions
 from cuda_agent.evaluate.region_clock import FLOOR_MS, Overhead, judge, overhead, span_ms, times
-from cuda_agent.evaluate.regions import (CONT, GO, HEADER, Bell, BellError, BellFailed, Ringer, decode_calls, encode_calls,
+from cuda_agent.evaluate.protocol.regions import (CONT, GO, HEADER, Bell, BellError, BellFailed, Ringer, decode_calls, encode_calls,
                                          thread_times)
-from cuda_agent.evaluate.timing import time_round
+from cuda_agent.evaluate.protocol.timing import time_round
 from cuda_agent.evaluate.watchers import Regions
 
 
@@ -177,7 +177,7 @@ def _bracket(outside_ms: float, *, let_go_ms: float = 0.0, waited_ms: float = 0.
              after_us: float = 0.0, blind_ms: float = 0.0):
     """A region GO at 1 ms, DONE ``outside_ms`` later; let go ``let_go_ms`` before GO; on a GPU probed ``blind_ms``
     after DONE for ``after_us``."""
-    from cuda_agent.evaluate.regions import Bracket
+    from cuda_agent.evaluate.protocol.regions import Bracket
 
     done = 1_000_000 + int(outside_ms * 1e6)
     return Bracket(0, 0, 0, 1_000_000, done, waited_ns=int(waited_ms * 1e6), let_go_ns=int(let_go_ms * 1e6),
@@ -267,7 +267,7 @@ def test_the_allowance_and_uncertainty_are_stated_and_the_allowance_refused_past
     (1.5, 9.0, 9.0, False),     # no end to the range
 ])
 def test_an_uncertain_clock_refuses_only_a_reward_it_could_change(share, eager, compiled, decided):
-    from cuda_agent.evaluate.policy import Policy
+    from cuda_agent.evaluate.protocol.policy import Policy
     from cuda_agent.evaluate.verdict import clock_settles
 
     result = SimpleNamespace(timing={"regions": {"uncertainty": share}}, speedup_eager=eager,
@@ -309,8 +309,8 @@ def test_after_a_gpu_regions_done_the_process_is_stopped_then_the_gpu_probed():
     the tree walked for any other process and the stop awaited; then its calls are read; it is let go on once, after
     all of it. A region that goes no further has its probe called off and the answer taken."""
     from cuda_agent.evaluate.brackets import CandidateBrackets
-    from cuda_agent.evaluate.outside import GpuMemory
-    from cuda_agent.evaluate.regions import Bracket, Chunk
+    from cuda_agent.evaluate.protocol.outside import GpuMemory
+    from cuda_agent.evaluate.protocol.regions import Bracket, Chunk
 
     events = []
     mib = 1 << 20
@@ -379,7 +379,7 @@ def test_after_a_gpu_regions_done_the_process_is_stopped_then_the_gpu_probed():
 def test_the_doorbell_wakes_a_waiter_in_another_process_as_soon_as_its_region_is_rung():
     """The reference waits on the page the evaluator rings (``quiet.Doorbell``): a region rung wakes it, one called
     off or not rung in time does not count as rung, and an earlier region's ring does not wake a later one."""
-    from cuda_agent.evaluate.quiet import Doorbell
+    from cuda_agent.evaluate.protocol.quiet import Doorbell
 
     bell = Doorbell.create()
     waiter = Doorbell(os.dup(bell.fd))  # as the reference maps the descriptor it was handed
@@ -462,7 +462,7 @@ def test_the_round_clock_judges_only_gross_excess_where_the_brackets_judged_ever
     explained. Once the brackets judged, the round decides only a gross excess; without them it decides as before."""
     from types import SimpleNamespace
 
-    from cuda_agent.evaluate.policy import TimingConfig
+    from cuda_agent.evaluate.protocol.policy import TimingConfig
     from cuda_agent.evaluate.watchers import Clock
 
     timing = TimingConfig()
@@ -550,8 +550,8 @@ def _drawer(values_of):
     with ``values_of(seed)``, packed into a memfd as the reference packs them."""
     import mmap
 
-    from cuda_agent.evaluate.outside import ITEMSIZE, span_bytes
-    from cuda_agent.evaluate.shared import aligned
+    from cuda_agent.evaluate.protocol.outside import ITEMSIZE, span_bytes
+    from cuda_agent.evaluate.worker.shared import aligned
 
     asked = []
 
@@ -579,8 +579,8 @@ def test_a_regions_inputs_are_written_from_outside_while_it_is_stopped_before_go
     outputs before READY. Now the values it is timed on are written from outside after READY, while it is stopped,
     from seeds it never sees; the calls see those values, not their own draw's."""
     from cuda_agent.evaluate.brackets import CandidateBrackets
-    from cuda_agent.evaluate.outside import InputWriter
-    from cuda_agent.evaluate.timing import trial_seed
+    from cuda_agent.evaluate.protocol.outside import InputWriter
+    from cuda_agent.evaluate.protocol.timing import trial_seed
 
     bell = Bell()
     seen_read, seen_write = os.pipe()
@@ -646,7 +646,7 @@ def test_inputs_are_written_only_into_memory_the_process_could_write_itself():
     harness's code, say) is refused, not written."""
     import mmap
 
-    from cuda_agent.evaluate.outside import InputWriter
+    from cuda_agent.evaluate.protocol.outside import InputWriter
 
     draw, _ = _drawer(lambda seed: 7.0)
     writer = InputWriter(os.getpid(), draw, 1024)
@@ -667,8 +667,8 @@ def test_inputs_are_written_only_into_memory_the_process_could_write_itself():
 def _exported(starts_mib: list[int], sent: list) -> tuple:
     """A ``GpuMemory`` holding 2 MiB allocations at ``starts_mib`` MiB from a base address (their descriptors of
     /dev/null), whose reference records what it is asked in ``sent``; the memory, the base, the descriptors."""
-    from cuda_agent.evaluate.outside import GpuMemory
-    from cuda_agent.evaluate.regions import Chunk
+    from cuda_agent.evaluate.protocol.outside import GpuMemory
+    from cuda_agent.evaluate.protocol.regions import Chunk
 
     class Reference:  # the reference's side of GpuRemote, as it is asked
         def write(self, *args):
@@ -688,7 +688,7 @@ def test_a_gpu_regions_inputs_are_written_by_the_reference_in_the_allocations_ex
     """On a GPU the reference writes the values (``vmm.Importer.write``): the writer hands it the allocations the
     described inputs lie in, as offsets from the lowest (a tensor may span several that follow one another), and
     each tensor's place among them; an input in memory not exported, or across a gap, is refused."""
-    from cuda_agent.evaluate.outside import GpuInputWriter
+    from cuda_agent.evaluate.protocol.outside import GpuInputWriter
 
     sent = []
     mib = 1 << 20
@@ -745,8 +745,8 @@ def test_a_checked_output_is_copied_by_the_reference_while_the_process_is_stoppe
     the output out of them and lets it go on. Memory the worker could not export, an output outside what it sent,
     or no datagram at all fail the check by name, and the process is let go on either way."""
     from cuda_agent.evaluate.brackets import CandidateBrackets
-    from cuda_agent.evaluate.channel import Stop
-    from cuda_agent.evaluate.regions import CHECK_REGION
+    from cuda_agent.evaluate.protocol.channel import Stop
+    from cuda_agent.evaluate.protocol.regions import CHECK_REGION
 
     sent, events = [], []
     mib = 1 << 20
@@ -797,9 +797,9 @@ def test_the_worker_describes_a_checked_output_and_sends_its_allocations_through
     """The worker's side of ``RunRequest.outside``: the output described (no bytes), the allocations its tensors span
     exported and sent numbered ``CHECK_REGION``, the output kept alive until the next request; an export that fails
     says why on the brackets, where the evaluator reads it as the output's memory."""
-    from cuda_agent.evaluate.candidate_side import CandidateSide
-    from cuda_agent.evaluate.regions import BellUnreadable
-    from cuda_agent.evaluate.vmm import VmmError
+    from cuda_agent.evaluate.worker.candidate_side import CandidateSide
+    from cuda_agent.evaluate.protocol.regions import BellUnreadable
+    from cuda_agent.evaluate.protocol.vmm import VmmError
 
     class Exporter:
         def __init__(self, fail: bool = False):
@@ -838,8 +838,8 @@ def test_work_after_the_let_go_counts_in_the_regions_cpu_time_on_the_cpu_backend
     values outside the bracket. On the CPU backend the timing thread's CPU time is counted from the let-go, read
     while the worker is still stopped: 3 ms of CPU spent there on the written values show in the region's CPU time."""
     from cuda_agent.evaluate.brackets import CandidateBrackets
-    from cuda_agent.evaluate.outside import InputWriter
-    from cuda_agent.sandbox.process import process_state
+    from cuda_agent.evaluate.protocol.outside import InputWriter
+    from cuda_agent.sandbox.proctree import process_state
 
     bell = Bell()
     config = TimingConfig(flush_l2=False)

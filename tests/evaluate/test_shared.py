@@ -7,8 +7,8 @@ import socket
 import pytest
 import torch
 
-from cuda_agent.evaluate.shared import ALIGN, SharedBuffer, SharedError, packed_size
-from cuda_agent.evaluate.transfer import TransferError, read_outputs, write_outputs
+from cuda_agent.evaluate.worker.shared import ALIGN, SharedBuffer, SharedError, packed_size
+from cuda_agent.evaluate.worker.transfer import TransferError, read_outputs, write_outputs
 from cuda_agent.sandbox.process import receive_fd, send_fd
 
 

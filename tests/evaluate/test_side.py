@@ -1,4 +1,4 @@
-"""What both evaluation processes share (``evaluate.side``): the memory of timed inputs whose values the evaluator
+"""What both evaluation processes share (``evaluate.worker.side``): the memory of timed inputs whose values the evaluator
 writes from outside, laid out as the task's own draw lays them out."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from cuda_agent.evaluate.side import input_memory, make_inputs
+from cuda_agent.evaluate.worker.side import input_memory, make_inputs
 
 torch = pytest.importorskip("torch")
 

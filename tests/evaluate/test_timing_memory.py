@@ -9,8 +9,8 @@ import weakref
 
 import pytest
 
-from cuda_agent.evaluate.policy import TimingConfig
-from cuda_agent.evaluate.timing import time_round
+from cuda_agent.evaluate.protocol.policy import TimingConfig
+from cuda_agent.evaluate.protocol.timing import time_round
 
 torch = pytest.importorskip("torch")
 

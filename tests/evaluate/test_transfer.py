@@ -3,7 +3,7 @@ import json
 import pytest
 import torch
 
-from cuda_agent.evaluate.transfer import TransferError, manifest_devices, read_outputs, write_outputs
+from cuda_agent.evaluate.worker.transfer import TransferError, manifest_devices, read_outputs, write_outputs
 
 
 def roundtrip(value, tmp_path):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cuda_agent.evaluate.channel import Stop
+from cuda_agent.evaluate.protocol.channel import Stop
 from cuda_agent.evaluate import triton_build
 from cuda_agent.evaluate.triton_build import _keep, copy_kernels
 
@@ -54,7 +54,7 @@ def test_a_cache_too_big_for_one_task_stops_the_build(tmp_path, monkeypatch):
 
 def test_the_evaluated_process_reads_the_kept_kernels_and_writes_nothing(tmp_path, monkeypatch):
     pytest.importorskip("triton")
-    from cuda_agent.evaluate.triton_runtime import _read_only_cache
+    from cuda_agent.evaluate.worker.triton_runtime import _read_only_cache
     from cuda_agent.guard.runtime import RuleBroken
 
     home = tmp_path / "cache" / "key"
@@ -91,7 +91,7 @@ import triton, kernel
 from triton.backends.compiler import GPUTarget
 if sys.argv[2] == "refuse":
     from triton import knobs
-    from cuda_agent.evaluate.triton_runtime import _read_only_cache, _refuse_compiles
+    from cuda_agent.evaluate.worker.triton_runtime import _read_only_cache, _refuse_compiles
     knobs.cache.manager_class = _read_only_cache()
     _refuse_compiles()
 found = {}

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from cuda_agent.evaluate.channel import Stop
+from cuda_agent.evaluate.protocol.channel import Stop
 from cuda_agent.evaluate.triton_build import _keep, _recorded_launchers, build_recorded_launchers, copy_kernels
-from cuda_agent.evaluate.triton_runtime import LAUNCHERS_FILE, MAX_LAUNCHERS, launcher_records
+from cuda_agent.evaluate.worker.triton_runtime import LAUNCHERS_FILE, MAX_LAUNCHERS, launcher_records
 
 ROOT = Path(__file__).resolve().parents[2]
 SIGNATURE = ["*fp32", "*fp32", "i32", "fp32", "constexpr"]
@@ -106,7 +106,7 @@ def test_a_record_tritons_template_refuses_fails_the_candidates_build(tmp_path, 
 
 REFUSE_BUILD = r'''
 import json, subprocess, sys
-from cuda_agent.evaluate.triton_runtime import load_only, remember_platform
+from cuda_agent.evaluate.worker.triton_runtime import load_only, remember_platform
 from cuda_agent.guard.runtime import RuleBroken
 from triton.runtime.build import compile_module_from_src
 
@@ -160,7 +160,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia import driver as nvidia_driver
 from triton.compiler.compiler import make_backend
-from cuda_agent.evaluate.triton_runtime import LAUNCHERS_FILE, load_only, record_launchers, remember_platform
+from cuda_agent.evaluate.worker.triton_runtime import LAUNCHERS_FILE, load_only, record_launchers, remember_platform
 from cuda_agent.guard.runtime import RuleBroken
 
 mode, where = sys.argv[2], sys.argv[3]

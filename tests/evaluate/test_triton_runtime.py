@@ -1,4 +1,4 @@
-"""Triton in the candidate's process on the CPU backend (``evaluate.triton_runtime``), in a fresh interpreter each:
+"""Triton in the candidate's process on the CPU backend (``evaluate.worker.triton_runtime``), in a fresh interpreter each:
 Triton reads TRITON_INTERPRET as it is imported."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ PROBE = r'''
 import json, sys
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from cuda_agent.evaluate.triton_runtime import prepare_triton
+from cuda_agent.evaluate.worker.triton_runtime import prepare_triton
 from cuda_agent.guard.runtime import RuleBroken
 
 try:

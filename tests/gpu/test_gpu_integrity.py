@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from cuda_agent.evaluate.worker import warm_up_runtime
+from cuda_agent.evaluate.worker.loop import warm_up_runtime
 from cuda_agent.guard.integrity import (
     IntegrityWatch, allocator_slots, driver_slots, harness_native_functions, native_slots, vdso_slots,
 )

@@ -1,4 +1,4 @@
-"""The reference's quiet probe on a real GPU (``evaluate.quiet``): another process's context with work keeps it
+"""The reference's quiet probe on a real GPU (``evaluate.protocol.quiet``): another process's context with work keeps it
 waiting past ``QUIET_US`` (time-slicing), stopped or not; an idle one does not; the GPU is quiet soon after that
 process ends; and an evaluation run beside another process's kernels is refused, not rewarded or failed."""
 
@@ -13,7 +13,7 @@ import time
 import pytest
 
 from cuda_agent import Evaluator, load_candidate, load_task
-from cuda_agent.evaluate.quiet import AFTER_END_S, QUIET_US, probe_us, quiet_within
+from cuda_agent.evaluate.protocol.quiet import AFTER_END_S, QUIET_US, probe_us, quiet_within
 
 torch = pytest.importorskip("torch")
 pytestmark = [

@@ -5,8 +5,8 @@ import statistics
 
 import pytest
 
-from cuda_agent.evaluate.policy import TimingConfig
-from cuda_agent.evaluate.timing import time_round
+from cuda_agent.evaluate.protocol.policy import TimingConfig
+from cuda_agent.evaluate.protocol.timing import time_round
 
 torch = pytest.importorskip("torch")
 pytestmark = [
@@ -56,7 +56,7 @@ def test_a_baselines_hold_grows_to_cover_a_slow_host_path():
     learns the host's time in the warm-up and keeps it out."""
     import time
 
-    from cuda_agent.evaluate.timing import HostLaunch, calibrate
+    from cuda_agent.evaluate.protocol.timing import HostLaunch, calibrate
 
     def slow_host():
         began = time.perf_counter()
@@ -82,7 +82,7 @@ def test_slow_reads_after_the_end_are_not_taken_for_work_left_running():
     rounds on the H200 (axpby). Work really left on a side stream is still timed to the fence."""
     import time
 
-    from cuda_agent.evaluate.timing import HostLaunch
+    from cuda_agent.evaluate.protocol.timing import HostLaunch
 
     scratch = torch.zeros(16, device="cuda")
     side = torch.cuda.Stream()
@@ -127,7 +127,7 @@ def test_a_first_call_hold_keeps_a_streams_host_out_only_where_the_gpu_hides_it(
     calls, and that time still counts (the launch-bound case, as fixed holds time it)."""
     import time
 
-    from cuda_agent.evaluate.timing import HostLaunch, calibrate
+    from cuda_agent.evaluate.protocol.timing import HostLaunch, calibrate
 
     def host_then(cycles):
         def call():

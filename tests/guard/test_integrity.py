@@ -8,9 +8,8 @@ import shutil
 
 import pytest
 
-from cuda_agent.guard.integrity import (
-    IntegrityWatch, _got_slots, got_slots, harness_native_functions, native_slots, read_maps,
-)
+from cuda_agent.guard.elfmaps import _got_slots, got_slots, read_maps
+from cuda_agent.guard.integrity import IntegrityWatch, harness_native_functions, native_slots
 
 libc = ctypes.CDLL(None, use_errno=True)
 libc.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
@@ -141,7 +140,7 @@ def test_lazy_binding_to_any_version_of_a_symbol_is_lazy_binding():
     of 2.2.5 and 2.14): a slot lazily bound to whichever version its library asked for is no patch. Only
     the first definition counted once, and the first threading.Event.wait(timeout) in a process then
     read as a patched import slot of libpython."""
-    from cuda_agent.guard.integrity import _definitions, _target
+    from cuda_agent.guard.elfmaps import mapping_at as _target, symbol_definitions as _definitions
 
     maps = read_maps(os.getpid())
     libc_path = next(m.path for m in maps if "libc.so" in m.path)

@@ -47,7 +47,7 @@ def test_composites_are_read_from_the_dispatcher():
 def test_the_profiled_check_sees_torch_reached_from_anywhere():
     """No dispatch mode on the profiled call (it must look like a timed one); its profile catches torch
     operators, and lets through what a solution does around its own kernels."""
-    from cuda_agent.evaluate.profiling import profile_call
+    from cuda_agent.evaluate.worker.profiling import profile_call
 
     # The first uses of the profiler and of torch's thread pool start their threads (the worker's warm-up).
     profile_call(lambda: torch.nn.functional.gelu(torch.randn(1 << 18)), "cpu")

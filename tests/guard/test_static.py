@@ -224,7 +224,7 @@ PY_CASES = {
     # imports
     "numpy": (model("return x", header="import numpy as np"), "forbidden-import"),
     "time": (model("return x", header="import time"), "forbidden-import"),
-    "harness": (model("return x", header="import cuda_agent.evaluate.timing"), "forbidden-import"),
+    "harness": (model("return x", header="import cuda_agent.evaluate.protocol.timing"), "forbidden-import"),
     "os-other": (model("os.remove('f')\nreturn x", header="import os"), "forbidden-import"),
     "relative": (model("return x", header="from . import helper"), "forbidden-import"),
     "threading": (model("return x", header="import threading"), "thread"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import shutil
 
-from cuda_agent.evaluate.policy import Policy
+from cuda_agent.evaluate.protocol.policy import Policy
 
 # bubblewrap where the host has it (CI installs it); the agent's shell and the candidates run unsandboxed otherwise.
 SANDBOX = "auto" if shutil.which("bwrap") else "none"

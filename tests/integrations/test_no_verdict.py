@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cuda_agent.evaluate.policy import Policy, TimingConfig
+from cuda_agent.evaluate.protocol.policy import Policy, TimingConfig
 from cuda_agent.evaluate.result import EvalResult
 from cuda_agent.train.episodes import EpisodeOutcome
 from cuda_agent.train.single_turn import FAILURE_REWARD, score_reply

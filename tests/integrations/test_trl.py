@@ -135,7 +135,7 @@ class SlowCorrectEvaluator:
     def __init__(self):
         import threading
 
-        from cuda_agent.evaluate.policy import Policy, TimingConfig
+        from cuda_agent.evaluate.protocol.policy import Policy, TimingConfig
 
         self.policy, self.timing = Policy(), TimingConfig().resolved("cpu")
         self.lock, self.running, self.most = threading.Lock(), 0, 0

@@ -185,12 +185,12 @@ static void swap_event_method() {
   PyType_Modified(base);
 }
 """
-# The same 0.55x, on the call the timing loop makes now: the descriptor it bound before load (``evaluate.bound``).
+# The same 0.55x, on the call the timing loop makes now: the descriptor it bound before load (``evaluate.protocol.bound``).
 BOUND_ELAPSED_SWAP = PYTHON_FROM_CPP + r"""
 static const char* BOUND_SWAP = R"PY(
 import sys
 def helper():
-    calls = sys.modules["cuda_agent.evaluate.bound"].CUDA
+    calls = sys.modules["cuda_agent.evaluate.protocol.bound"].CUDA
     real = calls.elapsed
     calls.elapsed = lambda start, end: 0.55 * real(start, end)
 )PY";
@@ -336,9 +336,9 @@ CASES = [
     # test_a_swapped_event_type_entry_changes_no_time.)
     Case("bound-elapsed-swapped-runtime", "Harness objects written (class 2)", forward=GOOD,
          cpp_prelude=BOUND_ELAPSED_SWAP, binding="swap_bound_elapsed(); auto y = torch::empty_like(x);",
-         runtime=True, rule="monkeypatch", reason="cuda_agent.evaluate.bound.CUDA.elapsed was replaced"),
+         runtime=True, rule="monkeypatch", reason="cuda_agent.evaluate.protocol.bound.CUDA.elapsed was replaced"),
     # Class 1: the probe read from the timing loop's frame, a quarter of each timed output computed and the
-    # probed positions. The timed outputs are read from outside the process now (evaluate.vmm): there is no
+    # probed positions. The timed outputs are read from outside the process now (evaluate.protocol.vmm): there is no
     # probe in it to read, and the positions read are three quarters wrong.
     Case("secrets-from-the-timing-frame-runtime", "Harness secrets read (class 1)", forward=GOOD,
          cpp_prelude=SECRETS_FROM_THE_FRAME, binding=GPU_COMPUTE_ONLY_WHAT_IS_READ, runtime=True,
@@ -347,7 +347,7 @@ CASES = [
     # harness's synchronise waits for the primary context's streams only), through the baselines' regions and
     # across READY, where it could start on the written inputs before GO. The driver starts a thread for the new
     # context (H100: `cuda-EvtHandlr`), which ends the process (sandbox.nothreads; without it, seen from outside); the reference's quiet probe before each
-    # baseline region and GO is the second line (``evaluate.quiet``, tests/gpu/test_gpu_quiet.py).
+    # baseline region and GO is the second line (``evaluate.protocol.quiet``, tests/gpu/test_gpu_quiet.py).
     Case("lingering-context-runtime", "GPU work left running outside the regions", forward=GOOD,
          kernel_append=LINGERING_CONTEXT, cpp_prelude='extern "C" void linger_launch(unsigned long long ns);',
          binding="linger_launch(600000000000ULL); " + GELU_ALLOC, runtime=True, rule="thread"),
@@ -476,7 +476,7 @@ def test_a_swapped_event_type_entry_changes_no_time(gelu, cache_dir, tmp_path):
     """Class 2 through torch's C type (it got reward 3 at 95673f2 and failed as `clock` until the timing loop bound
     its calls): the entry of torch._C._CudaEventBase's dictionary that torch.cuda.Event's elapsed_time reaches
     through super() on each call, replaced with one that reports 0.55x. The loop calls the descriptor it took
-    before load (``evaluate.bound``): the candidate is timed as the honest solution is."""
+    before load (``evaluate.protocol.bound``): the candidate is timed as the honest solution is."""
     task, solution = gelu
     evaluator = Evaluator("cuda", cache_dir=cache_dir)
     evaluator.policy = evaluator.policy.with_(static_checks=False)

@@ -92,7 +92,7 @@ def _worker_with_a_child(tmp_path) -> WorkerProcess:
 
 
 def _family(worker: WorkerProcess) -> list[int]:
-    from cuda_agent.sandbox.process import descendants
+    from cuda_agent.sandbox.proctree import descendants
 
     assert worker.request({"op": "echo", "value": 1}, 10)["echo"] == 1
     deadline = time.monotonic() + 10
@@ -104,7 +104,7 @@ def _family(worker: WorkerProcess) -> list[int]:
 def test_pause_stops_the_worker_and_its_children_until_resumed(tmp_path):
     """While the baselines are timed, nothing of the candidate's may run: not its process, not a
     child in a session of its own."""
-    from cuda_agent.sandbox.process import process_state
+    from cuda_agent.sandbox.proctree import process_state
 
     with _worker_with_a_child(tmp_path) as worker:
         family = _family(worker)
@@ -120,7 +120,7 @@ def test_the_processes_a_pause_found_are_stopped_at_once_next_time_and_let_go_wi
     """After a GPU region the processes the last pause found are stopped without walking the tree
     (``stop_known``, through pidfds); the pause after it stops them all and waits, and resume lets every one go,
     also where no pause followed (the probe between them failed)."""
-    from cuda_agent.sandbox.process import process_state
+    from cuda_agent.sandbox.proctree import process_state
 
     with _worker_with_a_child(tmp_path) as worker:
         family = _family(worker)
@@ -150,7 +150,7 @@ def test_every_way_of_finding_a_process_tree_finds_the_same_processes(tmp_path, 
     import os
     import subprocess
 
-    from cuda_agent.sandbox import process
+    from cuda_agent.sandbox import proctree
 
     code = ("import os, subprocess, sys, threading, time\n"
             "sleep = [sys.executable, '-c', 'import os, time; os.setsid(); time.sleep(60)']\n"
@@ -160,11 +160,11 @@ def test_every_way_of_finding_a_process_tree_finds_the_same_processes(tmp_path, 
     proc = subprocess.Popen([sys.executable, "-c", code])
     try:
         deadline = time.monotonic() + 10
-        while len(process.descendants(proc.pid)) < 3 and time.monotonic() < deadline:
+        while len(proctree.descendants(proc.pid)) < 3 and time.monotonic() < deadline:
             time.sleep(0.05)
-        walked = process.descendants(proc.pid)
-        monkeypatch.setattr(process, "_CHILDREN_LISTS", False)
-        scanned = process.descendants(proc.pid)
+        walked = proctree.descendants(proc.pid)
+        monkeypatch.setattr(proctree, "_CHILDREN_LISTS", False)
+        scanned = proctree.descendants(proc.pid)
         assert len(scanned) == 3 and walked[0] == scanned[0] == proc.pid
         assert sorted(walked) == sorted(scanned)
         # A cgroup's members, read from a directory laid out as cgroup v2 lays it out (here a plain one).
@@ -172,18 +172,18 @@ def test_every_way_of_finding_a_process_tree_finds_the_same_processes(tmp_path, 
         (job / "below").mkdir(parents=True)
         (job / "cgroup.procs").write_text(f"{scanned[2]}\n{proc.pid}\n")
         (job / "below" / "cgroup.procs").write_text(f"{scanned[1]}\n")
-        grouped = process.descendants(proc.pid, job)
+        grouped = proctree.descendants(proc.pid, job)
         assert grouped[0] == proc.pid and sorted(grouped) == sorted(scanned)
         # A member of the cgroup that is no longer below the tree (its parent gone) is found there.
         (job / "below" / "cgroup.procs").write_text(f"{scanned[1]}\n{os.getpid()}\n")
-        assert sorted(process.descendants(proc.pid, job)) == sorted(scanned + [os.getpid()])
-        monkeypatch.setattr(process, "_CHILDREN_LISTS", True)
-        assert sorted(process.descendants(proc.pid, job)) == sorted(scanned + [os.getpid()])
+        assert sorted(proctree.descendants(proc.pid, job)) == sorted(scanned + [os.getpid()])
+        monkeypatch.setattr(proctree, "_CHILDREN_LISTS", True)
+        assert sorted(proctree.descendants(proc.pid, job)) == sorted(scanned + [os.getpid()])
         (job / "below" / "cgroup.procs").write_text(f"{scanned[1]}\n")
         # A cgroup that does not hold the process (or cannot be read) is not believed: the tree is walked.
-        assert sorted(process.descendants(proc.pid, tmp_path / "missing")) == sorted(scanned)
+        assert sorted(proctree.descendants(proc.pid, tmp_path / "missing")) == sorted(scanned)
     finally:
-        for pid in process.descendants(proc.pid)[::-1]:
+        for pid in proctree.descendants(proc.pid)[::-1]:
             os.kill(pid, 9)
         proc.wait()
 

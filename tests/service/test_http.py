@@ -14,7 +14,7 @@ import pytest
 from cuda_agent import load_candidate, load_task
 from cuda_agent.build import BuildResult
 from cuda_agent.evaluate import Policy, TimingConfig
-from cuda_agent.evaluate.degenerate import DegenerateReport
+from cuda_agent.evaluate.protocol.degenerate import DegenerateReport
 from cuda_agent.evaluate.interface import EvaluatorLike
 from cuda_agent.evaluate.result import EvalResult
 from cuda_agent.evaluate.counters import CounterReport

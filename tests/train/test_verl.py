@@ -34,7 +34,7 @@ from cuda_agent.agent.tokens import TokenChat, TokenOutput  # noqa: E402
 from cuda_agent.build import BuildResult  # noqa: E402
 from cuda_agent.evaluate import Policy, TimingConfig  # noqa: E402
 from cuda_agent.evaluate.counters import unavailable  # noqa: E402
-from cuda_agent.evaluate.degenerate import DegenerateReport  # noqa: E402
+from cuda_agent.evaluate.protocol.degenerate import DegenerateReport  # noqa: E402
 from cuda_agent.evaluate.interface import EvaluatorLike  # noqa: E402
 from cuda_agent.evaluate.result import EvalResult  # noqa: E402
 from cuda_agent.service import ServiceError  # noqa: E402

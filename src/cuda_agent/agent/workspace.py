@@ -26,7 +26,7 @@ from pathlib import Path
 
 from cuda_agent.candidates import Candidate, fixed_file, load_candidate, load_workspace
 from cuda_agent.candidates.triton import check_language
-from cuda_agent.evaluate.policy import Policy
+from cuda_agent.evaluate.protocol.policy import Policy
 from cuda_agent.tasks.task import Task
 
 PROTECTED = ("SKILL.md", "model.py", "binding.cpp", "binding_registry.h", "utils")

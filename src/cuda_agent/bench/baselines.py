@@ -76,7 +76,7 @@ def measure_baselines(tasks: list[Task], out: Path, device: str = "cuda", gpus: 
     hides compile times of tens of seconds. ``deadline_s``: stop taking new tasks after this many
     seconds (a device call's time limit), leaving the rest for a rerun."""
     from cuda_agent.evaluate.evaluator import Evaluator
-    from cuda_agent.evaluate.policy import TimingConfig
+    from cuda_agent.evaluate.protocol.policy import TimingConfig
     from cuda_agent.evaluate.pool import device_slots, drain
 
     if per_gpu < 1:

@@ -28,7 +28,7 @@ from cuda_agent.evaluate.interface import EvaluatorLike
 from cuda_agent.bench.baselines import read_table
 from cuda_agent.bench.solutions import SolutionSet
 from cuda_agent.evaluate.baseline import BaselineCache, baseline_key
-from cuda_agent.evaluate.policy import Policy
+from cuda_agent.evaluate.protocol.policy import Policy
 from cuda_agent.jsonl import read_jsonl
 from cuda_agent.tasks.task import Task
 

@@ -18,7 +18,7 @@ from cuda_agent.agent.llm import BackendError
 from cuda_agent.candidates import CandidateError
 from cuda_agent.evaluate import Timeouts
 from cuda_agent.evaluate.evaluator import default_memory_limit
-from cuda_agent.evaluate.policy import PRESETS
+from cuda_agent.evaluate.protocol.policy import PRESETS
 from cuda_agent.evaluate.retry import RetryPolicy
 from cuda_agent.sandbox import SANDBOX_CHOICES, SandboxUnavailable
 from cuda_agent.service.messages import ServiceError

@@ -44,7 +44,7 @@ def _on_interrupt(kept: str):
     def stop(signum: int, frame: object) -> None:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, signal.SIG_IGN)
-        from cuda_agent.sandbox.process import descendants
+        from cuda_agent.sandbox.proctree import descendants
 
         children = descendants(os.getpid())[1:]
         name = signal.Signals(signum).name

@@ -1,9 +1,9 @@
-"""The evaluator's side of one candidate's region brackets (``evaluate.regions``) for one evaluation.
+"""The evaluator's side of one candidate's region brackets (``evaluate.protocol.regions``) for one evaluation.
 
 It hands the candidate's process its end of the brackets before any candidate code loads, has it time
 no-op regions through them while its harness is still pristine (the brackets' own cost), brackets every
 timed region of the rounds, and on the CPU backend stops the process after each region and reads the
-calls it chose there, in secret, from outside (``evaluate.outside``: on the CPU backend its memory, on a
+calls it chose there, in secret, from outside (``evaluate.protocol.outside``: on the CPU backend its memory, on a
 GPU the allocations it exported after the region, read by the reference process). After the rounds, ``judge`` sets the
 regions the candidate's process reported against the brackets.
 """
@@ -15,14 +15,14 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from cuda_agent.evaluate.channel import Stop
-from cuda_agent.evaluate.outside import (Armed, Draw, GpuInputWriter, GpuMemory, InputWriter, OutsideError,
+from cuda_agent.evaluate.protocol.channel import Stop
+from cuda_agent.evaluate.protocol.outside import (Armed, Draw, GpuInputWriter, GpuMemory, InputWriter, OutsideError,
                                          OutsideReader, GpuRemote, ProcessMemory)
-from cuda_agent.evaluate.protocol import CallRecord
-from cuda_agent.evaluate.records import RECORDED_PER_REGION
-from cuda_agent.evaluate.timing import trial_seed
+from cuda_agent.evaluate.protocol.messages import CallRecord
+from cuda_agent.evaluate.protocol.records import RECORDED_PER_REGION
+from cuda_agent.evaluate.protocol.timing import trial_seed
 from cuda_agent.evaluate.region_clock import Overhead, RegionClock, judge, overhead, times
-from cuda_agent.evaluate.regions import (
+from cuda_agent.evaluate.protocol.regions import (
     Bell, BellError, BellFailed, BellUnreadable, Bracket, Chunk, decode_calls, thread_times,
 )
 
@@ -57,7 +57,7 @@ class CandidateBrackets:
     stopped_check: Callable[[], None] | None = None  # run once stopped, before anything is read (signal handlers)
     timed: list[tuple[Bracket, float]] = field(default_factory=list)  # each region, its reported time (ms)
     records: list[tuple[int, CallRecord]] = field(default_factory=list)  # (probe, record) read from outside
-    # Whether timed calls are read from outside (``evaluate.outside``): always on the CPU backend; on a GPU
+    # Whether timed calls are read from outside (``evaluate.protocol.outside``): always on the CPU backend; on a GPU
     # where the candidate's process can export its memory (``read_from``), else its harness records them.
     outside: bool = False
     # Where each region's input values are written from outside before GO (``write_inputs``), drawn from

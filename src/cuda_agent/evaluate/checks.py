@@ -13,16 +13,16 @@ from typing import Any
 
 from cuda_agent.build import BuildResult
 from cuda_agent.evaluate.brackets import KEEP_MAX_BYTES
-from cuda_agent.evaluate.channel import Channel, Stop
+from cuda_agent.evaluate.protocol.channel import Channel, Stop
 from cuda_agent.evaluate.context import Evaluation, Setup
-from cuda_agent.evaluate.protocol import (
+from cuda_agent.evaluate.protocol.messages import (
     CallRecord, CompareReply, CompareRequest, ExpectReply, OutputReply, OutputRequest, RecordCheck, RecordsReply,
     RecordsRequest, RunReply, RunRequest, SampleReply, SampleRequest, TimedReply, TimedRequest,
 )
-from cuda_agent.evaluate.records import same_samples
+from cuda_agent.evaluate.protocol.records import same_samples
 from cuda_agent.evaluate.result import EvalResult
 from cuda_agent.evaluate.rounds import CandidateLog
-from cuda_agent.evaluate.timing import trial_seed
+from cuda_agent.evaluate.protocol.timing import trial_seed
 from cuda_agent.guard.attribution import Attribution, AttributionError, attribute, extension_kernels, parse_kernel_report
 
 # Recorded timed calls whose records are checked, drawn after all rounds uniformly over all of them (the

@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from cuda_agent.evaluate.brackets import CandidateBrackets
-from cuda_agent.evaluate.channel import Channel
-from cuda_agent.evaluate.policy import Policy, TimingConfig
-from cuda_agent.evaluate.protocol import ExpectRequest
-from cuda_agent.evaluate.quiet import GpuQuiet
+from cuda_agent.evaluate.protocol.channel import Channel
+from cuda_agent.evaluate.protocol.policy import Policy, TimingConfig
+from cuda_agent.evaluate.protocol.messages import ExpectRequest
+from cuda_agent.evaluate.protocol.quiet import GpuQuiet
 from cuda_agent.evaluate.references import LiveReference
 from cuda_agent.evaluate.result import EvalResult
 from cuda_agent.sandbox import Sandbox

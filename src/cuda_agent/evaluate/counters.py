@@ -2,7 +2,7 @@
 speed of light. Advisory only: nothing here enters the reward.
 
 One correct candidate call is profiled with Nsight Compute (``ncu``) in the sandbox (``Evaluator.counters``
-runs :mod:`cuda_agent.evaluate.counters_target` under it). ``ncu`` writes one CSV row per kernel launch
+runs :mod:`cuda_agent.evaluate.worker.counters_target` under it). ``ncu`` writes one CSV row per kernel launch
 (``--page raw``); this module parses it, names each kernel's origin (the candidate's own, a library's,
 or torch's/other), says what limits it (memory, compute, latency/occupancy, launch) with the counters
 behind the verdict, and renders a report of at most ~40 lines for ``utils/profile.py``.

@@ -19,7 +19,7 @@ from cuda_agent.evaluate.counters import (
     MAX_NCU_BYTES, METRICS, NCU_FLAGS, CounterReport, CountersError, build_report, unavailable,
 )
 from cuda_agent.evaluate.processes import copy_modules, new_job
-from cuda_agent.evaluate.protocol import LoadRequest
+from cuda_agent.evaluate.protocol.messages import LoadRequest
 from cuda_agent.evaluate.triton_build import triton_kernels_of
 from cuda_agent.guard.attribution import AttributionError, extension_kernels, own_matcher
 from cuda_agent.paths import PACKAGE_ROOT, worker_env
@@ -62,7 +62,7 @@ def profile_counters(setup: Setup, task: Task, candidate: Candidate, times: dict
         if setup.gpu_index is not None:
             env["CUDA_VISIBLE_DEVICES"] = str(setup.gpu_index)
         argv = [ncu, *NCU_FLAGS, "--metrics", ",".join(METRICS), "--log-file", str(job / "ncu.csv"),
-                sys.executable, "-m", "cuda_agent.evaluate.counters_target", str(job / "spec.json")]
+                sys.executable, "-m", "cuda_agent.evaluate.worker.counters_target", str(job / "spec.json")]
         setup.on_stage("counters", "one call under Nsight Compute")
         with setup.timing_lock:  # its replays would disturb another evaluator's timing on this GPU
             ran = run_command(argv, cwd=job, env=env, sandbox=setup.sandbox, gpu=True, writable=[job],

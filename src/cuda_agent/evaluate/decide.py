@@ -21,9 +21,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 from cuda_agent.evaluate.region_clock import robust_sd
-from cuda_agent.evaluate.policy import Policy, TimingConfig
-from cuda_agent.evaluate.reward import milestone
-from cuda_agent.evaluate.timing import TimingStats
+from cuda_agent.evaluate.protocol.policy import Policy, TimingConfig
+from cuda_agent.evaluate.reward import beats, milestone, reward_line
+from cuda_agent.evaluate.protocol.timing import TimingStats
 
 # A side times ``trials`` regions of ``calls`` calls each, its call indices starting at ``first``,
 # and returns one sample (ms per call) per region.
@@ -93,7 +93,7 @@ class Speedup:
 
     @property
     def beats(self) -> bool:
-        return self.line is not None and self.estimate > self.line
+        return beats(self.estimate, self.line)
 
     @property
     def confident(self) -> bool:
@@ -127,8 +127,7 @@ BASELINES = ("eager", "compile")
 
 def speedups(rounds: "Rounds", policy: Policy, timing: TimingConfig) -> dict[str, Speedup]:
     """The candidate's speedup over each baseline timed (or fixed) in ``rounds``, against the reward's line."""
-    line = 1 / policy.beat_factor if policy.reward == "milestone" else None
-    return {side: speedup(side, rounds.ratios(side), line, timing.confidence)
+    return {side: speedup(side, rounds.ratios(side), reward_line(policy), timing.confidence)
             for side in BASELINES if (rounds.count(side) or side in rounds.fixed) and rounds.count("candidate")}
 
 
@@ -293,7 +292,7 @@ def clock_check(walls_ms: list[float], claimed_ms: list[float], empty_ms: list[f
 
 def other_threads_ms(before: dict[int, tuple[str, int]], after: dict[int, tuple[str, int]],
                      main: int) -> tuple[float, list[tuple[float, str, int]]]:
-    """CPU milliseconds between two readings of a process tree's threads (``sandbox.process.tree_thread_cpu``):
+    """CPU milliseconds between two readings of a process tree's threads (``sandbox.proctree.tree_thread_cpu``):
     the ``main`` thread's, and (ms, name, tid) of every other thread present in both, busiest last."""
     main_ms = (after.get(main, ("", 0))[1] - before.get(main, ("", 0))[1]) / 1e6
     others = sorted(((after[tid][1] - ran) / 1e6, name, tid) for tid, (name, ran) in before.items()

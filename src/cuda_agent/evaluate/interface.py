@@ -12,8 +12,8 @@ if TYPE_CHECKING:
     from cuda_agent.build import BuildResult
     from cuda_agent.candidates import Candidate
     from cuda_agent.evaluate.counters import CounterReport
-    from cuda_agent.evaluate.degenerate import DegenerateReport
-    from cuda_agent.evaluate.policy import Policy, TimingConfig
+    from cuda_agent.evaluate.protocol.degenerate import DegenerateReport
+    from cuda_agent.evaluate.protocol.policy import Policy, TimingConfig
     from cuda_agent.evaluate.result import EvalResult
     from cuda_agent.tasks import Task
 

@@ -17,7 +17,7 @@ from cuda_agent.build import BuildResult
 from cuda_agent.evaluate.context import Setup
 from cuda_agent.evaluate.references import ReferencePool
 from cuda_agent.paths import PACKAGE_ROOT, worker_env
-from cuda_agent.evaluate.triton_runtime import INTERPRET_ENV
+from cuda_agent.evaluate.worker.triton_runtime import INTERPRET_ENV
 from cuda_agent.sandbox import Limits, WorkerProcess
 from cuda_agent.sandbox.nocode import LOCK_CODE_ENV
 from cuda_agent.sandbox.nothreads import BAN_THREADS_ENV
@@ -72,16 +72,16 @@ def spawn(setup: Setup, role: str, home: Path, readable: list[Path]) -> WorkerPr
         env[BAN_THREADS_ENV] = "1"  # no new thread or process once its code starts to load (sandbox.nothreads)
         if setup.device == "cpu":
             # Triton, should the candidate be a Triton one, runs in its interpreter; read as Triton is imported, which
-            # torch's profiler does during the worker's start-up (``evaluate.triton_runtime``).
+            # torch's profiler does during the worker's start-up (``evaluate.worker.triton_runtime``).
             env[INTERPRET_ENV] = "1"
         if setup.device == "cuda":
             # Memory of the driver's VMM API, which another process can map: its timed outputs are read
-            # from outside it (evaluate.vmm). Replaces any other allocator setting of the user's.
+            # from outside it (evaluate.protocol.vmm). Replaces any other allocator setting of the user's.
             env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     limits = Limits(timeout_s=setup.timeouts.baseline_s, output_bytes=setup.output_limit,
                     memory_bytes=setup.memory_limit)
     return WorkerProcess(
-        argv=[sys.executable, "-m", "cuda_agent.evaluate.worker", "--role", role, "--device", setup.device],
+        argv=[sys.executable, "-m", "cuda_agent.evaluate.worker.loop", "--role", role, "--device", setup.device],
         cwd=home,
         env=env,
         limits=limits,

@@ -13,21 +13,21 @@ import time
 from typing import Any, Iterator
 
 from cuda_agent.evaluate.baseline import BaselineCache, baseline_key
-from cuda_agent.evaluate.channel import Channel, Stop
+from cuda_agent.evaluate.protocol.channel import Channel, Stop
 from cuda_agent.evaluate.context import Setup
 from cuda_agent.evaluate.decide import BASELINES, Rounds
-from cuda_agent.evaluate.degenerate import DegenerateReport
+from cuda_agent.evaluate.protocol.degenerate import DegenerateReport
 from cuda_agent.evaluate.device_lock import DeviceLock
 from cuda_agent.evaluate.environment import describe_environment
-from cuda_agent.evaluate.outside import Draw, OutsideError
+from cuda_agent.evaluate.protocol.outside import Draw, OutsideError
 from cuda_agent.evaluate.processes import new_job, spawn
-from cuda_agent.evaluate.protocol import (
+from cuda_agent.evaluate.protocol.messages import (
     AfterDoneReply, AfterDoneRequest, GpuHeld, KeepGpuReply, KeepGpuRequest, ReadGpuReply, ReadGpuRequest, DrawReply,
     DrawRequest, WriteGpuReply, WriteGpuRequest,
     AttachReply, AttachRequest, CompileReply, CompileRequest, DegenerateReply, DegenerateRequest, LoadReply,
     LoadRequest, ReleaseReply, ReleaseRequest,
 )
-from cuda_agent.evaluate.quiet import Doorbell, GpuQuiet
+from cuda_agent.evaluate.protocol.quiet import Doorbell, GpuQuiet
 from cuda_agent.evaluate.references import LiveReference, ReferencePool
 from cuda_agent.evaluate.result import EvalResult
 from cuda_agent.evaluate.rounds import time_rounds
@@ -222,7 +222,7 @@ def _measure_baselines(setup: Setup, cache: BaselineCache, key: str, reference: 
 
 
 def run_degenerate(setup: Setup, task: Task, reference: Channel, draws: int) -> DegenerateReport:
-    """Whether trivial candidates pass ``task``, asked of its reference process (``evaluate.degenerate``)."""
+    """Whether trivial candidates pass ``task``, asked of its reference process (``evaluate.protocol.degenerate``)."""
     request = DegenerateRequest(seeds=[secrets.randbits(62) for _ in range(draws)], **setup.tolerance())
     reply = reference.ask_typed("degenerate", request, DegenerateReply, setup.timeouts.check_s * draws)
     return DegenerateReport(task=task.name, policy=setup.policy.name, passing=reply.passing, details=reply.details)
@@ -246,7 +246,7 @@ def share_output_memory(setup: Setup, reference: LiveReference, candidate: Chann
 
 
 class ReferenceGpu:
-    """The reference process's reads and writes of the candidate's GPU memory (``evaluate.vmm``, ``outside.GpuRemote``):
+    """The reference process's reads and writes of the candidate's GPU memory (``evaluate.protocol.vmm``, ``outside.GpuRemote``):
     the descriptors of allocations it does not hold yet relayed over its descriptor channel, then the request.
     Writes draw the inputs from the evaluator's secret seeds and flush ``flush_bytes`` of L2 after."""
 

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cuda_agent.evaluate.channel import Channel
-from cuda_agent.evaluate.protocol import LoadReply
-from cuda_agent.evaluate.quiet import Doorbell
+from cuda_agent.evaluate.protocol.channel import Channel
+from cuda_agent.evaluate.protocol.messages import LoadReply
+from cuda_agent.evaluate.protocol.quiet import Doorbell
 
 # What idle references may hold of a GPU together by default: more, and candidates of other tasks run out on an
 # 80 GB card. On a larger card, all of it but ``REFERENCE_HEADROOM``, so that the references of the tasks with

@@ -22,7 +22,7 @@ import statistics
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from cuda_agent.evaluate.regions import Bracket
+from cuda_agent.evaluate.protocol.regions import Bracket
 
 # The worker's time exporting a region's allocations, just before DONE, is part of the region (the candidate's code
 # could run then), less what looking up (a driver call or three) and exporting (a descriptor made) more allocations

@@ -16,7 +16,7 @@ NO_VERDICT = "error"  # the status of an evaluation without a verdict
 BUSY = "busy"  # the host or GPU had other work while it was timed: the same evaluation again may decide
 HARNESS = "harness"  # the task, the toolchain or the harness itself failed: evaluating again does not help
 # Every refusal for other work on the host or GPU says what to do with these words (evaluate.rounds,
-# evaluate.watchers, evaluate.quiet); the retry and every consumer tell the kinds apart by them.
+# evaluate.watchers, evaluate.protocol.quiet); the retry and every consumer tell the kinds apart by them.
 BUSY_PHRASE = "evaluate again"
 BUSY_ADVICE = ("the host was busy while timing; nothing is wrong with the kernel: evaluate again, "
                "or raise --retries, or quiet the host")

@@ -14,16 +14,16 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from cuda_agent.evaluate.brackets import CandidateBrackets
-from cuda_agent.evaluate.channel import Channel, Stop
+from cuda_agent.evaluate.protocol.channel import Channel, Stop
 from cuda_agent.evaluate.context import Setup
 from cuda_agent.evaluate.decide import Plan, Rounds, run_rounds, speedups, reward_settled
-from cuda_agent.evaluate.protocol import CalibrateReply, CalibrateRequest, CallRecord, TimeReply, TimeRequest
-from cuda_agent.evaluate.records import RECORDED_PER_REGION
-from cuda_agent.evaluate.policy import TimingConfig
+from cuda_agent.evaluate.protocol.messages import CalibrateReply, CalibrateRequest, CallRecord, TimeReply, TimeRequest
+from cuda_agent.evaluate.protocol.records import RECORDED_PER_REGION
+from cuda_agent.evaluate.protocol.policy import TimingConfig
 from cuda_agent.evaluate.pressure import Pressure
-from cuda_agent.evaluate.quiet import GpuQuiet, quiet_after_stops
+from cuda_agent.evaluate.protocol.quiet import GpuQuiet, quiet_after_stops
 from cuda_agent.evaluate.result import EvalResult
-from cuda_agent.evaluate.timing import host_hold
+from cuda_agent.evaluate.protocol.timing import host_hold
 from cuda_agent.evaluate.watchers import BorrowedThreads, Integrity, NewThreads, Signals, stop_on
 from cuda_agent.guard.device_state import can_check_idle, gpu_busy
 
@@ -53,7 +53,7 @@ class CandidateRounds:
     base: int
     signals: Signals
     integrity: Integrity
-    brackets: CandidateBrackets | None = None  # each region bracketed by the evaluator (evaluate.regions)
+    brackets: CandidateBrackets | None = None  # each region bracketed by the evaluator (evaluate.protocol.regions)
     gpu_quiet: GpuQuiet | None = None  # judges the reference's quiet probes before the baselines' regions
     call_bytes: int = 0  # a call's inputs and output, as the reference's checks found them (caps a region's calls)
     device_bytes: int = 0  # the GPU's memory as the reference found it (0: the CPU backend)

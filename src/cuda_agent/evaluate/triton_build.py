@@ -1,8 +1,8 @@
 """The build stage of a Triton candidate on a GPU: its kernels compiled, and its autotuned configs chosen, on
 the task's input shapes, in a sandboxed process of their own; the evaluated process only loads them
-(``evaluate.triton_runtime``, docs/SECURITY.md "Triton candidates").
+(``evaluate.worker.triton_runtime``, docs/SECURITY.md "Triton candidates").
 
-The compile process (``evaluate.triton_target``) imports the candidate, builds ``ModelNew`` and runs forward
+The compile process (``evaluate.worker.triton_target``) imports the candidate, builds ``ModelNew`` and runs forward
 twice on inputs drawn from a seed of its own, with a private ``TRITON_CACHE_DIR`` and autotuning results kept
 on disk. Of what it leaves, only Triton's kernel files (metadata ``.json`` and ``.cubin``, autotuned choices
 ``.autotune.json``) are kept: the native modules the process built (Triton's launchers) are never loaded anywhere
@@ -29,12 +29,12 @@ from typing import Any, Callable
 
 from cuda_agent.candidates import Candidate
 from cuda_agent.candidates.triton import triton_kernels
-from cuda_agent.evaluate.channel import Stop
+from cuda_agent.evaluate.protocol.channel import Stop
 from cuda_agent.evaluate.context import Setup
 from cuda_agent.evaluate.processes import new_job
-from cuda_agent.evaluate.protocol import LoadRequest
+from cuda_agent.evaluate.protocol.messages import LoadRequest
 from cuda_agent.evaluate.result import EvalResult
-from cuda_agent.evaluate.triton_runtime import LAUNCHER_DIR, LAUNCHERS_FILE, REFUSED_EXIT, launcher_records
+from cuda_agent.evaluate.worker.triton_runtime import LAUNCHER_DIR, LAUNCHERS_FILE, REFUSED_EXIT, launcher_records
 from cuda_agent.paths import PACKAGE_ROOT, worker_env
 from cuda_agent.sandbox import Limits, run_command
 from cuda_agent.tasks import Task
@@ -97,7 +97,7 @@ def compile_triton(setup: Setup, task: Task, candidate: Candidate, result: EvalR
         env["TRITON_CACHE_AUTOTUNING"] = "1"
         if setup.gpu_index is not None:
             env["CUDA_VISIBLE_DEVICES"] = str(setup.gpu_index)
-        argv = [sys.executable, "-m", "cuda_agent.evaluate.triton_target", str(job / "spec.json")]
+        argv = [sys.executable, "-m", "cuda_agent.evaluate.worker.triton_target", str(job / "spec.json")]
         ran = run_command(argv, cwd=job, env=env, sandbox=setup.sandbox, gpu=True, writable=[job],
                           readable=[PACKAGE_ROOT],
                           limits=Limits(timeout_s=setup.timeouts.build_s, output_bytes=setup.output_limit,
@@ -149,7 +149,7 @@ def build_recorded_launchers(setup: Setup, records: list[dict[str, Any]], where:
     env = dict(os.environ) | ({"CUDA_VISIBLE_DEVICES": str(setup.gpu_index)} if setup.gpu_index is not None else {})
     env["PYTHONPATH"] = str(PACKAGE_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
     env.pop("TRITON_INTERPRET", None)
-    argv = [sys.executable, "-m", "cuda_agent.evaluate.triton_runtime", "--launchers", str(where)]
+    argv = [sys.executable, "-m", "cuda_agent.evaluate.worker.triton_runtime", "--launchers", str(where)]
     try:
         ran = subprocess.run(argv, env=env, input=json.dumps(records), capture_output=True, text=True,
                              timeout=setup.timeouts.build_s)
@@ -225,7 +225,7 @@ def build_launcher(setup: Setup) -> Path | None:
     env["PYTHONPATH"] = str(PACKAGE_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
     env.pop("TRITON_INTERPRET", None)
     try:
-        ran = subprocess.run([sys.executable, "-m", "cuda_agent.evaluate.triton_runtime", str(staging)], env=env,
+        ran = subprocess.run([sys.executable, "-m", "cuda_agent.evaluate.worker.triton_runtime", str(staging)], env=env,
                              capture_output=True, text=True, timeout=setup.timeouts.build_s)
     except (OSError, subprocess.TimeoutExpired):
         shutil.rmtree(staging, ignore_errors=True)

@@ -7,12 +7,12 @@ from __future__ import annotations
 from typing import Any
 
 from cuda_agent.evaluate.baseline import BaselineCache
-from cuda_agent.evaluate.channel import Stop
+from cuda_agent.evaluate.protocol.channel import Stop
 from cuda_agent.evaluate.context import Setup
 from cuda_agent.evaluate.decide import BASELINES, Rounds, reward_settled, speedups
 from cuda_agent.evaluate.reference_process import keep_baseline
 from cuda_agent.evaluate.result import EvalResult
-from cuda_agent.evaluate.reward import compute_reward
+from cuda_agent.evaluate.reward import speedup_reward
 from cuda_agent.evaluate.watchers import Plausibility, stop_on
 
 
@@ -49,8 +49,7 @@ def decide(setup: Setup, cache: BaselineCache, rounds: Rounds, baseline: dict[st
     stop_on("profile", "", Plausibility(result.times["candidate"]["median_ms"], result.speedup_eager, output_bytes,
                                         setup.policy, setup.device, result))
     clock_settles(setup, result)
-    # Speedups in place of times: "t < beat * t0" is "t0 / t > 1 / beat".
-    result.reward = compute_reward(setup.policy, True, 1.0, result.speedup_eager, result.speedup_compile)
+    result.reward = speedup_reward(setup.policy, result.speedup_eager, result.speedup_compile)
     result.status = "correct"
 
 
@@ -66,8 +65,8 @@ def clock_settles(setup: Setup, result: EvalResult) -> None:
     if share is None or share <= setup.timing.uncertainty_max:
         return
     if setup.policy.reward == "milestone" and share < 1:
-        ends = {compute_reward(setup.policy, True, 1.0, *(None if s is None else s * factor
-                                                           for s in (result.speedup_eager, result.speedup_compile)))
+        ends = {speedup_reward(setup.policy, *(None if s is None else s * factor
+                                               for s in (result.speedup_eager, result.speedup_compile)))
                 for factor in (1 / (1 + share), 1 / (1 - share))}
         if len(ends) == 1:
             result.notes.append(f"the evaluator's clock's uncertainty ({share:.1%} of a region) is over "

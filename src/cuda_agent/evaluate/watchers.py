@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ContextManager, Protocol
 
-from cuda_agent.evaluate.channel import Channel, Stop
+from cuda_agent.evaluate.protocol.channel import Channel, Stop
 from cuda_agent.evaluate.decide import clock_check, other_threads_ms
 from cuda_agent.evaluate.plausibility import MemorySystem, below_speed_of_light, memory_system
-from cuda_agent.evaluate.policy import Policy, TimingConfig
+from cuda_agent.evaluate.protocol.policy import Policy, TimingConfig
 from cuda_agent.evaluate.result import EvalResult
 from cuda_agent.guard.attribution import Attribution, coverage_reason, decoy_reason, stream_reason
 from cuda_agent.guard.integrity import IntegrityWatch

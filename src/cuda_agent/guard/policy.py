@@ -66,7 +66,7 @@ RUNTIME_RULES: dict[str, str] = {
     "changed by candidate code (read from outside the process)",
     "baseline-interference": "the candidate's processes could not be stopped while the baselines were timed",
     "gpu-busy": "work the candidate left queued on the GPU (in a context of its own) ran while it was stopped: "
-    "before a baseline's region or once a region's inputs were written, before its GO (evaluate.quiet)",
+    "before a baseline's region or once a region's inputs were written, before its GO (evaluate.protocol.quiet)",
     "memory": "the candidate's process ran out of the memory it is allowed (Evaluator memory_limit)",
     "state-dict": "Model's state dict does not load into ModelNew",
     "interface": "model_new.py does not define ModelNew",

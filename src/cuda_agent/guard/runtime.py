@@ -1,7 +1,7 @@
 """Guards that run inside the candidate's process, around its code.
 
 Static checks read the source; these watch what the code does. They run in the
-worker (``cuda_agent.evaluate.worker``) and raise :class:`RuleBroken` with a
+worker (``cuda_agent.evaluate.worker.loop``) and raise :class:`RuleBroken` with a
 stable rule name, which becomes ``EvalResult.rule``:
 
 - ``torch-compute``: an ATen operator other than allocation, views and metadata
@@ -88,7 +88,7 @@ def composite_only(name: str) -> bool:
 def unlisted_aten(ops: Iterable[tuple[str, Any]], allowed: frozenset[str],
                   composite: Callable[[str], bool] = composite_only) -> dict[str, int]:
     """ATen operators that computed, with counts, in a profiled call's operator tree (``(name,
-    children)`` nodes, outermost first, as ``evaluate.profiling.profile_call`` records them).
+    children)`` nodes, outermost first, as ``evaluate.worker.profiling.profile_call`` records them).
 
     The profiler records each operator where the dispatcher is entered, so composites appear
     above what they run. An allowed operator's subtree is its own business (``zeros_like`` fills);
@@ -309,7 +309,7 @@ class CallGuard:
     ``watch(fn)`` runs ``fn`` under the compute monitor and checks what it
     left behind; ``check_output`` checks the memory of what it returned.
     ``trusted``: getters of the caller's own functions whose identities the
-    harness snapshot holds too (``evaluate.call_guard`` passes the timing and
+    harness snapshot holds too (``evaluate.worker.call_guard`` passes the timing and
     output functions).
     """
 
@@ -349,7 +349,7 @@ class CallGuard:
         return output
 
     def check_profiled_ops(self, ops: Iterable[tuple[str, Any]]) -> None:
-        """The profiled call's operator tree (``evaluate.profiling.CallProfile.ops``) against the allowlist."""
+        """The profiled call's operator tree (``evaluate.worker.profiling.CallProfile.ops``) against the allowlist."""
         self._refuse_compute(unlisted_aten(ops, self.allowed), " (seen by the profiler)")
 
     @staticmethod

@@ -118,7 +118,7 @@ def _env_value(value: Any) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``export`` command's arguments (the CLI registers the subparser and calls ``main``)."""
-    from cuda_agent.evaluate.policy import PRESETS
+    from cuda_agent.evaluate.protocol.policy import PRESETS
     from cuda_agent.sandbox import SANDBOX_CHOICES
 
     parser.add_argument("source", help="tasks: a task file, a folder of them, a KernelBench tree or table, "

@@ -15,7 +15,7 @@ code is imported (its static constructors included), makes the kernel end the pr
 and answers ``clone3`` with ``ENOSYS``: its flags lie in memory a filter cannot read, and glibc, told
 the call does not exist, falls back to ``clone``, which is ended as above. No handler can catch the
 kill, no thread of the process escapes it (``TSYNC`` puts the filter on every thread, torch's pool
-and the CUDA runtime's included) and no process can ever remove a filter. ``evaluate.channel`` turns
+and the CUDA runtime's included) and no process can ever remove a filter. ``evaluate.protocol.channel`` turns
 such a death into a ``thread`` failure.
 
 libseccomp (through ``pyseccomp``, as the other two filters) writes the program: it checks the

@@ -14,7 +14,7 @@ from typing import Any
 from cuda_agent.build import BuildResult
 from cuda_agent.evaluate import Policy, TimingConfig
 from cuda_agent.evaluate.counters import CounterReport
-from cuda_agent.evaluate.degenerate import DegenerateReport
+from cuda_agent.evaluate.protocol.degenerate import DegenerateReport
 from cuda_agent.evaluate.result import EvalResult
 from cuda_agent.service.messages import TOKEN_ENV, Job, Reply, ServiceError
 

@@ -38,13 +38,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from cuda_agent.scratch import made
-from cuda_agent.evaluate.policy import Policy
 from cuda_agent.candidates.triton import check_language
+from cuda_agent.evaluate.protocol.policy import Policy
 from cuda_agent.jsonl import read_jsonl
 from cuda_agent.paths import PACKAGE_ROOT, cache_root, worker_env
 from cuda_agent.sandbox.factory import make_sandbox
-from cuda_agent.evaluate.channel import Channel, Stop
-from cuda_agent.evaluate.protocol import ScreenCheckRequest, ScreenCompileRequest, ScreenTimeRequest
+from cuda_agent.evaluate.protocol.channel import Channel, Stop
+from cuda_agent.evaluate.protocol.messages import ScreenCheckRequest, ScreenCompileRequest, ScreenTimeRequest
 from cuda_agent.sandbox.process import Limits, WorkerProcess
 from cuda_agent.synth.catalog import Catalog
 from cuda_agent.synth.compose import ComposeError, Program, SizeProfile, rescale

@@ -1,7 +1,7 @@
 """The execution filters' worker (``python -m cuda_agent.synth.screen``), one per pool slot.
 
 It runs synthesised programs, which an LLM may have written, so it runs in the
-evaluation core's sandbox and speaks its request protocol (``evaluate.worker.serve``).
+evaluation core's sandbox and speaks its request protocol (``evaluate.worker.loop.serve``).
 Each request names a program file; the process keeps the last program loaded so
 that checking, timing and compiling one program share the work. Checks run in
 strict fp32 (TF32 off); timing under the policy's precision flags, as the
@@ -15,12 +15,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cuda_agent.evaluate.compare import compare_outputs, error_ratio, output_rms
-from cuda_agent.evaluate.policy import TimingConfig
-from cuda_agent.evaluate.protocol import SCREEN_REQUESTS, ScreenCheckRequest, ScreenTimeRequest, parse_request
-from cuda_agent.evaluate.side import share_inductor_headers
-from cuda_agent.evaluate.timing import measure
-from cuda_agent.evaluate.worker import init_inputs, make_inputs, pin_precision, seed_everything, serve, synchronize
+from cuda_agent.evaluate.protocol.compare import compare_outputs, error_ratio, output_rms
+from cuda_agent.evaluate.protocol.policy import TimingConfig
+from cuda_agent.evaluate.protocol.messages import SCREEN_REQUESTS, ScreenCheckRequest, ScreenTimeRequest, parse_request
+from cuda_agent.evaluate.worker.side import share_inductor_headers
+from cuda_agent.evaluate.protocol.timing import measure
+from cuda_agent.evaluate.worker.loop import init_inputs, make_inputs, pin_precision, seed_everything, serve, synchronize
 from cuda_agent.tasks.task import Task, exec_task_module
 from cuda_agent.tensors import tensors_in
 
@@ -50,7 +50,7 @@ class ScreenSide:
         """Filters ``runs``, ``deterministic`` and ``not_degenerate``; the first failure ends the list."""
         import torch
 
-        from cuda_agent.evaluate.degenerate import leaf_means, trivial_failures
+        from cuda_agent.evaluate.protocol.degenerate import leaf_means, trivial_failures
 
         self.model = self.compiled = None
         pin_precision("off")

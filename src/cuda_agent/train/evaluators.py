@@ -43,7 +43,7 @@ class LocalEvaluators:
 
     def _make(self) -> Any:
         from cuda_agent.evaluate import Evaluator, long_lived, resolve_device
-        from cuda_agent.evaluate.policy import Policy
+        from cuda_agent.evaluate.protocol.policy import Policy
 
         device = resolve_device(self.device)
         # As the training stages make theirs: candidates prestarted where a process start costs seconds.
@@ -154,7 +154,7 @@ def options_from_settings(settings: Any = None, environ: Any = None) -> Evaluato
     ``settings`` (a dataset's ``reward_settings``: a mapping or its JSON text), else the default."""
     import json
 
-    from cuda_agent.evaluate.policy import PRESETS
+    from cuda_agent.evaluate.protocol.policy import PRESETS
 
     environ = os.environ if environ is None else environ
     if isinstance(settings, str):

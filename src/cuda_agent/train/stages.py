@@ -202,7 +202,7 @@ def make_evaluator_factory(config: StageConfig, dist: Dist = Dist()) -> Callable
     ``evaluator.remote``, the evaluation service at that URL for every episode of every rank (its pool
     owns its GPUs and times one job per GPU, so no lock is needed here)."""
     from cuda_agent.evaluate import Evaluator, long_lived, resolve_device
-    from cuda_agent.evaluate.policy import Policy
+    from cuda_agent.evaluate.protocol.policy import Policy
 
     if config.evaluator.remote:
         from cuda_agent.service import RemoteEvaluator

@@ -77,10 +77,10 @@ def last_call_of_a_region(x):
     return found
 def close_region(ringer, state, calls, y):
     bell, number = state["bell"], state["region"]
-    outside, regions = sys.modules["cuda_agent.evaluate.outside"], sys.modules["cuda_agent.evaluate.regions"]
+    outside, regions = sys.modules["cuda_agent.evaluate.protocol.outside"], sys.modules["cuda_agent.evaluate.protocol.regions"]
     described = [outside.describe(i, box.get("output", y), inputs) for i, inputs, box in calls]
     if state.get("before_done") is not None:  # a GPU's: the allocations the region's tensors lie in, before DONE
-        vmm = sys.modules["cuda_agent.evaluate.vmm"]
+        vmm = sys.modules["cuda_agent.evaluate.protocol.vmm"]
         table, fds, looked_up = cells(state["before_done"])["exporter"].finish(vmm.spans(described, outside.ITEMSIZE))
         ringer.chunks.real(bell, number, table, fds, looked_up)
         chunks_sent.add((id(bell), number))

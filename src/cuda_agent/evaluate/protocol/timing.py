@@ -23,9 +23,9 @@ from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-from cuda_agent.evaluate import bound
-from cuda_agent.evaluate.policy import TimingConfig
-from cuda_agent.evaluate.regions import CONT, GO
+from cuda_agent.evaluate.protocol import bound
+from cuda_agent.evaluate.protocol.policy import TimingConfig
+from cuda_agent.evaluate.protocol.regions import CONT, GO
 from cuda_agent.guard.device_state import reset_persisting_l2
 
 
@@ -250,7 +250,7 @@ def time_round(prepare: Callable[[], Callable[[], Any]], device: str, config: Ti
     last word and the evaluator can stop the process and probe the GPU as soon as it comes). ``announce(region)``
     says READY instead of ``bell.ready``: with the region's inputs described (and on a GPU their memory), for
     the evaluator to write their values before GO. ``before_region()`` runs just before each region is opened, its
-    inputs drawn and the L2 flushed (on a GPU, synchronised): the reference's quiet probe (``evaluate.quiet``)."""
+    inputs drawn and the L2 flushed (on a GPU, synchronised): the reference's quiet probe (``evaluate.protocol.quiet``)."""
 
     config = config.resolved(device)
     after_end = after_end or (lambda: None)

@@ -7,7 +7,7 @@ Requests travel as JSON lines ``{"op": ..., field: value, ...}``: ``to_message()
 code (the candidate's): ``from_reply()`` checks every field's type, so a forged or ill-typed reply is
 refused before the evaluator reads it (``Channel.ask_typed`` turns the refusal into a ``Stop``).
 
-``REQUESTS`` holds the evaluation workers' requests (``evaluate.worker``, roles reference and
+``REQUESTS`` holds the evaluation workers' requests (``evaluate.worker.loop``, roles reference and
 candidate: a request both roles accept, with fields only one of them reads, is one class with
 optional fields); ``SCREEN_REQUESTS`` the synth screener's (``synth.screen``).
 """
@@ -18,7 +18,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from cuda_agent.evaluate.fields import _Fields, _Reply, _Request
+from cuda_agent.evaluate.protocol.fields import _Fields, _Reply, _Request
 
 
 # -- requests of the evaluation workers ------------------------------------------------------------
@@ -51,7 +51,7 @@ class LoadRequest(_Request):
     warm: ExpectRequest | None = None  # reference: one expected output computed and dropped
     model_new_file: str | None = None  # candidate
     modules: dict[str, str] | None = None  # candidate: extension name -> built file
-    language: str = "cuda"  # candidate: "triton" sets Triton up before its code loads (``evaluate.triton_runtime``)
+    language: str = "cuda"  # candidate: "triton" sets Triton up before its code loads (``evaluate.worker.triton_runtime``)
     triton_kernels: str | None = None  # candidate, Triton on a GPU: the build stage's kernel cache, copied into the job
     # candidate: no-op regions through the brackets once the task is loaded and before its code is, which
     # tell the evaluator what the brackets cost (region_clock.Overhead), with this hold and seed
@@ -67,7 +67,7 @@ class ReadyRequest(_Request):
     """Candidate: answered once the worker's own start-up is done, before any candidate code loads
     (what the process looks like then is the harness's alone)."""
     op: ClassVar[str] = "ready"
-    bell: bool = False  # the region brackets' socket follows on the descriptor channel (evaluate.regions)
+    bell: bool = False  # the region brackets' socket follows on the descriptor channel (evaluate.protocol.regions)
 
 
 @dataclass(frozen=True)
@@ -111,19 +111,19 @@ class TimeRequest(_Request):
     calls: int
     timing: dict[str, Any]
     side: str | None = None  # reference: the baseline, or "empty" (the round without the calls)
-    probe: int | None = None  # the secret the recorded positions are drawn from (evaluate.records)
+    probe: int | None = None  # the secret the recorded positions are drawn from (evaluate.protocol.records)
     hold_us: float | None = None  # candidate and empty rounds: the hold the evaluator set (timing.HostLaunch)
-    bell: bool = False  # each region bracketed by the evaluator (evaluate.regions)
-    outside: bool = False  # its calls described in DONE and read from outside (evaluate.outside); on a GPU the
-    # candidate exports their memory after DONE (evaluate.vmm)
+    bell: bool = False  # each region bracketed by the evaluator (evaluate.protocol.regions)
+    outside: bool = False  # its calls described in DONE and read from outside (evaluate.protocol.outside); on a GPU the
+    # candidate exports their memory after DONE (evaluate.protocol.vmm)
     # Its inputs described in READY and their values written from outside while it is stopped, drawn from seeds
-    # it never learns (evaluate.outside.InputWriter): what it drew from ``seed`` only gives them their memory.
+    # it never learns (evaluate.protocol.outside.InputWriter): what it drew from ``seed`` only gives them their memory.
     written: bool = False
 
 
 @dataclass(frozen=True)
 class LeafSample(_Reply):
-    """One tensor of a call, read at the positions ``evaluate.records.positions`` draws."""
+    """One tensor of a call, read at the positions ``evaluate.protocol.records.positions`` draws."""
     shape: list[int]
     dtype: str
     values: list[float]
@@ -131,7 +131,7 @@ class LeafSample(_Reply):
 
 @dataclass(frozen=True)
 class CallRecord(_Reply):
-    """What a timed call left right after its region ended (``evaluate.records``)."""
+    """What a timed call left right after its region ended (``evaluate.protocol.records``)."""
     index: int
     outputs: list[LeafSample]
     inputs: list[LeafSample]
@@ -187,7 +187,7 @@ class ReleaseRequest(_Request):
 
 @dataclass(frozen=True)
 class QuietRequest(_Request):
-    """Reference: probe the GPU until no other context has work (``evaluate.quiet``), for up to ``within_s``."""
+    """Reference: probe the GPU until no other context has work (``evaluate.protocol.quiet``), for up to ``within_s``."""
     op: ClassVar[str] = "quiet"
     within_s: float
 
@@ -241,7 +241,7 @@ class GpuHeld(_Fields):
 
 @dataclass(frozen=True)
 class ReadGpuRequest(_Request):
-    """Reference: read the candidate's GPU memory from outside it (``evaluate.vmm``): the ``held`` allocations,
+    """Reference: read the candidate's GPU memory from outside it (``evaluate.protocol.vmm``): the ``held`` allocations,
     each ``sizes[i]`` bytes; each read ``[allocation, offset, bytes]``, all read twice ``apart_s`` apart."""
     op: ClassVar[str] = "read_gpu"
     held: GpuHeld
@@ -254,7 +254,7 @@ class ReadGpuRequest(_Request):
 class DrawRequest(_Request):
     """Reference: the inputs of timed calls drawn from ``seeds`` (secrets the candidate's process never sees),
     each tensor laid out as the candidate described its own (``leaves``: per call, per tensor ``[dtype, shape,
-    strides]``), packed into memory it shares with the evaluator (``evaluate.outside.InputWriter``)."""
+    strides]``), packed into memory it shares with the evaluator (``evaluate.protocol.outside.InputWriter``)."""
     op: ClassVar[str] = "draw"
     seeds: list[int]
     leaves: list[list[list[Any]]]
@@ -351,7 +351,7 @@ class ReadyReply(_Reply):
     allocators and the C library's clocks (``allocator_slots``, ``vdso_slots``), for the evaluator to read
     from outside;
     whether nothing can become executable in it any more (``sandbox.nocode``: "on", or why not); on a GPU
-    whether its memory can be exported for reads from outside (``evaluate.vmm``: "on", or why not)."""
+    whether its memory can be exported for reads from outside (``evaluate.protocol.vmm``: "on", or why not)."""
     slots: dict[str, int] | None = None
     code_lock: str | None = None
     gpu_export: str | None = None
@@ -369,7 +369,7 @@ class LoadReply(_Reply):
     device_bytes: int = 0  # reference: its GPU's memory (0: the CPU backend), what sizes a region's calls
     output_bytes: int = 0  # reference: its warm call's output, what says a task is memory-hungry (``HUNGRY_SHARE``)
     thread_ban: str | None = None  # candidate: whether the kernel ends it on a new thread or process (``sandbox.nothreads``)
-    triton: str | None = None  # candidate, a Triton one: how Triton runs in its process (``evaluate.triton_runtime``)
+    triton: str | None = None  # candidate, a Triton one: how Triton runs in its process (``evaluate.worker.triton_runtime``)
 
 
 @dataclass(frozen=True)
@@ -477,7 +477,7 @@ class DrawReply(_Reply):
 @dataclass(frozen=True)
 class WriteGpuReply(_Reply):
     error: str | None = None  # the memory could not be imported, mapped or written, or other inputs were described
-    busy_us: float | None = None  # the quiet probe's wait after the writes (``evaluate.quiet``)
+    busy_us: float | None = None  # the quiet probe's wait after the writes (``evaluate.protocol.quiet``)
     steps_ms: dict[str, float] | None = None  # where the reference's time went (benchmarks' region cost)
 
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable
 
-from cuda_agent.evaluate import bound, timing, transfer
+from cuda_agent.evaluate.protocol import bound, timing
+from cuda_agent.evaluate.worker import transfer
 from cuda_agent.guard import runtime
 
 
@@ -18,17 +19,17 @@ def trusted_functions() -> dict[str, Callable[[], Any]]:
     """Getters of the evaluation core's functions the candidate process relies on, by the name a
     ``monkeypatch`` verdict reports."""
     return {
-        "cuda_agent.evaluate.timing.calibrate": lambda: timing.calibrate,
-        "cuda_agent.evaluate.timing.time_round": lambda: timing.time_round,
-        "cuda_agent.evaluate.timing.TimingStats.from_samples": lambda: timing.TimingStats.__dict__["from_samples"],
-        "cuda_agent.evaluate.transfer.write_outputs": lambda: transfer.write_outputs,
-        # What the timing loop calls as bound before load (``evaluate.bound``), the bound objects themselves.
-        "cuda_agent.evaluate.bound.perf_counter_ns": lambda: bound.perf_counter_ns,
-        "cuda_agent.evaluate.bound.perf_counter": lambda: bound.perf_counter,
-        "cuda_agent.evaluate.bound.bind_cuda": lambda: bound.bind_cuda,
-        "cuda_agent.evaluate.bound.CUDA": lambda: bound.CUDA,
-        "cuda_agent.evaluate.bound.CudaCalls.record": lambda: bound.CudaCalls.__dict__["record"],
-        **{f"cuda_agent.evaluate.bound.CUDA.{name}": _bound_cuda(name) for name in bound.CUDA_CALLS},
+        "cuda_agent.evaluate.protocol.timing.calibrate": lambda: timing.calibrate,
+        "cuda_agent.evaluate.protocol.timing.time_round": lambda: timing.time_round,
+        "cuda_agent.evaluate.protocol.timing.TimingStats.from_samples": lambda: timing.TimingStats.__dict__["from_samples"],
+        "cuda_agent.evaluate.worker.transfer.write_outputs": lambda: transfer.write_outputs,
+        # What the timing loop calls as bound before load (``evaluate.protocol.bound``), the bound objects themselves.
+        "cuda_agent.evaluate.protocol.bound.perf_counter_ns": lambda: bound.perf_counter_ns,
+        "cuda_agent.evaluate.protocol.bound.perf_counter": lambda: bound.perf_counter,
+        "cuda_agent.evaluate.protocol.bound.bind_cuda": lambda: bound.bind_cuda,
+        "cuda_agent.evaluate.protocol.bound.CUDA": lambda: bound.CUDA,
+        "cuda_agent.evaluate.protocol.bound.CudaCalls.record": lambda: bound.CudaCalls.__dict__["record"],
+        **{f"cuda_agent.evaluate.protocol.bound.CUDA.{name}": _bound_cuda(name) for name in bound.CUDA_CALLS},
     }
 
 

@@ -1,6 +1,6 @@
 """The process ``Evaluator.counters`` runs under Nsight Compute, in the sandbox.
 
-    python -m cuda_agent.evaluate.counters_target SPEC.json
+    python -m cuda_agent.evaluate.worker.counters_target SPEC.json
 
 SPEC holds a ``LoadRequest`` (``request``) and an input ``seed``. Before any candidate code loads, the
 task's own Model runs once on the inputs to write FACTS (``facts.json`` beside SPEC): the bytes a call
@@ -52,8 +52,8 @@ def facts(side: Any, inputs: list[Any]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> None:
     import torch
 
-    from cuda_agent.evaluate.protocol import LoadRequest
-    from cuda_agent.evaluate.worker import CandidateSide
+    from cuda_agent.evaluate.protocol.messages import LoadRequest
+    from cuda_agent.evaluate.worker.loop import CandidateSide
 
     spec_path = Path((argv or sys.argv[1:])[0])
     spec = json.loads(spec_path.read_text())

@@ -396,5 +396,5 @@ def _main(argv: list[str]) -> None:
         build_launcher(Path(argv[0]))
 
 
-if __name__ == "__main__":  # python -m cuda_agent.evaluate.triton_runtime [--launchers] DIR: the evaluator's builds
+if __name__ == "__main__":  # python -m cuda_agent.evaluate.worker.triton_runtime [--launchers] DIR: the evaluator's builds
     _main(sys.argv[1:])

@@ -10,22 +10,22 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from cuda_agent.evaluate.compare import compare_outputs, precision_allowance
-from cuda_agent.evaluate.policy import TimingConfig
-from cuda_agent.evaluate.outside import span_bytes
-from cuda_agent.evaluate.protocol import (CalibrateRequest, CompareRequest, CompileRequest, DegenerateRequest,
+from cuda_agent.evaluate.protocol.compare import compare_outputs, precision_allowance
+from cuda_agent.evaluate.protocol.policy import TimingConfig
+from cuda_agent.evaluate.protocol.outside import span_bytes
+from cuda_agent.evaluate.protocol.messages import (CalibrateRequest, CompareRequest, CompileRequest, DegenerateRequest,
                                           DrawRequest, ExpectRequest, GpuHeld, KeepGpuRequest, ReadGpuRequest,
                                           RecordsRequest, TimeRequest, WriteGpuRequest, parse_request)
-from cuda_agent.evaluate.quiet import Doorbell, after_done, probe_us, quiet_within
-from cuda_agent.evaluate.records import compare_record, same_outputs, sample_output
-from cuda_agent.evaluate.shared import SharedBuffer, SharedError, aligned
-from cuda_agent.evaluate.timing import HostLaunch
-from cuda_agent.evaluate.transfer import TransferError, manifest_devices, packed_bytes, read_outputs
+from cuda_agent.evaluate.protocol.quiet import Doorbell, after_done, probe_us, quiet_within
+from cuda_agent.evaluate.protocol.records import compare_record, same_outputs, sample_output
+from cuda_agent.evaluate.worker.shared import SharedBuffer, SharedError, aligned
+from cuda_agent.evaluate.protocol.timing import HostLaunch
+from cuda_agent.evaluate.worker.transfer import TransferError, manifest_devices, packed_bytes, read_outputs
 from cuda_agent.sandbox.process import receive_fds, send_fd
 from cuda_agent.tensors import tensor_bytes, tensors_in
 from cuda_agent.tasks.task import TaskError
 
-from cuda_agent.evaluate.side import (_Side, fingerprint, make_inputs, pin_precision, refuse_if_too_big,
+from cuda_agent.evaluate.worker.side import (_Side, fingerprint, make_inputs, pin_precision, refuse_if_too_big,
                                       seed_everything, share_inductor_headers, synchronize)
 
 
@@ -35,7 +35,7 @@ class ReferenceSide(_Side):
     allowance = 1.0  # factor on the tolerance for the expected output held now
     compiled: dict[str, Any] | None = None  # torch.compile(Model) (or its error) and its compile time
     output_specs: list[tuple[Any, Any, Any]] = []  # (shape, dtype, device) of the Model's output tensors
-    importer: Any = None  # holds the candidate's exported GPU memory mapped (evaluate.vmm.Importer), once needed
+    importer: Any = None  # holds the candidate's exported GPU memory mapped (evaluate.protocol.vmm.Importer), once needed
     drawn: SharedBuffer | None = None  # timed calls' inputs for the evaluator to write into the candidate's (``draw``)
     flush: Any = None  # zeroed after a GPU write of the candidate's inputs (``write_gpu``)
     kept_output: list[Any] | None = None  # a timed call's output tensors copied out of the candidate's (``keep_gpu``)
@@ -81,7 +81,7 @@ class ReferenceSide(_Side):
             # torch's own calls leave nothing running past the end event: no fence to judge them by. The
             # empty round stands for the candidate's harness time, fence measurements included.
             # Before each baseline region the GPU must be quiet: no context of the candidate's left with work
-            # (``evaluate.quiet``); the empty round stands for the candidate's harness and is not probed.
+            # (``evaluate.protocol.quiet``); the empty round stands for the candidate's harness and is not probed.
             waits: list[float] = []
             probe = (lambda: waits.append(probe_us())) if self.device == "cuda" and msg.side != "empty" else None
             samples = self.time_calls(self._baseline(msg.side), msg, host=host, fence=msg.side == "empty",
@@ -211,12 +211,12 @@ class ReferenceSide(_Side):
         return {"spans": spans, "bytes": self.drawn.nbytes, "grown": grown or msg.send}
 
     def write_gpu(self, msg: WriteGpuRequest) -> dict[str, Any]:
-        """The inputs of ``msg.seeds``' calls written into the candidate's GPU memory from here (``evaluate.vmm``),
+        """The inputs of ``msg.seeds``' calls written into the candidate's GPU memory from here (``evaluate.protocol.vmm``),
         then the L2 flushed: what was written is not left in a cache the baselines' inputs are flushed from; then
-        the GPU probed for other contexts' work (``evaluate.quiet``): none may start on the values before GO."""
+        the GPU probed for other contexts' work (``evaluate.protocol.quiet``): none may start on the values before GO."""
         import torch
 
-        from cuda_agent.evaluate.vmm import VmmError
+        from cuda_agent.evaluate.protocol.vmm import VmmError
 
         steps = _Steps()
         try:
@@ -238,7 +238,7 @@ class ReferenceSide(_Side):
                     if self.flush is None or self.flush.numel() != msg.flush_bytes:
                         self.flush = torch.empty(msg.flush_bytes, dtype=torch.int8, device=self.device)
                     self.flush.zero_()
-                busy_us = probe_us()  # after the writes and the flush, before GO: quiet (``evaluate.quiet``)
+                busy_us = probe_us()  # after the writes and the flush, before GO: quiet (``evaluate.protocol.quiet``)
                 steps("flush and probe")
         except VmmError as exc:
             return {"error": str(exc)}
@@ -261,18 +261,18 @@ class ReferenceSide(_Side):
         """The candidate's allocations a request uses, mapped here (kept from request to request: ``vmm.Importer``)."""
         import torch
 
-        from cuda_agent.evaluate.vmm import Importer
+        from cuda_agent.evaluate.protocol.vmm import Importer
 
         if self.importer is None:
             self.importer = Importer(torch.cuda.current_device())
         return self.importer.hold(held.ids, sizes, held.new, fds, held.drop)
 
     def keep_gpu(self, msg: KeepGpuRequest) -> dict[str, Any]:
-        """A timed call's output copied out of the candidate's GPU memory into this process's (``evaluate.vmm``),
+        """A timed call's output copied out of the candidate's GPU memory into this process's (``evaluate.protocol.vmm``),
         while its processes are stopped, for a later ``compare`` (``kept``): never handed over by its code."""
         import torch
 
-        from cuda_agent.evaluate.vmm import VmmError
+        from cuda_agent.evaluate.protocol.vmm import VmmError
 
         self.kept_output = None  # the one kept before goes first
         try:
@@ -317,9 +317,9 @@ class ReferenceSide(_Side):
         return layout(self.inputs(1)) == layout(self.inputs(2))
 
     def read_gpu(self, msg: ReadGpuRequest) -> dict[str, Any]:
-        """The candidate's GPU memory read here, where its code cannot reach (``evaluate.vmm``): what fails
+        """The candidate's GPU memory read here, where its code cannot reach (``evaluate.protocol.vmm``): what fails
         because of what it exported is said in the reply (the candidate's failure), not raised."""
-        from cuda_agent.evaluate.vmm import VmmError
+        from cuda_agent.evaluate.protocol.vmm import VmmError
 
         steps = _Steps()
         try:
@@ -356,7 +356,7 @@ class ReferenceSide(_Side):
         and tested, like the others, on the later ones."""
         import torch
 
-        from cuda_agent.evaluate.degenerate import TRIVIAL_CANDIDATES, leaf_means, trivial_failures
+        from cuda_agent.evaluate.protocol.degenerate import TRIVIAL_CANDIDATES, leaf_means, trivial_failures
 
         failed: dict[str, str] = {}
         constants: list[float] | None = None

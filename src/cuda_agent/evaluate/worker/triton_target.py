@@ -1,6 +1,6 @@
 """The process of a Triton candidate's build stage (``evaluate.triton_build``), in the sandbox, on the GPU.
 
-    python -m cuda_agent.evaluate.triton_target SPEC.json
+    python -m cuda_agent.evaluate.worker.triton_target SPEC.json
 
 SPEC holds a ``LoadRequest`` (``request``) and an input ``seed``. The task loads, then the candidate; forward
 runs twice on the task's inputs (the first call compiles and autotunes into ``TRITON_CACHE_DIR``, the second
@@ -20,9 +20,9 @@ from pathlib import Path
 def main(argv: list[str] | None = None) -> None:
     import torch
 
-    from cuda_agent.evaluate.protocol import LoadRequest
-    from cuda_agent.evaluate.triton_runtime import LAUNCHERS_FILE, point_at_libcuda, record_launchers
-    from cuda_agent.evaluate.worker import CandidateSide
+    from cuda_agent.evaluate.protocol.messages import LoadRequest
+    from cuda_agent.evaluate.worker.triton_runtime import LAUNCHERS_FILE, point_at_libcuda, record_launchers
+    from cuda_agent.evaluate.worker.loop import CandidateSide
 
     torch.cuda.init()
     point_at_libcuda()

@@ -3,7 +3,7 @@
 No pickle crosses from the candidate to the trusted side: the manifest is
 JSON, every tensor is a flat run of bytes whose size is checked against the
 declared shape and dtype. The bytes go into the memory the reference shared
-(``evaluate.shared``) when the output fits there, else into files written
+(``evaluate.worker.shared``) when the output fits there, else into files written
 through a shared memory map (several times faster than ``torch.save``).
 """
 
@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from cuda_agent.evaluate.shared import SharedBuffer, SharedError, aligned, packed_size
+from cuda_agent.evaluate.worker.shared import SharedBuffer, SharedError, aligned, packed_size
 from cuda_agent.tensors import tensors_in
 
 _LEAF = re.compile(r"^leaf-\d+\.bin$")

@@ -12,15 +12,15 @@ import types
 from pathlib import Path
 from typing import Any
 
-from cuda_agent.evaluate.call_guard import CallGuard
-from cuda_agent.evaluate.protocol import LoadRequest, TimeRequest, parse_request
-from cuda_agent.evaluate.outside import ITEMSIZE, describe
-from cuda_agent.evaluate.regions import CHECK_REGION, Ringer
-from cuda_agent.evaluate.shared import SharedBuffer, SharedError
-from cuda_agent.evaluate.profiling import profile_call
-from cuda_agent.evaluate.transfer import TransferError, write_outputs
-from cuda_agent.evaluate.triton_runtime import prepare_triton
-from cuda_agent.evaluate.vmm import VmmError, spans as vmm_spans
+from cuda_agent.evaluate.worker.call_guard import CallGuard
+from cuda_agent.evaluate.protocol.messages import LoadRequest, TimeRequest, parse_request
+from cuda_agent.evaluate.protocol.outside import ITEMSIZE, describe
+from cuda_agent.evaluate.protocol.regions import CHECK_REGION, Ringer
+from cuda_agent.evaluate.worker.shared import SharedBuffer, SharedError
+from cuda_agent.evaluate.worker.profiling import profile_call
+from cuda_agent.evaluate.worker.transfer import TransferError, write_outputs
+from cuda_agent.evaluate.worker.triton_runtime import prepare_triton
+from cuda_agent.evaluate.protocol.vmm import VmmError, spans as vmm_spans
 from cuda_agent.sandbox.nothreads import forbid_new_tasks
 from cuda_agent.sandbox.process import receive_fd
 from cuda_agent.guard.integrity import (
@@ -29,7 +29,7 @@ from cuda_agent.guard.integrity import (
 from cuda_agent.guard.runtime import RuleBroken, find_overlap
 from cuda_agent.tensors import tensors_in
 
-from cuda_agent.evaluate.side import _Side, fingerprint, seed_everything, synchronize
+from cuda_agent.evaluate.worker.side import _Side, fingerprint, seed_everything, synchronize
 
 HELD = 1  # recorded timed calls whose outputs stay alive to the end (a reservoir over all of them)
 
@@ -47,7 +47,7 @@ class CandidateSide(_Side):
         self.held: dict[int, dict[str, Any]] = {}
         self.recorded = 0
         self.code_lock = "not asked"  # "on", or why not (sandbox.nocode), reported with "ready"
-        self.gpu_export = "not a GPU"  # "on", or why its GPU memory cannot be read from outside (evaluate.vmm)
+        self.gpu_export = "not a GPU"  # "on", or why its GPU memory cannot be read from outside (evaluate.protocol.vmm)
         self.ban_threads = False  # asked by the evaluator (worker.main): no new thread or process once its code loads
         self.thread_ban = "not asked"  # "on", or why not (sandbox.nothreads), reported with "load"
         self.checked_output: Any = None  # a checked call's output the reference copies out (RunRequest.outside)

@@ -20,7 +20,7 @@ import os
 import time
 from typing import Any
 
-from cuda_agent.evaluate.outside import span_bytes
+from cuda_agent.evaluate.protocol.outside import span_bytes
 
 POSIX_FD = 1  # CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
 LOCATION_DEVICE = 1  # CU_MEM_LOCATION_TYPE_DEVICE

@@ -121,7 +121,7 @@ def compare_record(expected: Any, inputs: list[Any], record: Any, probe: int, at
     ``{"ok", "reason", "rule"}``; ``rule`` is ``input-mutation`` where an input's values differ."""
     import torch
 
-    from cuda_agent.evaluate.compare import compare_outputs, output_rms
+    from cuda_agent.evaluate.protocol.compare import compare_outputs, output_rms
 
     for role, truth, leaves, count in (("input", inputs, record.inputs, INPUT_VALUES),
                                        ("output", expected, record.outputs, OUTPUT_VALUES)):

@@ -3,7 +3,7 @@
 ``_Fields._parse`` refuses a missing, unknown or ill-typed field with a ``ValueError`` that names the
 message and the field; ``to_dict`` writes the fields back. ``_Request`` adds the ``"op"`` key of a
 request line, ``_Reply`` ignores what the request loop adds to every reply. The messages themselves
-are all in ``evaluate.protocol``.
+are all in ``evaluate.protocol.messages``.
 """
 
 from __future__ import annotations

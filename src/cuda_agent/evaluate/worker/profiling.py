@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from cuda_agent.evaluate.timing import _on_device, _synchronizer
+from cuda_agent.evaluate.protocol.timing import _on_device, _synchronizer
 
 FORWARD_SCOPE = "cuda_agent::forward"  # the profiler range around the profiled call
 MAX_OP_NODES = 4096  # operators of one profiled call kept for the torch-compute check

@@ -214,7 +214,7 @@ class TimingConfig:
     clock_trial_us: float = 50.0
     clock_noise: float = 3.0
     clock_harness_share: float = 0.5
-    # Each of the candidate's timed regions is opened and closed by the evaluator (evaluate.regions), and its time
+    # Each of the candidate's timed regions is opened and closed by the evaluator (evaluate.protocol.regions), and its time
     # is the evaluator's (evaluate.region_clock): the candidate's own report is a diagnostic. What that clock leaves
     # unseen (on a GPU, the window from DONE to the probe's launch: its ``allowance``) and how far its calibrated
     # cost may be off (``uncertainty``) are stated in every result as shares of the median region. Regions are

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator
 
-from cuda_agent.evaluate.compare import compare_outputs
+from cuda_agent.evaluate.protocol.compare import compare_outputs
 from cuda_agent.tensors import tensors_in, wide_sum
 
 TRIVIAL_CANDIDATES = ("zeros", "constant", "identity", "input-mean")

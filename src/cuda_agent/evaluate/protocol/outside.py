@@ -5,7 +5,7 @@ dtypes, shapes and strides) in the region's DONE datagram and keeps them alive u
 evaluator stops the candidate's process tree, draws which calls to check and at which positions
 from a secret that never enters that process, and reads those values from outside: CPU tensors
 through ``/proc/PID/mem`` (``ProcessMemory``), GPU tensors through the reference process, which maps
-the allocations the worker exported after the region (``GpuMemory``, ``evaluate.vmm``). A description
+the allocations the worker exported after the region (``GpuMemory``, ``evaluate.protocol.vmm``). A description
 can lie only by pointing at memory that holds the right values for that call's inputs, which is
 computing them; the process is stopped, so nothing is computed while it is read.
 """
@@ -21,8 +21,8 @@ import os
 import struct
 from typing import Any, Callable, Protocol
 
-from cuda_agent.evaluate.protocol import CallRecord, GpuHeld, LeafSample
-from cuda_agent.evaluate.records import INPUT_VALUES, OUTPUT_VALUES, positions
+from cuda_agent.evaluate.protocol.messages import CallRecord, GpuHeld, LeafSample
+from cuda_agent.evaluate.protocol.records import INPUT_VALUES, OUTPUT_VALUES, positions
 from cuda_agent.tensors import tensors_in
 
 # dtype -> (bytes, struct format of one element; bfloat16 is read as the high half of a float32)
