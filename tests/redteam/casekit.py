@@ -201,6 +201,8 @@ SYS_MONITORING = piece("sys_monitoring.cpp")
 # the CPU bound's limit of 0.366); sys.setprofile `clock` (0.383 ms over a limit of 0.351); torch's pools `thread`
 # (PTThreadPool started while timed).
 FRACTIONS = (2, 4, 8, 16)
+# The line of a deferral case's binding that sets its fraction (a CPU case folder holds it once, set per case).
+TAIL_DEFINE = re.compile(r"^#define TAIL_DENOMINATOR \d+$", re.M)
 
 
 def make_candidate(case: Case, solution: Path, root: Path, *, scaled: bool = True, binding: str = BINDING,

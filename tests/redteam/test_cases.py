@@ -6,11 +6,11 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
-from casekit import FRACTIONS, deferred_share
+from casekit import FRACTIONS, TAIL_DEFINE
 
 CASES_DIR = Path(__file__).parent / "cases"
 SOLUTION = Path(__file__).resolve().parents[2] / "examples" / "cpu_swish" / "solution"
-KEYS = {"pattern", "suite", "games", "runtime", "task", "expect", "policy"}
+KEYS = {"pattern", "suite", "games", "runtime", "task", "expect", "policy", "fractions"}
 SUITES = {"rejected", "true-cost", "deferral", "honest"}
 
 
@@ -54,8 +54,13 @@ def test_a_case_holds_the_files_of_a_candidate_and_nothing_else():
 
 
 def test_each_deferral_mechanism_has_a_case_for_every_fraction():
-    shares: dict[str, set[float]] = {}
+    """Four mechanisms, one folder each; its ``fractions`` name every fraction, and its binding has the one
+    ``#define TAIL_DENOMINATOR`` line each case sets."""
+    mechanisms = {}
     for folder in folders():
-        if tomllib.loads((folder / "case.toml").read_text())["suite"] == "deferral":
-            shares.setdefault(folder.name.split("-1of")[0], set()).add(deferred_share(folder))
-    assert len(shares) == 4 and all(s == {1 / d for d in FRACTIONS} for s in shares.values()), shares
+        spec = tomllib.loads((folder / "case.toml").read_text())
+        if spec["suite"] == "deferral":
+            mechanisms[folder.name] = sorted(spec.get("fractions", []))
+            binding = (folder / "kernels" / "scaled_swish_binding.cpp").read_text()
+            assert len(TAIL_DEFINE.findall(binding)) == 1, f"{folder.name}: one #define TAIL_DENOMINATOR line"
+    assert len(mechanisms) == 4 and all(f == sorted(FRACTIONS) for f in mechanisms.values()), mechanisms

@@ -16,11 +16,11 @@ from __future__ import annotations
 import os
 import shutil
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
-from casekit import CPU_NOISE, FRACTIONS, deferred_share, gains_nothing
+from casekit import CPU_NOISE, FRACTIONS, TAIL_DEFINE, deferred_share, gains_nothing
 
 from cuda_agent import Evaluator, load_candidate, load_task
 from cuda_agent.evaluate import Policy, Timeouts
@@ -49,6 +49,7 @@ class FolderCase:
     task: str | None = None  # task source; default: the example
     policy: dict = field(default_factory=dict)
     expect: dict = field(default_factory=dict)
+    tail_denominator: int | None = None  # a deferral case: the d of its binding's ``#define TAIL_DENOMINATOR d``
 
     @property
     def status(self) -> str:
@@ -64,18 +65,25 @@ class FolderCase:
         return self.expect.get("reason")
 
 
-def load_case(folder: Path) -> FolderCase:
+def load_case(folder: Path) -> list[FolderCase]:
+    """The folder's case, or, where its ``case.toml`` lists ``fractions``, one case for each (``...-1of<d>-runtime``)."""
     spec = tomllib.loads((folder / "case.toml").read_text())
     task = folder / spec["task"] if "task" in spec else None
     # TOML has arrays, the policy tuples.
     policy = {k: tuple(v) if isinstance(v, list) else v for k, v in spec.get("policy", {}).items()}
-    return FolderCase(name=folder.name, folder=folder, pattern=spec["pattern"], suite=spec["suite"], games=spec["games"],
+    case = FolderCase(name=folder.name, folder=folder, pattern=spec["pattern"], suite=spec["suite"], games=spec["games"],
                       runtime=spec.get("runtime", False), task=task.read_text() if task else None, policy=policy,
                       expect=spec.get("expect", {}))
+    if "fractions" not in spec:
+        return [case]
+    stem = folder.name.removesuffix("-runtime")
+    return [replace(case, name=f"{stem}-1of{d}" + ("-runtime" if stem != folder.name else ""), tail_denominator=d)
+            for d in spec["fractions"]]
 
 
 def load_cases(suite: str) -> list[FolderCase]:
-    cases = [load_case(folder) for folder in sorted(CASES_DIR.iterdir()) if (folder / "case.toml").is_file()]
+    cases = [case for folder in sorted(CASES_DIR.iterdir()) if (folder / "case.toml").is_file()
+             for case in load_case(folder)]
     chosen = [case for case in cases if case.suite == suite]
     if suite == "deferral":
         chosen = [case for case in chosen if deferred_share(case) in {1 / d for d in CPU_FRACTIONS}]
@@ -110,7 +118,12 @@ def make_candidate(case: FolderCase, solution: Path, root: Path):
         if path.is_file() and path.name not in NOT_CANDIDATE_FILES:
             target = root / path.relative_to(case.folder)
             target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(path, target)
+            text = path.read_bytes()
+            if case.tail_denominator is not None and path.suffix == ".cpp":
+                source, found = TAIL_DEFINE.subn(f"#define TAIL_DENOMINATOR {case.tail_denominator}", text.decode())
+                assert found == 1, f"{path}: one #define TAIL_DENOMINATOR line to set, found {found}"
+                text = source.encode()
+            target.write_bytes(text)
     return load_candidate(root)
 
 
