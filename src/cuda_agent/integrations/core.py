@@ -33,9 +33,8 @@ from typing import Any, Iterable, Mapping, Sequence
 from cuda_agent.agent.commands import Evaluation
 from cuda_agent.agent.session import AgentConfig, EpisodeSession, SessionOutcome
 from cuda_agent.evaluate.result import no_reward_reason
-from cuda_agent.candidates.triton import check_language
 from cuda_agent.tasks import Task, load_tasks
-from cuda_agent.tasks.rows import TASK_COLUMNS, task_columns, task_from_row
+from cuda_agent.tasks.rows import TASK_COLUMNS, row_language, task_columns, task_from_row
 from cuda_agent.train.evaluators import EvaluatorOptions
 from cuda_agent.train.single_turn import (FAILURE_REWARD, SingleTurnOutcome, completion_text, score_completion,
                                           single_turn_messages)
@@ -56,13 +55,6 @@ def load_task_rows(source: str | Path, levels: Iterable[int] | None = None,
         wanted = language or row_language(task.metadata)
         rows.append({"prompt": single_turn_messages(task, wanted), **task_columns(task), "language": wanted})
     return rows
-
-
-def row_language(row: Mapping[str, Any]) -> str:
-    """The kernel language a row asks for (``cuda`` where it says none); an unknown one is an error naming it."""
-    language = row.get("language") or "cuda"
-    check_language(language)
-    return language
 
 
 def score_completions(tasks: Sequence[Task], completions: Sequence[Any], options: EvaluatorOptions,

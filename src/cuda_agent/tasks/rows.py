@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from cuda_agent.candidates.triton import check_language
 from cuda_agent.tasks.task import Task, TaskError
 
 TASK_COLUMNS = ("name", "code", "source", "level", "problem_id")  # the columns a row carries its task in
@@ -30,3 +31,11 @@ def task_from_row(row: Mapping[str, Any] | None) -> Task:
 
     return Task(name=str(row["name"]), code=str(row["code"]), source=str(row.get("source") or row["name"]),
                 level=optional_int(row.get("level")), problem_id=optional_int(row.get("problem_id")))
+
+
+def row_language(row: Any) -> str:
+    """The kernel language a dataset row (or verl's ``extra_info``) asks for: ``cuda`` where it says none or is no
+    mapping; an unknown one is an error naming it."""
+    language = (row.get("language") if isinstance(row, Mapping) else None) or "cuda"
+    check_language(language)
+    return language

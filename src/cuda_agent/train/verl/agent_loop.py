@@ -53,9 +53,9 @@ except ImportError as exc:  # pragma: no cover - the message is the point
 from cuda_agent.agent.llm import BackendError
 from cuda_agent.agent.tokens import TokenOutput
 from cuda_agent.train.episodes import EpisodeOutcome, EpisodeRunner
-from cuda_agent.tasks.rows import task_from_row
+from cuda_agent.tasks.rows import row_language, task_from_row
 from cuda_agent.train.evaluators import lend_evaluator
-from cuda_agent.train.verl.data import AGENT_NAME, language_of
+from cuda_agent.train.verl.data import AGENT_NAME
 from cuda_agent.train.verl.reward import NO_VERDICT_SCORE
 
 # The loop's own context budget guesses tokens from characters; the backend counts the real ones against
@@ -166,7 +166,7 @@ class CudaAgentLoop(AgentLoopBase):
         backend = ServerBackend(self.server_manager, loop, request_id, sampling_params,
                                 eos_id=self.tokenizer.eos_token_id, prompt_length=self.prompt_length,
                                 response_length=self.response_length, priority=priority)
-        language = language_of(kwargs.get("extra_info"))
+        language = row_language(kwargs.get("extra_info"))
         outcome = await loop.run_in_executor(_episode_threads(self.episodes), self._episode, task, backend, language)
         return self._output(outcome, backend)
 

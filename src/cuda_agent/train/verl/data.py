@@ -21,7 +21,7 @@ import argparse
 from pathlib import Path
 from typing import Any, Iterable
 
-from cuda_agent.candidates.triton import LANGUAGES, check_language
+from cuda_agent.candidates.triton import LANGUAGES
 from cuda_agent.tasks import Task, load_tasks
 from cuda_agent.tasks.rows import task_columns
 from cuda_agent.train.single_turn import single_turn_messages
@@ -43,13 +43,6 @@ def task_row(task: Task, index: int, *, agent_name: str = AGENT_NAME, data_sourc
                        "reward_settings": reward_settings},
         "agent_name": agent_name,
     }
-
-
-def language_of(extra_info: Any) -> str:
-    """The kernel language a verl row asks for (``cuda`` for rows written without one)."""
-    language = (extra_info.get("language") if isinstance(extra_info, dict) else None) or "cuda"
-    check_language(language)
-    return language
 
 
 def tasks_to_parquet(source: str | Path, out_path: str | Path, *, levels: Iterable[int] | None = None,

@@ -23,10 +23,9 @@ import logging
 from dataclasses import replace
 from typing import Any
 
-from cuda_agent.tasks.rows import task_from_row
+from cuda_agent.tasks.rows import row_language, task_from_row
 from cuda_agent.train.evaluators import options_from_settings
 from cuda_agent.train.single_turn import score_completion
-from cuda_agent.train.verl.data import language_of
 
 log = logging.getLogger(__name__)
 NO_VERDICT_SCORE = 0.0  # verl needs a number: a no-verdict sample's, between the failure reward and any success
@@ -45,7 +44,7 @@ def compute_score(data_source: Any, solution_str: str, ground_truth: Any, extra_
     given = {"service": service, "device": device, "policy": policy, "sandbox": sandbox, "time_compile": time_compile}
     options = options_from_settings((extra_info or {}).get("reward_settings"))
     options = replace(options, evaluator=evaluator, **{k: v for k, v in given.items() if v is not None})
-    outcome = score_completion(task, solution_str, options, language_of(extra_info))
+    outcome = score_completion(task, solution_str, options, row_language(extra_info))
     correct = outcome.evaluation is not None and outcome.evaluation.get("status") == "correct"
     if outcome.no_verdict:
         log.warning("compute_score: no reward for a reply to %s: %s", task.name, outcome.reason)
