@@ -65,7 +65,7 @@ class FolderCase:
         return self.expect.get("reason")
 
 
-def load_case(folder: Path) -> list[FolderCase]:
+def cases_of(folder: Path) -> list[FolderCase]:
     """The folder's case, or, where its ``case.toml`` lists ``fractions``, one case for each (``...-1of<d>-runtime``)."""
     spec = tomllib.loads((folder / "case.toml").read_text())
     task = folder / spec["task"] if "task" in spec else None
@@ -81,9 +81,15 @@ def load_case(folder: Path) -> list[FolderCase]:
             for d in spec["fractions"]]
 
 
+def load_case(folder: Path) -> FolderCase:
+    """The one case of a folder without ``fractions``."""
+    (case,) = cases_of(folder)
+    return case
+
+
 def load_cases(suite: str) -> list[FolderCase]:
     cases = [case for folder in sorted(CASES_DIR.iterdir()) if (folder / "case.toml").is_file()
-             for case in load_case(folder)]
+             for case in cases_of(folder)]
     chosen = [case for case in cases if case.suite == suite]
     if suite == "deferral":
         chosen = [case for case in chosen if deferred_share(case) in {1 / d for d in CPU_FRACTIONS}]
