@@ -60,6 +60,9 @@
 #                                            # re-evaluation beside a CUDA one, the KernelBench solutions
 #                                            # (tests/gpu/test_gpu_triton.py; TRITON_BUDGET_S, default 280: tests that
 #                                            # would start later are skipped and listed) into $OUT/triton_gpu.{json,md}
+#   bash benchmarks/gpu_session.sh verdict_rate # an honest cuda_gelu evaluation's verdicts with 0, half and all but two
+#                                            # of the host's cores busy, one attempt and with retries (VERDICT_BUSY,
+#                                            # VERDICT_REPEATS) into $OUT/verdict_rate_gpu.json
 #   bash benchmarks/gpu_session.sh counters  # hardware counters (tests/gpu/test_gpu_counters.py), raw ncu CSVs kept
 #   bash benchmarks/gpu_session.sh service   # the evaluation service (local backend) vs evaluate_many (SERVICE_REPEATS)
 #   bash benchmarks/gpu_session.sh rl_workload # an RL trainer's stream of new candidates (honest, slow, wrong,
@@ -326,6 +329,13 @@ train_demo)
     python3 -m cuda_agent.cli train demo --device cuda --out "$OUT/train_demo" --steps "${TRAIN_STEPS:-30}" 2>&1 \
         | tee "$OUT/train_demo.log" | grep -v "^ " | tail -40
     rm -rf "$OUT/train_demo/checkpoint" "$OUT/train_demo/menu"  # weights and sources: not worth the transfer
+    ;;
+verdict_rate)
+    # An honest GPU evaluation's verdicts with most of the host's cores busy, as on an RL node that builds and
+    # tokenises beside its evaluations (VERDICT_BUSY: busy processes per pass; VERDICT_REPEATS evaluations each)
+    cores=$(nproc)
+    python3 benchmarks/verdict_rate.py --device cuda --busy ${VERDICT_BUSY:-0 $((cores / 2)) $((cores - 2))} \
+        --repeats "${VERDICT_REPEATS:-3}" --out "$OUT/verdict_rate_gpu.json" 2>&1 | tail -30
     ;;
 triton)
     python3 -c "import triton; print('triton', triton.__version__)" | tee -a "$OUT/gpu.csv"

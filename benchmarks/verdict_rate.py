@@ -5,6 +5,7 @@ retry: as before ``evaluate.retry``) and with the default ``RetryPolicy``. Each 
 as it started (other users' work counts too).
 
     python3 benchmarks/verdict_rate.py --busy 0 1 2 4 --repeats 3 --out /tmp/verdict_rate.json
+    python3 benchmarks/verdict_rate.py --device cuda --busy 0 8 14 --repeats 3   # a GPU host, most of its cores busy
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ class Hogs:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--example", default="cpu_swish")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--example", default=None, help="an example's folder name (cpu_swish on the CPU, cuda_gelu on a GPU)")
     parser.add_argument("--busy", type=int, nargs="+", default=[0, 1, 2, 4])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--modes", nargs="+", default=["one", "retry"], choices=("one", "retry"))
@@ -68,13 +70,15 @@ def main() -> None:
                         help="the quiet host's reward, where no evaluation here had a verdict without busy processes")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(1))  # the busy processes go with it (finally)
+    args.example = args.example or ("cpu_swish" if args.device == "cpu" else "cuda_gelu")
     root = ROOT / "examples" / args.example
     task, candidate = load_task(root / "model.py"), load_candidate(root / "solution")
     rows = []
     policies = {"one": RetryPolicy.none(), "retry": RetryPolicy()}
-    with Evaluator("cpu", references=1, retry=RetryPolicy.none()) as evaluator:
+    with Evaluator(args.device, references=1, retry=RetryPolicy.none()) as evaluator:
         quiet = evaluator.evaluate(task, candidate)  # builds, reference and torch.compile warm; the quiet verdict
-        print(json.dumps({"warm-up": quiet.status, "reward": quiet.reward}), flush=True)
+        print(json.dumps({"warm-up": quiet.status, "reward": quiet.reward,
+                          "speedups": [quiet.speedup_eager, quiet.speedup_compile]}), flush=True)
         for busy in args.busy:
             for mode in args.modes:
                 evaluator.retry = policies[mode]
@@ -87,7 +91,8 @@ def main() -> None:
                         row = {"busy": busy, "duty": args.duty, "mode": mode, "repeat": repeat, "load1": round(load, 2),
                                "status": result.status, "reward": result.reward, "attempts": result.attempts,
                                "kind": result.no_verdict_kind, "reason": (result.reason or "")[:160] or None,
-                               "pressure": result.timing.get("cpu_pressure"),
+                               "speedups": [result.speedup_eager, result.speedup_compile],
+                               "waits": result.timing.get("cpu_waits"),
                                "seconds": round(time.monotonic() - started, 1)}
                         rows.append(row)
                         print(json.dumps(row), flush=True)
@@ -98,7 +103,8 @@ def main() -> None:
         ((sum(r["reward"] == v for r in rows if r["busy"] == 0), v) for v in {r["reward"] for r in rows
                                                                                   if r["busy"] == 0 and r["reward"] is not None}),
         default=(0, args.quiet_reward))[1]
-    args.out.write_text(json.dumps({"cpus": os.cpu_count(), "example": args.example, "quiet_reward": quiet_reward,
+    args.out.write_text(json.dumps({"cpus": os.cpu_count(), "device": args.device, "example": args.example,
+                                    "quiet_reward": quiet_reward,
                                     "rows": rows, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}, indent=1))
     table(rows, args.busy, args.modes, quiet_reward)
 

@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from samples import INLINE_SWISH
@@ -19,7 +20,6 @@ from cuda_agent.evaluate import Timeouts
 from cuda_agent.evaluate.baseline import baseline_key
 from cuda_agent.evaluate.protocol.policy import TimingConfig
 from cuda_agent.evaluate.pool import evaluate_many
-from cuda_agent.evaluate.pressure import cpu_stall_us
 from cuda_agent.evaluate.reference_process import cached_baseline
 from cuda_agent.evaluate.references import ReferencePool
 
@@ -126,10 +126,11 @@ def test_end_to_end_correct(example, evaluator):
     assert again.times["eager"] != result.times["eager"]
 
 
-@pytest.mark.skipif(cpu_stall_us() is None, reason="the kernel exposes no CPU pressure (/proc/pressure/cpu)")
+@pytest.mark.skipif(not Path(f"/proc/{os.getpid()}/task/{os.getpid()}/schedstat").exists(),
+                    reason="the kernel keeps no schedstat")
 def test_a_host_busy_while_the_baselines_are_timed_is_refused_not_rewarded(example, evaluator):
-    """Other work on the host slows eager's threads more than the one-thread kernel: on this 2-core host an
-    honest 0.23x candidate was timed at 3-4x beside one busy process. Such an evaluation earns nothing."""
+    """With a busy process on every core, each side's thread waits for a CPU for a share of its timing that
+    lengthens its time by as much (a third here): such an evaluation earns nothing."""
     task, solution = example
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
     try:
@@ -139,7 +140,7 @@ def test_a_host_busy_while_the_baselines_are_timed_is_refused_not_rewarded(examp
             hog.kill()
             hog.wait()
     assert result.status == "error" and result.stage == "profile" and result.reward is None, result.summary()
-    assert "host was busy" in result.reason and result.timing["cpu_pressure"]["eager"] > 0.25, result.timing
+    assert "host was busy" in result.reason and max(result.timing["cpu_waits"].values()) > 0.025, result.timing
 
 
 def test_verify_only_checks_and_neither_times_nor_rewards(example, evaluator, tmp_path):

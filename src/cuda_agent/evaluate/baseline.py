@@ -14,7 +14,7 @@ BASELINE_FORMAT = 2
 # Settings that change how often or alongside what baselines are timed, not what a time means.
 _NOT_IN_KEY = ("baselines", "plans", "confidence", "budget_s", "rounds_max", "clock_slack", "clock_trial_us", "clock_noise", "clock_harness_share",
                "brackets", "allowance_target", "uncertainty_target", "resolution_target", "allowance_max", "uncertainty_max",
-               "pressure_max", "region_slack", "region_us", "outside_wins", "region_spread_max")
+               "wait_max", "region_slack", "region_us", "outside_wins", "region_spread_max")
 
 
 def _unchanged_hold(timing: dict[str, Any], device: str) -> tuple[str, ...]:

@@ -238,12 +238,13 @@ class CandidateBrackets:
         """Each region's time by the evaluator's clock (``region_clock.times``): what the reward is computed from."""
         if self.cost is None:
             raise Stop("error", "profile", "the region brackets were not calibrated before the candidate's code loaded")
-        return times(brackets, self.cost, hold_us)
+        return times(brackets, self.cost, hold_us, less_waits=self.device == "cpu")
 
     def judge(self, hold_us: float) -> RegionClock | None:
         if self.cost is None or not self.timed:
             return None
-        return judge([b for b, _ in self.timed], [r for _, r in self.timed], self.cost, hold_us)
+        return judge([b for b, _ in self.timed], [r for _, r in self.timed], self.cost, hold_us,
+                     less_waits=self.device == "cpu")
 
     def _alive(self) -> bool:
         return self.worker.proc.poll() is None

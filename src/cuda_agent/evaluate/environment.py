@@ -8,6 +8,7 @@ from functools import lru_cache
 from typing import Any
 
 from cuda_agent.build.toolchain import visible_gpus
+from cuda_agent.evaluate.protocol.policy import CPU_THREADS
 
 
 def cpu_name() -> str:
@@ -32,7 +33,8 @@ def describe_environment(device: str, gpu_index: int | None = None) -> dict[str,
         "torch_cuda": torch.version.cuda,
         "platform": platform.platform(),
         "cpu": cpu_name(),
-        "torch_threads": torch.get_num_threads(),
+        # What the evaluation processes use (a CPU backend's baselines are keyed by it), not this process's pool.
+        "torch_threads": CPU_THREADS if device == "cpu" else torch.get_num_threads(),
     }
     if device == "cuda":
         gpus = visible_gpus()

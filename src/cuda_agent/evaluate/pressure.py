@@ -1,14 +1,18 @@
-"""How much of each side's timing the host's CPUs were contended, by the kernel's pressure stall
-information (``/proc/pressure/cpu``: the time in which some runnable task waited for a CPU).
+"""How long each side's timing waited for a CPU: on the CPU backend a side's time is the host's to give, and
+other work that takes the core its calls run on makes it longer by as much.
 
-On the CPU backend a side's time is the host's to give: a host busy with other work slows eager's
-threads (one per core) more than a single-threaded kernel, and a speedup measured then is not the one
-measured on a quiet host (an honest candidate gets reward 2-3 instead of 1 while other evaluations run). Where the kernel does not expose pressure (before Linux 4.20, or disabled), nothing is
-measured and nothing is decided by it.
+Each side's calls run in one thread (``protocol.policy.CPU_THREADS``): the candidate's harness thread, the
+reference's request thread. Both sleep between rounds (the candidate stopped, the reference waiting for its
+next request), so the kernel's account of the thread (``/proc/PID/task/TID/schedstat``: the time it waited
+runnable for a CPU, read from outside, ``protocol.regions.thread_times``) before and after a round is what that
+round waited. The host's own pressure (``/proc/pressure/cpu``, any task waiting) serves the retry's wait for a
+quieter host (``evaluate.retry``). Where the kernel keeps no schedstat, nothing is measured and nothing is
+decided by it.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from pathlib import Path
 from typing import Callable
@@ -27,30 +31,35 @@ def cpu_stall_us(path: Path = CPU_PRESSURE) -> int | None:
     return None
 
 
-class Pressure:
-    """Each side's stall and wall time over the calls it wraps (``wrap``)."""
+class ThreadWaits:
+    """Each side's waits for a CPU and wall time, round by round, over the calls it wraps (``wrap``)."""
 
-    def __init__(self, path: Path = CPU_PRESSURE):
-        self.path = path
-        self.stall_us: dict[str, int] = {}
-        self.wall_us: dict[str, int] = {}
-        self.readable = cpu_stall_us(path) is not None
+    def __init__(self) -> None:
+        self.rounds: dict[str, list[tuple[int, int]]] = {}  # per side: (waited ns, wall ns) of each round
 
-    def wrap(self, side: str, call: Callable[..., list[float]]) -> Callable[..., list[float]]:
-        if not self.readable:
+    def wrap(self, side: str, call: Callable[..., list[float]],
+             thread: Callable[[], tuple[int, int]] | None) -> Callable[..., list[float]]:
+        """``call`` timed by the wall clock and by ``thread`` (a reader of the CPU time and wait of the thread that
+        runs it, ``thread_times``); ``call`` itself where there is no reader."""
+        if thread is None:
             return call
 
         def timed(*args: int) -> list[float]:
-            before, started = cpu_stall_us(self.path), time.monotonic_ns()
+            before, started = thread()[1], time.monotonic_ns()
             try:
                 return call(*args)
             finally:
-                after, ended = cpu_stall_us(self.path), time.monotonic_ns()
-                if before is not None and after is not None:
-                    self.stall_us[side] = self.stall_us.get(side, 0) + after - before
-                    self.wall_us[side] = self.wall_us.get(side, 0) + (ended - started) // 1000
+                after, ended = thread()[1], time.monotonic_ns()
+                self.rounds.setdefault(side, []).append((max(0, after - before), ended - started))
         return timed
 
     def shares(self) -> dict[str, float]:
-        """Per side: the share of its timing in which some task waited for a CPU."""
-        return {side: round(self.stall_us[side] / wall, 4) for side, wall in self.wall_us.items() if wall > 0}
+        """Per side: the share of its median round in which its thread waited for a CPU. A side's time is the median
+        of its rounds', so waits that come in a few bursts move it less than their total would say."""
+        return {side: round(statistics.median(w / wall for w, wall in rounds if wall > 0), 4)
+                for side, rounds in self.rounds.items() if any(wall > 0 for _, wall in rounds)}
+
+    def totals(self) -> dict[str, float]:
+        """Per side: the share of all its timing in which its thread waited for a CPU (a diagnostic)."""
+        return {side: round(sum(w for w, _ in rounds) / sum(wall for _, wall in rounds), 4)
+                for side, rounds in self.rounds.items() if sum(wall for _, wall in rounds) > 0}

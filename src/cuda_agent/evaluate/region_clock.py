@@ -4,8 +4,9 @@ A region, as the evaluator sees it (``span_ms``), runs from the moment the worke
 region's inputs written (GO where nothing is written) to the moment its work is seen done from outside: on a
 GPU read from outside, the end of a probe kernel the reference launches once the candidate's processes are
 stopped after DONE (the GPU runs one context at a time, so the probe waits for whatever any of them left
-queued); elsewhere the worker's DONE. Never shorter than the time the worker's timing thread was runnable
-(on a CPU or waiting for one) from the let-go to its stop after DONE. The brackets' own cost in the same terms is measured with no-op regions before any candidate code
+queued); elsewhere the worker's DONE. On the CPU backend a region is that span less the time the worker's timing
+thread waited for a CPU in it (the kernel's account, read from outside). Never shorter than the time that thread was runnable (on the CPU backend: ran) from the let-go to
+its stop after DONE. The brackets' own cost in the same terms is measured with no-op regions before any candidate code
 loads (``Overhead``); a region's time is its span less that cost (``times``).
 
 What the candidate's process reports for its regions is a diagnostic (``RegionClock.agreement``). What the
@@ -37,10 +38,11 @@ FLOOR_MS = 1e-4
 
 
 def span_ms(bracket: Bracket, less_waits: bool = False) -> float:
-    """One region's length by the evaluator's clock, its cost included (module docstring). A region's time is wall
-    time, as the baselines' is (they are timed by the reference's clock, which a busy host slows alike); the brackets'
-    own cost is measured ``less_waits``: without the run-queue waits of the no-op regions, which ran beside the
-    reference process's start and say nothing of the brackets."""
+    """One region's length by the evaluator's clock, its cost included (module docstring). On a GPU a region's time
+    is wall time, as the baselines' is (they are timed by the reference's clock, which a busy host slows alike); with
+    ``less_waits`` it is without the timing thread's run-queue waits: the CPU backend's regions (``times``), and the
+    no-op regions that measure the brackets' own cost, which ran beside the reference process's start and whose waits
+    say nothing of the brackets. Never shorter than the timing thread's CPU time from the let-go to its stop."""
     start_ns = bracket.go_ns - bracket.let_go_ns
     end_ns = bracket.done_ns
     if bracket.probed_ns:
@@ -68,6 +70,7 @@ class Overhead:
     after_done_ms: float = 0.0  # and the probe's own wait
     # The harness's tail in the no-op regions, from the last synchronise to DONE (``timing.HostLaunch.tails_us``).
     tail_ms: float = 0.0
+    cpu_ms: float = 0.0  # the timing thread's CPU time in a no-op region (median), of the let-go to its stop
 
     def for_hold(self, hold_us: float) -> float:
         return self.median_ms + (hold_us - self.hold_us) / 1e3
@@ -104,13 +107,22 @@ def overhead(brackets: list[Bracket], inside_ms: list[float], hold_us: float, ta
                     statistics.median(b.looked_up for b in brackets),
                     statistics.median(b.new_chunks for b in brackets),
                     statistics.median(b.blind_ms for b in probed) if probed else 0.0,
-                    statistics.median(b.after_done_us / 1e3 for b in probed) if probed else 0.0, tail_ms)
+                    statistics.median(b.after_done_us / 1e3 for b in probed) if probed else 0.0, tail_ms,
+                    statistics.median(b.thread_cpu_ns / 1e6 for b in brackets))
 
 
-def times(brackets: list[Bracket], cost: Overhead, hold_us: float) -> list[float]:
-    """Each region's time by the evaluator's clock, in ms: its span less the brackets' calibrated cost."""
+def times(brackets: list[Bracket], cost: Overhead, hold_us: float, less_waits: bool = False) -> list[float]:
+    """Each region's time by the evaluator's clock, in ms: its span less the brackets' calibrated cost; ``less_waits``
+    (the CPU backend): less the timing thread's run-queue waits too, by the kernel's account. There the thread is
+    the only one of the candidate's that computes (``sandbox.nothreads``) and computes nothing while it waits, so
+    other work on the host costs the candidate nothing; on a GPU its work runs on while its host thread waits."""
     fixed = cost.for_hold(hold_us)
-    return [max(FLOOR_MS, span_ms(b) - fixed - cost.export_ms(b)) for b in brackets]
+    if not less_waits:
+        return [max(FLOOR_MS, span_ms(b) - fixed - cost.export_ms(b)) for b in brackets]
+    # Where the thread's CPU time is what bounds a region (work after DONE), only the no-op regions' CPU time is the
+    # brackets': the rest of their cost (wake-ups, the evaluator's own steps) is none of the thread's CPU time.
+    return [max(FLOOR_MS, span_ms(b, less_waits) - fixed - cost.export_ms(b), b.thread_cpu_ns / 1e6 - cost.cpu_ms)
+            for b in brackets]
 
 
 @dataclass
@@ -158,9 +170,10 @@ class RegionClock:
                         "uncertainty": round(self.uncertainty, 5), "resolution": round(self.resolution, 5)}
 
 
-def judge(brackets: list[Bracket], reported_ms: list[float], cost: Overhead, hold_us: float) -> RegionClock:
+def judge(brackets: list[Bracket], reported_ms: list[float], cost: Overhead, hold_us: float,
+          less_waits: bool = False) -> RegionClock:
     """``reported_ms[i]``: the region of ``brackets[i]`` as the worker reported it (time per call x calls)."""
-    outside = times(brackets, cost, hold_us)
+    outside = times(brackets, cost, hold_us, less_waits)
     probed = [b for b in brackets if b.probed_ns]
     ratios = [o / r for o, r in zip(outside, reported_ms) if r > 0]
     return RegionClock(len(brackets), statistics.median(outside), statistics.median(reported_ms),

@@ -19,8 +19,9 @@ from cuda_agent.evaluate.context import Setup
 from cuda_agent.evaluate.decide import Plan, Rounds, run_rounds, speedups, reward_settled
 from cuda_agent.evaluate.protocol.messages import CalibrateReply, CalibrateRequest, CallRecord, TimeReply, TimeRequest
 from cuda_agent.evaluate.protocol.records import RECORDED_PER_REGION
+from cuda_agent.evaluate.protocol.regions import thread_times
 from cuda_agent.evaluate.protocol.policy import TimingConfig
-from cuda_agent.evaluate.pressure import Pressure
+from cuda_agent.evaluate.pressure import ThreadWaits
 from cuda_agent.evaluate.protocol.quiet import GpuQuiet, quiet_after_stops
 from cuda_agent.evaluate.result import EvalResult
 from cuda_agent.evaluate.protocol.timing import host_hold
@@ -113,8 +114,12 @@ def time_rounds(setup: Setup, reference: Channel, baseline: dict[str, Any], resu
         rounds = Rounds(fixed=fixed)
         if undecided is None:
             undecided = lambda r: not reward_settled(speedups(r, setup.policy, config))  # noqa: E731
-        pressure = Pressure()
-        sides = {side: pressure.wrap(side, call) for side, call in sides.items()}
+        waits = ThreadWaits()
+        if setup.device == "cpu":
+            pid = reference.worker.harness_pid()
+            threads = {side: thread_times(pid) if pid else None for side in sides} | {
+                "candidate": candidate.brackets.thread if candidate is not None and candidate.brackets else None}
+            sides = {side: waits.wrap(side, call, threads[side]) for side, call in sides.items()}
         try:
             run_rounds(sides, plans, config, undecided, rounds, on_round=lambda n, r: _report_round(setup, n, r))
         finally:
@@ -125,15 +130,16 @@ def time_rounds(setup: Setup, reference: Channel, baseline: dict[str, Any], resu
             stop_on("profile", "while the candidate was timed", borrowed)
             for _ in range(EMPTY_ROUNDS - 1):
                 _time_empty(setup, reference, log)
-    shares = pressure.shares()
+    shares = waits.shares()
     result.timing = result.timing | {"plans": {side: vars(plan) for side, plan in plans.items()}, "host": hosts,
-                                     "cpu_pressure": shares}
-    busy = {side: share for side, share in shares.items() if side != "candidate" and share > config.pressure_max}
+                                     "cpu_waits": shares, "cpu_waits_total": waits.totals()}
+    # The candidate's regions are timed less its thread's waits (``region_clock.times``); a baseline's include them.
+    busy = {side: share for side, share in shares.items() if side != "candidate" and share > config.wait_max}
     if setup.device == "cpu" and log is not None and busy:
-        raise Stop("error", "profile", "the host was busy with other work while the baselines were timed: some task "
-                   "waited for a CPU in " + ", ".join(f"{share:.0%} of {side}'s timing" for side, share in busy.items())
-                   + f" (limit {config.pressure_max:.0%}), which slows eager's threads more than a kernel's and "
-                   "would inflate the speedup: evaluate again when the host is quieter")
+        raise Stop("error", "profile", "the host was busy with other work while the baselines were timed: their thread "
+                   "waited for a CPU in " + ", ".join(f"{share:.1%} of {side}'s timing" for side, share in busy.items())
+                   + f" (limit {config.wait_max:.1%}), which lengthens their time and would inflate the speedup: "
+                   "evaluate again when the host is quieter")
     late = hosts.get("candidate", {})
     # A stall in one region in a few (honest candidates show one or two in 35) moves no round's median; a
     # host path longer than the hold in a quarter of them is the candidate's to shorten.

@@ -11,10 +11,9 @@ prompt with one word; four of its words name prepared candidates, built from the
     torch  torch's own operators          (torch-compute: -1)
 
 The reward is the evaluator's ``speedup`` reward (the speedup over torch.compile for a correct
-candidate, -1 otherwise), not the paper's milestone reward: whether a single-threaded kernel beats
-eager torch's two threads on a two-core CPU depends on the machine and its load (on an idle one it
-did not, and fast and slow both scored the milestone's 1, leaving only correctness to learn), while
-slow's four times the work shows on any machine. So fast earns about four times slow's reward.
+candidate, -1 otherwise), not the paper's milestone reward: the example's kernel does not beat eager
+torch on a CPU, so fast and slow would both score the milestone's 1, leaving only correctness to learn,
+while slow's four times the work shows on any machine. So fast earns about four times slow's reward.
 
 Any other answer is -1, as an unparseable single-turn reply is. Each candidate is evaluated once and
 its result kept in ``RUN/menu.json`` (the policy can only ever write these four programs, so a reward

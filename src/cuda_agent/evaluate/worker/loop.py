@@ -27,6 +27,7 @@ from cuda_agent.evaluate.worker.side import (
 )
 from cuda_agent.evaluate.protocol.compare import compare_outputs
 from cuda_agent.evaluate.protocol.messages import REQUESTS, parse_request
+from cuda_agent.evaluate.protocol.policy import CPU_THREADS
 from cuda_agent.evaluate.worker.profiling import profile_call
 from cuda_agent.guard.runtime import RuleBroken
 from cuda_agent.sandbox.nocode import LOCK_CODE_ENV, forbid_new_code
@@ -135,6 +136,8 @@ def main(argv: list[str] | None = None) -> None:
 
     if args.device == "cuda":
         torch.cuda.init()
+    else:
+        torch.set_num_threads(CPU_THREADS)
     # What every evaluation needs first (threads torch, CUDA and the profiler start on first use,
     # kernels loaded on first use), done before the first request: a started worker is ready sooner,
     # and the candidate's guard counts these threads as the harness's.
