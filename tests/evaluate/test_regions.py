@@ -234,6 +234,23 @@ def test_the_cost_is_calibrated_without_run_queue_waits_and_a_region_is_wall_tim
     assert times([_bracket(3.05, waited_ms=1.0)], quiet, 0.0) == pytest.approx([3.0])
 
 
+def test_on_the_cpu_backend_a_region_is_timed_less_its_threads_waits_and_never_below_its_cpu_time():
+    """The CPU backend (``less_waits``): the candidate's one computing thread computes nothing while it waits for a
+    CPU, so a busy host's waits are none of its time; work it does on that thread after DONE still counts in full,
+    less only the no-op regions' own CPU time (not the whole calibrated cost, whose wake-ups are no CPU time)."""
+    cost = overhead([_bracket(0.3, cpu_ms=0.1) for _ in range(9)], [0.0] * 9, 0.0)
+    assert cost.median_ms == pytest.approx(0.3) and cost.cpu_ms == pytest.approx(0.1)
+    busy = _bracket(3.3, waited_ms=1.0, cpu_ms=2.1)
+    assert times([busy], cost, 0.0) == pytest.approx([3.0])  # the wall time, on a GPU's terms
+    assert times([busy], cost, 0.0, less_waits=True) == pytest.approx([2.0])
+    # A seventh of the work done on the timing thread after DONE: the span sees 6 ms, the thread's CPU time 7.
+    tail = _bracket(6.3, cpu_ms=7.1)
+    assert times([tail], cost, 0.0, less_waits=True) == pytest.approx([7.0])
+    # Made to wait as long as it runs, it is no faster: its CPU time bounds it.
+    waiting = _bracket(6.3, waited_ms=6.0, cpu_ms=7.1)
+    assert times([waiting], cost, 0.0, less_waits=True) == pytest.approx([7.0])
+
+
 def test_the_allowance_and_uncertainty_are_stated_and_the_allowance_refused_past_half_a_reward_line():
     """Every result states what the clock leaves unseen (the window before the GPU's probe) and how far its cost may
     be off, as shares of a region; over ``allowance_max`` the evaluation is refused as an error (no reward either
