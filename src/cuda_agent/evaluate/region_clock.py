@@ -5,9 +5,10 @@ region's inputs written (GO where nothing is written) to the moment its work is 
 GPU read from outside, the end of a probe kernel the reference launches once the candidate's processes are
 stopped after DONE (the GPU runs one context at a time, so the probe waits for whatever any of them left
 queued); elsewhere the worker's DONE. On the CPU backend a region is that span less the time the worker's timing
-thread waited for a CPU in it (the kernel's account, read from outside). Never shorter than the time that thread was runnable (on the CPU backend: ran) from the let-go to
-its stop after DONE. The brackets' own cost in the same terms is measured with no-op regions before any candidate code
-loads (``Overhead``); a region's time is its span less that cost (``times``).
+thread waited for a CPU in it (the kernel's account, read from outside). Never shorter than the time that thread
+was runnable (on the CPU backend: ran) from the let-go to its stop after DONE. The brackets' own cost in the same
+terms is measured with no-op regions before any candidate code loads (``Overhead``); a region's time is its span
+less that cost (``times``).
 
 What the candidate's process reports for its regions is a diagnostic (``RegionClock.agreement``). What the
 outside clock cannot see is stated in every result (``RegionClock.allowance``): on a GPU, the window between DONE
