@@ -10,7 +10,8 @@ from casekit import FRACTIONS, TAIL_DEFINE
 
 CASES_DIR = Path(__file__).parent / "cases"
 SOLUTION = Path(__file__).resolve().parents[2] / "examples" / "cpu_swish" / "solution"
-KEYS = {"pattern", "suite", "games", "runtime", "task", "expect", "policy", "fractions"}
+KEYS = {"pattern", "suite", "games", "runtime", "task", "expect", "policy", "fractions", "headers"}
+PIECES = Path(__file__).parent / "pieces"
 SUITES = {"rejected", "true-cost", "deferral", "honest"}
 
 
@@ -37,6 +38,10 @@ def test_every_case_folder_says_what_it_games_and_what_is_expected():
             problems.append(f"{folder.name}: expect.gains_nothing")
         if "task" in spec and not (folder / spec["task"]).is_file():
             problems.append(f"{folder.name}: its task {spec['task']} is missing")
+        for header, pieces in spec.get("headers", {}).items():
+            missing = [name for name in pieces if not (PIECES / name).is_file()]
+            if missing or not header.endswith(".h") or (folder / header).exists():
+                problems.append(f"{folder.name}: header {header} must be a new .h written from pieces/ ({missing} missing)")
     assert not problems, "\n".join(problems)
 
 
