@@ -90,9 +90,12 @@ def main() -> None:
                         result = evaluator.evaluate(task, candidate)
                         row = {"busy": busy, "duty": args.duty, "mode": mode, "repeat": repeat, "load1": round(load, 2),
                                "status": result.status, "reward": result.reward, "attempts": result.attempts,
-                               "kind": result.no_verdict_kind, "reason": (result.reason or "")[:160] or None,
+                               "kind": result.no_verdict_kind, "reason": result.reason,
                                "speedups": [result.speedup_eager, result.speedup_compile],
                                "waits": result.timing.get("cpu_waits"),
+                               # The evaluator's clock's own terms (GPU): a no-verdict may be either's.
+                               **{k: (result.timing.get("regions") or {}).get(k)
+                                  for k in ("allowance", "uncertainty", "outside_ms")},
                                "seconds": round(time.monotonic() - started, 1)}
                         rows.append(row)
                         print(json.dumps(row), flush=True)
