@@ -41,7 +41,8 @@ def test_every_case_folder_says_what_it_games_and_what_is_expected():
         for header, pieces in spec.get("headers", {}).items():
             missing = [name for name in pieces if not (PIECES / name).is_file()]
             if missing or not header.endswith(".h") or (folder / header).exists():
-                problems.append(f"{folder.name}: header {header} must be a new .h written from pieces/ ({missing} missing)")
+                problems.append(f"{folder.name}: header {header} must be a new .h written from pieces/ "
+                                f"(missing pieces: {missing})")
     assert not problems, "\n".join(problems)
 
 

@@ -123,7 +123,7 @@ def solution(examples) -> Path:
 def prebuilt(evaluator, solution, request, tmp_path_factory) -> None:
     """The selected cases' extensions built ahead, two at a time, into the evaluator's cache, where each case's own
     build then finds its result (the cache is keyed by the sources, not their folder). On a fresh cache each native
-    case compiles one file (10-18 s on two cores, most of the suite's time in a clean CI run); the evaluations
+    case compiles one file (10-18 s on two cores, a fifth of the module's time on a fresh cache); the evaluations
     themselves run one at a time. A build that fails here is the case's to report when it is evaluated."""
     chosen = {item.callspec.params["case"].name for item in request.session.items
               if item.module is request.module and "case" in getattr(getattr(item, "callspec", None), "params", {})}
@@ -233,6 +233,8 @@ def honest_twins(evaluator, solution, examples, tmp_path_factory):
                 if result.status != "error":
                     break
             if result.status == "error":
+                if case.task in found:  # a retake the busy host refused: the first evaluation stays the bar
+                    return found[case.task]
                 pytest.skip(f"the honest twin could not be timed here: {result.reason}")
             assert result.status == "correct", result.summary()
             earlier = found.get(case.task)
