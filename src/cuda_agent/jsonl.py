@@ -4,8 +4,22 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 from typing import Any
+
+# Set by a command stopped by Ctrl-C (``cli.main._on_interrupt``) before it kills its workers: a thread that then sees
+# its worker die must not record that as the entry's result, or a resumed run would skip the entry as failed.
+_FROZEN = threading.Event()
+
+
+def freeze() -> None:
+    """No row is appended from now on (``append_jsonl``, which every long run's rows go through)."""
+    _FROZEN.set()
+
+
+def frozen() -> bool:
+    return _FROZEN.is_set()
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -32,9 +46,13 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def append_jsonl(path: Path, row: dict[str, Any]) -> None:
-    """One line, on disk before this returns (a kill right after it keeps the line)."""
+def append_jsonl(path: Path, *rows: dict[str, Any]) -> bool:
+    """A line per row, in one write, on disk before this returns (a kill right after it keeps them); nothing once
+    ``frozen``. Whether they were written."""
+    if frozen():
+        return False
     with Path(path).open("a") as f:
-        f.write(json.dumps(row) + "\n")
+        f.write("".join(json.dumps(row) + "\n" for row in rows))
         f.flush()
         os.fsync(f.fileno())
+    return True

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import shutil
 import threading
+import time
 from pathlib import Path
 
+RETRIES = 5  # removals of a folder that something still wrote into
 PRUNE_AT = 256  # the record is pruned of folders already removed once it holds this many
 _made: set[Path] = set()
 _lock = threading.Lock()
@@ -28,5 +30,11 @@ def remove_all() -> list[Path]:
         paths, _ = list(_made), _made.clear()
     gone = [p for p in paths if p.exists()]
     for path in gone:
-        shutil.rmtree(path, ignore_errors=True)
+        # Another thread of this process may still add a file while the tree is removed (its top folder then
+        # is not empty when it is removed): removed again, a few times.
+        for _ in range(RETRIES):
+            shutil.rmtree(path, ignore_errors=True)
+            if not path.exists():
+                break
+            time.sleep(0.05)
     return gone

@@ -13,6 +13,7 @@ import pytest
 from cuda_agent import Evaluator
 from cuda_agent.cli import main
 from cuda_agent.evaluate.result import EvalResult
+from cuda_agent.jsonl import append_jsonl
 
 # 24 timing rounds, with the raw intervals the evaluator's own lines carry.
 ROUNDS = [("profile", f"round {n}: 1.020x vs eager [0.000, 151797993.381]") for n in range(1, 25)]
@@ -114,7 +115,7 @@ def test_bench_refuses_a_solutions_dir_that_matches_no_task(tmp_path, capsys, ex
     assert main(["bench", str(table), "--solutions", str(solutions), "--out", str(out), "--device", "cpu"]) == 2
     err = capsys.readouterr().err
     assert f"--solutions {solutions}: no entry names a task of {table} (2 tasks)" in err, err
-    assert "level1_19/" in err and "level2_7 name no task" in err
+    assert "level1_19/" in err and "(level2_7 names no task of it)" in err
     assert not (out / "report.md").exists()
 
 
@@ -157,7 +158,7 @@ def test_bench_shows_progress_from_the_start_and_cuts_reasons_at_a_word(tmp_path
         time.sleep(1.0)  # a first evaluation takes a while: the heartbeat speaks meanwhile
         row = {"entry": "level1_19"} | EvalResult(task=tasks[0].to_dict(), candidate={}, device="cpu", policy={},
                                                   timing={}, status="incorrect", stage="verify", reason=reason).to_dict()
-        run._append(run.results_path(run_dir), [row])
+        append_jsonl(run.results_path(run_dir), row)
         progress(1, 1, row)
         return [row]
 

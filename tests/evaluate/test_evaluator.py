@@ -180,25 +180,27 @@ def test_a_kept_reference_serves_the_next_evaluations_and_one_with_trouble_is_re
         # A candidate that fails in the middle of the checks leaves the reference with nothing unanswered.
         wrong = variant(tmp_path, solution, "return cuda_extension.scaled_swish(x, self.scale * 1.1)")
         assert evaluator.evaluate(task, wrong).status == "incorrect"
-        again = evaluator.evaluate(task, load_candidate(solution))
+        # The next ones checked, not timed: what is kept or replaced is the process, whichever stages it serves.
+        again = evaluator.verify(task, load_candidate(solution))
         # Kept: the same process, alive, served it. (Its "reference" stage is not compared with the first's:
         # the stage also waits for the candidate's process to start, which here takes as long as the
         # reference's start did, and CI once saw 3.85 s against 3.74 s.)
         assert again.status == "correct" and "reference process kept (2 earlier evaluation(s))" in again.notes
         assert list(evaluator.references._idle.values()) == [kept] and kept.alive()
         kept.channel.worker.kill()  # a reference that died while idle is replaced, not used
-        replaced = evaluator.evaluate(task, load_candidate(solution))
+        replaced = evaluator.verify(task, load_candidate(solution))
         assert replaced.status == "correct" and "reference process started (0 earlier evaluation(s))" in replaced.notes
     assert not evaluator.references._idle and not kept.home.exists()
 
 
 def test_prestarted_processes_serve_the_next_evaluation_and_stop_on_close(example, cache_dir):
     task, solution = example
+    # Checked, not timed: the spares serve every evaluation alike (that they stand still while timed: below).
     with Evaluator("cpu", cache_dir=cache_dir, prestart=2, timeouts=Timeouts(check_s=20, load_s=120)) as evaluator:
-        assert evaluator.evaluate(task, load_candidate(solution)).status == "correct"
+        assert evaluator.verify(task, load_candidate(solution)).status == "correct"
         spares = list(evaluator._spare)
         assert len(spares) == 2 and all(s.alive() and not (s.job / "task.py").exists() for s in spares)
-        assert evaluator.evaluate(task, load_candidate(solution)).status == "correct"
+        assert evaluator.verify(task, load_candidate(solution)).status == "correct"
         oldest = spares[0]
         assert not oldest.job.exists() and not oldest.alive()  # the oldest served, once, then gone
         assert evaluator._spare[:1] == spares[1:] and len(evaluator._spare) == 2
@@ -321,7 +323,9 @@ def test_failures_are_records_and_the_next_evaluation_works(example, evaluator, 
     assert result.status == "failed", result.summary()
     assert result.reward == -1.0
     assert reason in result.reason, result.reason
-    good = evaluator.evaluate(task, load_candidate(solution))
+    # The next evaluation on the same evaluator (its kept reference, or the one replacing it) is whole: checked, not
+    # timed, as the timing is no part of what a failure could leave behind (test_end_to_end_correct times one).
+    good = evaluator.verify(task, load_candidate(solution))
     assert good.status == "correct", good.summary()
 
 
@@ -334,7 +338,7 @@ def test_memory_taken_a_little_at_a_time_fails_as_memory(example, evaluator, tmp
     result = runtime_only(evaluator).evaluate(task, creep)
     assert result.status == "failed" and result.rule == "memory", result.summary()
     assert "out of memory" in result.reason
-    assert evaluator.evaluate(task, load_candidate(solution)).status == "correct"
+    assert evaluator.verify(task, load_candidate(solution)).status == "correct"
 
 
 SLY_THREAD = (

@@ -194,3 +194,60 @@ def test_torch_compile_out_of_memory_beside_others_goes_the_ladder_and_is_kept_o
         other = SimpleNamespace(compiled=None, channel=Channel(error))
         assert _baseline_sides(SimpleNamespace(**{**vars(setup), "timing_lock": lock_}), other) == ["eager"]
         assert other.compiled["compile_error"] == error
+
+
+def test_an_evaluator_collected_unclosed_leaves_a_shared_pool_open_and_closes_its_own():
+    import gc
+
+    from cuda_agent import Evaluator
+
+    shared = ReferencePool(4)
+    kept = _Reference("task")
+    shared.give_back(shared.take("task") or kept, healthy=True)
+    Evaluator("cpu", references=shared)  # a short-lived evaluator over a pool its owner keeps (a test's, a trainer's)
+    gc.collect()
+    assert not kept.closed and shared.take("task") is kept
+    own = Evaluator("cpu", references=2)
+    theirs = _Reference("other")
+    own.references.give_back(own.references.take("other") or theirs, healthy=True)
+    del own
+    gc.collect()
+    assert theirs.closed
+
+
+def test_a_gpu_evaluation_out_of_memory_beside_idle_references_of_other_tasks_runs_again_without_them(monkeypatch):
+    """Alone on its GPU, an evaluator's own idle references of other tasks must not decide a reward: an evaluation
+    that runs out of memory beside them is evaluated again with them closed (its own task's kept)."""
+    from cuda_agent import Evaluator
+    from cuda_agent.evaluate import evaluator as evaluator_module
+    from cuda_agent.evaluate.result import EvalResult
+
+    evaluator = Evaluator("cpu", references=4)
+    monkeypatch.setattr(evaluator, "device", "cuda")  # the retry is a GPU's: CPU memory is not shared this way
+    monkeypatch.setattr(evaluator_module.ref, "reference_key", lambda setup, task: "this task")
+    mine, other = _Reference("this task"), _Reference("other task")
+    for reference in (mine, other):
+        evaluator.references.give_back(evaluator.references.take(reference.key) or reference, healthy=True)
+    attempts = []
+
+    def attempt(task, candidate, build_result, timed):
+        attempts.append(other.closed)
+        result = EvalResult(task={}, candidate={}, device="cuda", policy={}, timing={})
+        if len(attempts) == 1:
+            # This task's reference, given back as the attempt ends, evicts the other task's (the pool's bound).
+            evaluator.references.drop_idle(keep="this task")
+            result.status, result.stage, result.rule = "failed", "verify", "memory"
+            result.reason = "candidate: out of memory: OutOfMemoryError: CUDA out of memory"
+        else:
+            result.status = "correct"
+        return result
+
+    monkeypatch.setattr(evaluator, "_attempt", attempt)
+    result = evaluator._evaluate_once(None, None, None, True)
+    # Counted before the attempt: evicted while it ran, the other task's reference still counts.
+    assert attempts == [False, True] and result.status == "correct" and not mine.closed
+    assert any("idle references of other tasks closed" in note for note in result.notes)
+    # With nothing idle to close, an out-of-memory result stands (the candidate's own memory ran out).
+    attempts.clear()
+    evaluator.references.drop_idle()
+    assert evaluator._evaluate_once(None, None, None, True).rule == "memory" and len(attempts) == 1

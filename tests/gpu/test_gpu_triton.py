@@ -43,7 +43,6 @@ REPEATS = 10
 # re-evaluation beside the CUDA solution of the same task, the solutions.
 BUDGET_S = float(os.environ.get("CUDA_AGENT_TRITON_BUDGET_S", "290"))
 STARTED = time.monotonic()
-JUDGES: list[Any] = []
 REPORT: dict[str, Any] = {"solutions": {}, "redteam": {}, "warm": {}, "stability": {}, "skipped": []}
 
 
@@ -142,10 +141,10 @@ def honest(evaluator):
 def test_triton_red_team_case(name, static, status, rule, evaluator, honest):
     if static:
         result, seconds = evaluate(evaluator, load_task(SWISH / "model.py"), load_candidate(CASES / name))
-    else:  # the runtime layer alone; the task's reference process shared with the module's evaluator
+    else:  # the runtime layer alone; the task's reference process shared with the module's evaluator (never
+        # closed here: closing it would close the shared pool; collected, it leaves the pool open)
         judge = Evaluator("cuda", policy=evaluator.policy.with_(static_checks=False), cache_dir=evaluator.cache_dir,
                           timeouts=evaluator.timeouts, sandbox=evaluator.sandbox, references=evaluator.references)
-        JUDGES.append(judge)  # closing it (or collecting it) would close the shared references
         result, seconds = evaluate(judge, load_task(SWISH / "model.py"), load_candidate(CASES / name))
     key = f"{name[:-3]}{'' if static else '-runtime'}"
     honest_ms = honest.times["candidate"]["median_ms"]
@@ -165,28 +164,46 @@ def test_one_solution_ten_times_has_one_reward(kernelbench_jsonl, evaluator):
     candidate = load_candidate(SOLUTIONS / STABLE, language="triton")
     runs = [brief(*evaluate(evaluator, task, candidate)) for _ in range(REPEATS)]
     times = [r["candidate_ms"] for r in runs if r["candidate_ms"]]
-    cv = statistics.pstdev(times) / statistics.fmean(times) if len(times) > 1 else None
+    cv = {what: statistics.pstdev(values) / statistics.fmean(values) if len(values) > 1 else None
+          for what in ("candidate_ms", "speedup_eager", "speedup_compile")
+          for values in [[r[what] for r in runs if r[what]]]}
     REPORT["stability"] = {"task": STABLE, "rewards": [r["reward"] for r in runs], "candidate_ms": times,
-                           "candidate_ms_cv": cv, "statuses": [r["status"] for r in runs]}
+                           "cv": cv, "statuses": [r["status"] for r in runs]}
     write_report()
     assert len({r["reward"] for r in runs}) == 1 and runs[0]["status"] == "correct", REPORT["stability"]
-    assert cv is not None and (cv <= 0.01 or statistics.median(times) < 0.5), REPORT["stability"]
+    # The issue's target is the speedup's CV, for kernels of 0.5 ms and longer.
+    assert statistics.median(times) < 0.5 or all(cv[what] is not None and cv[what] <= 0.01
+                                                 for what in ("speedup_eager", "speedup_compile")), REPORT["stability"]
+
+
+# Before each language's last (measured) evaluation: long enough for the candidate process the evaluation before it
+# started to have finished starting. That process is started early in an evaluation and stands still while anything
+# is timed, so one started beside a short evaluation is still starting when it ends: whichever language came right
+# after the shorter one would otherwise wait for it (on the CPU backend, 1.7-1.9 s of a Triton evaluation that
+# followed a C++ one, 0.02-0.04 s of the C++ one that followed Triton). An agent's re-evaluation comes after an edit.
+SETTLE_S = 10.0
 
 
 def test_warm_re_evaluation_of_a_triton_candidate_beside_a_cuda_one(kernelbench_jsonl, evaluator):
-    """The same task, each candidate evaluated twice: the second (its build, Triton's kernels and the baselines
-    cached, processes started ahead) is the warm one."""
+    """The same task, the two candidates evaluated in turn three times: the last of each (its build, Triton's kernels
+    and the baselines cached, its process started ahead and given ``SETTLE_S`` to finish starting) is the warm one."""
     task = kernelbench_task(kernelbench_jsonl, STABLE)
-    warm = {}
-    for language, candidate in (("cuda", load_candidate(CUDA_SOLUTIONS / STABLE)),
-                                ("triton", load_candidate(SOLUTIONS / STABLE, language="triton"))):
-        runs = [evaluate(evaluator, task, candidate) for _ in range(2)]
-        warm[language] = {"cold": brief(*runs[0]), "warm": brief(*runs[1])}
-        assert runs[1][0].status == "correct", runs[1][0].summary()
-    REPORT["warm"] = {language: {"warm_s": w["warm"]["seconds"], "warm_durations": w["warm"]["durations"],
-                                 "cold_s": w["cold"]["seconds"]} for language, w in warm.items()}
+    candidates = {"cuda": load_candidate(CUDA_SOLUTIONS / STABLE),
+                  "triton": load_candidate(SOLUTIONS / STABLE, language="triton")}
+    runs: dict[str, list[Any]] = {language: [] for language in candidates}
+    for turn in range(3):
+        for language, candidate in candidates.items():
+            if turn == 2:
+                time.sleep(SETTLE_S)
+            runs[language].append(evaluate(evaluator, task, candidate))
+    for language, pairs in runs.items():
+        assert pairs[-1][0].status == "correct", pairs[-1][0].summary()
+    REPORT["warm"] = {language: {"warm_s": round(pairs[-1][1], 2), "warm_durations": pairs[-1][0].durations,
+                                 "seconds": [round(seconds, 2) for _, seconds in pairs],
+                                 "wait_ready": [r.durations.get("wait_ready") for r, _ in pairs]}
+                      for language, pairs in runs.items()} | {"settle_s": SETTLE_S}
     write_report()
-    assert warm["triton"]["warm"]["seconds"] <= 1.1 * warm["cuda"]["warm"]["seconds"] + 1.0, REPORT["warm"]
+    assert REPORT["warm"]["triton"]["warm_s"] <= 1.1 * REPORT["warm"]["cuda"]["warm_s"] + 1.0, REPORT["warm"]
 
 
 @pytest.mark.parametrize("folder", FOLDERS)

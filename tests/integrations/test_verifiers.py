@@ -77,10 +77,16 @@ def test_episode_through_verifiers_earns_what_our_loop_earns(examples, task, eva
             ctx = vf.ModelContext(model="scripted", client=vf.EvalClientConfig(base_url=url))
             return await env.run_episode(kernel_task, ctx)
 
-    with OpenAIServer(by_turn(steps)) as model:
-        episode = asyncio.run(one_episode(model.url))
-    assert episode.ok, episode.errors
-    (trace,) = episode.traces
+    # A closing evaluation without a verdict (the host too busy to time it: CI runs this file beside the fast tier)
+    # is the adapter's honest outcome, not its failure: the episode runs once more, and only then must it be rewarded.
+    for _ in range(2):
+        with OpenAIServer(by_turn(steps)) as model:
+            episode = asyncio.run(one_episode(model.url))
+        (trace,) = episode.traces
+        if not trace.state.no_verdict:
+            break
+    assert episode.ok, (episode.errors, trace.stop_condition, trace.state.reason,
+                        [(e.type, e.message, e.traceback) for e in trace.errors])
     # The reward our loop earns for these calls is CORRECT (conftest's loop_episode asserts it, and the TRL and
     # OpenEnv tests compare with it); it is not run again in this environment, where this file would be its only user.
     assert trace.rewards["kernel_reward"].score == CORRECT
@@ -132,18 +138,27 @@ def test_vf_eval_command_scores_single_turn_rollouts_with_metrics(examples, tmp_
         with lock:
             return next(replies)
 
-    with OpenAIServer(answer) as model:
-        command = [*console_script("vf-eval", "verifiers.v1.cli.eval.main:main"), "@", str(data / "vf-eval.toml"),
-                   "-m", "scripted",
-                   "--client.base-url", model.url, "-r", "2", "-c", "1", "--no-push", "-o", str(tmp_path / "runs")]
-        env = {k: v for k, v in os.environ.items() if k != "CUDA_AGENT_SERVICE"}
-        done = subprocess.run(command, cwd=tmp_path, env=env | {"OPENAI_API_KEY": "unused"}, capture_output=True,
-                              text=True, timeout=900)
-    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
-    (traces,) = list((tmp_path / "runs").rglob("traces.jsonl"))
-    traces_ = [trace for line in traces.read_text().splitlines() if line.strip()
-               for trace in json.loads(line)["traces"]]
-    assert len(traces_) == 2 and len(model.requests) == 2
+    def vf_eval(runs):
+        with OpenAIServer(answer) as model:
+            command = [*console_script("vf-eval", "verifiers.v1.cli.eval.main:main"), "@", str(data / "vf-eval.toml"),
+                       "-m", "scripted", "--client.base-url", model.url, "-r", "2", "-c", "1", "--no-push",
+                       "-o", str(runs)]
+            env = {k: v for k, v in os.environ.items() if k != "CUDA_AGENT_SERVICE"}
+            done = subprocess.run(command, cwd=tmp_path, env=env | {"OPENAI_API_KEY": "unused"}, capture_output=True,
+                                  text=True, timeout=900)
+        assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+        (traces,) = list(runs.rglob("traces.jsonl"))
+        found = [trace for line in traces.read_text().splitlines() if line.strip()
+                 for trace in json.loads(line)["traces"]]
+        assert len(found) == 2 and len(model.requests) == 2
+        return found
+
+    traces_ = vf_eval(tmp_path / "runs")
+    # A no-verdict (the host too busy to time the solution: CI runs this file beside the fast tier) is an honest
+    # outcome, not the adapter's failure: the two rollouts run once more, and only then must they be judged.
+    if any(t["info"].get("cuda_agent", {}).get("no_verdict") for t in traces_):
+        replies = iter([solution_reply(examples / "cpu_swish" / "solution"), "I cannot write this kernel."])
+        traces_ = vf_eval(tmp_path / "runs-again")
     # The outcome rides on each trace's info (verifiers does not save the state); a no-verdict (a busy host) would
     # be a harness error with its reason.
     by_status = {t["info"].get("cuda_agent", {}).get("status"): t for t in traces_}

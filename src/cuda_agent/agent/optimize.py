@@ -20,6 +20,7 @@ from cuda_agent.evaluate.counters import CounterReport
 from cuda_agent.evaluate.interface import EvaluatorLike
 from cuda_agent.agent.llm import ChatBackend
 from cuda_agent.agent.loop import AgentConfig, Episode, run_episode, save_solution
+from cuda_agent.jsonl import append_jsonl
 from cuda_agent.tasks.task import Task
 
 __all__ = ["optimize", "best_episode", "write_outputs"]
@@ -40,8 +41,8 @@ def optimize(task: Task, make_backend: Callable[[], ChatBackend], out: Path, eva
     def one(k: int) -> Episode:
         episode = run_episode(task, make_backend(), evaluator, out / f"episode-{k}", config=config, model=model,
                               sandbox=sandbox, on_turn=(lambda entry: on_turn(k, entry)) if on_turn else None)
-        with lock, (out / "trajectories.jsonl").open("a") as handle:
-            handle.write(json.dumps(episode.record | {"episode": k}) + "\n")
+        with lock:
+            append_jsonl(out / "trajectories.jsonl", episode.record | {"episode": k})
         return episode
 
     with ThreadPoolExecutor(max_workers=episodes) as pool:

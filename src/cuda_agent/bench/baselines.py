@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from cuda_agent.evaluate.interface import EvaluatorLike
-from cuda_agent.jsonl import read_jsonl
+from cuda_agent.jsonl import append_jsonl, read_jsonl
 from cuda_agent.tasks.task import Task, TaskError
 
 __all__ = ["TABLE_FORMAT", "task_key", "read_table", "incomplete", "to_measure", "measure_baselines", "load_published",
@@ -96,8 +96,8 @@ def measure_baselines(tasks: list[Task], out: Path, device: str = "cuda", gpus: 
         row = _measure_one(evaluator, task, degenerate)
         row.update(gpu_index=gpu, per_gpu=per_gpu)
         with lock:
-            with out.open("a") as handle:
-                handle.write(json.dumps(row) + "\n")
+            if not append_jsonl(out, row):
+                return  # a stopped command's killed workers are no task's baselines
             written.append(row)
             if progress:
                 progress(len(written), len(todo), row)

@@ -29,7 +29,7 @@ from cuda_agent.bench.baselines import read_table
 from cuda_agent.bench.solutions import SolutionSet
 from cuda_agent.evaluate.baseline import BaselineCache, baseline_key
 from cuda_agent.evaluate.protocol.policy import Policy
-from cuda_agent.jsonl import read_jsonl
+from cuda_agent.jsonl import append_jsonl, read_jsonl
 from cuda_agent.tasks.task import Task
 
 __all__ = ["RUN_FORMAT", "results_path", "read_results", "read_run", "seed_baselines", "start_run", "run_bench",
@@ -120,7 +120,7 @@ def run_bench(run_dir: Path, tasks: list[Task], solutions: SolutionSet, device: 
 
     def write(row: dict[str, Any]) -> None:
         with lock:
-            _append(results_path(run_dir), [row])
+            append_jsonl(results_path(run_dir), row)
             written.append(row)
             if progress:
                 progress(len(written), len(todo), row)
@@ -167,10 +167,6 @@ def drop_errors(run_dir: Path) -> list[dict[str, Any]]:
     return kept
 
 
-def _append(path: Path, rows: list[dict[str, Any]]) -> None:
-    with Path(path).open("a") as handle:
-        handle.write("".join(json.dumps(row) + "\n" for row in rows))
-
 
 AGENT_FINAL = "agent/final"
 
@@ -213,8 +209,8 @@ def run_agent_bench(run_dir: Path, tasks: list[Task], make_backend: Callable[[],
         rows = [{"entry": f"agent/turn-{e['turn']}-{e['command']}"} | e["result"] for e in episode.record["evaluations"]]
         rows.append({"entry": AGENT_FINAL} | episode.final)
         with lock:
-            _append(Path(run_dir) / "trajectories.jsonl", [episode.record])
-            _append(results_path(run_dir), rows)  # the final row last: it marks the task done
+            append_jsonl(Path(run_dir) / "trajectories.jsonl", episode.record)
+            append_jsonl(results_path(run_dir), *rows)  # the final row last: it marks the task done
             written.extend(rows)
             if progress:
                 progress(len({r["task"]["name"] for r in written}), len(todo), rows[-1])

@@ -166,11 +166,11 @@ def heartbeat(line: Callable[[], str], every_s: float, quiet_since: Callable[[],
         done.set()
 
 
-def out_dir(path: Path, flag: str = "--out", what: str = "a run directory") -> Path:
+def out_dir(path: Path, flag: str = "--out", what: str = "a run directory is") -> Path:
     """``path`` as a directory a command writes, refused at once where it is a file (mkdir would say
     only ``[Errno 17] File exists``)."""
     if path.exists() and not path.is_dir():
-        raise ValueError(f"{flag} {path} is a file, and {what} is written there: give a new directory, or one "
+        raise ValueError(f"{flag} {path} is a file, and {what} written there: give a new directory, or one "
                          "an earlier run of the command wrote, to continue it")
     return path
 

@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
 from cuda_agent.cli import agent, bench, evaluation, serve, tasks, train
@@ -44,6 +45,11 @@ def _on_interrupt(kept: str):
     def stop(signum: int, frame: object) -> None:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, signal.SIG_IGN)
+        from cuda_agent import jsonl
+
+        # Before the kills: removing the scratch folders below releases the GIL, and a thread that then sees its
+        # worker killed would record it as a failure.
+        jsonl.freeze()
         from cuda_agent.sandbox.proctree import descendants
 
         children = descendants(os.getpid())[1:]
@@ -52,14 +58,21 @@ def _on_interrupt(kept: str):
         print(f"{chr(10) if sys.stderr.isatty() else ''}cuda-agent: stopped by {name}; {kept}", file=sys.stderr,
               flush=True)
         sys.stdout.flush()
-        # No other thread may run between the kills and the exit (one would record its killed worker
-        # as a failure): os.kill keeps the GIL, and a long switch interval keeps it from being handed over.
+        # Few other threads run between the kills and the exit: os.kill keeps the GIL, and a long switch interval
+        # keeps it from being handed over (the file system calls below release it; the freeze above covers those).
         sys.setswitchinterval(60)
         for pid in children:
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass  # already gone
+        # A killed process runs on until the kernel has taken it down: one still writing into a scratch folder
+        # while it is removed leaves the folder behind. Waited for briefly (dead or a zombie is gone).
+        from cuda_agent.sandbox.proctree import process_state
+
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline and any(process_state(pid) not in (None, "Z") for pid in children):
+            time.sleep(0.02)
         # Its scratch folders (evaluation jobs, reference homes, synth scratch) go with it, as on a normal finish.
         from cuda_agent import scratch
 

@@ -152,11 +152,11 @@ class Plan:
         only sizes its regions: a shorter one gives it longer regions, which the outside clock resolves
         better; a longer one shorter regions, which it may refuse to judge (``region_spread_max``). A region's
         calls stay alive together: ``call_bytes`` (a call's inputs and output, as the reference found them) caps
-        them at ``region_bytes``. Without it a candidate whose timed calls returned at once claimed 100 calls a
-        region of 2 GiB each, and the reference's empty round, which mirrors its plan, ran out of GPU memory: an
-        ``error`` where the verdict was ``incorrect``. On a GPU (``device_bytes``: its memory) the cap is
+        them at ``region_bytes``. Without it a candidate whose timed calls return at once would claim 100 calls a
+        region of 2 GiB each, and the reference's empty round, which mirrors its plan, would run out of GPU memory:
+        an ``error`` where the verdict is ``incorrect``. On a GPU (``device_bytes``: its memory) the cap is
         ``region_memory_share`` of it where that is more: with one 2 GiB call a region, cuda_gelu's 0.52 ms
-        regions left the outside clock's fixed limit 41% of each to forge (a 1.41x fake earned reward 3)."""
+        regions would leave the outside clock's fixed window a large share of each to forge (docs/SECURITY.md)."""
         alone = call_ms if 0 < call_ms <= estimate_ms else estimate_ms
         calls = 1 if alone >= config.region_ms else min(config.max_calls, math.ceil(config.region_ms / alone))
         if call_bytes > 0:

@@ -142,7 +142,10 @@ class Evaluator(Stages):
             # Another slot's spares, started as its evaluation ended, may still be starting (CUDA up, first
             # kernels) while this one times: they stand still too.
             self.timing_lock.spares.append(self._spare)
-        weakref.finalize(self, close_all, self._spare, self.references)
+        # Collected without close(), an evaluator closes only what it started: a pool passed in is its owner's to
+        # close, and the evaluators that share it (a test's or a trainer's short-lived ones) come and go before it.
+        owned = self.references if self.references is not references else None
+        weakref.finalize(self, close_all, self._spare, owned)
 
     def _pausable(self, reference: LiveReference, candidate: Any) -> contextlib.AbstractContextManager:
         """A stretch of an evaluation in which its thread only waits for its ``reference`` process (its start,
@@ -223,7 +226,19 @@ class Evaluator(Stages):
                        timed: bool) -> EvalResult:
         lock = self.timing_lock
         if not isinstance(lock, DeviceLock):
+            key = ref.reference_key(self._setup(), task) if self.device == "cuda" else ""
+            # Counted before: this task's own reference, given back as the attempt ends, may evict them.
+            beside = self.references.idle_besides(key) if key else 0
             result = self._attempt(task, candidate, build_result, timed)
+            # Alone on its GPU, the memory that ran out may have been this evaluator's own idle references of other
+            # tasks: the reward must not depend on which tasks came before, so it is evaluated again without them.
+            if self._out_of_memory(result) and beside:
+                self.references.drop_idle(keep=key)
+                self.on_stage("build", "out of GPU memory beside the idle references of other tasks: evaluated "
+                                       "again with them closed")
+                result = self._attempt(task, candidate, build_result, timed)
+                result.notes.append("evaluated again with the idle references of other tasks closed: it ran out of "
+                                    "GPU memory beside them")
         elif task.digest in lock.alone_keys:
             result = self._attempt_alone(task, candidate, build_result, timed)
             result.notes.append("evaluated with the GPU alone: this task ran out of memory beside other evaluations "

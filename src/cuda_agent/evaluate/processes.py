@@ -42,10 +42,11 @@ class Workers:
         shutil.rmtree(self.job, ignore_errors=True)
 
 
-def close_all(spare: list[Workers], references: ReferencePool) -> None:
+def close_all(spare: list[Workers], references: ReferencePool | None) -> None:
     while spare:
         spare.pop().close()
-    references.close()
+    if references is not None:
+        references.close()
 
 
 def new_job(work_dir: Path | None, prefix: str = "cuda-agent-job-") -> Path:

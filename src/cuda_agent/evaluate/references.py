@@ -165,6 +165,11 @@ class ReferencePool:
             del self._out[key]
         self._returned.notify_all()
 
+    def idle_besides(self, key: str) -> int:
+        """How many idle references of tasks other than ``key``'s the pool holds now."""
+        with self._lock:
+            return sum(other != key for other in self._idle)
+
     def drop_idle(self, keep: str | None = None) -> int:
         """Closes the idle references, all but ``keep``'s: the device memory they hold goes to an evaluation
         that must run with the device alone (``DeviceLock.alone``). How many were closed."""
@@ -180,7 +185,8 @@ class ReferencePool:
 
     def close(self) -> None:
         """Closes the idle references now, and any still out as it comes back (a pool shared by
-        evaluators is closed by the first of them to close)."""
+        evaluators is closed by the first of them whose ``close()`` is called; one collected unclosed
+        leaves a pool it was given open)."""
         with self._lock:
             self._closed = True
             idle, self._idle = list(self._idle.values()), collections.OrderedDict()

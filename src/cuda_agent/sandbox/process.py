@@ -23,7 +23,7 @@ from cuda_agent.sandbox.proctree import caught_signals, descendants, process_sta
 DEFAULT_OUTPUT_LIMIT = 2 * 1024 * 1024
 TAIL_BYTES = 16 * 1024
 # Between looks at a tree being stopped: a stop lands in 0.1-1 ms (a torch process's 20 threads each take it);
-# the evaluator stops the candidate twice around every timed region, so a 1 ms poll cost ~1 ms a stop.
+# the evaluator stops the candidate twice around every timed region, so a 1 ms poll would cost ~1 ms a stop.
 PAUSE_POLL_S = 0.0001
 
 

@@ -236,8 +236,8 @@ class Synthesis:
                 counts[row["rejected_by"]] = counts.get(row["rejected_by"], 0) + 1
         limit = self.config.max_candidates or 50 * self.config.n
         # The evaluator's inductor cache (cache_dir/inductor), not one per output directory: with a cold cache
-        # a process's first torch.compile built inductor's precompiled header again (26 s against 3-6 s on
-        # 2 CPU cores), once per run and worker; the cache is content-keyed and safe to share between processes.
+        # a process's first torch.compile builds inductor's precompiled header again (several times a warm
+        # compile), once per run and worker; the cache is content-keyed and safe to share between processes.
         inductor = Path(self.config.cache_dir or cache_root()) / "inductor"
         scratch = made(Path(tempfile.mkdtemp(prefix="cuda-agent-synth-")))  # removed on Ctrl-C too
         screeners: queue.Queue[Screener] = queue.Queue()

@@ -163,7 +163,7 @@ def load_hf_dataset(name: str, split: str | None = None) -> list[Task]:
         from cuda_agent.paths import install_hint
         raise TaskError(
             f"{name}: loading a Hugging Face dataset needs the `datasets` package; "
-            f"install it with `{install_hint('data')}`."
+            f"install it with {install_hint('data')}."
         ) from None
     try:
         loaded = datasets.load_dataset(name, split=split)
@@ -242,7 +242,7 @@ def _read_rows(path: Path) -> Iterator[dict[str, Any]]:
         except ImportError:
             from cuda_agent.paths import install_hint
             raise TaskError(
-                f"{path}: reading parquet needs `pyarrow`; install it with `{install_hint('data')}`."
+                f"{path}: reading parquet needs `pyarrow`; install it with {install_hint('data')}."
             ) from None
         yield from pq.read_table(path).to_pylist()
         return

@@ -213,7 +213,7 @@ def _check_local_paths(config: StageConfig, path: Path) -> None:
 def check_models(config: StageConfig, path: Path, timeout_s: float = 5.0) -> None:
     """Every model the stage loads is a local folder, or a Hugging Face name that is in the local cache or
     can be fetched: checked before the run starts (and writes RUN/config.json), naming the config key.
-    Left to transformers, a name with no network meant 50 s of retries and an error naming no key. The
+    Left to transformers, a name with no network means a minute of retries and an error naming no key. The
     Hub is asked once, briefly, and not at all with HF_HUB_OFFLINE=1."""
     import os
 

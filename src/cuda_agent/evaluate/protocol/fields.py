@@ -21,7 +21,7 @@ _BOOKKEEPING = frozenset({"ok", "seconds", "nonce"})
 _EXACT: dict[Any, tuple[type, ...]] = {int: (int,), float: (int, float), str: (str,), bool: (bool,)}
 _PLAIN = frozenset({int, float, str, bool, type(None)})
 # Per message class: its fields' types (resolved once: ``get_type_hints`` evaluates every annotation), its fields
-# and their names. Parsing a region's GPU requests was 0.3 ms each, half of it resolving the same hints again.
+# and their names: resolving the hints for every message would be half of parsing a region's GPU requests.
 _SCHEMAS: dict[type, tuple[dict[str, Any], tuple[dataclasses.Field, ...], frozenset[str]]] = {}
 
 

@@ -452,9 +452,8 @@ def thread_times(pid: int, tid: int | None = None) -> Callable[[], tuple[int, in
                     state = handle.read().rsplit(b")", 1)[1].split()[0]
                 if state != b"R" or time.monotonic() >= deadline:
                     break
-                # Asleep between looks, not spinning: the thread waited for may need this CPU to get there (on
-                # 2 cores, spinning: the wait before GO 0.09-0.14 ms a region but 1.5 ms in 1 of 12 evaluations;
-                # asleep: 0.09-0.21 ms in 12 of 12, benchmarks/RESULTS.md).
+                # Asleep between looks, not spinning: the thread waited for may need this CPU to get there (on a
+                # 2-core host, spinning makes the wait before GO ten times longer now and then).
                 time.sleep(SETTLE_POLL_S)
             with open(schedstat, "rb") as handle:
                 fields = handle.read().split()

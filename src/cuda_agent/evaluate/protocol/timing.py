@@ -96,8 +96,8 @@ class HostLaunch:
     region of several calls (launch-bound ones) still counts the host time that a stream of them
     would wait for. A side whose host takes more than ``HOST_BOUND``
     times what its GPU has left once a call is enqueued (``learn_bound``, from the warm-up) is
-    launch-bound: in a stream of its calls the host is the cost, and it keeps the fixed hold, as
-    every side did before (torch.compile's axpby: 400 us of host, 3 us of GPU, and one call a region,
+    launch-bound: in a stream of its calls the host is the cost, and it keeps the fixed hold
+    (torch.compile's axpby: hundreds of us of host, a few of GPU, and one call a region,
     since its synchronised wall time is over ``region_ms``). ``late``
     counts the regions that outlasted their hold; ``fenced`` those timed to the fence (work seen
     running past the end event, or the harness's own reads after it queued too late)."""
@@ -191,9 +191,9 @@ def measure(fn: Callable[[], Any], device: str, config: TimingConfig,
 class Warmup:
     """What a warm-up says about a call: ``estimate_ms``, the wall time per call with its input draw and
     synchronises (an upper bound: it sizes a round), and ``call_ms``, the call alone (begin to synchronised
-    end, median of the later half: how many calls fill a region). For a 0.08 ms call whose inputs take
-    0.25 ms to draw the first is four times the second, and regions sized by it were a quarter of
-    ``region_ms``: too short for the outside clock to resolve (docs/ARCHITECTURE.md, "Regions")."""
+    end, median of the later half: how many calls fill a region). For a short call whose inputs take
+    longer to draw than it runs, the first is several times the second, and regions sized by it would be a
+    fraction of ``region_ms``: too short for the outside clock to resolve (docs/ARCHITECTURE.md, "Regions")."""
 
     estimate_ms: float
     call_ms: float
@@ -324,7 +324,7 @@ def _time_regions_cuda(prepare: Callable[[], Callable[[], Any]], config: TimingC
     # The host's time queueing each region's reads (``after_end``): when it outlasts what is left of the
     # hold, the GPU reaches the end event first and idles until the reads arrive, and the fence is that
     # much later with nothing left running. Not allowed for, a launch-bound call (microseconds a
-    # region) was timed to the fence in whole rounds and not in others, 2.5 or 30-100 us a call.
+    # region) would be timed to the fence in some rounds and not in others, its time moving tenfold.
     reads_ms: list[float] = []
     for region, (start, end, fence) in enumerate(events):
         ready = [prepare() for _ in range(calls)]
