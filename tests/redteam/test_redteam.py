@@ -14,14 +14,13 @@ show that the runtime layer holds on its own (defence in depth).
 from __future__ import annotations
 
 import os
-import shutil
-import tomllib
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from casekit import CPU_NOISE, FRACTIONS, TAIL_DEFINE, deferred_share, gains_nothing, piece
+from casekit import (CASES_DIR, CPU_NOISE, FRACTIONS, FolderCase, deferred_share, gains_nothing, load_case,
+                     load_cases, make_candidate)
 
 from cuda_agent import Evaluator, load_candidate, load_task
 from cuda_agent.evaluate import Policy, Timeouts
@@ -29,78 +28,14 @@ from cuda_agent.evaluate.references import ReferencePool
 
 pytestmark = pytest.mark.slow
 
-CASES_DIR = Path(__file__).parent / "cases"
-SUITES = ("rejected", "true-cost", "deferral", "honest")
-NOT_CANDIDATE_FILES = ("case.toml", "task.py")  # what a case folder holds beside the candidate's own files
 # On the CPU each deferral case is a build of its own (about a minute and a half on two cores): the default run takes
 # the last eighth of each mechanism, CUDA_AGENT_REDTEAM_FRACTIONS=all every fraction (the GPU file always takes them all).
 CPU_FRACTIONS = FRACTIONS if os.environ.get("CUDA_AGENT_REDTEAM_FRACTIONS") == "all" else (8,)
 
 
-@dataclass(frozen=True)
-class FolderCase:
-    """One folder of ``cases/``: the candidate's files, the task, and what the evaluator must answer."""
-
-    name: str
-    folder: Path
-    pattern: str  # the row of docs/SECURITY.md
-    suite: str
-    games: str
-    runtime: bool = False  # static checks off
-    task: str | None = None  # task source; default: the example
-    policy: dict = field(default_factory=dict)
-    expect: dict = field(default_factory=dict)
-    tail_denominator: int | None = None  # a deferral case: the d of its binding's ``#define TAIL_DENOMINATOR d``
-    headers: dict = field(default_factory=dict)  # candidate path -> the pieces (``pieces/``) joined into it
-
-    @property
-    def status(self) -> str:
-        return self.expect["status"]
-
-    @property
-    def rule(self) -> str | None:
-        return self.expect.get("rule")
-
-    @property
-    def reason(self) -> str | None:
-        """A substring of the reason, where the rule alone is not specific."""
-        return self.expect.get("reason")
-
-
-def cases_of(folder: Path) -> list[FolderCase]:
-    """The folder's case, or, where its ``case.toml`` lists ``fractions``, one case for each (``...-1of<d>-runtime``)."""
-    spec = tomllib.loads((folder / "case.toml").read_text())
-    task = folder / spec["task"] if "task" in spec else None
-    # TOML has arrays, the policy tuples.
-    policy = {k: tuple(v) if isinstance(v, list) else v for k, v in spec.get("policy", {}).items()}
-    case = FolderCase(name=folder.name, folder=folder, pattern=spec["pattern"], suite=spec["suite"], games=spec["games"],
-                      runtime=spec.get("runtime", False), task=task.read_text() if task else None, policy=policy,
-                      expect=spec.get("expect", {}), headers=spec.get("headers", {}))
-    if "fractions" not in spec:
-        return [case]
-    stem = folder.name.removesuffix("-runtime")
-    return [replace(case, name=f"{stem}-1of{d}" + ("-runtime" if stem != folder.name else ""), tail_denominator=d)
-            for d in spec["fractions"]]
-
-
-def load_case(folder: Path) -> FolderCase:
-    """The one case of a folder without ``fractions``."""
-    (case,) = cases_of(folder)
-    return case
-
-
-def load_cases(suite: str) -> list[FolderCase]:
-    cases = [case for folder in sorted(CASES_DIR.iterdir()) if (folder / "case.toml").is_file()
-             for case in cases_of(folder)]
-    chosen = [case for case in cases if case.suite == suite]
-    if suite == "deferral":
-        chosen = [case for case in chosen if deferred_share(case) in {1 / d for d in CPU_FRACTIONS}]
-    return chosen
-
-
-CASES = load_cases("rejected")
-TRUE_COST_CASES = load_cases("true-cost")
-DEFERRAL_CASES = load_cases("deferral")
+CASES = load_cases(CASES_DIR, "rejected")
+TRUE_COST_CASES = load_cases(CASES_DIR, "true-cost")
+DEFERRAL_CASES = load_cases(CASES_DIR, "deferral", CPU_FRACTIONS)
 
 
 @pytest.fixture(scope="module")
@@ -142,24 +77,6 @@ def prebuilt(evaluator, solution, request, tmp_path_factory) -> None:
         list(pool.map(build, [c for c in candidates if c.extensions]))
 
 
-def make_candidate(case: FolderCase, solution: Path, root: Path):
-    """The example's solution with the case's files in place of its own."""
-    shutil.copytree(solution, root)
-    for path in sorted(case.folder.rglob("*")):
-        if path.is_file() and path.name not in NOT_CANDIDATE_FILES:
-            target = root / path.relative_to(case.folder)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            text = path.read_bytes()
-            if case.tail_denominator is not None and path.suffix == ".cpp":
-                source, found = TAIL_DEFINE.subn(f"#define TAIL_DENOMINATOR {case.tail_denominator}", text.decode())
-                assert found == 1, f"{path}: one #define TAIL_DENOMINATOR line to set, found {found}"
-                text = source.encode()
-            target.write_bytes(text)
-    for path, pieces in case.headers.items():
-        (root / path).write_text("#pragma once\n" + "".join(piece(name) for name in pieces))
-    return load_candidate(root)
-
-
 def make_task(case: FolderCase, examples: Path, tmp_path: Path):
     if case.task is None:
         return load_task(examples / "cpu_swish" / "model.py")
@@ -169,9 +86,10 @@ def make_task(case: FolderCase, examples: Path, tmp_path: Path):
 
 
 def judge_of(case: FolderCase, evaluator: Evaluator) -> Evaluator:
-    """The module's evaluator (its references kept) under the case's policy."""
+    """The module's evaluator (its references kept) under the case's policy and timing."""
     policy = evaluator.policy.with_(static_checks=not case.runtime, **case.policy)
-    return Evaluator("cpu", policy=policy, cache_dir=evaluator.cache_dir, timeouts=evaluator.timeouts,
+    timing = replace(evaluator.timing, **case.timing)
+    return Evaluator("cpu", policy=policy, timing=timing, cache_dir=evaluator.cache_dir, timeouts=evaluator.timeouts,
                      memory_limit=evaluator.memory_limit, sandbox=evaluator.sandbox, references=evaluator.references)
 
 

