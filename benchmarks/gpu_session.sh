@@ -22,7 +22,7 @@
 #   bash benchmarks/gpu_session.sh quiet     # probe: another context's GPU work seen from outside
 #   bash benchmarks/gpu_session.sh clock_rate # probe: the host clocks' rate against the GPU's event timer
 #   bash benchmarks/gpu_session.sh vmm       # probe: GPU output memory read from another sandbox
-#   bash benchmarks/gpu_session.sh legit     # the legitimate solutions only (false positives), then the
+#   bash benchmarks/gpu_session.sh false_positives # the legitimate solutions only (false positives), then the
 #                                            # evaluation's GPU memory per process (benchmarks/eval_memory.py)
 #   bash benchmarks/gpu_session.sh trust_suite # the trust checks in one call: integrity and timing tests, the GPU
 #                                            # red-team cases, the legitimate solutions (false positives)
@@ -35,15 +35,15 @@
 #                                            # alternating, in one call (SPEED_EXAMPLES, VS_REPEATS,
 #                                            # OVERHEAD_RUNS: e.g. "1-prev 2-this" for one run of each;
 #                                            # "3-this+all": this tree with outside_inputs="all")
-#   bash benchmarks/gpu_session.sh stability # end-of-region variants: rewards and spread over repeats
+#   bash benchmarks/gpu_session.sh region_end_variants # end-of-region variants: rewards and spread over repeats
 #   bash benchmarks/gpu_session.sh region_cost # a warm evaluation's steps by wall clock (SPEED_EXAMPLES, EVALUATIONS,
 #                                            # PAUSE_POLLS: the stop's poll in ms, in turn)
 #   bash benchmarks/gpu_session.sh eval_profile # one evaluation's requests as a timeline (PROFILE_SOLUTIONS=level1_20 ...)
 #   bash benchmarks/gpu_session.sh verify_costs # one check's steps outside the evaluator (experiments/verify_costs.py)
 #   bash benchmarks/gpu_session.sh profile   # eval_speed under cProfile, this tree and a carried .data/prev/src
-#   bash benchmarks/gpu_session.sh excess    # each evaluation's brackets against their limit, this tree and carried
+#   bash benchmarks/gpu_session.sh bracket_excess # each evaluation's brackets against their limit, this tree and carried
 #                                            # ones in turn (EXCESS_TREES="alt this": .data/alt/src, then src;
-#                                            # "this+pause": every worker stop delayed 35 ms, as it took before)
+#                                            # "this+pause": every worker stop delayed 35 ms)
 #   bash benchmarks/gpu_session.sh compile_noise # torch.compile's baseline: within a process, over time, fresh
 #                                            # compilations (experiments/compile_noise_probe.py)
 #   bash benchmarks/gpu_session.sh drift     # candidate timing over successive evaluations, with the clocks
@@ -62,7 +62,8 @@
 #                                            # would start later are skipped and listed) into $OUT/triton_gpu.{json,md}
 #   bash benchmarks/gpu_session.sh verdict_rate # an honest cuda_gelu evaluation's verdicts with 0, half and all but two
 #                                            # of the host's cores busy, one attempt and with retries (VERDICT_BUSY,
-#                                            # VERDICT_REPEATS) into $OUT/verdict_rate_gpu.json
+#                                            # VERDICT_REPEATS; VERDICT_ARGS: e.g. --region-memory-share 0.25)
+#                                            # into $OUT/verdict_rate_gpu.json
 #   bash benchmarks/gpu_session.sh counters  # hardware counters (tests/gpu/test_gpu_counters.py), raw ncu CSVs kept
 #   bash benchmarks/gpu_session.sh service   # the evaluation service (local backend) vs evaluate_many (SERVICE_REPEATS)
 #   bash benchmarks/gpu_session.sh rl_workload # an RL trainer's stream of new candidates (honest, slow, wrong,
@@ -199,7 +200,7 @@ trust_suite)
         | tee "$OUT/gpu_tests.log" | grep -E "^(FAILED|ERROR)|passed|failed"
     ;;
 outside_reads)
-    # Trust v3 on the GPU: the timing and integrity tests, the red team's v3 cases and the timing-path cases,
+    # The outside reads on the GPU: the timing and integrity tests, the red team's v3 cases and the timing-path cases,
     # the legitimate solutions (false positives, rewards), then the brackets' agreement on them.
     python3 -m pytest -m gpu -q -s -p no:cacheprovider tests/gpu/test_gpu_timing.py tests/gpu/test_gpu_integrity.py \
         tests/evaluate/test_outside_gpu.py tests/gpu/test_gpu_quiet.py 2>&1 | tee "$OUT/timing_tests.log" \
@@ -262,7 +263,7 @@ vmm)
     # Can another sandboxed process read a candidate's GPU output (VMM descriptors, legacy IPC)?
     python3 experiments/probes/vmm_share_probe.py 2>&1 | tee "$OUT/vmm_share_probe.log"
     ;;
-legit)
+false_positives)
     # The legitimate solutions alone (KernelBench's and the examples): false positives, and whether the largest
     # tasks fit the card beside the reference; then the evaluation's memory per process and stage on level 1 / 19.
     CUDA_AGENT_GPU_REPORT=$OUT/gpu_records_legit.jsonl python3 -m pytest -m gpu -q -s -p no:cacheprovider \
@@ -335,7 +336,7 @@ verdict_rate)
     # tokenises beside its evaluations (VERDICT_BUSY: busy processes per pass; VERDICT_REPEATS evaluations each)
     cores=$(nproc)
     python3 benchmarks/verdict_rate.py --device cuda --busy ${VERDICT_BUSY:-0 $((cores / 2)) $((cores - 2))} \
-        --repeats "${VERDICT_REPEATS:-3}" --out "$OUT/verdict_rate_gpu.json" 2>&1 | tail -30
+        --repeats "${VERDICT_REPEATS:-3}" ${VERDICT_ARGS:-} --out "$OUT/verdict_rate_gpu.json" 2>&1 | tail -30
     ;;
 triton)
     python3 -c "import triton; print('triton', triton.__version__)" | tee -a "$OUT/gpu.csv"
@@ -458,7 +459,7 @@ profile)
             "$OUT/profile_$tree.prof" > "$OUT/profile_$tree.txt" 2>&1
     done
     ;;
-excess)
+bracket_excess)
     # Each evaluation's region brackets against their limit (experiments/probes/region_excess_probe.py), for this
     # tree and carried ones (EXCESS_TREES: "this" or the name of a carried .data/NAME/src), in turn.
     # "this+pause" / "this+resume": this tree with every worker stop (or resume) delayed (the probe's --delay).
@@ -477,7 +478,7 @@ compile_noise)
     python3 experiments/compile_noise_probe.py --out "$OUT/compile_noise.jsonl" "$@" 2>&1 \
         | tee "$OUT/compile_noise.log" | grep -v '^{' | tail -20
     ;;
-stability)
+region_end_variants)
     # The end of the timed region, variant by variant (experiments/timing_stability.py).
     python3 experiments/timing_stability.py --examples ${SPEED_EXAMPLES:-cuda_gelu cuda_row_softmax} \
         --repeats ${VS_REPEATS:-6} --out "$OUT/stability.jsonl" "$@" 2>&1 | tee "$OUT/stability.log" | grep -v "^ "
@@ -526,7 +527,7 @@ bench_own)
     rm -f "$OUT/baselines_h200/baselines.md"
     ;;
 *)
-    echo "usage: $0 integrations|vs_release|release_stability|trust_suite|outside_reads|outside_clock|agreement|clock_rate|quiet|vmm|legit|integrity_reads|tests|redteam|speed|bench|guard|precision|train_tests|train_throughput|train_demo|counters|service|rl_workload|edit_to_reward|overhead|region_cost|verify_costs|eval_profile|profile|excess|compile_noise|stability|drift|synth|baselines|bench_own [pytest args]" >&2
+    echo "usage: $0 integrations|vs_release|release_stability|trust_suite|outside_reads|outside_clock|agreement|clock_rate|quiet|vmm|false_positives|integrity_reads|tests|redteam|speed|bench|guard|precision|train_tests|train_throughput|train_demo|counters|service|rl_workload|edit_to_reward|overhead|region_cost|verify_costs|eval_profile|profile|bracket_excess|compile_noise|region_end_variants|drift|synth|baselines|bench_own|verdict_rate|triton [pytest args]" >&2
     exit 2
     ;;
 esac

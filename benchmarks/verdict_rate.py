@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import ROOT  # noqa: E402
 
 from cuda_agent import Evaluator, load_candidate, load_task  # noqa: E402
+from cuda_agent.evaluate import TimingConfig  # noqa: E402
 from cuda_agent.evaluate.retry import RetryPolicy  # noqa: E402
 
 HOG = [sys.executable, "-c", "while True: pass"]
@@ -66,6 +67,8 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", default=["one", "retry"], choices=("one", "retry"))
     parser.add_argument("--duty", type=float, nargs=2, default=None, metavar=("ON_S", "OFF_S"))
     parser.add_argument("--out", type=Path, default=Path("/tmp/verdict_rate.json"))
+    parser.add_argument("--region-memory-share", type=float, default=None,
+                        help="TimingConfig.region_memory_share (GPU): the card's share a region's calls may keep alive")
     parser.add_argument("--quiet-reward", type=float, default=1.0,
                         help="the quiet host's reward, where no evaluation here had a verdict without busy processes")
     args = parser.parse_args()
@@ -75,7 +78,9 @@ def main() -> None:
     task, candidate = load_task(root / "model.py"), load_candidate(root / "solution")
     rows = []
     policies = {"one": RetryPolicy.none(), "retry": RetryPolicy()}
-    with Evaluator(args.device, references=1, retry=RetryPolicy.none()) as evaluator:
+    timing = TimingConfig() if args.region_memory_share is None else TimingConfig(
+        region_memory_share=args.region_memory_share)
+    with Evaluator(args.device, references=1, retry=RetryPolicy.none(), timing=timing) as evaluator:
         quiet = evaluator.evaluate(task, candidate)  # builds, reference and torch.compile warm; the quiet verdict
         print(json.dumps({"warm-up": quiet.status, "reward": quiet.reward,
                           "speedups": [quiet.speedup_eager, quiet.speedup_compile]}), flush=True)
@@ -107,6 +112,7 @@ def main() -> None:
                                                                                   if r["busy"] == 0 and r["reward"] is not None}),
         default=(0, args.quiet_reward))[1]
     args.out.write_text(json.dumps({"cpus": os.cpu_count(), "device": args.device, "example": args.example,
+                                    "region_memory_share": timing.region_memory_share,
                                     "quiet_reward": quiet_reward,
                                     "rows": rows, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}, indent=1))
     table(rows, args.busy, args.modes, quiet_reward)
