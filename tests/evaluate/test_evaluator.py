@@ -417,12 +417,13 @@ def test_a_region_whose_calls_are_left_out_is_forged(example, evaluator, tmp_pat
 
 
 def test_a_candidate_wrong_on_some_timed_calls_fails_on_their_records(example, evaluator, tmp_path):
-    """Wrong on every other call after the checks and the warm-up: the records drawn after the rounds
-    catch it (8 of about 20 recorded calls, half of them wrong: missed with probability 4e-4)."""
+    """Wrong on three calls of four after the checks and the warm-up: the records drawn after the rounds catch it
+    (8 of the recorded calls, three in four of them wrong: all 8 right with probability (1/4)^8, 2e-5; at one call
+    in two, 4e-3, CI once drew 8 right records and the last call caught it instead)."""
     task, solution = example
     sometimes = variant(tmp_path, solution, (
         "self.calls = getattr(self, 'calls', 0) + 1\n"
-        "if self.calls > 12 and self.calls % 2 == 0:\n"
+        "if self.calls > 12 and self.calls % 4 != 0:\n"
         "    return cuda_extension.scaled_swish(x, 0.0)\n"
         "return cuda_extension.scaled_swish(x, self.scale)"), name="sometimes")
     result = evaluator.evaluate(task, sometimes)
