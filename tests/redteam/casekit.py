@@ -138,8 +138,12 @@ def gains_nothing(result, honest, detail: str, marker: str | None = None, noise:
     correct with a reward no higher than its honest twin's and a time no faster than the honest twin's by more than the
     allowance the result states and ``noise``. ``marker``: what the case prints on its stderr once it has done what it
     tries. ``deferred``: the share of each call's work the case finishes after its region, while the harness's own
-    events time the rest honestly: within the same evaluation, the evaluator's regions must then hold the whole work,
-    at least what the events saw over ``1 - deferred``, less the allowance and 2% of the two clocks' own difference."""
+    events time the rest honestly: within the same evaluation, the evaluator's regions must then hold what the events
+    saw and at least three quarters of the deferred work (what the events saw times ``deferred / (1 - deferred)``),
+    less the allowance and 1% of the two clocks' own difference. Three quarters, not all: a call's fixed costs (its
+    dispatch, its output's allocation) are not split by the deferral and all fall before the region's end, so the
+    events see more than ``1 - deferred`` of the work (on a busy 2-core host a sixth of a call was such cost; three
+    quarters still holds at 30%), while a tail that escaped the regions leaves them at the events' time."""
     print(detail)
     print("regions:", json.dumps((result.timing or {}).get("regions") or {}))
     print(f"honest: {honest.status} reward {honest.reward} median "
@@ -155,9 +159,11 @@ def gains_nothing(result, honest, detail: str, marker: str | None = None, noise:
     allowance = regions.get("allowance")
     assert allowance is not None, f"the result states no allowance\n{detail}"
     if deferred is not None:
-        whole = regions["reported_ms"] / (1 - deferred)
-        assert regions["outside_ms"] >= whole * (1 - allowance) * 0.98, \
-            f"regions of {regions['outside_ms']:.4f} ms hold less than the whole work ({whole:.4f} ms)\n{detail}"
+        seen = regions["reported_ms"]
+        least = (seen + 0.75 * seen * deferred / (1 - deferred)) * (1 - allowance) * 0.99
+        assert regions["outside_ms"] >= least, \
+            (f"regions of {regions['outside_ms']:.4f} ms hold less than three quarters of the deferred work beyond the "
+             f"events' {seen:.4f} ms (at least {least:.4f} ms)\n{detail}")
     timed, fair = result.times["candidate"]["median_ms"], honest.times["candidate"]["median_ms"]
     assert timed >= fair * (1 - allowance) * (1 - noise), \
         f"{timed:.4f} ms against the honest {fair:.4f} ms, allowance {allowance}\n{detail}"
