@@ -126,7 +126,7 @@ def make_candidate(case: FolderCase, solution: Path, root: Path):
 CPU_NOISE = 0.25
 
 
-def deferred_share(case: Case) -> float | None:
+def deferred_share(case: FolderCase) -> float | None:
     """The share of each timed call's work a deferral case leaves for after its region (its name's ``1of<d>``)."""
     found = re.search(r"-1of(\d+)-", case.name)
     return 1 / int(found.group(1)) if found else None

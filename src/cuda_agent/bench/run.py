@@ -120,7 +120,8 @@ def run_bench(run_dir: Path, tasks: list[Task], solutions: SolutionSet, device: 
 
     def write(row: dict[str, Any]) -> None:
         with lock:
-            append_jsonl(results_path(run_dir), row)
+            if not append_jsonl(results_path(run_dir), row):
+                return  # a stopped command's killed workers are no entry's result
             written.append(row)
             if progress:
                 progress(len(written), len(todo), row)
@@ -167,7 +168,6 @@ def drop_errors(run_dir: Path) -> list[dict[str, Any]]:
     return kept
 
 
-
 AGENT_FINAL = "agent/final"
 
 
@@ -209,7 +209,8 @@ def run_agent_bench(run_dir: Path, tasks: list[Task], make_backend: Callable[[],
         rows = [{"entry": f"agent/turn-{e['turn']}-{e['command']}"} | e["result"] for e in episode.record["evaluations"]]
         rows.append({"entry": AGENT_FINAL} | episode.final)
         with lock:
-            append_jsonl(Path(run_dir) / "trajectories.jsonl", episode.record)
+            if not append_jsonl(Path(run_dir) / "trajectories.jsonl", episode.record):
+                return  # a stopped command's killed workers are no task's episode
             append_jsonl(results_path(run_dir), *rows)  # the final row last: it marks the task done
             written.extend(rows)
             if progress:

@@ -53,18 +53,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.solutions is not None:
         solutions = find_solutions(tasks, args.solutions)
         unmatched = ", ".join(str(p.relative_to(solutions.root)) for p in solutions.unmatched[:10])
+        verb = "names" if len(solutions.unmatched) == 1 else "name"
         say(f"{_plural(len(tasks), 'task')}; {len(solutions.by_task)} with solutions "
             f"({_plural(len(solutions.entries()), 'entry', 'entries')}); "
             f"{_plural(len(solutions.unmatched), 'entry', 'entries')} "
-            f"{'names' if len(solutions.unmatched) == 1 else 'name'} no task" + (f": {unmatched}" if unmatched else ""))
+            f"{verb} no task" + (f": {unmatched}" if unmatched else ""))
         if not solutions.entries():
             raise ValueError(f"--solutions {args.solutions}: no entry names a task of {args.source} "
                              f"({_plural(len(tasks), 'task')}"
                              + (f", level {', '.join(map(str, args.level))}" if args.level else "")
                              + "); an entry is named for its task's level and number: level1_19/ (model_new.py + "
                                "kernels/), level_1_problem_19_sample_0_kernel.py or level1/19_ReLU.py"
-                             + (f" ({unmatched} {'names' if len(solutions.unmatched) == 1 else 'name'} no task of it)"
-                                if unmatched else ""))
+                             + (f" ({unmatched} {verb} no task of it)" if unmatched else ""))
     cache_dir = args.cache_dir or cache_root()
     degenerate: list[str] = []
     if args.baselines:
